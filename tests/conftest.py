@@ -1,0 +1,67 @@
+"""Shared fixtures: a tiny random BERT folder in the Hugging Face layout, and the tiny datasets.
+
+The tiny BERT (2 layers, 32 wide) is written with the same file formats as a real one
+(config.json, model.safetensors, vocab.txt), so the whole loading path is exercised in
+milliseconds. Only the parity tests in test_bert.py and test_tokenizer.py load the real default model.
+"""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from minknn.bert import BertConfig, BertModel
+from minknn.safetensors import save_safetensors
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+DATA = os.path.join(FIXTURES, "data")
+
+TINY = dict(vocab_size=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", model_type="bert")
+
+
+def tiny_vocab():
+    """Special tokens, every word of the fixture datasets, and letters (so any word tokenises)."""
+    words = set()
+    for root, _, files in os.walk(DATA):
+        for name in files:
+            with open(os.path.join(root, name)) as f:
+                lines = f.read().splitlines()
+            column = lines[0].split("\t").index("sentence")
+            for line in lines[1:]:
+                words.update(re.findall(r"\w+", line.split("\t")[column].lower()))
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words - set(letters)) + list(letters)
+            + ["##" + c for c in letters] + list(".,!?'\"-"))
+
+
+def write_tiny_bert(folder, seed=0):
+    os.makedirs(folder, exist_ok=True)
+    vocab = tiny_vocab()
+    config = dict(TINY, vocab_size=len(vocab))
+    torch.manual_seed(seed)
+    model = BertModel(BertConfig.from_dict(config))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(folder, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    save_safetensors(model.state_dict(), os.path.join(folder, "model.safetensors"))
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("tiny-bert"))
+    write_tiny_bert(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_bert_dir):
+    return BertModel.from_pretrained(tiny_bert_dir).eval()
+
+
+@pytest.fixture
+def data_dir():
+    return DATA

@@ -1,0 +1,141 @@
+import http.server
+import os
+import shutil
+import threading
+from collections import Counter
+
+import pytest
+
+from minknn import MinknnError
+from minknn.data import (DataError, Example, TASKS, check_every_class_present, download, get_task, git_blob_id,
+                         load_split, stratified_sample)
+
+
+def test_sst_reader(data_dir):
+    train = load_split(TASKS["sst"], "train", data_dir)
+    assert len(train) == 40 and Counter(e.label for e in train) == {c: 8 for c in range(5)}
+    assert train[0].text == "The cast is terrible , really awful ." and train[0].label == 0 and len(train[0].id) == 25
+    test = load_split(TASKS["sst"], "test", data_dir)  # the odd test-student header, no labels
+    assert len(test) == 7 and all(e.label is None for e in test) and test[0].text.startswith("The ")
+
+
+def test_cfimdb_reader_keeps_quote_marks(data_dir):
+    dev = load_split(TASKS["cfimdb"], "dev", data_dir)
+    assert len(dev) == 8 and dev[0].text.startswith('"Awful" , said') and {e.label for e in dev} == {0, 1}
+
+
+def copy_task_files(data_dir, tmp_path):
+    shutil.copytree(os.path.join(data_dir, "minbert"), tmp_path / "minbert")
+    return tmp_path / "minbert" / "ids-sst-train.csv"
+
+
+def test_malformed_row_names_file_and_line(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].replace("\t", " ", 1)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"ids-sst-train.csv:4: expected 4 tab-separated fields, got 3"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+
+
+def test_unknown_label_is_named(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    lines = path.read_text().splitlines()
+    lines[5] = lines[5].rsplit("\t", 1)[0] + "\t7"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"ids-sst-train.csv:6: unknown label '7'; sst labels are 0..4"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+
+
+def test_empty_split_and_missing_class(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    header = path.read_text().splitlines()[0]
+    path.write_text(header + "\n")
+    with pytest.raises(DataError, match="the train split has no examples"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+    examples = [Example("a", label=0), Example("b", label=2)]
+    with pytest.raises(DataError, match="no examples of class 'negative', 'positive', 'very positive'"):
+        check_every_class_present(examples, TASKS["sst"], "train")
+
+
+def test_unknown_task_and_split():
+    with pytest.raises(MinknnError, match="unknown --task 'sts2'; choose one of: sst, cfimdb"):
+        get_task("sts2")
+    with pytest.raises(MinknnError, match="no 'val' split"):
+        load_split(TASKS["sst"], "val")
+
+
+def test_stratified_sample_keeps_class_shares_and_is_reproducible():
+    examples = [Example(str(i), label=0 if i < 60 else 1 if i < 90 else 2) for i in range(100)]  # 60/30/10
+    a = stratified_sample(examples, 20, seed=1)
+    assert Counter(e.label for e in a) == {0: 12, 1: 6, 2: 2}
+    assert [e.text for e in a] == [e.text for e in stratified_sample(examples, 20, seed=1)]
+    assert [e.text for e in a] != [e.text for e in stratified_sample(examples, 20, seed=2)]
+    small = stratified_sample(examples, 3, seed=0)  # rounding down would drop class 2
+    assert Counter(e.label for e in small) == {0: 1, 1: 1, 2: 1}
+    assert Counter(e.label for e in stratified_sample(examples, 7, seed=0)) == {0: 4, 1: 2, 2: 1}
+    assert len({e.text for e in stratified_sample(examples, 99, seed=0)}) == 99
+    with pytest.raises(MinknnError, match="--max_train 2 is smaller than the 3 classes"):
+        stratified_sample(examples, 2, seed=0)
+
+
+# ------------------------------------------------------------------ download, against a loopback server
+
+@pytest.fixture
+def server(data_dir):
+    """Serves the fixture folder on 127.0.0.1; /cut/<file> sends half the body of a file whose
+    Content-Length promises all of it, as a dropped connection would."""
+    folder = os.path.join(data_dir, "minbert")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=folder, **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/cut/"):
+                body = open(os.path.join(folder, self.path[5:]), "rb").read()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2])
+                self.close_connection = True
+                return
+            super().do_GET()
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_download_writes_the_whole_file(server, data_dir, tmp_path):
+    original = os.path.join(data_dir, "minbert", "ids-sst-dev.csv")
+    dest = tmp_path / "sub" / "ids-sst-dev.csv"
+    download(server + "ids-sst-dev.csv", str(dest), blob=git_blob_id(original))
+    assert dest.read_bytes() == open(original, "rb").read()
+    assert os.listdir(dest.parent) == ["ids-sst-dev.csv"]  # no temporary file left behind
+
+
+def test_interrupted_or_wrong_download_leaves_no_file(server, tmp_path):
+    dest = tmp_path / "ids-sst-dev.csv"
+    with pytest.raises(DataError, match="ids-sst-dev.csv"):
+        download(server + "cut/ids-sst-dev.csv", str(dest))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(DataError, match="does not match its known content"):
+        download(server + "ids-sst-dev.csv", str(dest), blob="0" * 40)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(DataError, match="cannot download"):
+        download(server + "no-such-file.csv", str(dest))
+    assert os.listdir(tmp_path) == []
+
+
+def test_load_split_downloads_a_missing_file(server, tmp_path, monkeypatch):
+    task = TASKS["cfimdb"]
+    monkeypatch.setattr(task, "url", server)
+    monkeypatch.setattr(task, "blobs", {})  # the fixture is not the official file
+    dev = load_split(task, "dev", str(tmp_path))
+    assert len(dev) == 8 and (tmp_path / "minbert" / "ids-cfimdb-dev.csv").exists()

