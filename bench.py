@@ -22,6 +22,7 @@ import time
 import torch
 import torch.nn as nn
 
+from minknn import run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.engine import autocast, pick_device
 from minknn.model import Classifier
@@ -138,4 +139,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

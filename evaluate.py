@@ -9,9 +9,8 @@ import argparse
 import csv
 import io
 import os
-import sys
 
-from minknn import MinknnError
+from minknn import MinknnError, run
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import get_task, load_split
 from minknn.engine import pick_device, predict
@@ -68,8 +67,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except MinknnError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(main)

@@ -15,13 +15,12 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
 import torch
 from tqdm import tqdm
 
-from minknn import MinknnError
+from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
 from minknn.data import TASKS, check_every_class_present, get_task, load_split, stratified_sample
@@ -151,8 +150,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except MinknnError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(main)

@@ -1,6 +1,16 @@
 """minknn: fine-tune a hand-written BERT with kNN classifiers and metric-learning losses."""
+import sys
 
 
 class MinknnError(Exception):
-    """A problem with the user's input (a file, a flag, a value). train.py and evaluate.py
-    print its message as one line and exit with status 2, instead of a traceback."""
+    """A problem with the user's input (a file, a flag, a value). Scripts run through `run` print
+    its message as one line and exit with status 2, instead of a traceback."""
+
+
+def run(main):
+    """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit status 2."""
+    try:
+        main()
+    except MinknnError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -90,10 +90,12 @@ class BertSelfAttention(nn.Module):
         return out.transpose(1, 2).reshape(B, T, H)  # concatenate the heads again
 
 
-class BertSelfOutput(nn.Module):  # the attention block's W_o, dropout, add & norm
-    def __init__(self, config):
+class BertOutput(nn.Module):
+    """Project back to H, dropout, add the residual, LayerNorm. Used twice per layer: after the
+    attention (in_features H, W_o) and after the feed-forward's GELU (in_features 4H, W_2)."""
+    def __init__(self, config, in_features):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -105,7 +107,7 @@ class BertAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, h, mask):
         return self.output(self.self(h, mask), h)
@@ -120,23 +122,12 @@ class BertIntermediate(nn.Module):  # the feed-forward block's first half: GELU(
         return F.gelu(self.dense(a))  # the exact (erf) GELU, as BERT's "gelu"
 
 
-class BertOutput(nn.Module):  # ... and its second half: W_2, dropout, add & norm
-    def __init__(self, config):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, x, residual):
-        return self.LayerNorm(residual + self.dropout(self.dense(x)))
-
-
 class BertLayer(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = BertOutput(config, config.intermediate_size)
 
     def forward(self, h, mask):
         a = self.attention(h, mask)
