@@ -92,6 +92,8 @@ def main(argv=None):
     if args.max_train:
         train = stratified_sample(train, args.max_train, args.seed)
     check_every_class_present(train, task, f"--task {task.name} train split")
+    if any(e.label is None for e in dev):
+        raise MinknnError(f"--task {task.name} dev split has examples without labels; cannot pick the best epoch")
 
     model_path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)

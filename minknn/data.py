@@ -133,6 +133,8 @@ def load_split(task, split, data_dir=None):
 
 
 def check_every_class_present(examples, task, where):
+    if any(e.label is None for e in examples):
+        raise DataError(f"{where}: has examples without labels; training and scoring need labelled data")
     counts = class_counts(examples, len(task.labels))
     empty = [task.labels[c] for c, n in enumerate(counts) if n == 0]
     if empty:

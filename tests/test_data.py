@@ -56,6 +56,8 @@ def test_empty_split_and_missing_class(data_dir, tmp_path):
     examples = [Example("a", label=0), Example("b", label=2)]
     with pytest.raises(DataError, match="no examples of class 'negative', 'positive', 'very positive'"):
         check_every_class_present(examples, TASKS["sst"], "train")
+    with pytest.raises(DataError, match="train: has examples without labels"):
+        check_every_class_present(examples + [Example("c")], TASKS["sst"], "train")
 
 
 def test_unknown_task_and_split():
