@@ -107,7 +107,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     n_trainable = sum(p.numel() for _, p in params)
     print(f"{task.name}: {len(train)} train / {len(dev)} dev examples, {len(task.labels)} classes; "
-          f"{n_trainable / 1e6:.1f}M trainable parameters; {device}; run folder {args.out}")
+          f"{n_trainable:,} trainable parameters; {device}; run folder {args.out}")
 
     rng = random.Random(args.seed)
     best, epoch_times = None, []
@@ -146,7 +146,7 @@ def main(argv=None):
                "seconds_per_epoch": round(sum(epoch_times) / len(epoch_times), 1), "run": args.out}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(f"done: {task.name} {args.loss} seed {args.seed}: best dev acc {best['acc']:.4f}, macro-F1 "
+    print(f"done: {task.name} {args.loss} {args.option} seed {args.seed}: best dev acc {best['acc']:.4f}, macro-F1 "
           f"{best['macro_f1']:.4f} (epoch {best['epoch']}); {summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
     return summary
 

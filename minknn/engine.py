@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from minknn import MinknnError
 
@@ -68,7 +69,6 @@ def predict(model, tokenizer, examples, batch_size, device, progress=None):
     order = sorted(range(len(examples)), key=lambda i: lengths[i])
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
-        from tqdm import tqdm
         chunks = tqdm(chunks, desc=progress, leave=False)
     logits, embeddings = [], []
     for chunk in chunks:
