@@ -23,7 +23,7 @@ from tqdm import tqdm
 from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
-from minknn.data import TASKS, check_every_class_present, get_task, load_split, stratified_sample
+from minknn.data import TASKS, check_every_class_present, get_task, load_split, require_labels, stratified_sample
 from minknn.engine import autocast, encode, labels_tensor, pick_device, predict, seed_everything, train_batches
 from minknn.losses import LOSSES, build_loss, get_loss_class
 from minknn.metrics import accuracy, macro_f1
@@ -66,8 +66,8 @@ def get_args(argv=None):
 
 def make_optimizer(params, args, total_steps):
     """AdamW; no weight decay on biases and LayerNorm weights (the usual BERT recipe)."""
-    decay = [p for n, p in params if p.ndim >= 2]
-    no_decay = [p for n, p in params if p.ndim < 2]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
     warmup = max(1, int(args.warmup * total_steps))
@@ -92,20 +92,19 @@ def main(argv=None):
     if args.max_train:
         train = stratified_sample(train, args.max_train, args.seed)
     check_every_class_present(train, task, f"--task {task.name} train split")
-    if any(e.label is None for e in dev):
-        raise MinknnError(f"--task {task.name} dev split has examples without labels; cannot pick the best epoch")
+    require_labels(dev, f"--task {task.name} dev split")
 
     model_path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)
     model = Classifier(BertModel.from_pretrained(model_path), len(task.labels), args.pooling, args.option).to(device)
     loss_fn = build_loss(args.loss, len(task.labels), model.bert.config.hidden_size).to(device)
 
-    params = [(n, p) for n, p in list(model.named_parameters()) + list(loss_fn.named_parameters()) if p.requires_grad]
+    params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     steps_per_epoch = -(-len(train) // args.batch_size)
     optimizer, scheduler = make_optimizer(params, args, args.epochs * steps_per_epoch)
 
     os.makedirs(args.out, exist_ok=True)
-    n_trainable = sum(p.numel() for _, p in params)
+    n_trainable = sum(p.numel() for p in params)
     print(f"{task.name}: {len(train)} train / {len(dev)} dev examples, {len(task.labels)} classes; "
           f"{n_trainable:,} trainable parameters; {device}; run folder {args.out}")
 
@@ -122,7 +121,7 @@ def main(argv=None):
                 raise MinknnError(f"the loss became {loss.item()} at epoch {epoch}; try a lower --lr")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             scheduler.step()
             total, steps = total + loss.item(), steps + 1

@@ -132,9 +132,13 @@ def load_split(task, split, data_dir=None):
     return examples
 
 
-def check_every_class_present(examples, task, where):
+def require_labels(examples, where):
     if any(e.label is None for e in examples):
         raise DataError(f"{where}: has examples without labels; training and scoring need labelled data")
+
+
+def check_every_class_present(examples, task, where):
+    require_labels(examples, where)
     counts = class_counts(examples, len(task.labels))
     empty = [task.labels[c] for c, n in enumerate(counts) if n == 0]
     if empty:

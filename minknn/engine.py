@@ -40,11 +40,14 @@ def autocast(device):
     return contextlib.nullcontext()
 
 
+def texts_of(examples):
+    """(texts, texts_b): the examples' first texts, and their second texts for a pair task (else None)."""
+    return [e.text for e in examples], ([e.text_b for e in examples] if examples[0].text_b is not None else None)
+
+
 def encode(tokenizer, examples, device):
     """Tokenises a list of Examples into model inputs on `device`, padded to the longest."""
-    texts_b = [e.text_b for e in examples] if examples[0].text_b is not None else None
-    batch = tokenizer([e.text for e in examples], texts_b)
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    return {k: v.to(device, non_blocking=True) for k, v in tokenizer(*texts_of(examples)).items()}
 
 
 def labels_tensor(examples, device):
@@ -64,16 +67,16 @@ def predict(model, tokenizer, examples, batch_size, device, progress=None):
     """Returns (logits (N, C), embeddings (N, H)) as float32 CPU tensors, in the order of
     `examples`. progress: an optional tqdm description."""
     model.eval()
-    lengths = tokenizer.lengths([e.text for e in examples],
-                                [e.text_b for e in examples] if examples[0].text_b is not None else None)
-    order = sorted(range(len(examples)), key=lambda i: lengths[i])
+    encodings = tokenizer.encode(*texts_of(examples))  # tokenised once, then sorted by length
+    order = sorted(range(len(examples)), key=lambda i: len(encodings[i][0]))
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     if progress:
         chunks = tqdm(chunks, desc=progress, leave=False)
     logits, embeddings = [], []
     for chunk in chunks:
+        batch = tokenizer.pad([encodings[i] for i in chunk])
         with autocast(device):
-            out = model(**encode(tokenizer, [examples[i] for i in chunk], device))
+            out = model(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
         logits.append(out.logits.float().cpu())
         embeddings.append(out.embeddings.float().cpu())
     inverse = torch.empty(len(order), dtype=torch.long)

@@ -7,6 +7,7 @@ A batch is padded to its longest sequence, not to --max_len: SST sentences avera
 tokens, so padding every batch to 64 or 128 would spend most of the CPU time on padding.
 Sequences longer than max_len are truncated (for pairs, the longer text loses tokens first).
 """
+import json
 import os
 
 import torch
@@ -24,7 +25,7 @@ class Tokenizer:
                 raise MinknnError(f"the vocabulary has no {special} token")
         self.tok = BertWordPieceTokenizer({w: i for i, w in enumerate(self.vocab)}, lowercase=lowercase)
         self.tok.enable_truncation(max_len)
-        self.tok.enable_padding(pad_id=self.vocab.index("[PAD]"), pad_token="[PAD]")  # to the longest in the batch
+        self.pad_id = self.vocab.index("[PAD]")
 
     @classmethod
     def from_folder(cls, path, max_len=128):
@@ -38,26 +39,25 @@ class Tokenizer:
         lowercase = True
         config_path = os.path.join(path, "tokenizer_config.json")
         if os.path.exists(config_path):
-            import json
             with open(config_path) as f:
                 lowercase = json.load(f).get("do_lower_case", True)
         return cls(vocab, lowercase, max_len)
 
-    def __call__(self, texts, texts_b=None):
-        """texts (and texts_b for pairs): lists of strings. Returns a dict of (B, T) long tensors
-        input_ids, attention_mask and token_type_ids, ready for BertModel."""
+    def encode(self, texts, texts_b=None):
+        """texts (and texts_b for pairs): lists of strings. Returns each example's token ids and
+        token type ids, truncated but not padded: a list of (ids, type_ids) pairs."""
         batch = self.tok.encode_batch(list(texts) if texts_b is None else list(zip(texts, texts_b)))
+        return [(e.ids, e.type_ids) for e in batch]
+
+    def pad(self, encodings):
+        """Pads a list of (ids, type_ids) to the longest one. Returns a dict of (B, T) long
+        tensors input_ids, attention_mask and token_type_ids, ready for BertModel."""
+        T = max(len(ids) for ids, _ in encodings)
         return {
-            "input_ids": torch.tensor([e.ids for e in batch]),
-            "attention_mask": torch.tensor([e.attention_mask for e in batch]),
-            "token_type_ids": torch.tensor([e.type_ids for e in batch]),
+            "input_ids": torch.tensor([ids + [self.pad_id] * (T - len(ids)) for ids, _ in encodings]),
+            "attention_mask": torch.tensor([[1] * len(ids) + [0] * (T - len(ids)) for ids, _ in encodings]),
+            "token_type_ids": torch.tensor([types + [0] * (T - len(types)) for _, types in encodings]),
         }
 
-    def lengths(self, texts, texts_b=None):
-        """Number of tokens of each example after truncation (used to sort batches by length)."""
-        self.tok.no_padding()
-        try:
-            batch = self.tok.encode_batch(list(texts) if texts_b is None else list(zip(texts, texts_b)))
-        finally:
-            self.tok.enable_padding(pad_id=self.vocab.index("[PAD]"), pad_token="[PAD]")
-        return [len(e.ids) for e in batch]
+    def __call__(self, texts, texts_b=None):
+        return self.pad(self.encode(texts, texts_b))
