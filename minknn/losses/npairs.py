@@ -1,0 +1,39 @@
+"""N-pairs loss (Sohn 2016, "Improved Deep Metric Learning with Multi-class N-pair Loss Objective", eq. 3 and sec. 3.2).
+
+For an anchor f_a, a positive f_p of the same class and negatives f_n of other classes:
+
+    L(a, p) = log(1 + sum_n exp(f_a.f_n - f_a.f_p))
+    L = mean over (a, p) of L(a, p)  +  l2_reg * mean_i ||f_i||^2
+
+Pairing rule on a labelled batch: every ordered pair (a, p) of two different examples with the same
+label is an (anchor, positive) pair, and all examples of the other classes are its negatives. (Sohn
+builds batches of exactly one pair per class; taking every same-class pair keeps the loss
+independent of the order of the batch.)
+
+f is the pooled representation h as it is, NOT normalised: Sohn uses raw inner products and keeps
+the norms in check with the L2 penalty, l2_reg = 0.002 (his value). lam = 0.1.
+A batch with no (anchor, positive, negative) triple, e.g. a single class, gives 0 (plus the penalty).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class NPairsLoss(nn.Module):
+    lam = 0.1
+
+    def __init__(self, num_classes=None, dim=None, l2_reg=0.002):
+        super().__init__()
+        self.l2_reg = l2_reg
+
+    def forward(self, h, labels):
+        penalty = self.l2_reg * h.pow(2).sum(-1).mean()
+        s = h @ h.T                                                # (B, B) inner products f_i.f_j
+        positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
+        negative = labels[:, None] != labels[None, :]
+        if not positive.any() or not negative.any():
+            return penalty
+        # log sum_n exp(f_a.f_n) for every anchor; every row has a negative here
+        neg_lse = torch.logsumexp(s.masked_fill(~negative, float("-inf")), dim=1, keepdim=True)
+        terms = F.softplus(neg_lse - s)                # (a, p): log(1 + sum_n exp(s_an - s_ap))
+        return terms[positive].mean() + penalty

@@ -1,0 +1,53 @@
+"""Proxy Anchor loss (Kim, Kim, Cho, Kwak 2020, "Proxy Anchor Loss for Deep Metric Learning", eq. 4).
+
+One learnable proxy p_c per class. Each proxy is an anchor that pulls the batch's examples of its
+class and pushes the others away, weighting the hard ones most (the log-sum-exp):
+
+    L = 1/|P+| sum_{p in P+} log(1 + sum_{x in X_p+} exp(-alpha (cos(x, p) - delta)))
+      + 1/|P|  sum_{p in P}  log(1 + sum_{x in X_p-} exp( alpha (cos(x, p) + delta)))
+
+    P  = all C proxies;  P+ = the proxies whose class has at least one example in the batch
+    X_p+ = the batch's examples of p's class;  X_p- = all the others
+    cos(x, p) = x.p / (||x|| ||p||)   (both normalised here)
+
+Hyper-parameters: scale alpha = 32, margin delta = 0.1 (the paper's values); lam = 0.5 (the proxy
+term carries as much weight as cross-entropy; the DML paper tunes this mix). The proxies are
+initialised at random and trained with their own, larger learning rate (train.py --proxy_lr,
+default 100x the encoder's, following the authors' "x100" for proxies).
+log(1 + sum exp(a)) is computed as logsumexp over [0, a...], which neither overflows nor, for an
+empty set, returns anything but log 1 = 0.
+`class_logits` gives alpha * cos(h, p_c), used by proxy inference (minknn/proxy.py).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def log1p_sum_exp(a, mask, dim):
+    """log(1 + sum over the masked entries of exp(a)), along `dim`."""
+    a = a.masked_fill(~mask, float("-inf"))
+    zero = torch.zeros_like(a.narrow(dim, 0, 1))
+    return torch.logsumexp(torch.cat([zero, a], dim), dim)
+
+
+class ProxyAnchorLoss(nn.Module):
+    lam = 0.5
+
+    def __init__(self, num_classes, dim, alpha=32.0, delta=0.1):
+        super().__init__()
+        self.alpha, self.delta = alpha, delta
+        self.proxies = nn.Parameter(torch.randn(num_classes, dim))
+
+    def cos(self, h):
+        return F.normalize(h, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
+
+    def class_logits(self, h):
+        return self.alpha * self.cos(h)
+
+    def forward(self, h, labels):
+        cos = self.cos(h)
+        positive = F.one_hot(labels, len(self.proxies)).bool()    # (B, C): x in X_p+
+        with_positives = positive.any(0)                           # P+
+        pos_term = log1p_sum_exp(-self.alpha * (cos - self.delta), positive, dim=0)    # (C,)
+        neg_term = log1p_sum_exp(self.alpha * (cos + self.delta), ~positive, dim=0)    # (C,)
+        return pos_term[with_positives].mean() + neg_term.mean()

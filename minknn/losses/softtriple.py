@@ -1,0 +1,54 @@
+"""SoftTriple loss (Qian et al. 2019, "SoftTriple Loss: Deep Metric Learning Without Triplet Sampling", eq. 8, 9, 11).
+
+K learnable centres w_c^k per class (unit vectors), so a class can have several modes. The
+similarity of x to class c is a soft max over its centres:
+
+    S_c(x) = sum_k softmax_k(x.w_c^k / gamma) x.w_c^k                         (eq. 8)
+    L_SoftTriple = -log( exp(lambda (S_y - delta)) / (exp(lambda (S_y - delta)) + sum_{c != y} exp(lambda S_c)) )
+
+i.e. cross-entropy with logits lambda (S_c - delta [c = y]), plus a regulariser that merges
+centres of a class that come close (so K acts as an upper bound on the modes; eq. 11):
+
+    R = tau * sum_c sum_{s < t} ||w_c^s - w_c^t|| / (C K (K - 1)),  ||w^s - w^t|| = sqrt(2 - 2 w^s.w^t)
+
+x = h / ||h||. Hyper-parameters (the paper's): K = 10, lambda = 20 (`scale` in the code, since `lam`
+is the weight of the loss in the combined objective), gamma = 0.1, delta = 0.01, tau = 0.2; lam = 0.5. The centres are trained with --proxy_lr. If the loss turns NaN, the paper's
+advice is a smaller lambda.
+`class_logits` gives lambda * S_c(h), the class score that proxy inference (minknn/proxy.py) uses.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SoftTripleLoss(nn.Module):
+    lam = 0.5
+
+    def __init__(self, num_classes, dim, centres=10, scale=20.0, gamma=0.1, delta=0.01, tau=0.2):
+        super().__init__()
+        self.scale, self.gamma, self.delta, self.tau = scale, gamma, delta, tau
+        self.centres = nn.Parameter(torch.randn(num_classes, centres, dim))   # w_c^k = centres[c, k]
+
+    def similarity(self, h):
+        """S_c(x), (B, C)."""
+        x = F.normalize(h, dim=-1)
+        w = F.normalize(self.centres, dim=-1)
+        sim = torch.einsum("bd,ckd->bck", x, w)                              # x.w_c^k, (B, C, K)
+        return (F.softmax(sim / self.gamma, dim=-1) * sim).sum(-1)
+
+    def class_logits(self, h):
+        return self.scale * self.similarity(h)
+
+    def regulariser(self):
+        C, K, _ = self.centres.shape
+        if K < 2:
+            return self.centres.sum() * 0.0
+        w = F.normalize(self.centres, dim=-1)
+        s, t = torch.triu_indices(K, K, offset=1, device=w.device)           # every pair s < t
+        gap = (2 - 2 * (w[:, s] * w[:, t]).sum(-1)).clamp(min=1e-12).sqrt()  # (C, pairs)
+        return self.tau * gap.sum() / (C * K * (K - 1))
+
+    def forward(self, h, labels):
+        S = self.similarity(h)
+        logits = self.scale * (S - self.delta * F.one_hot(labels, S.shape[1]))
+        return F.cross_entropy(logits, labels) + self.regulariser()

@@ -1,0 +1,36 @@
+"""Supervised contrastive loss over the batch (Khosla et al. 2020, eq. 2, "L_out"), the SCL of Gunel et al. 2021.
+
+    L = 1/|I+| sum_{i in I+}  -1/|P(i)| sum_{p in P(i)} log( exp(z_i.z_p / tau) / sum_{a in A(i)} exp(z_i.z_a / tau) )
+
+    z_i = h_i / ||h_i||      the L2-normalised pooled representation
+    A(i) = every other example of the batch; P(i) = those in A(i) with label y_i
+    I+ = the anchors with at least one positive (anchors without one are left out; naive code
+         divides by |P(i)| = 0 there and returns NaN)
+
+Hyper-parameters: temperature tau = 0.1 (Khosla et al. use 0.1 in most experiments, Gunel et al.
+search 0.1-0.9); lam = 0.1 (Gunel et al. search lam in 0.1-0.9 as well).
+A batch where no example has a positive gives 0.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SupConLoss(nn.Module):
+    lam = 0.1
+
+    def __init__(self, num_classes=None, dim=None, temperature=0.1):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, h, labels):
+        z = F.normalize(h, dim=-1)
+        s = z @ z.T / self.temperature                             # (B, B)
+        self_mask = torch.eye(len(z), dtype=torch.bool, device=z.device)
+        positive = (labels[:, None] == labels[None, :]) & ~self_mask
+        anchors = positive.any(1)
+        if not anchors.any():
+            return s.sum() * 0.0
+        log_prob = s - torch.logsumexp(s.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
+        per_anchor = -(log_prob * positive).sum(1)[anchors] / positive.sum(1)[anchors]
+        return per_anchor.mean()

@@ -1,0 +1,35 @@
+"""Triplet margin loss over every valid triplet in the batch (Schroff et al. 2015, FaceNet, eq. 1).
+
+    L = 1/|T| sum_{(a,p,n) in T} max(0, d(z_a, z_p) - d(z_a, z_n) + m)
+
+    z_i = h_i / ||h_i||               the L2-normalised pooled representation
+    d(u, v) = ||u - v||^2 = 2 - 2 u.v  squared Euclidean distance, as in FaceNet
+    T = {(a, p, n) : y_p = y_a, p != a, y_n != y_a}, every valid triplet of the batch
+
+Hyper-parameters: margin m = 0.2 (FaceNet's alpha); lam = 0.1 is its weight in the combined
+objective (1 - lam) CE + lam L (see losses/__init__.py).
+The mean runs over all valid triplets, the already-satisfied ones (zero terms) included, so the
+loss shrinks as the batch gets sorted out. A batch without a valid triplet (one class only, or
+every class seen once) gives 0.
+Cost: a (B, B, B) tensor, 32^3 = 32k numbers at the default batch size.
+"""
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TripletLoss(nn.Module):
+    lam = 0.1
+
+    def __init__(self, num_classes=None, dim=None, margin=0.2):
+        super().__init__()
+        self.margin = margin
+
+    def forward(self, h, labels):
+        z = F.normalize(h, dim=-1)
+        d = (2 - 2 * z @ z.T).clamp(min=0)                         # (B, B) squared distances
+        same = labels[:, None] == labels[None, :]
+        positive = same.fill_diagonal_(False)                      # (a, p): same class, not a itself
+        negative = labels[:, None] != labels[None, :]              # (a, n)
+        valid = positive[:, :, None] & negative[:, None, :]        # (a, p, n)
+        terms = (d[:, :, None] - d[:, None, :] + self.margin).clamp(min=0)
+        return (terms * valid).sum() / valid.sum().clamp(min=1)

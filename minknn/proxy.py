@@ -1,0 +1,32 @@
+"""Proxy-based inference ("Revisiting Distance Metric Learning for Few-Shot Natural Language
+Classification", eq. 10): after training with a proxy loss, the class proxies vote alongside the
+linear head.
+
+    p(c | x) = softmax_c( (1 - alpha) F(h)_c + alpha * s * cos(h, P_c) )
+
+F(h) the linear head's logits, h the pooled representation, P_c class c's proxy, alpha the mix
+(--proxy_alpha, default 0.5). The scale s puts the cosine, which lies in [-1, 1], on the scale
+of logits; we take the scale the proxy loss itself trained with, so that s * cos(h, P_c) are the
+very logits that loss put on the classes (each loss's `class_logits`):
+    proxyanchor  s = alpha_PA = 32:     32 cos(h, P_c)
+    proxynca     -s d(h, P_c) = 2 s cos(h, P_c) - 2 s; the constant -2 s is the same for every
+                 class, and softmax ignores it, so the effective scale is 2 s
+    softtriple   lambda S_c(h) = 20 S_c(h): for its K centres per class, the class's score is
+                 the softmax-weighted similarity to its centres (SoftTriple eq. 8) in place of one cosine
+alpha = 0 is the linear head alone; alpha = 1 predicts the nearest proxy (the class with the
+largest similarity).
+"""
+from minknn import MinknnError
+
+PROXY_LOSSES = ("softtriple", "proxynca", "proxyanchor")
+
+
+def check_has_proxies(objective, loss_name):
+    if objective.metric is None or not hasattr(objective.metric, "class_logits"):
+        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss_name}, which has no proxies; "
+                          f"proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
+
+
+def proxy_logits(objective, logits, embeddings, alpha):
+    """The mixed logits (B, C); their softmax is p(c | x). alpha in [0, 1]."""
+    return (1 - alpha) * logits + alpha * objective.metric.class_logits(embeddings)

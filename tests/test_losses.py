@@ -1,0 +1,234 @@
+"""Every metric-learning loss against a slow, literal transcription of its paper's formula (the
+oracles below: plain Python loops over the examples, pairs and triplets), gradcheck, and the
+properties every loss must have. A student who changed one loss runs: pytest tests/test_losses.py -k <name>
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minknn.losses import LOSSES, METRIC_LOSSES, Objective
+from minknn.losses.contrastive import ContrastiveLoss
+from minknn.losses.mnrl import mnrl_pairs
+from minknn.model import Output
+
+C, D = 4, 8
+
+
+def unit(v):
+    return v / v.norm()
+
+
+def mean(terms):
+    return sum(terms) / len(terms) if terms else torch.tensor(0.0, dtype=torch.float64)
+
+
+# ---- oracles: the formulas as written in each file's docstring, one example at a time ----
+
+def triplet_oracle(h, y, loss):
+    z, B = [unit(v) for v in h], len(h)
+    return mean([torch.clamp((z[a] - z[p]).pow(2).sum() - (z[a] - z[n]).pow(2).sum() + loss.margin, min=0)
+                 for a in range(B) for p in range(B) for n in range(B) if y[a] == y[p] and a != p and y[n] != y[a]])
+
+
+def npairs_oracle(h, y, loss):
+    B, terms = len(h), []
+    for a in range(B):
+        negatives = [n for n in range(B) if y[n] != y[a]]
+        for p in range(B):
+            if p != a and y[p] == y[a] and negatives:
+                terms.append(torch.log(1 + sum(torch.exp(h[a] @ h[n] - h[a] @ h[p]) for n in negatives)))
+    return mean(terms) + loss.l2_reg * mean([v @ v for v in h])
+
+
+def supcon_oracle(h, y, loss):
+    z, B, t, terms = [unit(v) for v in h], len(h), loss.temperature, []
+    for i in range(B):
+        P = [p for p in range(B) if p != i and y[p] == y[i]]
+        if P:
+            denominator = sum(torch.exp(z[i] @ z[a] / t) for a in range(B) if a != i)
+            terms.append(-sum(torch.log(torch.exp(z[i] @ z[p] / t) / denominator) for p in P) / len(P))
+    return mean(terms)
+
+
+def contrastive_oracle(h, y, loss):
+    z, B, m, terms = [unit(v) for v in h], len(h), loss.margin, []
+    for i in range(B):
+        for j in range(i + 1, B):
+            d, dissimilar = (z[i] - z[j]).norm(), float(y[i] != y[j])
+            terms.append(0.5 * (1 - dissimilar) * d ** 2 + 0.5 * dissimilar * torch.clamp(m - d, min=0) ** 2)
+    return mean(terms)
+
+
+def mnrl_oracle(h, y, loss):
+    z, B, terms = [unit(v) for v in h], len(h), []
+    S = lambda i, j: loss.scale * z[i] @ z[j]
+    for i in range(B):
+        for p in range(B):
+            if p != i and y[p] == y[i]:
+                candidates = [p] + [n for n in range(B) if y[n] != y[i]]
+                terms.append(-torch.log(torch.exp(S(i, p)) / sum(torch.exp(S(i, c)) for c in candidates)))
+    return mean(terms)
+
+
+def proxynca_oracle(h, y, loss):
+    P = [unit(p) for p in loss.proxies]
+    terms = []
+    for x, c in zip(h, y):
+        d = [(unit(x) - p).pow(2).sum() for p in P]
+        terms.append(-torch.log(torch.exp(-loss.scale * d[c]) / sum(torch.exp(-loss.scale * dk) for dk in d)))
+    return mean(terms)
+
+
+def proxyanchor_oracle(h, y, loss):
+    a, delta = loss.alpha, loss.delta
+    cos = lambda x, p: unit(x) @ unit(p)
+    pos, neg = [], []
+    for c, p in enumerate(loss.proxies):
+        X_pos = [x for x, yi in zip(h, y) if yi == c]
+        X_neg = [x for x, yi in zip(h, y) if yi != c]
+        if X_pos:
+            pos.append(torch.log(1 + sum(torch.exp(-a * (cos(x, p) - delta)) for x in X_pos)))
+        neg.append(torch.log(1 + sum((torch.exp(a * (cos(x, p) + delta)) for x in X_neg), torch.tensor(0.0, dtype=h.dtype))))
+    return sum(pos) / len(pos) + sum(neg) / len(neg)
+
+
+def softtriple_oracle(h, y, loss):
+    W = [[unit(w) for w in centres] for centres in loss.centres]       # W[c][k]
+    K, lam, gamma, delta = len(W[0]), loss.scale, loss.gamma, loss.delta
+    terms = []
+    for x, yi in zip(h, y):
+        x = unit(x)
+        S = []
+        for c in range(len(W)):
+            weights = [torch.exp(x @ w / gamma) for w in W[c]]
+            S.append(sum(wt / sum(weights) * (x @ w) for wt, w in zip(weights, W[c])))
+        top = torch.exp(lam * (S[yi] - delta))
+        terms.append(-torch.log(top / (top + sum(torch.exp(lam * S[c]) for c in range(len(W)) if c != yi))))
+    R = sum(torch.sqrt(2 - 2 * W[c][s] @ W[c][t]) for c in range(len(W)) for s in range(K) for t in range(s + 1, K))
+    return mean(terms) + loss.tau * R / (len(W) * K * (K - 1))
+
+
+ORACLES = {"triplet": triplet_oracle, "npairs": npairs_oracle, "supcon": supcon_oracle, "contrastive": contrastive_oracle,
+           "mnrl": mnrl_oracle, "proxynca": proxynca_oracle, "proxyanchor": proxyanchor_oracle, "softtriple": softtriple_oracle}
+
+
+def make(name, seed=0):
+    torch.manual_seed(seed)
+    return METRIC_LOSSES[name](C, D).double()
+
+
+BATCHES = {  # labels of the test batches: mixed, with a class seen once, with a class absent
+    "mixed": [0, 1, 2, 3, 0, 1, 2, 3, 0, 1],
+    "one singleton": [0, 0, 1, 1, 1, 2, 3, 3],
+    "class absent": [0, 0, 1, 1, 1, 0],
+}
+
+
+def test_every_loss_has_an_oracle():
+    assert set(ORACLES) == set(METRIC_LOSSES) and LOSSES == ("ce", *METRIC_LOSSES)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("name", METRIC_LOSSES)
+def test_matches_the_formula(name, batch):
+    loss = make(name)
+    y = torch.tensor(BATCHES[batch])
+    for seed in range(3):
+        h = torch.randn(len(y), D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        assert loss(h, y).item() == pytest.approx(ORACLES[name](h, y, loss).item(), abs=1e-6, rel=1e-9)
+
+
+def test_contrastive_by_hand():
+    loss = ContrastiveLoss(margin=0.5)
+    # two orthogonal unit vectors are sqrt(2) apart; the third is 0.3 from the first (an angle of about 0.3 rad)
+    angle = 2 * math.asin(0.15)
+    h = torch.tensor([[1.0, 0.0], [0.0, 1.0], [math.cos(angle), math.sin(angle)]], dtype=torch.float64)
+    # pairs (0,1) similar: 1/2 * 2 = 1; (0,2) dissimilar at 0.3: 1/2 * 0.2^2 = 0.02; (1,2) dissimilar, far: 0
+    assert loss(h, torch.tensor([0, 0, 1])).item() == pytest.approx((1 + 0.02 + 0) / 3, abs=1e-12)
+
+
+def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
+    torch.manual_seed(0)
+    a, p = torch.randn(5, D, dtype=torch.float64), torch.randn(5, D, dtype=torch.float64)
+    S = lambda i, j: 20 * F.cosine_similarity(a[i], p[j], dim=0)
+    expected = -sum(S(i, i) - torch.log(sum(torch.exp(S(i, j)) for j in range(5))) for i in range(5)) / 5
+    assert mnrl_pairs(a, p).item() == pytest.approx(expected.item(), abs=1e-9)
+
+
+@pytest.mark.parametrize("name", METRIC_LOSSES)
+def test_gradcheck(name):
+    loss = make(name)
+    if name == "softtriple":  # 3 centres keep the numerical Jacobian small
+        loss = METRIC_LOSSES[name](C, D, centres=3).double()
+    if name == "proxyanchor":  # alpha = 32 makes the loss so steep that finite differences need a smaller step
+        loss.alpha = 4.0
+    h = torch.randn(7, D, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 0, 1, 1, 2, 3, 0])
+    inputs = (h, *loss.parameters())
+    assert torch.autograd.gradcheck(lambda h, *params: loss(h, y), inputs)
+
+
+def clustered(spread, seed=0):
+    """Four well-separated class centres and examples around them at distance ~spread."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.eye(C, D, dtype=torch.float64) * 3
+    y = torch.tensor([0, 1, 2, 3] * 3)
+    return centres, centres[y] + spread * torch.randn(len(y), D, dtype=torch.float64, generator=g), y
+
+
+@pytest.mark.parametrize("name", METRIC_LOSSES)
+def test_falls_as_classes_separate(name):
+    loss = make(name)
+    with torch.no_grad():  # put the proxies (or each class's centres) at the class centres
+        for p in loss.parameters():
+            centres, _, _ = clustered(0)
+            p.copy_(centres if p.ndim == 2 else centres[:, None, :] + 0.01 * torch.randn_like(p))
+    values = [loss(*clustered(spread)[1:]).item() for spread in (3.0, 1.0, 0.3, 0.1)]
+    assert values == sorted(values, reverse=True) and values[-1] < values[0], values
+
+
+@pytest.mark.parametrize("name", METRIC_LOSSES)
+def test_invariant_to_batch_order(name):
+    loss = make(name)
+    _, h, y = clustered(1.0)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
+    assert loss(h[perm], y[perm]).item() == pytest.approx(loss(h, y).item(), abs=1e-12)
+
+
+# In-batch losses give exactly 0 when the batch has nothing to compare (npairs: its L2 penalty alone);
+# the proxy losses still compare each example with the proxies.
+NOTHING_TO_COMPARE = {"every class once": [0, 1, 2, 3], "one class": [2, 2, 2, 2, 2], "one example": [1]}
+
+
+@pytest.mark.parametrize("batch", NOTHING_TO_COMPARE)
+@pytest.mark.parametrize("name", METRIC_LOSSES)
+def test_degenerate_batches_are_finite(name, batch):
+    loss = make(name)
+    y = torch.tensor(NOTHING_TO_COMPARE[batch])
+    h = torch.randn(len(y), D, dtype=torch.float64, requires_grad=True)
+    value = loss(h, y)
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(h.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in loss.parameters())
+    in_batch = name in ("triplet", "supcon", "contrastive", "mnrl")
+    if name in ("triplet", "mnrl") or (name == "supcon" and batch != "one class") or (in_batch and batch == "one example"):
+        assert value.item() == 0  # (supcon still pulls a one-class batch together; contrastive pushes classes apart)
+    if name == "npairs":
+        assert value.item() == pytest.approx(loss.l2_reg * h.detach().pow(2).sum(1).mean().item())
+
+
+def test_objective_mixes_ce_and_metric():
+    torch.manual_seed(0)
+    logits, h, y = torch.randn(6, C), torch.randn(6, D), torch.tensor([0, 1, 0, 1, 2, 2])
+    out = Output(logits=logits, embeddings=h)
+    ce = F.cross_entropy(logits, y)
+    metric = Objective("supcon", C, D).metric(h, y)
+    assert Objective("ce", C, D)(out, y)[0] == ce
+    assert Objective("supcon", C, D, lam=0)(out, y)[0] == ce
+    assert Objective("supcon", C, D, lam=1)(out, y)[0] == metric
+    total, parts = Objective("supcon", C, D, lam=0.25)(out, y)
+    assert total.item() == pytest.approx(0.75 * ce.item() + 0.25 * metric.item())
+    assert parts == {"ce": ce, "metric": metric}
+    assert Objective("supcon", C, D).lam == 0.1 and Objective("proxyanchor", C, D).lam == 0.5
