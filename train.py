@@ -62,6 +62,8 @@ def get_args(argv=None):
         args.proxy_lr = 100 * args.lr
     if args.lam is not None and not 0 <= args.lam <= 1:
         p.error(f"--lam must be in [0, 1], got {args.lam}")
+    if args.lam is not None and args.loss == "ce":
+        p.error("--lam weighs a metric-learning loss against CE; --loss ce is cross-entropy alone")
     for name in ("epochs", "batch_size", "max_len"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -156,7 +158,7 @@ def main(argv=None):
         print(f"epoch {epoch}: train loss {train_loss:.4f}, dev acc {dev_metrics['acc']:.4f}, "
               f"macro-F1 {dev_metrics['macro_f1']:.4f}{' (best, saved)' if is_best else ''}, {epoch_times[-1]:.0f} s")
 
-    summary = {"task": task.name, "loss": args.loss, "seed": args.seed, "device": str(device),
+    summary = {"task": task.name, "loss": args.loss, "lam": loss_fn.lam, "seed": args.seed, "device": str(device),
                "best_epoch": best["epoch"], "dev_acc": best["acc"], "dev_macro_f1": best["macro_f1"],
                "seconds_per_epoch": round(sum(epoch_times) / len(epoch_times), 1), "run": args.out}
     with open(os.path.join(args.out, "summary.json"), "w") as f:

@@ -42,7 +42,7 @@ def test_softtriple_scores_a_class_by_its_centres():
     objective, logits, h = setup("softtriple")
     x, w = F.normalize(h, dim=-1), F.normalize(objective.metric.centres, dim=-1)
     sim = torch.einsum("nd,ckd->nck", x, w)
-    S = (torch.softmax(sim / 0.1, -1) * sim).sum(-1)       # SoftTriple eq. 8
+    S = (torch.softmax(sim / 0.1, -1) * sim).sum(-1)       # SoftTriple S_c
     assert torch.equal(proxy_logits(objective, logits, h, 1.0).argmax(1), S.argmax(1))
     # S_c is a weighted mean of the class's similarities, so never above the largest
     assert torch.all(S <= sim.max(-1).values + 1e-6)

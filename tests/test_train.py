@@ -101,7 +101,8 @@ def test_proxy_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     assert p.returncode == 2 and p.stderr.strip() == (
         "error: --proxy: this checkpoint was trained with --loss ce, which has no proxies; "
         "proxy inference needs one of: softtriple, proxynca, proxyanchor")
-    with pytest.raises(SystemExit):
-        train.get_args(["--lam", "1.5"])
+    for bad in (["--loss", "supcon", "--lam", "1.5"], ["--loss", "ce", "--lam", "0.5"]):
+        with pytest.raises(SystemExit):
+            train.get_args(bad)
     with pytest.raises(SystemExit):
         evaluate.get_args(["--checkpoint", "x", "--proxy_alpha", "-0.1"])

@@ -12,8 +12,8 @@ train.py trains the combined objective of the DML paper (eq. 8) and KNN-BERT (eq
     L = (1 - lam) CE(F(h), y) + lam L_metric(h, y)
 
 F the linear head. --lam sets lam; by default each loss's own `lam` class attribute: 0.1 for the
-in-batch losses (KNN-BERT's and Gunel et al.'s value for their contrastive terms) and 0.5 for the
-proxy losses, whose proxies only learn through their term. --lam 0 is plain CE; --lam 1 trains the
+in-batch losses (KNN-BERT's weight for its contrastive term, eq. 6) and 0.5 for the proxy losses,
+whose proxies only learn through their term. --lam 0 is plain CE; --lam 1 trains the
 metric loss alone, and the untrained linear head's predictions are then meaningless (use proxy
 inference, evaluate.py --proxy, for the proxy losses).
 """

@@ -1,5 +1,5 @@
 """Multiple negatives ranking loss (Henderson et al. 2017, "Efficient Natural Language Response
-Suggestion for Smart Reply", sec. 4.4), with cosine similarity and a scale, as in the minBERT extension report.
+Suggestion for Smart Reply"), with cosine similarity and a scale, as in the minBERT extension report.
 
 For K (anchor, positive) pairs (x_i, y_i), every other pair's positive is a negative for x_i:
 
@@ -19,7 +19,7 @@ are not negatives, and counting them as such (the "false negatives" of in-batch 
 same-class examples apart. Written this way it is the N-pairs loss (npairs.py) with scaled cosine
 similarity in place of raw inner products. L is the mean over all (i, p); no pair gives 0.
 
-Hyper-parameters: scale = 20 (the usual value, i.e. a temperature of 0.05); lam = 0.1.
+Hyper-parameters: scale = 20 (sentence-transformers' default, a temperature of 0.05); lam = 0.1.
 """
 import torch
 import torch.nn as nn

@@ -1,4 +1,4 @@
-"""N-pairs loss (Sohn 2016, "Improved Deep Metric Learning with Multi-class N-pair Loss Objective", eq. 3 and sec. 3.2).
+"""N-pairs loss (Sohn 2016, "Improved Deep Metric Learning with Multi-class N-pair Loss Objective").
 
 For an anchor f_a, a positive f_p of the same class and negatives f_n of other classes:
 
@@ -11,7 +11,7 @@ builds batches of exactly one pair per class; taking every same-class pair keeps
 independent of the order of the batch.)
 
 f is the pooled representation h as it is, NOT normalised: Sohn uses raw inner products and keeps
-the norms in check with the L2 penalty, l2_reg = 0.002 (his value). lam = 0.1.
+the norms in check with an L2 penalty; l2_reg = 0.002 is a small weight of our choosing. lam = 0.1.
 A batch with no (anchor, positive, negative) triple, e.g. a single class, gives 0 (plus the penalty).
 """
 import torch
@@ -35,5 +35,5 @@ class NPairsLoss(nn.Module):
             return penalty
         # log sum_n exp(f_a.f_n) for every anchor; every row has a negative here
         neg_lse = torch.logsumexp(s.masked_fill(~negative, float("-inf")), dim=1, keepdim=True)
-        terms = F.softplus(neg_lse - s)                # (a, p): log(1 + sum_n exp(s_an - s_ap))
+        terms = F.softplus(neg_lse - s)                            # (a, p): log(1 + sum_n exp(s_an - s_ap))
         return terms[positive].mean() + penalty

@@ -1,4 +1,4 @@
-"""Proxy Anchor loss (Kim, Kim, Cho, Kwak 2020, "Proxy Anchor Loss for Deep Metric Learning", eq. 4).
+"""Proxy Anchor loss (Kim, Kim, Cho, Kwak 2020, "Proxy Anchor Loss for Deep Metric Learning").
 
 One learnable proxy p_c per class. Each proxy is an anchor that pulls the batch's examples of its
 class and pushes the others away, weighting the hard ones most (the log-sum-exp):

@@ -1,4 +1,4 @@
-"""ProxyNCA (Movshovitz-Attias et al. 2017, "No Fuss Distance Metric Learning using Proxies", eq. 7).
+"""ProxyNCA (Movshovitz-Attias et al. 2017, "No Fuss Distance Metric Learning using Proxies").
 
 One learnable proxy p_c per class; an example should be nearer its class's proxy than the others:
 

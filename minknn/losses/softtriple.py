@@ -1,19 +1,20 @@
-"""SoftTriple loss (Qian et al. 2019, "SoftTriple Loss: Deep Metric Learning Without Triplet Sampling", eq. 8, 9, 11).
+"""SoftTriple loss (Qian et al. 2019, "SoftTriple Loss: Deep Metric Learning Without Triplet Sampling").
 
 K learnable centres w_c^k per class (unit vectors), so a class can have several modes. The
 similarity of x to class c is a soft max over its centres:
 
-    S_c(x) = sum_k softmax_k(x.w_c^k / gamma) x.w_c^k                         (eq. 8)
+    S_c(x) = sum_k softmax_k(x.w_c^k / gamma) x.w_c^k
     L_SoftTriple = -log( exp(lambda (S_y - delta)) / (exp(lambda (S_y - delta)) + sum_{c != y} exp(lambda S_c)) )
 
 i.e. cross-entropy with logits lambda (S_c - delta [c = y]), plus a regulariser that merges
-centres of a class that come close (so K acts as an upper bound on the modes; eq. 11):
+centres of a class that come close (so K acts as an upper bound on the modes):
 
     R = tau * sum_c sum_{s < t} ||w_c^s - w_c^t|| / (C K (K - 1)),  ||w^s - w^t|| = sqrt(2 - 2 w^s.w^t)
 
-x = h / ||h||. Hyper-parameters (the paper's): K = 10, lambda = 20 (`scale` in the code, since `lam`
-is the weight of the loss in the combined objective), gamma = 0.1, delta = 0.01, tau = 0.2; lam = 0.5. The centres are trained with --proxy_lr. If the loss turns NaN, the paper's
-advice is a smaller lambda.
+x = h / ||h||. Hyper-parameters (the paper's): K = 10, lambda = 20 (`scale` in the code, since
+`lam` is the weight of the loss in the combined objective), gamma = 0.1, delta = 0.01, tau = 0.2;
+lam = 0.5. The centres are trained with --proxy_lr. If the loss turns NaN, the paper's advice is a
+smaller lambda.
 `class_logits` gives lambda * S_c(h), the class score that proxy inference (minknn/proxy.py) uses.
 """
 import torch

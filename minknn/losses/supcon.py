@@ -7,8 +7,8 @@
     I+ = the anchors with at least one positive (anchors without one are left out; naive code
          divides by |P(i)| = 0 there and returns NaN)
 
-Hyper-parameters: temperature tau = 0.1 (Khosla et al. use 0.1 in most experiments, Gunel et al.
-search 0.1-0.9); lam = 0.1 (Gunel et al. search lam in 0.1-0.9 as well).
+Hyper-parameters: temperature tau = 0.1 (also pytorch-metric-learning's default; a smaller tau
+weighs the hardest negatives more); lam = 0.1, the weight KNN-BERT gives its own contrastive term.
 A batch where no example has a positive gives 0.
 """
 import torch

@@ -1,4 +1,4 @@
-"""Triplet margin loss over every valid triplet in the batch (Schroff et al. 2015, FaceNet, eq. 1).
+"""Triplet margin loss over every valid triplet in the batch (Schroff et al. 2015, FaceNet).
 
     L = 1/|T| sum_{(a,p,n) in T} max(0, d(z_a, z_p) - d(z_a, z_n) + m)
 
@@ -27,8 +27,7 @@ class TripletLoss(nn.Module):
     def forward(self, h, labels):
         z = F.normalize(h, dim=-1)
         d = (2 - 2 * z @ z.T).clamp(min=0)                         # (B, B) squared distances
-        same = labels[:, None] == labels[None, :]
-        positive = same.fill_diagonal_(False)                      # (a, p): same class, not a itself
+        positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)   # (a, p): same class, not a
         negative = labels[:, None] != labels[None, :]              # (a, n)
         valid = positive[:, :, None] & negative[:, None, :]        # (a, p, n)
         terms = (d[:, :, None] - d[:, None, :] + self.margin).clamp(min=0)
