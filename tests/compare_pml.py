@@ -1,9 +1,13 @@
 """Compare minknn's losses with pytorch-metric-learning on random inputs (a local check, not a test:
 that library is not a dependency). Run: pip install --no-deps pytorch-metric-learning==2.9.0;
 python tests/compare_pml.py. Prints the largest absolute difference of loss and gradient per loss."""
+import os
+import sys
+
 import torch
 from pytorch_metric_learning import distances, losses as pml, reducers
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 from minknn.losses import ProxyAnchorLoss, ProxyNCALoss, SoftTripleLoss, SupConLoss, TripletLoss
 
 torch.manual_seed(0)
