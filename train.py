@@ -30,6 +30,7 @@ from minknn.engine import autocast, encode, labels_tensor, pick_device, predict,
 from minknn.losses import LOSSES, build_loss, check_loss_name
 from minknn.metrics import accuracy, macro_f1
 from minknn.model import POOLINGS, Classifier
+from minknn.proxy import has_proxies, proxy_logits
 from minknn.tokenizer import Tokenizer
 
 
@@ -88,8 +89,12 @@ def make_optimizer(model_params, loss_params, args, total_steps):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
-def evaluate(model, tokenizer, examples, args, device):
-    logits, _ = predict(model, tokenizer, examples, 2 * args.batch_size, device, progress="dev")
+def evaluate(model, loss_fn, tokenizer, examples, args, device):
+    """Dev metrics of the linear head; but with --lam 1 a proxy loss leaves the head untrained, so
+    its epochs are scored by the nearest proxy instead (proxy inference with alpha = 1)."""
+    logits, embeddings = predict(model, tokenizer, examples, 2 * args.batch_size, device, progress="dev")
+    if loss_fn.lam == 1 and has_proxies(loss_fn):
+        logits = proxy_logits(loss_fn, logits.to(device), embeddings.to(device), alpha=1.0).cpu()
     pred, gold = logits.argmax(-1).numpy(), [e.label for e in examples]
     return {"acc": accuracy(pred, gold), "macro_f1": macro_f1(pred, gold)}
 
@@ -122,6 +127,10 @@ def main(argv=None):
     n_trainable = sum(p.numel() for p in params)
     print(f"{task.name}: {len(train)} train / {len(dev)} dev examples, {len(task.labels)} classes; "
           f"{n_trainable:,} trainable parameters; loss {args.loss} (lam {loss_fn.lam}); {device}; run folder {args.out}")
+    if loss_fn.lam == 1:
+        print("--lam 1: the linear head gets no gradient; dev accuracy is " +
+              ("that of the nearest proxy (evaluate.py --proxy --proxy_alpha 1)" if has_proxies(loss_fn) else
+               "that of an untrained head, so read the training loss instead"))
 
     rng = random.Random(args.seed)
     best, epoch_times = None, []
@@ -147,7 +156,7 @@ def main(argv=None):
         epoch_times.append(time.time() - start)
         train_loss = total / steps
 
-        dev_metrics = evaluate(model, tokenizer, dev, args, device)
+        dev_metrics = evaluate(model, loss_fn, tokenizer, dev, args, device)
         record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(epoch_times[-1], 1), **dev_metrics}
         with open(os.path.join(args.out, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -21,8 +21,12 @@ from minknn import MinknnError
 PROXY_LOSSES = ("softtriple", "proxynca", "proxyanchor")
 
 
+def has_proxies(objective):
+    return objective.metric is not None and hasattr(objective.metric, "class_logits")
+
+
 def check_has_proxies(objective, loss_name):
-    if objective.metric is None or not hasattr(objective.metric, "class_logits"):
+    if not has_proxies(objective):
         raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss_name}, which has no proxies; "
                           f"proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
 
