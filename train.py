@@ -27,7 +27,7 @@ from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
 from minknn.data import TASKS, check_every_class_present, get_task, load_split, require_labels, stratified_sample
 from minknn.engine import autocast, encode, labels_tensor, pick_device, predict, seed_everything, train_batches
-from minknn.losses import LOSSES, build_loss, check_loss_name
+from minknn.losses import LOSSES, Objective, check_loss_name
 from minknn.metrics import accuracy, macro_f1
 from minknn.model import POOLINGS, Classifier
 from minknn.proxy import has_proxies, proxy_logits
@@ -115,7 +115,7 @@ def main(argv=None):
     model_path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)
     model = Classifier(BertModel.from_pretrained(model_path), len(task.labels), args.pooling, args.option).to(device)
-    loss_fn = build_loss(args.loss, len(task.labels), model.bert.config.hidden_size, args.lam).to(device)
+    loss_fn = Objective(args.loss, len(task.labels), model.bert.config.hidden_size, args.lam).to(device)
 
     model_params = [p for p in model.parameters() if p.requires_grad]
     loss_params = list(loss_fn.parameters())

@@ -19,7 +19,7 @@ import torch
 
 from minknn import MinknnError
 from minknn.bert import BertConfig
-from minknn.losses import build_loss
+from minknn.losses import Objective
 from minknn.model import Classifier
 from minknn.tokenizer import Tokenizer
 
@@ -71,6 +71,6 @@ def rebuild(ckpt):
     args = ckpt["args"]
     model = Classifier.from_config(BertConfig(**ckpt["bert_config"]), len(ckpt["labels"]), args["pooling"])
     model.load_state_dict(ckpt["model"])
-    loss = build_loss(args["loss"], len(ckpt["labels"]), model.bert.config.hidden_size, args.get("lam"))
+    loss = Objective(args["loss"], len(ckpt["labels"]), model.bert.config.hidden_size, args.get("lam"))
     loss.load_state_dict(ckpt["loss"])
     return model, loss, Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])

@@ -45,9 +45,13 @@ def texts_of(examples):
     return [e.text for e in examples], ([e.text_b for e in examples] if examples[0].text_b is not None else None)
 
 
+def to_device(batch, device):
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def encode(tokenizer, examples, device):
     """Tokenises a list of Examples into model inputs on `device`, padded to the longest."""
-    return {k: v.to(device, non_blocking=True) for k, v in tokenizer(*texts_of(examples)).items()}
+    return to_device(tokenizer(*texts_of(examples)), device)
 
 
 def labels_tensor(examples, device):
@@ -74,9 +78,9 @@ def predict(model, tokenizer, examples, batch_size, device, progress=None):
         chunks = tqdm(chunks, desc=progress, leave=False)
     logits, embeddings = [], []
     for chunk in chunks:
-        batch = tokenizer.pad([encodings[i] for i in chunk])
+        batch = to_device(tokenizer.pad([encodings[i] for i in chunk]), device)
         with autocast(device):
-            out = model(**{k: v.to(device, non_blocking=True) for k, v in batch.items()})
+            out = model(**batch)
         logits.append(out.logits.float().cpu())
         embeddings.append(out.embeddings.float().cpu())
     inverse = torch.empty(len(order), dtype=torch.long)

@@ -6,7 +6,7 @@ import torch
 from minknn import MinknnError
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild, save_checkpoint
 from minknn.data import TASKS
-from minknn.losses import build_loss
+from minknn.losses import Objective
 from minknn.model import Classifier
 from minknn.tokenizer import Tokenizer
 
@@ -19,7 +19,7 @@ def make_checkpoint(tiny_bert_dir, path, seed):
     model = Classifier(BertModel.from_pretrained(tiny_bert_dir), 5, "max")
     torch.nn.init.normal_(model.head.weight)
     tok = Tokenizer.from_folder(tiny_bert_dir, max_len=16)
-    save_checkpoint(path, model, build_loss("ce", 5, 32), tok, TASKS["sst"], ARGS, epoch=1, dev={"acc": 0.5})
+    save_checkpoint(path, model, Objective("ce", 5, 32), tok, TASKS["sst"], ARGS, epoch=1, dev={"acc": 0.5})
     return model.eval(), tok
 
 

@@ -57,9 +57,7 @@ class Objective(nn.Module):
         check_loss_name(name)
         self.ce = CrossEntropy(num_classes, dim)
         self.metric = METRIC_LOSSES[name](num_classes, dim) if name != "ce" else None
-        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)
-        if not 0 <= self.lam <= 1:
-            raise MinknnError(f"--lam must be in [0, 1], got {self.lam}")
+        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)  # train.py checks 0 <= lam <= 1
 
     def forward(self, output, labels):
         ce = self.ce(output, labels)
@@ -68,7 +66,3 @@ class Objective(nn.Module):
         metric = self.metric(output.embeddings.float(), labels)
         total = (1 - self.lam) * ce + self.lam * metric
         return total, {"ce": ce.detach(), "metric": metric.detach()}
-
-
-def build_loss(name, num_classes, dim, lam=None):
-    return Objective(name, num_classes, dim, lam)

@@ -13,6 +13,7 @@ examples with the same label is an (anchor, positive) pair, and its candidates a
 example of another class:
 
     L(i, p) = -S(x_i, x_p) + log( exp S(x_i, x_p) + sum_{n: y_n != y_i} exp S(x_i, x_n) )
+            = log(1 + sum_{n: y_n != y_i} exp(S(x_i, x_n) - S(x_i, x_p)))
 
 Other examples of the anchor's own class are left out of the candidates: with labels we know they
 are not negatives, and counting them as such (the "false negatives" of in-batch training) would push
@@ -48,5 +49,5 @@ class MNRLoss(nn.Module):
             return s.sum() * 0.0                                   # no pair, or one class: -log 1 = 0
         # log sum_n exp S(x_i, x_n) over the negatives; every row has one here
         neg_lse = torch.logsumexp(s.masked_fill(~negative, float("-inf")), dim=1, keepdim=True)
-        terms = torch.logaddexp(s, neg_lse) - s                    # (i, p): -log softmax over {p} + negatives
+        terms = F.softplus(neg_lse - s)                            # (i, p): log(1 + sum_n exp(S_in - S_ip))
         return terms[positive].mean()
