@@ -7,6 +7,7 @@ A checkpoint is one torch.save'd dict:
     bert_config  the BERT config (a dict), so no model folder is needed to rebuild
     vocab, lowercase, max_len   the tokenizer
     model, loss  the state dicts of the classifier and of the loss (proxies, when it has some)
+    memory       the MoCo queue (keys, labels, pointer) or memory bank, for the memory losses only
     epoch, dev   the epoch it was saved after and its dev metrics
 It is written to a temporary file in the same folder, flushed to disk, then renamed over the old
 one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
@@ -19,7 +20,7 @@ import torch
 
 from minknn import MinknnError
 from minknn.bert import BertConfig
-from minknn.losses import Objective
+from minknn.losses import Objective, loss_flags
 from minknn.model import Classifier
 from minknn.tokenizer import Tokenizer
 
@@ -42,12 +43,13 @@ def atomic_save(obj, path, writer=torch.save):
             os.remove(tmp)
 
 
-def save_checkpoint(path, model, loss, tokenizer, task, args, epoch, dev):
+def save_checkpoint(path, model, loss, tokenizer, task, args, epoch, dev, memory=None):
     atomic_save({
         "format": FORMAT, "args": dict(args), "task": task.name, "labels": list(task.labels),
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
         "model": model.state_dict(), "loss": loss.state_dict(), "epoch": epoch, "dev": dev,
+        **({"memory": memory.state_dict()} if memory is not None else {}),
     }, path)
 
 
@@ -69,8 +71,10 @@ def load_checkpoint(path):
 def rebuild(ckpt):
     """Returns (model, loss, tokenizer) from a loaded checkpoint alone."""
     args = ckpt["args"]
-    model = Classifier.from_config(BertConfig(**ckpt["bert_config"]), len(ckpt["labels"]), args["pooling"])
+    decoupled = args.get("decoupled", False)
+    model = Classifier.from_config(BertConfig(**ckpt["bert_config"]), len(ckpt["labels"]), args["pooling"], decoupled=decoupled)
     model.load_state_dict(ckpt["model"])
-    loss = Objective(args["loss"], len(ckpt["labels"]), model.bert.config.hidden_size, args.get("lam"))
+    loss = Objective(args["loss"], len(ckpt["labels"]), model.bert.config.hidden_size, args.get("lam"), decoupled,
+                     **loss_flags(args["loss"], args))
     loss.load_state_dict(ckpt["loss"])
     return model, loss, Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from minknn import MinknnError
+from minknn.model import represent
 
 
 def seed_everything(seed):
@@ -58,18 +59,20 @@ def labels_tensor(examples, device):
     return torch.tensor([e.label for e in examples], device=device)
 
 
-def train_batches(examples, batch_size, rng):
-    """One epoch of shuffled batches (lists of Examples); the last batch may be short."""
-    order = list(range(len(examples)))
+def train_batches(n, batch_size, rng):
+    """One epoch of shuffled batches of row indices into the n training examples (the memory bank
+    needs the rows); the last batch may be short."""
+    order = list(range(n))
     rng.shuffle(order)
-    for i in range(0, len(order), batch_size):
-        yield [examples[j] for j in order[i:i + batch_size]]
+    for i in range(0, n, batch_size):
+        yield order[i:i + batch_size]
 
 
 @torch.inference_mode()
-def predict(model, tokenizer, examples, batch_size, device, progress=None):
+def predict(model, tokenizer, examples, batch_size, device, progress=None, key=None):
     """Returns (logits (N, C), embeddings (N, H)) as float32 CPU tensors, in the order of
-    `examples`. progress: an optional tqdm description."""
+    `examples`. embeddings are the pooled z, or with `key` the representation it names
+    (model.represent, for a kNN datastore). progress: an optional tqdm description."""
     model.eval()
     encodings = tokenizer.encode(*texts_of(examples))  # tokenised once, then sorted by length
     order = sorted(range(len(examples)), key=lambda i: len(encodings[i][0]))
@@ -82,7 +85,8 @@ def predict(model, tokenizer, examples, batch_size, device, progress=None):
         with autocast(device):
             out = model(**batch)
         logits.append(out.logits.float().cpu())
-        embeddings.append(out.embeddings.float().cpu())
+        z = out.embeddings if key is None else represent(out, batch["attention_mask"], key)
+        embeddings.append(z.float().cpu())
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))
     return torch.cat(logits)[inverse], torch.cat(embeddings)[inverse]

@@ -8,9 +8,15 @@ Pooling (--pooling):
     cls   z = h[:, 0], the [CLS] token's last hidden state
     mean  z = sum_t m_t h_t / sum_t m_t, the average over real tokens (m is the attention mask)
     max   z_d = max over real tokens t of h_t,d
-The representation z (before dropout) is what the metric-learning losses and the kNN datastore
-see; the logits are what cross-entropy sees. --option pretrain freezes BERT and trains the head
-only; finetune trains everything (the CS224N minBERT convention).
+The representation z (before dropout) is what the metric-learning losses and, by default, the kNN
+datastore see; the logits are what cross-entropy sees. --option pretrain freezes BERT and trains the
+head only; finetune trains everything (the CS224N minBERT convention).
+
+--decoupled adds the retrieval head of Liang et al. ("Retrieval-Augmented Classification with
+Decoupled Representation", sec. 2.2): r = MLP(z) = W2 GELU(W1 z + b1) + b2, both layers H -> H.
+z still feeds the linear head; r is trained by its own triplet loss (minknn/decoupled.py) and is
+what the kNN datastore stores, so retrieval and classification stop pulling z two ways.
+The paper says only "a simple MLP layer"; the two layers and the GELU are our choice.
 """
 from dataclasses import dataclass
 
@@ -20,12 +26,15 @@ import torch.nn as nn
 from minknn.bert import BertModel
 
 POOLINGS = ("cls", "mean", "max")
+KNN_KEYS = (*POOLINGS, "decoupled")  # what a kNN datastore can store (--knn_key)
 
 
 @dataclass
 class Output:
-    logits: torch.Tensor     # (B, C)
+    logits: torch.Tensor      # (B, C)
     embeddings: torch.Tensor  # (B, H), the pooled representation z
+    hidden: torch.Tensor | None = None     # (B, T, H), the last hidden states, for pooling another way (--knn_key)
+    retrieval: torch.Tensor | None = None  # (B, H), r = MLP(z) with --decoupled, else None
 
 
 def pool(h, attention_mask, how):
@@ -39,20 +48,31 @@ def pool(h, attention_mask, how):
     raise ValueError(f"unknown pooling '{how}'; choose one of: {', '.join(POOLINGS)}")
 
 
+def represent(output, attention_mask, key):
+    """The representation --knn_key names: the retrieval head's r ("decoupled"), or the last hidden
+    states pooled another way ("cls", "mean", "max")."""
+    if key == "decoupled":
+        return output.retrieval
+    return pool(output.hidden, attention_mask, key)
+
+
 class Classifier(nn.Module):
-    def __init__(self, bert, num_labels, pooling="mean", option="finetune"):
+    def __init__(self, bert, num_labels, pooling="mean", option="finetune", decoupled=False):
         super().__init__()
         self.bert, self.pooling = bert, pooling
         self.dropout = nn.Dropout(bert.config.hidden_dropout_prob)
-        self.head = nn.Linear(bert.config.hidden_size, num_labels)
+        H = bert.config.hidden_size
+        self.head = nn.Linear(H, num_labels)
+        self.retrieval = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, H)) if decoupled else None
         for p in self.bert.parameters():
             p.requires_grad = option == "finetune"
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         h = self.bert(input_ids, attention_mask, token_type_ids)
         z = pool(h, attention_mask, self.pooling)
-        return Output(logits=self.head(self.dropout(z)), embeddings=z)
+        r = self.retrieval(z) if self.retrieval is not None else None
+        return Output(logits=self.head(self.dropout(z)), embeddings=z, hidden=h, retrieval=r)
 
     @classmethod
-    def from_config(cls, bert_config, num_labels, pooling, option="finetune"):
-        return cls(BertModel(bert_config), num_labels, pooling, option)
+    def from_config(cls, bert_config, num_labels, pooling, option="finetune", decoupled=False):
+        return cls(BertModel(bert_config), num_labels, pooling, option, decoupled)

@@ -8,12 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minknn.losses import LOSSES, METRIC_LOSSES, Objective
+from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, Objective
 from minknn.losses.contrastive import ContrastiveLoss
+from minknn.losses.knnbert import KNNBertLoss
 from minknn.losses.mnrl import mnrl_pairs
+from minknn.moco import Queue
 from minknn.model import Output
 
 C, D = 4, 8
+IN_BATCH = [name for name in METRIC_LOSSES if name not in MEMORY_LOSSES]  # called as loss(h, labels)
 
 
 def unit(v):
@@ -127,11 +130,11 @@ BATCHES = {  # labels of the test batches: mixed, with a class seen once, with a
 
 
 def test_every_loss_has_an_oracle():
-    assert set(ORACLES) == set(METRIC_LOSSES) and LOSSES == ("ce", *METRIC_LOSSES)
+    assert set(ORACLES) | set(MEMORY_ORACLES) == set(METRIC_LOSSES) and LOSSES == ("ce", *METRIC_LOSSES)
 
 
 @pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("name", METRIC_LOSSES)
+@pytest.mark.parametrize("name", IN_BATCH)
 def test_matches_the_formula(name, batch):
     loss = make(name)
     y = torch.tensor(BATCHES[batch])
@@ -157,7 +160,7 @@ def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
     assert mnrl_pairs(a, p).item() == pytest.approx(expected.item(), abs=1e-9)
 
 
-@pytest.mark.parametrize("name", METRIC_LOSSES)
+@pytest.mark.parametrize("name", IN_BATCH)
 def test_gradcheck(name):
     loss = make(name)
     if name == "softtriple":  # 3 centres keep the numerical Jacobian small
@@ -176,7 +179,7 @@ def clustered(spread, seed=0):
     return centres, centres[y] + spread * torch.randn(len(y), D, dtype=torch.float64, generator=g), y
 
 
-@pytest.mark.parametrize("name", METRIC_LOSSES)
+@pytest.mark.parametrize("name", IN_BATCH)
 def test_falls_as_classes_separate(name):
     loss = make(name)
     with torch.no_grad():  # put the proxies (or each class's centres) at the class centres
@@ -187,7 +190,7 @@ def test_falls_as_classes_separate(name):
     assert values == sorted(values, reverse=True) and values[-1] < values[0], values
 
 
-@pytest.mark.parametrize("name", METRIC_LOSSES)
+@pytest.mark.parametrize("name", IN_BATCH)
 def test_invariant_to_batch_order(name):
     loss = make(name)
     _, h, y = clustered(1.0)
@@ -201,7 +204,7 @@ NOTHING_TO_COMPARE = {"every class once": [0, 1, 2, 3], "one class": [2, 2, 2, 2
 
 
 @pytest.mark.parametrize("batch", NOTHING_TO_COMPARE)
-@pytest.mark.parametrize("name", METRIC_LOSSES)
+@pytest.mark.parametrize("name", IN_BATCH)
 def test_degenerate_batches_are_finite(name, batch):
     loss = make(name)
     y = torch.tensor(NOTHING_TO_COMPARE[batch])
@@ -230,3 +233,120 @@ def test_objective_mixes_ce_and_metric():
     assert total.item() == pytest.approx(0.75 * ce.item() + 0.25 * metric.item())
     assert parts == {"ce": ce, "metric": metric}
     assert Objective("supcon", C, D).lam == 0.1 and Objective("proxyanchor", C, D).lam == 0.5
+
+
+# ---- the memory losses (knnbert, moco): the query batch against a labelled memory of keys ----
+
+def knnbert_oracle(h, y, keys, key_labels, loss):
+    """KNN-BERT eq. 3, one query and one positive at a time; S(q) by sorting the positives."""
+    per_query = []
+    for i in range(len(h)):
+        q = unit(h[i])
+        s = [q @ k / loss.tau for k in keys]
+        positives = [j for j in range(len(keys)) if key_labels[j] == y[i]]
+        negatives = [j for j in range(len(keys)) if key_labels[j] != y[i]]
+        if not positives:
+            continue  # no positive in memory: this query contributes nothing
+        ranked = sorted(positives, key=lambda j: -s[j].item())
+        if len(ranked) <= loss.m_most + loss.m_least:
+            selected = ranked
+        else:
+            selected = ranked[:loss.m_most] + ranked[len(ranked) - loss.m_least:]
+        terms = [-torch.log(torch.exp(s[j]) / (torch.exp(s[j]) + sum(torch.exp(s[n]) for n in negatives)))
+                 for j in selected]
+        per_query.append(sum(terms) / len(terms))
+    return mean(per_query)
+
+
+def moco_oracle(h, y, batch_keys, keys, loss):
+    """MoCo eq. 1: the query's own key against every key in memory."""
+    terms = []
+    for i in range(len(h)):
+        q = unit(h[i])
+        positive = torch.exp(q @ batch_keys[i] / loss.tau)
+        terms.append(-torch.log(positive / (positive + sum(torch.exp(q @ k / loss.tau) for k in keys))))
+    return mean(terms)
+
+
+MEMORY_ORACLES = {"knnbert": knnbert_oracle, "moco": moco_oracle}
+
+
+def memory(n, classes, seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = F.normalize(torch.randn(n, D, dtype=torch.float64, generator=g), dim=1)
+    return keys, torch.randint(0, classes, (n,), generator=g)
+
+
+@pytest.mark.parametrize("m_most, m_least", [(2, 3), (1, 0), (0, 2), (50, 100)])
+@pytest.mark.parametrize("seed", range(3))
+def test_knnbert_matches_equation_3(m_most, m_least, seed):
+    loss = KNNBertLoss(m_most=m_most, m_least=m_least, tau=0.5)  # a mild tau keeps exp() in float64 range
+    keys, key_labels = memory(30, C - 1, seed)  # class C - 1 has no key: its queries have no positive
+    y = torch.tensor([0, 1, 2, 3, 0, 3, 1])
+    h = torch.randn(len(y), D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 10))
+    expected = knnbert_oracle(h, y, keys, key_labels, loss)
+    assert loss(h, y, None, keys, key_labels).item() == pytest.approx(expected.item(), abs=1e-9)
+
+
+def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
+    # one query along e0; five positives at decreasing similarity, one negative
+    q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    angles = torch.tensor([0.1, 0.5, 0.9, 1.3, 1.7, 2.5], dtype=torch.float64)
+    keys = torch.stack([angles.cos(), angles.sin()], 1)
+    key_labels = torch.tensor([0, 0, 0, 0, 0, 1])
+    loss = KNNBertLoss(m_most=1, m_least=2, tau=1.0)
+    s = keys @ q[0]
+    term = lambda j: -(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5])))
+    expected = (term(0) + term(3) + term(4)) / 3  # the most similar (0) and the two least similar (3, 4)
+    assert loss(q, torch.tensor([0]), None, keys, key_labels).item() == pytest.approx(expected.item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_moco_matches_its_formula(seed):
+    loss = METRIC_LOSSES["moco"](tau=0.5)
+    keys, key_labels = memory(20, C, seed)
+    y = torch.tensor([0, 1, 2, 3, 0])
+    g = torch.Generator().manual_seed(seed + 10)
+    h = torch.randn(len(y), D, dtype=torch.float64, generator=g)
+    batch_keys = F.normalize(torch.randn(len(y), D, dtype=torch.float64, generator=g), dim=1)
+    expected = moco_oracle(h, y, batch_keys, keys, loss)
+    assert loss(h, y, batch_keys, keys, key_labels).item() == pytest.approx(expected.item(), abs=1e-9)
+
+
+@pytest.mark.parametrize("name", MEMORY_LOSSES)
+def test_memory_losses_gradcheck(name):
+    loss = METRIC_LOSSES[name](tau=0.5) if name == "moco" else KNNBertLoss(m_most=2, m_least=2, tau=0.5)
+    keys, key_labels = memory(15, C, 0)
+    y = torch.tensor([0, 1, 2, 3, 1])
+    batch_keys = F.normalize(torch.randn(len(y), D, dtype=torch.float64), dim=1)
+    h = torch.randn(len(y), D, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h: loss(h, y, batch_keys, keys, key_labels), (h,))
+
+
+@pytest.mark.parametrize("case", ["no query has a positive", "no negatives in memory"])
+def test_knnbert_degenerate_memories_are_finite(case):
+    keys, _ = memory(6, C, 0)
+    y = torch.tensor([0, 1, 0]) if case == "no query has a positive" else torch.tensor([2, 2, 2])
+    key_labels = torch.full((6,), 3) if case == "no query has a positive" else torch.full((6,), 2)
+    h = torch.randn(3, D, dtype=torch.float64, requires_grad=True)
+    value = KNNBertLoss(tau=0.07)(h, y, None, keys, key_labels)
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(h.grad).all()
+    if case == "no query has a positive":
+        assert value.item() == 0
+    else:  # with no negative each term is -log(e^s / e^s) = 0
+        assert value.item() == pytest.approx(0, abs=1e-12)
+
+
+def test_objective_passes_the_memory_and_runs_outside_autocast():
+    torch.manual_seed(0)
+    queue = Queue(12, D)
+    queue.fill(torch.randn(12, D), torch.arange(12) % C)
+    out, y = Output(logits=torch.randn(4, C), embeddings=torch.randn(4, D)), torch.tensor([0, 1, 2, 3])
+    objective = Objective("knnbert", C, D, m_most=1, m_least=1)
+    assert (objective.metric.m_most, objective.metric.m_least, objective.lam) == (1, 1, 0.1)
+    total, parts = objective(out, y, None, queue)
+    expected = knnbert_oracle(out.embeddings.double(), y, queue.keys.double(), queue.labels, objective.metric)
+    assert parts["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 autocast must not reach q.k / tau
+        assert objective(out, y, None, queue)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)

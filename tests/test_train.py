@@ -10,7 +10,7 @@ import torch
 
 import evaluate
 import train
-from minknn.losses import LOSSES
+from minknn.losses import LOSSES, MEMORY_LOSSES
 from minknn.proxy import PROXY_LOSSES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ def test_bad_flags_give_one_line_errors(tiny_bert_dir, data_dir, tmp_path):
 
     code, err = run("train.py", "--loss", "proxyanchr", "--model", tiny_bert_dir, "--data_dir", data_dir)
     assert code == 2 and err == ("error: unknown --loss 'proxyanchr'; choose one of: ce, triplet, npairs, supcon, "
-                                 "softtriple, proxynca, proxyanchor, contrastive, mnrl")
+                                 "softtriple, proxynca, proxyanchor, contrastive, mnrl, knnbert, moco")
     code, err = run("train.py", "--task", "sst", "--model", str(tmp_path / "no-model"), "--data_dir", data_dir)
     assert code == 2 and err.startswith("error: --model") and "\n" not in err
     code, err = run("evaluate.py", "--checkpoint", str(tmp_path))
@@ -72,6 +72,7 @@ def test_every_loss_trains_end_to_end(tiny_bert_dir, data_dir, tmp_path, loss):
     assert ckpt["args"]["loss"] == loss and ckpt["args"]["proxy_lr"] == 0.1
     if loss in PROXY_LOSSES:
         assert [k for k in ckpt["loss"]] == ["metric.centres" if loss == "softtriple" else "metric.proxies"]
+    assert ("memory" in ckpt) == (loss in MEMORY_LOSSES)
 
 
 def test_proxies_learn_at_their_own_rate(tiny_bert_dir, data_dir, tmp_path):
@@ -114,3 +115,97 @@ def test_lam_one_scores_epochs_by_the_nearest_proxy(tiny_bert_dir, data_dir, tmp
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--proxy", "--proxy_alpha", "1"])
     assert (summary["dev_acc"], summary["dev_macro_f1"]) == (result["proxy_acc"], result["proxy_macro_f1"])
     assert result["acc"] != result["proxy_acc"]  # the untrained head scores differently: the test can fail
+
+
+def cli(script, *args):
+    p = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stderr.strip()
+
+
+@pytest.mark.parametrize("memory", ["queue", "bank"])
+def test_knnbert_trains_and_its_memory_is_saved(tiny_bert_dir, data_dir, tmp_path, memory):
+    summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--lr", "1e-3", "--loss", "knnbert",
+                        "--memory", memory, "--m_most", "3", "--m_least", "2")
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    train_labels = sorted(int(row[3]) for row in list(csv.reader(open(os.path.join(data_dir, "minbert", "ids-sst-train.csv")), delimiter="\t"))[1:])
+    assert ckpt["args"]["queue_size"] == len(train_labels) == 40 and summary["memory_fill_seconds"] >= 0
+    assert (ckpt["args"]["m_most"], ckpt["args"]["m_least"], ckpt["args"]["memory"]) == (3, 2, memory)
+    assert ckpt["memory"]["keys"].shape == (40, 32)
+    assert torch.allclose(ckpt["memory"]["keys"].norm(dim=1), torch.ones(40))
+    # one epoch writes every training example's key once (queue) or keeps one entry each (bank):
+    # either way the memory holds each label as often as the training set does
+    assert sorted(ckpt["memory"]["labels"].tolist()) == train_labels
+    if memory == "queue":
+        assert ckpt["memory"]["ptr"].item() == 0  # 40 keys into 40 slots: one full turn
+
+
+def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path):
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "4", "--lr", "3e-3", "--loss", "knnbert")
+    common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8"]
+    first = evaluate.main(common + ["--phi", "0"])
+    assert (first["mix_acc"], first["mix_macro_f1"]) == (first["acc"], first["macro_f1"])  # phi 0: the linear head
+    assert first["timing"]["datastore_size"] == 40 and first["timing"]["datastore_build_seconds"] is not None
+    assert os.path.exists(tmp_path / "run" / "datastore-mean.pt")
+    again = evaluate.main(common + ["--phi", "1", "--vote", "distance"])
+    assert again["timing"]["datastore_build_seconds"] is None  # reused: same checkpoint, key, training set
+    assert (again["mix_acc"], again["mix_macro_f1"]) == (again["knn_acc"], again["knn_macro_f1"])  # phi 1: kNN alone
+    rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn.csv")))
+    assert rows[0] == ["id", "prediction", "label"] and len(rows) == 16
+
+    swept = evaluate.main(common + ["--sweep"])["sweep"]
+    assert [r["phi"] for r in swept["phi"]] == [i / 10 for i in range(11)]
+    assert [r["k"] for r in swept["k"]] == [1, 4, 16, 40]  # capped at the datastore's 40 keys
+    assert swept["phi"][0]["acc"] == first["acc"]
+    at_8 = evaluate.main(common + ["--phi", "0.5"])
+    assert swept["phi"][5]["acc"] == at_8["mix_acc"]
+    assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-cosine-mean.json")
+
+    on_train = evaluate.main(common + ["--split", "train"])  # each query's own entry is left out
+    assert on_train["knn_acc"] < 1.0 or on_train["n"] == 40
+
+    # the checkpoint changes: the default datastore is rebuilt, an explicit one is refused
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run2", "--epochs", "1", "--seed", "5")
+    code, err = cli("evaluate.py", "--checkpoint", str(tmp_path / "run2"), "--data_dir", data_dir, "--knn", "--k", "8",
+                    "--datastore", str(tmp_path / "run" / "datastore-mean.pt"))
+    assert code == 2 and "was built by a different checkpoint" in err and "\n" not in err
+    import shutil
+    shutil.copy(tmp_path / "run2" / "checkpoint.pt", tmp_path / "run" / "checkpoint.pt")
+    assert evaluate.main(common)["timing"]["datastore_build_seconds"] is not None
+
+
+def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_path):
+    summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "2", "--lr", "3e-3", "--decoupled")
+    assert summary["decoupled"] and summary["lam"] == 0.5
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert {"retrieval.0.weight", "retrieval.2.weight"} <= set(ckpt["model"])
+    common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8", "--vote", "distance"]
+    result = evaluate.main(common)
+    assert 0 <= result["knn_acc"] <= 1 and os.path.exists(tmp_path / "run" / "datastore-decoupled.pt")
+    evaluate.main(common + ["--knn_key", "mean"])
+    r = torch.load(tmp_path / "run" / "datastore-decoupled.pt", weights_only=True)["keys"]
+    z = torch.load(tmp_path / "run" / "datastore-mean.pt", weights_only=True)["keys"]
+    assert r.shape == z.shape and not torch.allclose(r, z)
+
+
+def test_knn_and_memory_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1")
+    common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn"]
+    for extra, message in [
+        (["--k", "41"], "error: --k 41: the datastore holds 40 training examples; use --k 40 or less"),
+        (["--knn_key", "decoupled"], "error: --knn_key decoupled: this checkpoint has no retrieval head (train it with --decoupled)"),
+    ]:
+        assert cli("evaluate.py", *common, *extra) == (2, message)
+    code, err = cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--sweep")
+    assert code == 2 and err.endswith("--sweep, --knn_key and --datastore are kNN options; add --knn")
+    model = ["--model", tiny_bert_dir, "--data_dir", data_dir, "--out", str(tmp_path / "bad")]
+    for flags, message in [
+        (["--decoupled", "--loss", "supcon"], "--decoupled trains its own triplet loss on the retrieval head; use it with --loss ce, not supcon"),
+        (["--m_most", "5"], "--m_most is a flag of --loss knnbert, not of --loss ce"),
+        (["--loss", "moco", "--m_least", "5"], "--m_least is a flag of --loss knnbert, not of --loss moco"),
+        (["--queue_size", "5", "--loss", "supcon"], "--queue_size is a flag of --loss knnbert and moco, not of --loss supcon"),
+        (["--loss", "knnbert", "--memory", "bank", "--queue_size", "5"], "--queue_size and --momentum are for --memory queue"),
+    ]:
+        code, err = cli("train.py", *model, *flags)
+        assert code == 2 and err.endswith(message), err
+    code, err = cli("train.py", *model, "--loss", "knnbert", "--queue_size", "41", "--max_len", "32")
+    assert (code, err) == (2, "error: --queue_size 41: the queue is filled from the 40 training examples, so it must be between 1 and 40")

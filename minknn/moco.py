@@ -1,0 +1,120 @@
+"""The memory of the memory losses (--loss knnbert, --loss moco): a labelled MoCo queue filled by a
+momentum key encoder, or a memory bank (--memory queue|bank).
+
+Queue (He et al. 2020, "Momentum Contrast"; KNN-BERT sec. 3.4):
+    key encoder    a copy of the model, never trained by gradients; after every step
+                       theta_k <- m theta_k + (1 - m) theta_q,   m = 0.999 (--momentum)
+                   (KNN-BERT eq. 5). It runs without dropout: its keys are targets, and the
+                   query's own dropout is the only noise between a query and its key.
+    queue          K keys k = pool(key_encoder(x)) / ||.|| with their labels y, K = --queue_size
+                   (default min(32000, training set size), as KNN-BERT: a small training set
+                   goes in whole). After each step the batch's keys are written at a pointer
+                   that wraps round the end, overwriting the oldest keys (first in, first out),
+                   so any batch size works, a short last batch too. Each key vector is
+                   normalised (dim 1), never each dimension across keys.
+Memory bank (Wu et al. 2018, "Unsupervised Feature Learning via Non-Parametric Instance
+Discrimination", sec. 3.2): one entry per training example, no key encoder; when example i is in
+a batch its entry moves towards the query's representation f_i:
+                       v_i <- (m v_i + (1 - m) f_i) / ||m v_i + (1 - m) f_i||,   m = 0.5 (theirs)
+Both are filled before the first step by one pass over the training set (the queue with its
+first K examples) through the same pooling and normalisation as the keys of training, with the
+examples' true labels. Their tensors are registered buffers, saved with the checkpoint.
+MoCo's shuffle-BN is not needed here: it fights BatchNorm's batch statistics, and BERT has only
+LayerNorm, which normalises each example on its own.
+"""
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minknn.engine import predict
+
+MOMENTUM, BANK_MOMENTUM, QUEUE_SIZE = 0.999, 0.5, 32000
+
+
+class KeyEncoder:
+    def __init__(self, model, m=MOMENTUM):
+        self.encoder, self.m = copy.deepcopy(model).eval(), m
+        for p in self.encoder.parameters():
+            p.requires_grad = False
+
+    @torch.no_grad()
+    def update(self, model):
+        """theta_k <- m theta_k + (1 - m) theta_q."""
+        for k, q in zip(self.encoder.parameters(), model.parameters()):
+            k.mul_(self.m).add_(q.detach(), alpha=1 - self.m)
+
+    @torch.no_grad()
+    def __call__(self, batch):
+        """The unit keys (B, H) of a tokenised batch."""
+        return F.normalize(self.encoder(**batch).embeddings.float(), dim=1)
+
+
+class Memory(nn.Module):
+    """size keys (size, dim) and their labels (size,), as buffers."""
+
+    def __init__(self, size, dim):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(size, dim))
+        self.register_buffer("labels", torch.zeros(size, dtype=torch.long))
+
+    @torch.no_grad()
+    def fill(self, keys, labels):
+        self.keys.copy_(F.normalize(keys.float(), dim=1))
+        self.labels.copy_(labels)
+
+
+class Queue(Memory):
+    def __init__(self, size, dim):
+        super().__init__(size, dim)
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))  # the next slot to write
+
+    @torch.no_grad()
+    def enqueue(self, keys, labels):
+        size = len(self.keys)
+        keys, labels = keys[-size:], labels[-size:]  # a batch larger than the queue keeps its last keys
+        slots = (self.ptr + torch.arange(len(keys), device=self.keys.device)) % size
+        self.keys[slots] = F.normalize(keys.float(), dim=1)
+        self.labels[slots] = labels
+        self.ptr.copy_((self.ptr + len(keys)) % size)
+
+
+class MemoryBank(Memory):
+    @torch.no_grad()
+    def update(self, rows, queries, m=BANK_MOMENTUM):
+        """Moves the entries of training examples `rows` towards their queries (B, dim)."""
+        self.keys[rows] = F.normalize(m * self.keys[rows] + (1 - m) * F.normalize(queries.float(), dim=1), dim=1)
+
+
+class MoCo:
+    """What train.py calls for a memory loss: before the loss, batch_keys(); after the optimiser
+    step, after_step(). The memory itself is `self.memory`."""
+
+    def __init__(self, model, kind, size, momentum=MOMENTUM):
+        self.kind = kind
+        dim = model.bert.config.hidden_size
+        self.key_encoder = KeyEncoder(model, momentum) if kind == "queue" else None
+        self.memory = (Queue if kind == "queue" else MemoryBank)(size, dim).to(next(model.parameters()).device)
+
+    def fill(self, model, tokenizer, examples, labels, batch_size, device):
+        """One pass over the first `size` training examples (the key encoder's for the queue)."""
+        size = len(self.memory.keys)
+        encoder = self.key_encoder.encoder if self.key_encoder else model
+        _, keys = predict(encoder, tokenizer, examples[:size], batch_size, device, progress=f"filling the {self.kind}")
+        self.memory.fill(keys.to(device), labels[:size].to(device))
+        model.train()  # predict() left it in eval mode
+
+    def batch_keys(self, model, batch, rows):
+        """The positives' side of this batch: the key encoder's keys after its momentum step
+        (queue), or the batch's own memory-bank entries (bank)."""
+        if self.kind == "queue":
+            self.key_encoder.update(model)
+            return self.key_encoder(batch)
+        return self.memory.keys[rows]  # already float32 unit vectors
+
+    def after_step(self, batch_keys, labels, rows, queries):
+        if self.kind == "queue":
+            self.memory.enqueue(batch_keys, labels)
+        else:
+            self.memory.update(rows, queries.detach())
