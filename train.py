@@ -248,7 +248,7 @@ def main(argv=None):
                **({"memory_fill_seconds": round(fill_seconds, 1)} if moco else {})}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(f"done: {task.name} {args.loss} {args.option} seed {args.seed}: best dev acc {best['acc']:.4f}, macro-F1 "
+    print(f"done: {task.name} {args.loss}{' + decoupled' if args.decoupled else ''} {args.option} seed {args.seed}: best dev acc {best['acc']:.4f}, macro-F1 "
           f"{best['macro_f1']:.4f} (epoch {best['epoch']}); {summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
     return summary
 

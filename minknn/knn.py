@@ -32,16 +32,20 @@ from minknn.checkpoint import atomic_save
 FORMAT = "minknn-datastore-1"
 
 
+def add_votes(neighbour_labels, weights, num_classes):
+    """(Q, C): for each query, the sum of its neighbours' weights (Q, K) per label."""
+    return torch.zeros(len(weights), num_classes, dtype=torch.float64).scatter_add_(1, neighbour_labels, weights)
+
+
 def vote_cosine(scores, neighbour_labels, num_classes, temperature=None):
-    """One vote per neighbour: the share of the K neighbours with each label. (Q, K) -> (Q, C)."""
-    votes = torch.zeros(len(scores), num_classes, dtype=torch.float64)
-    return votes.scatter_add_(1, neighbour_labels, torch.ones_like(votes[:, :1]).expand_as(neighbour_labels)) / neighbour_labels.shape[1]
+    """One vote each, whatever the similarity: KNN(q)_y = the share of the K neighbours with label y."""
+    K = neighbour_labels.shape[1]
+    return add_votes(neighbour_labels, torch.full(neighbour_labels.shape, 1 / K, dtype=torch.float64), num_classes)
 
 
 def vote_distance(scores, neighbour_labels, num_classes, temperature=10.0):
-    """Each neighbour votes with softmax_j(-d_j / T); scores are the squared L2 distances d_j."""
-    weights = torch.softmax(-scores.double() / temperature, dim=1)
-    return torch.zeros(len(scores), num_classes, dtype=torch.float64).scatter_add_(1, neighbour_labels, weights)
+    """Each neighbour votes with softmax_j(-d_j / T); the scores are the squared L2 distances d_j."""
+    return add_votes(neighbour_labels, torch.softmax(-scores.double() / temperature, dim=1), num_classes)
 
 
 VOTES = {"cosine": vote_cosine, "distance": vote_distance}
@@ -120,9 +124,9 @@ class Datastore:
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise MinknnError(f"--datastore {path}: not a minknn datastore ({type(e).__name__})") from None
+            raise MinknnError(f"{path}: not a minknn datastore ({type(e).__name__})") from None
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise MinknnError(f"--datastore {path}: not a minknn datastore (no '{FORMAT}' format tag)")
+            raise MinknnError(f"{path}: not a minknn datastore (no '{FORMAT}' format tag)")
         if saved["fingerprint"] != fingerprint:
             return None
         return cls(saved["keys"], saved["labels"], saved["ids"], saved["num_classes"])
