@@ -5,11 +5,11 @@ import copy
 import pytest
 import torch
 
+from minknn.data import get_task, load_split
 from minknn.decoupled import DecoupledTripletLoss, decoupled_triplet, sample_triplets
 from minknn.engine import predict
 from minknn.model import Classifier
 from minknn.tokenizer import Tokenizer
-from minknn.data import get_task, load_split
 
 
 @pytest.mark.parametrize("labels", [[0, 0, 1, 1, 1, 2, 3, 3], [0, 1, 2], [2, 2, 2, 2], [1]])

@@ -1,10 +1,12 @@
 """The MoCo memory: the queue's pointer and labels, the momentum update, the key encoder's
 isolation from gradients, the memory bank's update, and the fill before the first step."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minknn.data import load_split, get_task
+from minknn.data import get_task, load_split
 from minknn.engine import encode, labels_tensor
 from minknn.losses import Objective
 from minknn.model import Classifier
@@ -51,7 +53,6 @@ def test_memory_bank_update_is_wu_et_al_momentum():
 @pytest.fixture
 def model(tiny_bert):
     torch.manual_seed(0)
-    import copy
     return Classifier(copy.deepcopy(tiny_bert), 5, "mean")
 
 
