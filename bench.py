@@ -35,6 +35,18 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def timed(fn, device, repeats=1, warmup=1):
+    """Seconds per call of fn(), after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / repeats
+
+
 def peak_matmul_flops(device, dtype, repeats=5):
     n = 8192 if device.type == "cuda" else 2048  # large enough to reach the peak on either
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -83,14 +95,7 @@ def time_steps(model, batch, labels, device, steps, train):
                 model(**batch)
 
     model.train(train)
-    for _ in range(2):  # warm-up
-        step()
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
-    return (time.perf_counter() - t) / steps
+    return timed(step, device, steps, warmup=2)
 
 
 def main():

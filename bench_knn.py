@@ -29,23 +29,9 @@ from minknn.knn import Datastore
 from minknn.losses import Objective, loss_flags
 from minknn.model import Classifier
 from minknn.tokenizer import Tokenizer
+
 import train as train_script
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device, repeats=1):
-    """Seconds per call of fn(), after one untimed call."""
-    fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / repeats
+from bench import timed
 
 
 class Trainer:

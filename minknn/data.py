@@ -192,6 +192,13 @@ def download(url, path, blob=None, timeout=60):
 
 # ---------------------------------------------------------------------------------- sampling
 
+def training_examples(task, data_dir=None, max_train=None, seed=0):
+    """The examples a run trains on: the train split, or its stratified draw of max_train
+    (--max_train, --seed). evaluate.py --knn calls it again to build the run's datastore."""
+    train = load_split(task, "train", data_dir)
+    return stratified_sample(train, max_train, seed) if max_train else train
+
+
 def stratified_sample(examples, n, seed):
     """Draws n examples keeping each class's share of the training set (largest-remainder
     rounding, at least one per class), the same draw for the same seed."""

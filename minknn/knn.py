@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from minknn import MinknnError
-from minknn.checkpoint import atomic_save
+from minknn.checkpoint import atomic_save, load_tagged
 
 FORMAT = "minknn-datastore-1"
 
@@ -121,12 +121,7 @@ class Datastore:
     @classmethod
     def load(cls, path, fingerprint):
         """The datastore saved at path, or None when it was built from another checkpoint or data."""
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise MinknnError(f"{path}: not a minknn datastore ({type(e).__name__})") from None
-        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-            raise MinknnError(f"{path}: not a minknn datastore (no '{FORMAT}' format tag)")
+        saved = load_tagged(path, FORMAT, (path, "datastore"))
         if saved["fingerprint"] != fingerprint:
             return None
         return cls(saved["keys"], saved["labels"], saved["ids"], saved["num_classes"])

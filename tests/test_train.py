@@ -16,6 +16,12 @@ from minknn.proxy import PROXY_LOSSES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def cli(script, *args):
+    """Runs a script as a user would; returns its exit status and its stderr."""
+    p = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stderr.strip()
+
+
 def run_train(tiny_bert_dir, data_dir, out, *extra):
     return train.main(["--task", "sst", "--model", tiny_bert_dir, "--data_dir", data_dir, "--out", str(out),
                        "--batch_size", "8", "--max_len", "32", "--device", "cpu", *extra])
@@ -50,16 +56,12 @@ def test_few_shot_pretrain_run_leaves_bert_untouched(tiny_bert_dir, data_dir, tm
 
 
 def test_bad_flags_give_one_line_errors(tiny_bert_dir, data_dir, tmp_path):
-    def run(script, *args):
-        p = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        return p.returncode, p.stderr.strip()
-
-    code, err = run("train.py", "--loss", "proxyanchr", "--model", tiny_bert_dir, "--data_dir", data_dir)
+    code, err = cli("train.py", "--loss", "proxyanchr", "--model", tiny_bert_dir, "--data_dir", data_dir)
     assert code == 2 and err == ("error: unknown --loss 'proxyanchr'; choose one of: ce, triplet, npairs, supcon, "
                                  "softtriple, proxynca, proxyanchor, contrastive, mnrl, knnbert, moco")
-    code, err = run("train.py", "--task", "sst", "--model", str(tmp_path / "no-model"), "--data_dir", data_dir)
+    code, err = cli("train.py", "--task", "sst", "--model", str(tmp_path / "no-model"), "--data_dir", data_dir)
     assert code == 2 and err.startswith("error: --model") and "\n" not in err
-    code, err = run("evaluate.py", "--checkpoint", str(tmp_path))
+    code, err = cli("evaluate.py", "--checkpoint", str(tmp_path))
     assert code == 2 and err.startswith("error: --checkpoint") and "not found" in err
 
 
@@ -97,9 +99,7 @@ def test_proxy_inference_from_a_checkpoint(tiny_bert_dir, data_dir, tmp_path):
 
 def test_proxy_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "10")
-    p = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--proxy"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stderr.strip() == (
+    assert cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--proxy") == (2,
         "error: --proxy: this checkpoint was trained with --loss ce, which has no proxies; "
         "proxy inference needs one of: softtriple, proxynca, proxyanchor")
     for bad in (["--loss", "supcon", "--lam", "1.5"], ["--loss", "ce", "--lam", "0.5"]):
@@ -115,11 +115,6 @@ def test_lam_one_scores_epochs_by_the_nearest_proxy(tiny_bert_dir, data_dir, tmp
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--proxy", "--proxy_alpha", "1"])
     assert (summary["dev_acc"], summary["dev_macro_f1"]) == (result["proxy_acc"], result["proxy_macro_f1"])
     assert result["acc"] != result["proxy_acc"]  # the untrained head scores differently: the test can fail
-
-
-def cli(script, *args):
-    p = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stderr.strip()
 
 
 @pytest.mark.parametrize("memory", ["queue", "bank"])
@@ -183,7 +178,7 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert evaluate.main(common)["timing"]["datastore_build_seconds"] is not None
 
 
-def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_path):
+def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "2", "--lr", "3e-3", "--decoupled")
     assert summary["decoupled"] and summary["lam"] == 0.5
     ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
@@ -191,6 +186,12 @@ def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_pat
     common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8", "--vote", "distance"]
     result = evaluate.main(common)
     assert 0 <= result["knn_acc"] <= 1 and os.path.exists(tmp_path / "run" / "datastore-decoupled.pt")
+    # with the datastore saved, the split is encoded once: the logits and the queries r in one pass
+    passes = []
+    predict = evaluate.predict
+    monkeypatch.setattr(evaluate, "predict", lambda *a, **k: (passes.append(k.get("key")), predict(*a, **k))[1])
+    assert evaluate.main(common)["knn_acc"] == result["knn_acc"] and passes == ["decoupled"]
+    monkeypatch.undo()
     evaluate.main(common + ["--knn_key", "mean"])
     r = torch.load(tmp_path / "run" / "datastore-decoupled.pt", weights_only=True)["keys"]
     z = torch.load(tmp_path / "run" / "datastore-mean.pt", weights_only=True)["keys"]

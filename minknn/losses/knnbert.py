@@ -51,12 +51,15 @@ def knnbert_loss(q, labels, keys, key_labels, m_most, m_least, tau):
     return (per_query * has_positive).sum() / has_positive.sum().clamp(min=1)
 
 
+M_MOST, M_LEAST = 50, 100  # the defaults of --m_most and --m_least
+
+
 class KNNBertLoss(nn.Module):
     lam = 0.1
     flags = ("m_most", "m_least")  # train.py flags this loss is built with
     uses_memory = True             # called with the batch's keys and the memory (Objective.forward)
 
-    def __init__(self, num_classes=None, dim=None, m_most=50, m_least=100, tau=0.07):
+    def __init__(self, num_classes=None, dim=None, m_most=M_MOST, m_least=M_LEAST, tau=0.07):
         super().__init__()
         self.m_most, self.m_least, self.tau = m_most, m_least, tau
 
