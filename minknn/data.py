@@ -9,6 +9,7 @@ A missing file is downloaded from the dataset's official distribution, to a temp
 is renamed only once the whole file has arrived (and its git blob id checked), so an interrupted
 download never leaves a half file that looks whole.
 """
+import csv
 import hashlib
 import http.client
 import os
@@ -35,13 +36,22 @@ class Example:
     id: str = ""
 
 
+# what a task predicts, and so its head and loss (minknn/multitask.py)
+KINDS = {
+    "classify": "one sentence -> one of C classes (linear head, cross-entropy or a --loss)",
+    "paraphrase": "a sentence pair -> paraphrase or not (one logit, binary cross-entropy)",
+    "similarity": "a sentence pair -> a similarity score in [0, 5] (one output, MSE or L1)",
+}
+
+
 @dataclass
 class Task:
     name: str
     dataset: str     # the folder under the data root
     files: dict      # split -> file name
     reader: object   # reader(path, task) -> list[Example]
-    labels: list     # class names, in label-index order
+    labels: list     # class names, in label-index order; [] for a similarity task (real-valued labels)
+    kind: str = "classify"  # one of KINDS
     url: str = ""    # the official distribution; file names are appended
     blobs: dict = field(default_factory=dict)  # file name -> git blob id, to check downloads
 
@@ -74,6 +84,84 @@ def read_minbert_sentiment(path, task):
     return examples
 
 
+def read_minbert_pairs(path, task):
+    """The CS224N minBERT pair files (quora-*.csv, sts-*.csv): tab-separated with CSV quoting (a
+    field may be wrapped in double quotes, with "" for a quote mark inside), a header row, columns
+    found by name: id, sentence1, sentence2 and (not in test-student files) is_duplicate (0.0 or
+    1.0) or similarity (a real number in [0, 5]).
+    One exception to "a bad row stops the run": quora-dev.csv has two rows whose second sentence
+    swallowed the rest of the line, leaving the label empty. The starter code drops them silently;
+    we drop rows with an empty label and say which lines."""
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    if not rows:
+        raise DataError(f"{path}: the file is empty")
+    header = rows[0]
+    for column in ("id", "sentence1", "sentence2"):
+        if column not in header:
+            raise DataError(f"{path}:1: header {header} has no '{column}' column")
+    i_id, i_a, i_b = header.index("id"), header.index("sentence1"), header.index("sentence2")
+    label_column = "similarity" if task.kind == "similarity" else "is_duplicate"
+    i_label = header.index(label_column) if label_column in header else None
+    examples, dropped = [], []
+    for row_number, row in enumerate(rows[1:], start=2):  # quoted fields hold no newlines, so row = line
+        where = f"{path}:{row_number}"
+        if len(row) != len(header):
+            raise DataError(f"{where}: expected {len(header)} tab-separated fields, got {len(row)}")
+        label = None
+        if i_label is not None:
+            if not row[i_label].strip():
+                dropped.append(str(row_number))
+                continue
+            label = parse_label(row[i_label], task, where)
+        examples.append(Example(text=row[i_a].strip(), text_b=row[i_b].strip(), label=label, id=row[i_id]))
+    if dropped:
+        print(f"{path}: dropped {len(dropped)} rows with an empty {label_column} label (lines {', '.join(dropped)})")
+    return examples
+
+
+def read_glue_pairs(path, task):
+    """A GLUE sentence-pair file (MRPC/{train,dev,test}.tsv): tab-separated, no quoting (texts
+    hold bare quote marks, so GLUE's loaders read them with QUOTE_NONE; we split on tabs), a
+    header row that may start with a byte-order mark: Quality, #1 ID, #2 ID, #1 String, #2 String.
+    test.tsv has an index column in place of Quality and no labels."""
+    with open(path, encoding="utf-8-sig") as f:  # utf-8-sig drops the byte-order mark
+        lines = f.read().splitlines()
+    if not lines:
+        raise DataError(f"{path}: the file is empty")
+    header = lines[0].split("\t")
+    for column in ("#1 ID", "#2 ID", "#1 String", "#2 String"):
+        if column not in header:
+            raise DataError(f"{path}:1: header {header} has no '{column}' column")
+    i_a, i_b = header.index("#1 String"), header.index("#2 String")
+    i_ids = header.index("#1 ID"), header.index("#2 ID")
+    i_label = header.index("Quality") if "Quality" in header else None
+    examples = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        row = line.split("\t")
+        if len(row) != len(header):
+            raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+        label = None if i_label is None else parse_label(row[i_label], task, f"{path}:{lineno}")
+        examples.append(Example(text=row[i_a].strip(), text_b=row[i_b].strip(), label=label,
+                                id="-".join(row[i] for i in i_ids)))
+    return examples
+
+
+def parse_label(value, task, where):
+    """A similarity score (a float in [0, 5]) or a class index; quora writes its classes as 0.0 and 1.0."""
+    if task.kind == "similarity":
+        try:
+            score = float(value)
+        except ValueError:
+            score = -1.0
+        if not 0 <= score <= 5:
+            raise DataError(f"{where}: similarity '{value}' is not a number in [0, 5]")
+        return score
+    if task.kind == "paraphrase" and value.strip() in ("0.0", "1.0"):
+        value = value.strip()[0]
+    return parse_class(value, task, where)
+
+
 def parse_class(value, task, where):
     try:
         label = int(value)
@@ -103,6 +191,27 @@ TASKS = {
         blobs={"ids-cfimdb-train.csv": "cd57bcbd2f7214ea6dd1783d3e885d324b1f478d",
                "ids-cfimdb-dev.csv": "8a0f5dcf3d40189b96c801a12cd79bf8003e61de",
                "ids-cfimdb-test-student.csv": "1e789c709b3ca0511f027a309b6d8bd21cde41b2"}),
+    # quora-train.csv (22 MB) and quora-test-student.csv are missing from our reference copy
+    # (../shared/data/SOURCES.md): their blob ids come from the repository's listing, unchecked here
+    "quora": Task(
+        name="quora", dataset="minbert", reader=read_minbert_pairs, url=MINBERT_URL, kind="paraphrase",
+        files={"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
+        labels=["not duplicate", "duplicate"],
+        blobs={"quora-train.csv": "a3b5546f6a0e65b60a328a5d294d1038f5bed1da",
+               "quora-dev.csv": "de7cfa32428fd470b93f778fccc45a619e01336f",
+               "quora-test-student.csv": "f257ef00558555afb50819578a58205732b16354"}),
+    "sts": Task(
+        name="sts", dataset="minbert", reader=read_minbert_pairs, url=MINBERT_URL, kind="similarity",
+        files={"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"}, labels=[],
+        blobs={"sts-train.csv": "12b17760e7795fee35aeeabc290d5651de02622a",
+               "sts-dev.csv": "9392860e584717976b8d817cc40c9e6ceeec27e0",
+               "sts-test-student.csv": "25f0cf8fafdd1f82b9e2bb460c708af34341ce60"}),
+    # GLUE's MRPC has no single official download of the tsv files (download_glue_data.py builds
+    # them from Microsoft's .msi), so there is no url: point --data_dir at a copy
+    "mrpc": Task(
+        name="mrpc", dataset="glue/MRPC", reader=read_glue_pairs, kind="paraphrase",
+        files={"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
+        labels=["not paraphrase", "paraphrase"]),
 }
 
 
@@ -193,10 +302,15 @@ def download(url, path, blob=None, timeout=60):
 # ---------------------------------------------------------------------------------- sampling
 
 def training_examples(task, data_dir=None, max_train=None, seed=0):
-    """The examples a run trains on: the train split, or its stratified draw of max_train
-    (--max_train, --seed). evaluate.py --knn calls it again to build the run's datastore."""
+    """The examples a run trains on: the train split, or its draw of max_train (--max_train,
+    --seed): stratified by class, or uniform for a similarity task. evaluate.py --knn calls it
+    again to build the run's datastore."""
     train = load_split(task, "train", data_dir)
-    return stratified_sample(train, max_train, seed) if max_train else train
+    if not max_train or max_train >= len(train):
+        return train
+    if task.kind == "similarity":
+        return random.Random(seed).sample(train, max_train)
+    return stratified_sample(train, max_train, seed)
 
 
 def stratified_sample(examples, n, seed):

@@ -26,11 +26,13 @@ def tiny_vocab():
     words = set()
     for root, _, files in os.walk(DATA):
         for name in files:
-            with open(os.path.join(root, name)) as f:
+            with open(os.path.join(root, name), encoding="utf-8-sig") as f:
                 lines = f.read().splitlines()
-            column = lines[0].split("\t").index("sentence")
+            header = lines[0].split("\t")
+            columns = [header.index(c) for c in ("sentence", "sentence1", "sentence2", "#1 String", "#2 String") if c in header]
             for line in lines[1:]:
-                words.update(re.findall(r"\w+", line.split("\t")[column].lower()))
+                for column in columns:
+                    words.update(re.findall(r"\w+", line.split("\t")[column].lower()))
     letters = "abcdefghijklmnopqrstuvwxyz0123456789"
     return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words - set(letters)) + list(letters)
             + ["##" + c for c in letters] + list(".,!?'\"-"))

@@ -8,7 +8,7 @@ import pytest
 
 from minknn import MinknnError
 from minknn.data import (DataError, Example, TASKS, check_every_class_present, download, get_task, git_blob_id,
-                         load_split, stratified_sample)
+                         load_split, stratified_sample, training_examples)
 
 
 def test_sst_reader(data_dir):
@@ -141,3 +141,53 @@ def test_load_split_downloads_a_missing_file(server, tmp_path, monkeypatch):
     monkeypatch.setattr(task, "blobs", {})  # the fixture is not the official file
     dev = load_split(task, "dev", str(tmp_path))
     assert len(dev) == 8 and (tmp_path / "minbert" / "ids-cfimdb-dev.csv").exists()
+
+
+def test_quora_reader_unquotes_and_drops_empty_labels(data_dir, capsys):
+    train = load_split(TASKS["quora"], "train", data_dir)
+    assert len(train) == 24 and Counter(e.label for e in train) == {1: 8, 0: 16}
+    assert train[0] == Example("the cat eats an apple.", "the cat consumes an apple.", 1, "q0000")
+    assert train[1].text == 'the teacher says "hello" to the cat.'  # "" inside a quoted field is one quote mark
+    dev = load_split(TASKS["quora"], "dev", data_dir)  # its 13th row has an empty label, like quora-dev.csv's two
+    assert len(dev) == 12 and "q0999" not in {e.id for e in dev}
+    assert "quora-dev.csv: dropped 1 rows with an empty is_duplicate label (lines 14)" in capsys.readouterr().out
+    test = load_split(TASKS["quora"], "test", data_dir)
+    assert len(test) == 6 and all(e.label is None and e.text_b for e in test)
+
+
+def test_sts_reader_reads_real_valued_labels(data_dir):
+    train = load_split(TASKS["sts"], "train", data_dir)
+    assert len(train) == 24 and train[0].label == 4.0 and train[1].label == 1.7 and isinstance(train[1].label, float)
+    assert train[2].text_b == '"the pilot" finds a new book.'
+    assert all(e.label is None for e in load_split(TASKS["sts"], "test", data_dir))
+
+
+def test_mrpc_reader_drops_the_bom_and_keeps_bare_quotes(data_dir):
+    train = load_split(TASKS["mrpc"], "train", data_dir)
+    assert len(train) == 24 and Counter(e.label for e in train) == {1: 8, 0: 16}
+    assert train[0] == Example("a child eats an apple.", "a child consumes an apple.", 1, "300-1300")
+    assert train[1].text_b == '"the farmer builds a small boat.'  # QUOTE_NONE: the lone quote stays
+    test = load_split(TASKS["mrpc"], "test", data_dir)
+    assert len(test) == 6 and all(e.label is None for e in test)
+
+
+@pytest.mark.parametrize("task, last_field, message", [
+    ("sts", "\t6.5", r"sts-train.csv:3: similarity '6.5' is not a number in \[0, 5\]"),
+    ("quora", "\t2.0", r"quora-train.csv:3: unknown label '2.0'; quora labels are 0..1"),
+    ("quora", "", r"quora-train.csv:3: expected 5 tab-separated fields, got 4"),
+])
+def test_bad_pair_rows_name_file_and_line(data_dir, tmp_path, task, last_field, message):
+    copy_task_files(data_dir, tmp_path)
+    path = tmp_path / "minbert" / f"{task}-train.csv"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].rsplit("\t", 1)[0] + last_field  # the label of line 3
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=message):
+        load_split(TASKS[task], "train", str(tmp_path))
+
+
+def test_similarity_draw_is_uniform_and_seeded(data_dir):
+    a = training_examples(TASKS["sts"], data_dir, max_train=10, seed=1)
+    assert len(a) == 10 and len({e.id for e in a}) == 10
+    assert [e.id for e in a] == [e.id for e in training_examples(TASKS["sts"], data_dir, max_train=10, seed=1)]
+    assert [e.id for e in a] != [e.id for e in training_examples(TASKS["sts"], data_dir, max_train=10, seed=2)]
