@@ -1,0 +1,144 @@
+"""PCGrad (minknn/pcgrad.py) on hand-made gradients, against the paper's Algorithm 1 and the
+two-task closed form, and on a small shared-encoder model with one head per task."""
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+
+from minknn.pcgrad import pcgrad_backward, project_conflicting
+
+
+def algorithm_1(grads, rng):
+    """A literal transcription of Yu et al.'s Algorithm 1, on lists of floats: the oracle."""
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+    g = [list(map(float, row)) for row in grads]
+    g_pc = [list(row) for row in g]
+    for i in range(len(g)):
+        others = [j for j in range(len(g)) if j != i]
+        rng.shuffle(others)
+        for j in others:
+            if dot(g_pc[i], g[j]) < 0:
+                c = dot(g_pc[i], g[j]) / dot(g[j], g[j])
+                g_pc[i] = [x - c * y for x, y in zip(g_pc[i], g[j])]
+    return [sum(col) for col in zip(*g_pc)]
+
+
+def conflicting_pair(seed, P=50):
+    g = torch.randn(2, P, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return g if g[0] @ g[1] < 0 else torch.stack([g[0], -g[1]])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_two_conflicting_gradients_stop_conflicting(seed):
+    g = conflicting_pair(seed)
+    assert g[0] @ g[1] < 0
+    adjusted = project_conflicting(g, random.Random(seed))
+    assert adjusted[0] @ g[1] >= -1e-12 and adjusted[1] @ g[0] >= -1e-12
+    assert (adjusted[0] @ g[1]).abs() < 1e-10  # the projection leaves exactly the orthogonal part
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_two_tasks_equal_the_closed_form(seed):
+    g1, g2 = conflicting_pair(seed)
+    d = g1 @ g2
+    expected = g1 - d / (g2 @ g2) * g2 + g2 - d / (g1 @ g1) * g1
+    got = project_conflicting(torch.stack([g1, g2]), random.Random(seed)).sum(0)
+    assert torch.allclose(got, expected, atol=1e-12)
+
+
+def test_gradients_without_conflict_pass_through_unchanged():
+    g = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 3.0], [0.0, 1.0, 1.0]], dtype=torch.float64)  # all dots >= 0
+    assert torch.equal(project_conflicting(g, random.Random(0)), g)
+    orthogonal = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # a dot of exactly 0 is not a conflict
+    assert torch.equal(project_conflicting(orthogonal, random.Random(0)), orthogonal)
+
+
+def test_one_task_is_the_identity():
+    g = torch.randn(1, 20, dtype=torch.float64)
+    assert torch.equal(project_conflicting(g, random.Random(0)), g)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_k_tasks_match_algorithm_1(seed):
+    """Three and four tasks, random orders: the vectorised code against the transcription, with
+    the same random order of the other tasks (both draw it from the same seeded rng)."""
+    K = 3 + seed % 2
+    g = torch.randn(K, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    expected = algorithm_1(g.tolist(), random.Random(seed))
+    got = project_conflicting(g, random.Random(seed)).sum(0)
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
+
+
+def test_a_zero_gradient_is_harmless():
+    g = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
+    assert torch.equal(project_conflicting(g, random.Random(0)), g)
+
+
+class SharedEncoder(nn.Module):
+    """A shared layer and one head per task, as in MultiTaskModel."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(4, 6)
+        self.heads = nn.ModuleList([nn.Linear(6, 1) for _ in range(3)])
+
+    def losses(self, xs):
+        return [(self.heads[k](torch.tanh(self.shared(x))) ** 2).mean() * (k + 1) for k, x in enumerate(xs)]
+
+
+def separate_gradients(model, xs):
+    """Each task's gradient on every parameter, computed alone."""
+    grads = []
+    for loss in model.losses(xs):
+        params = list(model.parameters())
+        grads.append(dict(zip([id(p) for p in params], torch.autograd.grad(loss, params, allow_unused=True))))
+    return grads
+
+
+def test_heads_get_their_own_task_gradient_and_the_encoder_gets_pcgrad():
+    torch.manual_seed(0)
+    model = SharedEncoder().double()
+    xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+    grads = separate_gradients(model, xs)
+    shared = list(model.shared.parameters())
+    flat = torch.stack([torch.cat([g[id(p)].reshape(-1) for p in shared]) for g in grads])
+    expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(7)), dtype=torch.float64)
+
+    conflicts = pcgrad_backward(model.losses(xs), shared, random.Random(7))
+    assert conflicts == int(((flat @ flat.T).triu(1) < 0).sum())
+    assert torch.allclose(torch.cat([p.grad.reshape(-1) for p in shared]), expected, atol=1e-12)
+    for k, head in enumerate(model.heads):
+        for p in head.parameters():
+            assert torch.allclose(p.grad, grads[k][id(p)], atol=1e-14)  # its task's gradient, untouched
+
+
+def test_any_optimizer_steps_along_the_pcgrad_direction():
+    """With SGD (lr 0.1) the shared weights move by exactly -0.1 g^PC; Adam gets the same .grad."""
+    torch.manual_seed(1)
+    model = SharedEncoder().double()
+    xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+    shared = list(model.shared.parameters())
+    before = [p.detach().clone() for p in shared]
+    pcgrad_backward(model.losses(xs), shared, random.Random(0))
+    direction = [p.grad.clone() for p in shared]
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    for p, b, d in zip(shared, before, direction):
+        assert torch.allclose(p.detach(), b - 0.1 * d, atol=1e-14)
+
+
+def test_no_shared_parameters_falls_back_to_the_summed_loss():
+    model = SharedEncoder().double()
+    xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+    pcgrad_backward(model.losses(xs), [], random.Random(0))
+    assert all(p.grad is not None for p in model.heads.parameters())
+
+
+def test_a_parameter_no_task_reaches_keeps_no_gradient():
+    """Like BERT's pooler under mean pooling: the summed loss leaves its .grad None, so must PCGrad
+    (a zero .grad would still let AdamW's weight decay move it)."""
+    model = SharedEncoder().double()
+    unused = nn.Parameter(torch.ones(3, dtype=torch.float64))
+    xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+    pcgrad_backward(model.losses(xs), [*model.shared.parameters(), unused], random.Random(0))
+    assert unused.grad is None and model.shared.weight.grad is not None
