@@ -5,12 +5,15 @@
     python evaluate.py --checkpoint runs/sst-proxyanchor-seed0 --proxy  # also proxy inference (minknn/proxy.py)
     python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn     # also kNN over the training set (minknn/knn.py)
     python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn --sweep   # phi and K tables (KNN-BERT Fig. 2)
+    python evaluate.py --checkpoint runs/multitask-ce-seed0          # every task's metrics and the overall score
 
 Writes the predictions to <run>/predictions-<split>.csv (id, predicted class index, class name);
 with --proxy those of proxy inference to predictions-<split>-proxy.csv; with --knn those of the
 mixed classifier to predictions-<split>-knn.csv and of kNN alone to predictions-<split>-knn-only.csv.
 The kNN datastore is saved as <run>/datastore-<key>.pt and reused while the checkpoint, the key
-and the training set are unchanged.
+and the training set are unchanged. A multi-task checkpoint (or one of a sentence-pair task) writes
+one file per task, predictions-<split>-<task>.csv: id, predicted class index and name, or id and
+predicted similarity.
 """
 import argparse
 import csv
@@ -20,12 +23,13 @@ import os
 import time
 
 from minknn import MinknnError, run
-from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
+from minknn.checkpoint import atomic_save, checkpoint_tasks, load_checkpoint, rebuild
 from minknn.data import get_task, load_split, training_examples
 from minknn.engine import pick_device, predict
 from minknn.knn import VOTES, Datastore, check_k, fingerprint, interpolate
 from minknn.metrics import accuracy, macro_f1
 from minknn.model import KNN_KEYS
+from minknn.multitask import overall, predict_and_score
 from minknn.proxy import check_has_proxies, proxy_logits
 
 SWEEP_PHIS = [i / 10 for i in range(11)]
@@ -65,14 +69,18 @@ def get_args(argv=None):
     return args
 
 
-def write_predictions(path, examples, pred, labels):
+def write_csv(path, header, rows):
     def writer(rows, f):
         text = io.StringIO()
         w = csv.writer(text)
-        w.writerow(["id", "prediction", "label"])
+        w.writerow(header)
         w.writerows(rows)
         f.write(text.getvalue().encode())
-    atomic_save([(e.id, int(p), labels[p]) for e, p in zip(examples, pred)], path, writer)
+    atomic_save(rows, path, writer)
+
+
+def write_predictions(path, examples, pred, labels):
+    write_csv(path, ["id", "prediction", "label"], [(e.id, int(p), labels[p]) for e, p in zip(examples, pred)])
 
 
 def knn_datastore(args, ckpt, ckpt_file, model, tokenizer, task, key, device):
@@ -128,11 +136,45 @@ def sweep(datastore, logits, queries, gold, exclude, args):
     return tables
 
 
+def evaluate_multitask(args, ckpt, ckpt_file, device):
+    """Every task of a multi-task checkpoint: its metrics, the overall score and its predictions file."""
+    if args.proxy or args.knn:
+        raise MinknnError("--proxy and --knn are for single-task classification checkpoints; this one is multi-task")
+    model, _, tokenizer = rebuild(ckpt)
+    model.to(device)
+    tasks = checkpoint_tasks(ckpt)
+    splits = {t.name: load_split(t, args.split, args.data_dir) for t in tasks}
+    results = predict_and_score(model, tokenizer, tasks, splits, args.batch_size, device, args.split)
+    out = args.out or os.path.join(os.path.dirname(ckpt_file), f"predictions-{args.split}.csv")
+    result = {"task": ckpt["task"], "split": args.split, "predictions": {}}
+    for task in tasks:
+        pred, scores = results[task.name]
+        path = f"-{task.name}".join(os.path.splitext(out))
+        rows = ([(e.id, f"{p:.4f}") for e, p in zip(splits[task.name], pred)] if task.kind == "similarity" else
+                [(e.id, int(p), task.labels[p]) for e, p in zip(splits[task.name], pred)])
+        write_csv(path, ["id", "similarity"] if task.kind == "similarity" else ["id", "prediction", "label"], rows)
+        result["predictions"][task.name] = path
+        n = len(splits[task.name])
+        if scores is None:
+            print(f"{task.name} {args.split}: {n} examples have no labels; predictions in {path}")
+            continue
+        result[task.name] = scores
+        metric = f"Pearson {scores['pearson']:.4f}" if "pearson" in scores else \
+            f"accuracy {scores['acc']:.4f}, macro-F1 {scores['macro_f1']:.4f}"
+        print(f"{task.name} {args.split}: {metric} on {n} examples; predictions in {path}")
+    if all(results[t.name][1] is not None for t in tasks):
+        result["overall"] = overall({t.name: results[t.name][1] for t in tasks})
+        print(f"overall score: {result['overall']:.4f} (mean of the accuracies and (Pearson + 1) / 2)")
+    return result
+
+
 def main(argv=None):
     args = get_args(argv)
     ckpt = load_checkpoint(args.checkpoint)
     ckpt_file = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
     device = pick_device(args.device)
+    if "tasks" in ckpt:
+        return evaluate_multitask(args, ckpt, ckpt_file, device)
     task = get_task(ckpt["task"])
     if list(task.labels) != list(ckpt["labels"]):
         raise MinknnError(f"--checkpoint was trained on labels {ckpt['labels']}, but task {task.name} now has {task.labels}")

@@ -4,6 +4,8 @@ A checkpoint is one torch.save'd dict:
     format       "minknn-checkpoint-1"
     args         the exact train.py arguments (a dict)
     task, labels the task name and its class names
+    tasks        multi-task runs only (train.py --task multitask, or one pair task): task name ->
+                 {"kind", "labels"}, and "labels" is None
     bert_config  the BERT config (a dict), so no model folder is needed to rebuild
     vocab, lowercase, max_len   the tokenizer
     model, loss  the state dicts of the classifier and of the loss (proxies, when it has some)
@@ -20,8 +22,10 @@ import torch
 
 from minknn import MinknnError
 from minknn.bert import BertConfig
+from minknn.data import get_task
 from minknn.losses import Objective, loss_flags
 from minknn.model import Classifier
+from minknn.multitask import MultiTaskLoss, MultiTaskModel
 from minknn.tokenizer import Tokenizer
 
 FORMAT = "minknn-checkpoint-1"
@@ -44,8 +48,11 @@ def atomic_save(obj, path, writer=torch.save):
 
 
 def save_checkpoint(path, model, loss, tokenizer, task, args, epoch, dev, memory=None):
+    """task: the run's Task, or a list of Tasks for a multi-task model (MultiTaskModel)."""
+    tasks = {"tasks": {t.name: {"kind": t.kind, "labels": list(t.labels)} for t in task}} if isinstance(task, list) else {}
     atomic_save({
-        "format": FORMAT, "args": dict(args), "task": task.name, "labels": list(task.labels),
+        "format": FORMAT, "args": dict(args), "task": args["task"] if tasks else task.name,
+        "labels": None if tasks else list(task.labels), **tasks,
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
         "model": model.state_dict(), "loss": loss.state_dict(), "epoch": epoch, "dev": dev,
@@ -78,10 +85,30 @@ def load_checkpoint(path):
 def rebuild(ckpt):
     """Returns (model, loss, tokenizer) from a loaded checkpoint alone."""
     args = ckpt["args"]
-    decoupled = args.get("decoupled", False)
-    model = Classifier.from_config(BertConfig(**ckpt["bert_config"]), len(ckpt["labels"]), args["pooling"], decoupled=decoupled)
+    tokenizer = Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])
+    config = BertConfig(**ckpt["bert_config"])
+    if "tasks" in ckpt:
+        tasks = checkpoint_tasks(ckpt)
+        model = MultiTaskModel.from_config(config, tasks, args["pooling"], args["pair_mode"])
+        loss = MultiTaskLoss(tasks, config.hidden_size, args["loss"], args.get("lam"), args["sts_loss"], args["pair_loss"])
+    else:
+        decoupled = args.get("decoupled", False)
+        model = Classifier.from_config(config, len(ckpt["labels"]), args["pooling"], decoupled=decoupled)
+        loss = Objective(args["loss"], len(ckpt["labels"]), config.hidden_size, args.get("lam"), decoupled,
+                         **loss_flags(args["loss"], args))
     model.load_state_dict(ckpt["model"])
-    loss = Objective(args["loss"], len(ckpt["labels"]), model.bert.config.hidden_size, args.get("lam"), decoupled,
-                     **loss_flags(args["loss"], args))
     loss.load_state_dict(ckpt["loss"])
-    return model, loss, Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])
+    return model, loss, tokenizer
+
+
+def checkpoint_tasks(ckpt):
+    """The Tasks of a multi-task checkpoint, checked against the registry they were trained from."""
+    tasks = []
+    for name, saved in ckpt["tasks"].items():
+        task = get_task(name)
+        if task.kind != saved["kind"] or list(task.labels) != saved["labels"]:
+            raise MinknnError(f"--checkpoint was trained on {name} as a {saved['kind']} task with labels "
+                              f"{saved['labels']}, but {name} is now a {task.kind} task with labels {task.labels}")
+        tasks.append(task)
+    return tasks
+

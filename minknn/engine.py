@@ -75,10 +75,7 @@ def predict(model, tokenizer, examples, batch_size, device, progress=None, key=N
     (model.represent, for a kNN datastore). progress: an optional tqdm description."""
     model.eval()
     encodings = tokenizer.encode(*texts_of(examples))  # tokenised once, then sorted by length
-    order = sorted(range(len(examples)), key=lambda i: len(encodings[i][0]))
-    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    if progress:
-        chunks = tqdm(chunks, desc=progress, leave=False)
+    chunks, inverse = batches_by_length([len(ids) for ids, _ in encodings], batch_size, progress)
     logits, embeddings = [], []
     for chunk in chunks:
         batch = to_device(tokenizer.pad([encodings[i] for i in chunk]), device)
@@ -87,6 +84,14 @@ def predict(model, tokenizer, examples, batch_size, device, progress=None, key=N
         logits.append(out.logits.float().cpu())
         z = out.embeddings if key is None else represent(out, batch["attention_mask"], key)
         embeddings.append(z.float().cpu())
+    return torch.cat(logits)[inverse], torch.cat(embeddings)[inverse]
+
+
+def batches_by_length(lengths, batch_size, progress=None):
+    """Prediction batches: lists of example indices in order of length, and `inverse`, which
+    puts the concatenated batch outputs back in the examples' order (outputs[inverse])."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))
-    return torch.cat(logits)[inverse], torch.cat(embeddings)[inverse]
+    return (tqdm(chunks, desc=progress, leave=False) if progress else chunks), inverse

@@ -11,6 +11,7 @@ import torch
 import evaluate
 import train
 from minknn.losses import LOSSES, MEMORY_LOSSES
+from minknn.pcgrad import pcgrad_backward
 from minknn.proxy import PROXY_LOSSES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -220,3 +221,71 @@ def test_knn_and_memory_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
         assert code == 2 and err.endswith(message), err
     code, err = cli("train.py", *model, "--loss", "knnbert", "--queue_size", "41", "--max_len", "32")
     assert (code, err) == (2, "error: --queue_size 41: the queue is filled from the 40 training examples, so it must be between 1 and 40")
+
+
+def run_multitask(tiny_bert_dir, data_dir, out, *extra):
+    return train.main(["--task", "multitask", "--tasks", "sst,quora,sts", "--model", tiny_bert_dir, "--data_dir", data_dir,
+                       "--out", str(out), "--batch_size", "8", "--max_len", "32", "--device", "cpu", *extra])
+
+
+@pytest.mark.parametrize("pcgrad", [False, True])
+def test_multitask_trains_then_evaluates(tiny_bert_dir, data_dir, tmp_path, monkeypatch, pcgrad):
+    calls = []
+    monkeypatch.setattr(train, "pcgrad_backward", lambda *a: calls.append(1) or pcgrad_backward(*a))
+    summary = run_multitask(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "6", "--lr", "3e-3",
+                            *(["--pcgrad"] if pcgrad else []))
+    assert len(calls) == (6 * 5 if pcgrad else 0)  # 40 SST examples / batch 8 = 5 steps per epoch
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["epoch"] for r in records] == list(range(1, 7))
+    assert all(0 <= r["conflicting_pairs"] <= 1 for r in records) if pcgrad else "conflicting_pairs" not in records[0]
+    for name in ("sst", "quora", "sts"):  # each task learns
+        assert records[-1]["train_loss"][name] < 0.8 * records[0]["train_loss"][name], name
+    best = records[summary["best_epoch"] - 1]
+    assert summary["dev"]["overall"] == best["overall"] == max(r["overall"] for r in records)
+    assert best["overall"] == pytest.approx((best["sst"]["acc"] + best["quora"]["acc"] + (best["sts"]["pearson"] + 1) / 2) / 3)
+
+    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--device", "cpu"])
+    for name in ("sst", "quora", "sts"):
+        assert result[name] == summary["dev"][name]
+    assert result["overall"] == summary["dev"]["overall"]
+    files = {name: list(csv.reader(open(path))) for name, path in result["predictions"].items()}
+    assert files["sst"][0] == ["id", "prediction", "label"] and len(files["sst"]) == 16
+    assert files["quora"][0] == ["id", "prediction", "label"] and len(files["quora"]) == 13
+    assert files["sts"][0] == ["id", "similarity"] and len(files["sts"]) == 13 and 0 < len(files["sts"][1][1]) <= 7
+    assert os.path.basename(result["predictions"]["sts"]) == "predictions-dev-sts.csv"
+
+    test = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--split", "test"])
+    assert "overall" not in test and len(list(csv.reader(open(test["predictions"]["sts"])))) == 7
+
+
+def test_a_pair_task_trains_alone_siamese_with_a_pair_loss(tiny_bert_dir, data_dir, tmp_path):
+    summary = train.main(["--task", "mrpc", "--pair_mode", "siamese", "--pair_loss", "contrastive", "--epochs", "1",
+                          "--model", tiny_bert_dir, "--data_dir", data_dir, "--out", str(tmp_path / "run"),
+                          "--batch_size", "8", "--max_len", "32", "--max_train", "12"])
+    assert summary["tasks"] == ["mrpc"] and set(summary["dev"]) == {"mrpc", "overall"}
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert ckpt["task"] == "mrpc" and ckpt["tasks"] == {"mrpc": {"kind": "paraphrase", "labels": ["not paraphrase", "paraphrase"]}}
+    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir])
+    assert result["mrpc"] == summary["dev"]["mrpc"]
+
+
+def test_multitask_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
+    model = ["--model", tiny_bert_dir, "--data_dir", data_dir]
+    for flags, message in [
+        (["--tasks", "sst,sts"], "--tasks is for --task multitask"),
+        (["--task", "multitask", "--tasks", "sst,stss"], "unknown --task 'stss'; choose one of: sst, cfimdb, quora, sts, mrpc"),
+        (["--task", "multitask", "--tasks", "sst,sts,sst"], "--tasks sst,sts,sst names a task twice"),
+        (["--task", "sts", "--pcgrad"], "--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask "
+                                        "with two tasks or more"),
+        (["--pcgrad"], "--pcgrad is for --task multitask and the sentence-pair tasks, not --task sst"),
+        (["--task", "multitask", "--pair_loss", "mnrl"], "--pair_loss compares the two sentences' vectors: it needs "
+                                                         "--pair_mode siamese and a paraphrase task"),
+        (["--task", "multitask", "--loss", "knnbert"], "--loss knnbert is for single-task classification runs, not multi-task ones"),
+        (["--task", "sts", "--loss", "supcon"], "--loss supcon applies to the classification tasks, and sts has none"),
+        (["--task", "multitask", "--steps_per_epoch", "0"], "--steps_per_epoch must be at least 1, got 0"),
+    ]:
+        code, err = cli("train.py", *model, *flags)
+        assert code == 2 and err.splitlines()[-1].endswith(message), (flags, err)
+    run_multitask(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--steps_per_epoch", "1")
+    assert cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn") == (
+        2, "error: --proxy and --knn are for single-task classification checkpoints; this one is multi-task")
