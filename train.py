@@ -320,7 +320,8 @@ def train_multitask(args):
         print(f"epoch {epoch}: dev {describe(dev_metrics)}{' (best, saved)' if is_best else ''}, {epoch_times[-1]:.0f} s")
 
     summary = {"task": args.task, "tasks": args.tasks, "pair_mode": args.pair_mode, "pcgrad": args.pcgrad,
-               "loss": args.loss, "seed": args.seed, "device": str(device), "best_epoch": best["epoch"],
+               "loss": args.loss, "seed": args.seed, "device": str(device), "steps_per_epoch": steps_per_epoch,
+               "train_examples": {name: len(examples) for name, examples in train.items()}, "best_epoch": best["epoch"],
                "dev": {k: v for k, v in best.items() if k != "epoch"},
                "seconds_per_epoch": round(sum(epoch_times) / len(epoch_times), 1), "run": args.out}
     with open(os.path.join(args.out, "summary.json"), "w") as f:

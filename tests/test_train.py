@@ -235,6 +235,7 @@ def test_multitask_trains_then_evaluates(tiny_bert_dir, data_dir, tmp_path, monk
     summary = run_multitask(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "6", "--lr", "3e-3",
                             *(["--pcgrad"] if pcgrad else []))
     assert len(calls) == (6 * 5 if pcgrad else 0)  # 40 SST examples / batch 8 = 5 steps per epoch
+    assert summary["steps_per_epoch"] == 5 and summary["train_examples"] == {"sst": 40, "quora": 24, "sts": 24}
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["epoch"] for r in records] == list(range(1, 7))
     assert all(0 <= r["conflicting_pairs"] <= 1 for r in records) if pcgrad else "conflicting_pairs" not in records[0]
@@ -263,6 +264,7 @@ def test_a_pair_task_trains_alone_siamese_with_a_pair_loss(tiny_bert_dir, data_d
                           "--model", tiny_bert_dir, "--data_dir", data_dir, "--out", str(tmp_path / "run"),
                           "--batch_size", "8", "--max_len", "32", "--max_train", "12"])
     assert summary["tasks"] == ["mrpc"] and set(summary["dev"]) == {"mrpc", "overall"}
+    assert summary["train_examples"] == {"mrpc": 12} and summary["steps_per_epoch"] == 2  # --max_train caps the task
     ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert ckpt["task"] == "mrpc" and ckpt["tasks"] == {"mrpc": {"kind": "paraphrase", "labels": ["not paraphrase", "paraphrase"]}}
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir])
