@@ -273,6 +273,8 @@ def train_multitask(args):
     model_params = [p for p in model.parameters() if p.requires_grad]
     loss_params = list(loss_fn.parameters())
     params, shared = model_params + loss_params, [p for p in model.bert.parameters() if p.requires_grad]
+    if not params:
+        raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese similarity task has no head")
     steps_per_epoch = args.steps_per_epoch or max(-(-len(train[t.name]) // args.batch_size) for t in tasks)
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps_per_epoch)
 

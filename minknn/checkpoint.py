@@ -111,4 +111,3 @@ def checkpoint_tasks(ckpt):
                               f"{saved['labels']}, but {name} is now a {task.kind} task with labels {task.labels}")
         tasks.append(task)
     return tasks
-

@@ -288,6 +288,8 @@ def test_multitask_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     ]:
         code, err = cli("train.py", *model, *flags)
         assert code == 2 and err.splitlines()[-1].endswith(message), (flags, err)
+    code, err = cli("train.py", *model, "--task", "sts", "--pair_mode", "siamese", "--option", "pretrain", "--max_len", "32")
+    assert code == 2 and err == "error: nothing to train: --option pretrain freezes BERT, and a siamese similarity task has no head"
     run_multitask(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--steps_per_epoch", "1")
     assert cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn") == (
         2, "error: --proxy and --knn are for single-task classification checkpoints; this one is multi-task")
