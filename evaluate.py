@@ -150,9 +150,10 @@ def evaluate_multitask(args, ckpt, ckpt_file, device):
     for task in tasks:
         pred, scores = results[task.name]
         path = f"-{task.name}".join(os.path.splitext(out))
-        rows = ([(e.id, f"{p:.4f}") for e, p in zip(splits[task.name], pred)] if task.kind == "similarity" else
-                [(e.id, int(p), task.labels[p]) for e, p in zip(splits[task.name], pred)])
-        write_csv(path, ["id", "similarity"] if task.kind == "similarity" else ["id", "prediction", "label"], rows)
+        if task.kind == "similarity":
+            write_csv(path, ["id", "similarity"], [(e.id, f"{p:.4f}") for e, p in zip(splits[task.name], pred)])
+        else:
+            write_predictions(path, splits[task.name], pred, task.labels)
         result["predictions"][task.name] = path
         n = len(splits[task.name])
         if scores is None:
