@@ -23,7 +23,7 @@ from bench import timed
 from minknn import run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.data import get_task, load_split
-from minknn.engine import autocast, labels_tensor, pick_device, to_device
+from minknn.engine import labels_tensor, pick_device, to_device
 from minknn.multitask import MultiTaskLoss, MultiTaskModel, encode_batch, endless_batches
 from minknn.pcgrad import project_conflicting
 from minknn.tokenizer import Tokenizer
@@ -45,11 +45,7 @@ class Trainer:
                                     batches, pcgrad, random.Random(0))
 
     def losses(self, batches):
-        out = []
-        for name, (inputs, labels) in batches.items():
-            with autocast(labels.device):
-                out.append(self.loss_fn(name, self.model(name, **inputs), labels)[0])
-        return out
+        return list(train_script.task_losses(self.model, self.loss_fn, batches).values())
 
     def task_gradients(self, batches):
         """(K, P): each task's gradient on the shared encoder, flattened."""
@@ -75,12 +71,20 @@ def breakdown(trainer, batches, device, repeats):
         for loss in trainer.losses(batches):
             loss.backward()
 
-    def gather_and_scatter():  # what pcgrad_backward copies: K flattened gradients out, their sum back
-        for _ in range(len(grads)):
-            torch.cat([p.reshape(-1) for p in shared])
+    rows = torch.zeros_like(grads)
+
+    def gather_and_scatter():  # what pcgrad_backward copies: each task's .grad into its row, the sum back
+        for p in shared:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+        for k in range(len(grads)):
+            offset = 0
+            for p in shared:
+                rows[k, offset:offset + p.numel()] = p.grad.reshape(-1)
+                p.grad.zero_()
+                offset += p.numel()
         update, offset = grads.sum(0), 0
         for p in shared:
-            p.grad = update[offset:offset + p.numel()].view_as(p)
+            p.grad.copy_(update[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
     def optimizer():

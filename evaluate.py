@@ -23,7 +23,7 @@ import os
 import time
 
 from minknn import MinknnError, run
-from minknn.checkpoint import atomic_save, checkpoint_tasks, load_checkpoint, rebuild
+from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import get_task, load_split, training_examples
 from minknn.engine import pick_device, predict
 from minknn.knn import VOTES, Datastore, check_k, fingerprint, interpolate
@@ -142,7 +142,7 @@ def evaluate_multitask(args, ckpt, ckpt_file, device):
         raise MinknnError("--proxy and --knn are for single-task classification checkpoints; this one is multi-task")
     model, _, tokenizer = rebuild(ckpt)
     model.to(device)
-    tasks = checkpoint_tasks(ckpt)
+    tasks = model.tasks
     splits = {t.name: load_split(t, args.split, args.data_dir) for t in tasks}
     results = predict_and_score(model, tokenizer, tasks, splits, args.batch_size, device, args.split)
     out = args.out or os.path.join(os.path.dirname(ckpt_file), f"predictions-{args.split}.csv")

@@ -227,17 +227,24 @@ def train_step(model, loss_fn, optimizer, scheduler, params, inputs, labels, moc
     return loss, loss_parts
 
 
+def task_losses(model, loss_fn, batches):
+    """Each task's loss on its batch, each from its own forward pass: task name -> scalar."""
+    losses = {}
+    for name, (inputs, labels) in batches.items():
+        with autocast(labels.device):
+            losses[name], _ = loss_fn(name, model(name, **inputs), labels)
+    return losses
+
+
 def multitask_step(model, loss_fn, optimizer, scheduler, params, shared, batches, pcgrad=False, rng=random):
     """One optimiser step on one batch per task (batches: task name -> (inputs, labels)). Without
     --pcgrad the losses are summed; with it, their gradients on the shared encoder go through
     gradient surgery (minknn/pcgrad.py). Returns each task's loss, and with --pcgrad the number of
     task pairs whose gradients conflicted (else None)."""
-    losses = {}
-    for name, (inputs, labels) in batches.items():
-        with autocast(labels.device):
-            losses[name], _ = loss_fn(name, model(name, **inputs), labels)
-        if not torch.isfinite(losses[name]):
-            raise MinknnError(f"the {name} loss became {losses[name].item()}; try a lower --lr")
+    losses = task_losses(model, loss_fn, batches)
+    for name, loss in losses.items():
+        if not torch.isfinite(loss):
+            raise MinknnError(f"the {name} loss became {loss.item()}; try a lower --lr")
     optimizer.zero_grad(set_to_none=True)
     conflicts = None
     if pcgrad:

@@ -46,7 +46,7 @@ class MultiTaskModel(nn.Module):
     def __init__(self, bert, tasks, pooling="mean", pair_mode="cross", option="finetune"):
         super().__init__()
         self.bert, self.pooling, self.pair_mode = bert, pooling, pair_mode
-        self.kinds = {t.name: t.kind for t in tasks}
+        self.tasks, self.kinds = list(tasks), {t.name: t.kind for t in tasks}
         self.dropout = nn.Dropout(bert.config.hidden_dropout_prob)
         H, siamese = bert.config.hidden_size, pair_mode == "siamese"
         heads = {}

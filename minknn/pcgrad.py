@@ -62,18 +62,21 @@ def pcgrad_backward(losses, shared, rng=random):
     if not shared:  # nothing shared (a frozen encoder): the tasks cannot conflict
         sum(losses).backward()
         return 0
-    grads, reached = [], set()
-    for loss in losses:
+    # one row per task, filled in place; each .grad buffer is zeroed and reused for the next task
+    P = sum(p.numel() for p in shared)
+    grads = torch.zeros(len(losses), P, device=shared[0].device, dtype=torch.promote_types(shared[0].dtype, torch.float32))
+    for k, loss in enumerate(losses):
         loss.backward()
-        reached.update(i for i, p in enumerate(shared) if p.grad is not None)
-        grads.append(torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in shared]))
+        offset = 0
         for p in shared:
-            p.grad = None
-    grads = torch.stack(grads).float()
+            if p.grad is not None:
+                grads[k, offset:offset + p.numel()] = p.grad.reshape(-1)
+                p.grad.zero_()
+            offset += p.numel()
     update = project_conflicting(grads, rng).sum(0)
     offset = 0
-    for i, p in enumerate(shared):
-        if i in reached:  # a parameter no loss reached (BERT's pooler under mean pooling) keeps no gradient
-            p.grad = update[offset:offset + p.numel()].view_as(p).to(p.dtype)
+    for p in shared:
+        if p.grad is not None:  # None: no loss reached it (BERT's pooler under mean pooling), as with the sum
+            p.grad.copy_(update[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
     return int(((grads @ grads.T).triu(1) < 0).sum())
