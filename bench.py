@@ -27,7 +27,8 @@ import torch.nn as nn
 from minknn import run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.engine import autocast, pick_device
-from minknn.model import Classifier
+from minknn.model import Model
+from minknn.tasks import TASKS
 
 
 def sync(device):
@@ -86,13 +87,13 @@ def time_steps(model, batch, labels, device, steps, train):
     def step():
         if train:
             with autocast(device):
-                loss = nn.functional.cross_entropy(model(**batch).logits.float(), labels)
+                loss = nn.functional.cross_entropy(model("sst", **batch).logits.float(), labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         else:
             with torch.inference_mode(), autocast(device):
-                model(**batch)
+                model("sst", **batch)
 
     model.train(train)
     return timed(step, device, steps, warmup=2)
@@ -112,12 +113,13 @@ def main():
     path = resolve_model_path(args.model)
     torch.manual_seed(0)
 
-    models = {"minknn": Classifier(BertModel.from_pretrained(path), 5, "mean")}
+    sst = [TASKS["sst"]]  # a 5-class head, as on SST
+    models = {"minknn": Model(BertModel.from_pretrained(path), sst, "mean")}
     if not args.no_reference:
         try:
             torch.manual_seed(0)
-            models["reference"] = Classifier(Reference(path), 5, "mean")
-            models["reference"].head.load_state_dict(models["minknn"].head.state_dict())
+            models["reference"] = Model(Reference(path), sst, "mean")
+            models["reference"].heads.load_state_dict(models["minknn"].heads.state_dict())
         except ImportError:
             print("transformers is not importable: no reference comparison")
     for m in models.values():

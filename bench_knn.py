@@ -23,11 +23,13 @@ import torch
 
 from minknn import run
 from minknn.bert import BertModel, resolve_model_path
-from minknn.data import get_task, load_split
-from minknn.engine import autocast, encode, labels_tensor, pick_device, predict, train_batches
+from minknn.data import load_split
+from minknn.engine import autocast, encode_batch, pick_device, predict, to_device, train_batches
+from minknn.kinds import kind_of
 from minknn.knn import Datastore
-from minknn.losses import Objective, loss_flags
-from minknn.model import Classifier
+from minknn.losses import build_losses
+from minknn.model import Model
+from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
 import train as train_script
@@ -40,22 +42,26 @@ class Trainer:
     def __init__(self, loss, path, task, train, tokenizer, device, batches):
         self.args = train_script.get_args(["--loss", loss, "--task", task.name])
         torch.manual_seed(0)
-        self.model = Classifier(BertModel.from_pretrained(path), len(task.labels), "mean").to(device)
-        self.objective = Objective(loss, len(task.labels), self.model.bert.config.hidden_size,
-                                   **loss_flags(loss, vars(self.args))).to(device)
+        self.model = Model(BertModel.from_pretrained(path), [task], "mean").to(device)
+        self.losses = build_losses(self.model, vars(self.args)).to(device)
+        self.objective, self.task = self.losses[task.name], task
         self.params = list(self.model.parameters())
         self.optimizer, self.scheduler = train_script.make_optimizer(self.params, [], self.args, 10_000)
         self.moco, self.fill_seconds = None, None
         if loss == "knnbert":
-            self.moco, self.fill_seconds = train_script.make_moco(self.args, self.model, tokenizer, train, device)
+            self.moco, self.fill_seconds = train_script.make_moco(self.args, self.model, tokenizer, task, train, device)
         self.model.train()
         self.batches, self.train, self.tokenizer, self.device = batches, train, tokenizer, device
 
-    def step(self, rows):
+    def inputs(self, rows):
         batch = [self.train[i] for i in rows]
-        inputs, labels = encode(self.tokenizer, batch, self.device), labels_tensor(batch, self.device)
-        train_script.train_step(self.model, self.objective, self.optimizer, self.scheduler, self.params, inputs, labels,
-                                self.moco, torch.tensor(rows, device=self.device))
+        return (to_device(encode_batch(self.tokenizer, batch), self.device),
+                kind_of(self.task).targets(self.task, batch, self.device))
+
+    def step(self, rows):
+        inputs, labels = self.inputs(rows)
+        batches = {self.task.name: (inputs, labels, torch.tensor(rows, device=self.device))}
+        train_script.train_step(self.model, self.losses, self.optimizer, self.scheduler, self.params, batches, self.moco)
 
     def seconds_per_step(self):
         return timed(lambda: [self.step(rows) for rows in self.batches], self.device) / len(self.batches)
@@ -64,18 +70,17 @@ class Trainer:
 def knnbert_breakdown(trainer, device, repeats):
     """Seconds per step of each piece knnbert adds to a ce step."""
     moco, model = trainer.moco, trainer.model
-    batch = [trainer.train[i] for i in trainer.batches[0]]
-    inputs, labels = encode(trainer.tokenizer, batch, device), labels_tensor(batch, device)
+    inputs, labels = trainer.inputs(trainer.batches[0])
     with autocast(device):
-        keys = moco.key_encoder(inputs)
-    h = torch.randn(len(batch), keys.shape[1], device=device, requires_grad=True)
+        keys = moco.key_encoder(trainer.task.name, inputs)
+    h = torch.randn(len(labels), keys.shape[1], device=device, requires_grad=True)
 
     def loss_over_queue():
         trainer.objective.metric(h, labels, keys, moco.memory.keys, moco.memory.labels).backward()
 
     def key_forward():
         with autocast(device):
-            moco.key_encoder(inputs)
+            moco.key_encoder(trainer.task.name, inputs)
 
     return {"key encoder forward": timed(key_forward, device, repeats),
             "momentum update": timed(lambda: moco.key_encoder.update(model), device, repeats),
@@ -121,15 +126,15 @@ def main():
 
     print("\nevaluation:")
     torch.manual_seed(0)
-    model = Classifier(BertModel.from_pretrained(path), len(task.labels), "mean").to(device)
+    model = Model(BertModel.from_pretrained(path), [task], "mean").to(device)
     start = time.perf_counter()
-    _, keys = predict(model, tokenizer, train, 64, device)
+    _, keys = predict(model, tokenizer, task, train, 64, device)
     datastore = Datastore(keys, [e.label for e in train], [e.id for e in train], len(task.labels))
     for vote in ("cosine", "distance"):
         datastore.index(vote)
     build = time.perf_counter() - start
     start = time.perf_counter()
-    _, queries = predict(model, tokenizer, dev, 64, device)
+    _, queries = predict(model, tokenizer, task, dev, 64, device)
     encode_ms = 1000 * (time.perf_counter() - start) / len(dev)
     print(f"  datastore build: {build:.1f} s for {len(datastore)} keys (one forward pass and both faiss indexes)")
     print(f"  encoder: {encode_ms:.2f} ms/query over the {len(dev)} dev examples")

@@ -3,7 +3,7 @@
     MINKNN_DATA=../shared/data python bench_multitask.py                 # sst,mrpc,sts, cross pairs
     python bench_multitask.py --tasks sst,quora,sts --pair_mode siamese --steps 5 --rounds 3
 
-Both runs step train.py's own multitask_step on the same real batches (one per task, batch 32,
+Both runs step train.py's own train_step on the same real batches (one per task, batch 32,
 padded to the longest, --max_len 64), from the same initial weights, alternating over a few rounds;
 each keeps its best round (on a shared 2-core machine one round moves by 10-20%). Without PCGrad
 the step sums the task losses and runs one backward; with it, each task's loss gets its own
@@ -22,30 +22,38 @@ import train as train_script
 from bench import timed
 from minknn import run
 from minknn.bert import BertModel, resolve_model_path
-from minknn.data import get_task, load_split
-from minknn.engine import labels_tensor, pick_device, to_device
-from minknn.multitask import MultiTaskLoss, MultiTaskModel, encode_batch, endless_batches
+from minknn.data import load_split
+from minknn.engine import autocast, encode_batch, pick_device, to_device, train_batches
+from minknn.kinds import kind_of
+from minknn.losses import build_losses
+from minknn.model import Model
 from minknn.pcgrad import project_conflicting
+from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
 
 class Trainer:
-    """A multi-task model, its losses and optimiser, stepping train.py's multitask_step."""
+    """A multi-task model, its losses and optimiser, stepping train.py's train_step."""
 
     def __init__(self, args, path, tasks, device):
         torch.manual_seed(0)
-        self.model = MultiTaskModel(BertModel.from_pretrained(path), tasks, "mean", args.pair_mode).to(device).train()
-        self.loss_fn = MultiTaskLoss(tasks, self.model.bert.config.hidden_size).to(device)
+        self.model = Model(BertModel.from_pretrained(path), tasks, "mean", args.pair_mode).to(device).train()
+        self.loss_fns = build_losses(self.model, vars(args)).to(device)
         self.params = list(self.model.parameters())
         self.shared = list(self.model.bert.parameters())
         self.optimizer, self.scheduler = train_script.make_optimizer(self.params, [], args, 10_000)
 
     def step(self, batches, pcgrad):
-        train_script.multitask_step(self.model, self.loss_fn, self.optimizer, self.scheduler, self.params, self.shared,
-                                    batches, pcgrad, random.Random(0))
+        train_script.train_step(self.model, self.loss_fns, self.optimizer, self.scheduler, self.params, batches,
+                                pcgrad=pcgrad, rng=random.Random(0))
 
     def losses(self, batches):
-        return list(train_script.task_losses(self.model, self.loss_fn, batches).values())
+        """Each task's loss on its batch, each from its own forward pass, as train_step computes them."""
+        losses = []
+        for name, (inputs, targets, _) in batches.items():
+            with autocast(targets.device):
+                losses.append(self.loss_fns[name](self.model(name, **inputs), targets)[0])
+        return losses
 
     def task_gradients(self, batches):
         """(K, P): each task's gradient on the shared encoder, flattened."""
@@ -118,19 +126,21 @@ def main():
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(path, 64)
     train = {t.name: load_split(t, "train", args.data_dir) for t in tasks}
-    streams = {t.name: endless_batches(len(train[t.name]), 32, random.Random(0)) for t in tasks}
+    streams = {t.name: train_batches(len(train[t.name]), 32, random.Random(0)) for t in tasks}
     steps = []
     for _ in range(args.steps):
         step = {}
         for t in tasks:
-            examples = [train[t.name][i] for i in next(streams[t.name])]
-            step[t.name] = (to_device(encode_batch(tokenizer, examples, args.pair_mode), device), labels_tensor(examples, device))
+            rows = next(streams[t.name])
+            examples = [train[t.name][i] for i in rows]
+            step[t.name] = (to_device(encode_batch(tokenizer, examples, t.pair and args.pair_mode == "siamese"), device),
+                            kind_of(t).targets(t, examples, device), torch.tensor(rows, device=device))
         steps.append(step)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     lengths = ", ".join(f"{t.name} {steps[0][t.name][0]['input_ids'].shape[1]}" for t in tasks)
     print(f"device: {name}; tasks {args.tasks}, {args.pair_mode} pairs, batch 32 per task (first step's lengths: {lengths})")
 
-    train_args = train_script.get_args(["--task", "multitask", "--tasks", args.tasks])
+    train_args = train_script.get_args(["--task", "multitask", "--tasks", args.tasks, "--pair_mode", args.pair_mode])
     trainers = {pcgrad: Trainer(train_args, path, tasks, device) for pcgrad in (False, True)}
     seconds = {pcgrad: float("inf") for pcgrad in trainers}
     for _ in range(args.rounds):

@@ -1,21 +1,21 @@
 """Evaluate a trained run: rebuild the model from its checkpoint alone and score a split.
 
     python evaluate.py --checkpoint runs/sst-ce-seed0                # dev accuracy and macro-F1
-    python evaluate.py --checkpoint runs/sst-ce-seed0 --split test   # test-student: predictions only
+    python evaluate.py --checkpoint runs/sst5-ce-seed0 --split test  # a labelled test split
     python evaluate.py --checkpoint runs/sst-proxyanchor-seed0 --proxy  # also proxy inference (minknn/proxy.py)
-    python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn     # also kNN over the training set (minknn/knn.py)
+    python evaluate.py --checkpoint runs/rte-knnbert-seed0 --knn     # also kNN over the training set (minknn/knn.py)
     python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn --sweep   # phi and K tables (KNN-BERT Fig. 2)
-    python evaluate.py --checkpoint runs/multitask-ce-seed0          # every task's metrics and the overall score
+    python evaluate.py --checkpoint runs/reuters-mlcon-seed0 --knn   # multi-label: Su et al.'s vote
+    python evaluate.py --checkpoint runs/multitask-ce-seed0          # every task's scores and the overall score
 
-Writes the predictions to <run>/predictions-<split>.csv (id, predicted class index, class name);
-with --proxy those of proxy inference to predictions-<split>-proxy.csv; with --knn those of the
-mixed classifier to predictions-<split>-knn.csv and of kNN alone to predictions-<split>-knn-only.csv.
-The kNN datastore is saved as <run>/datastore-<key>.pt and reused while the checkpoint, the key
-and the training set are unchanged. A multi-task checkpoint (or one of a sentence-pair task) writes
-one file per task, predictions-<split>-<task>.csv: id, predicted class index and name, or id and
-predicted similarity.
+Every checkpoint takes the same path: each task of the run is predicted by the model, and with
+--proxy (tasks trained with a proxy loss) and --knn (classification and multi-label tasks) by
+those rules too, side by side. Each rule's predictions go to <run>/predictions-<split>.csv (the
+model), -proxy.csv, -knn.csv (the model mixed with kNN) and -knn-only.csv; a run of several tasks
+adds the task's name: predictions-<split>-<task>.csv. The kNN datastore is saved as
+<run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint, the key and
+the training set are unchanged.
 """
-import argparse
 import csv
 import io
 import json
@@ -24,45 +24,51 @@ import time
 
 from minknn import MinknnError, run
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
-from minknn.data import get_task, load_split, training_examples
+from minknn.data import eval_subset, load_split, training_examples
 from minknn.engine import pick_device, predict
-from minknn.knn import VOTES, Datastore, check_k, fingerprint, interpolate
-from minknn.metrics import accuracy, macro_f1
+from minknn.kinds import describe, kind_of, overall, score, task_metrics
+from minknn.knn import KNN_DEFAULTS, TEMPERATURES, VOTES, Datastore, check_k, fingerprint, interpolate
 from minknn.model import KNN_KEYS
-from minknn.multitask import overall, predict_and_score
-from minknn.proxy import check_has_proxies, proxy_logits
+from minknn.options import Parser
+from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 
 SWEEP_PHIS = [i / 10 for i in range(11)]
 SWEEP_KS = [1, 4, 16, 64, 256, 1024]
 
 
 def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="a run folder, or its checkpoint.pt")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    p.add_argument("--proxy", action="store_true", help="also score with proxy inference (proxy losses only)")
-    p.add_argument("--proxy_alpha", type=float, default=0.5,
-                   help="proxy inference: weight of the proxies' logits against the linear head's")
-    p.add_argument("--knn", action="store_true", help="also classify by kNN over the training set, alone and mixed")
-    p.add_argument("--k", type=int, default=64, help="kNN: neighbours per query")
-    p.add_argument("--phi", type=float, default=0.25, help="kNN: s = (1 - phi) softmax(F(q)) + phi KNN(q)")
-    p.add_argument("--vote", default="cosine", choices=list(VOTES), help="kNN: cosine (KNN-BERT) or distance (Liang et al.)")
-    p.add_argument("--temperature", type=float, default=10.0, help="kNN, --vote distance: T in exp(-d / T)")
-    p.add_argument("--knn_key", default=None, choices=KNN_KEYS,
-                   help="kNN: the representation stored and searched (default: decoupled when the run has that head, else its --pooling)")
-    p.add_argument("--sweep", action="store_true", help="kNN: score phi in 0, 0.1, ..., 1 and K in 1, 4, ..., 1024")
-    p.add_argument("--datastore", default=None, help="kNN: datastore file (default: <run>/datastore-<key>.pt)")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--data_dir", default=None, help="dataset root (default: $MINKNN_DATA, else ./data)")
-    p.add_argument("--out", default=None, help="predictions CSV (default: <run>/predictions-<split>.csv)")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="the split to score")
+    p.add_argument("--max_eval", type=int, help="score a fixed subset of N examples per task")
+    p.add_argument("--batch_size", type=int, default=64, help="examples per prediction batch")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
+    p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
+    g = p.add_argument_group("proxy inference")
+    g.add_argument("--proxy", action="store_true", help="also score with proxy inference (proxy losses only)")
+    g.add_argument("--proxy_alpha", type=float, default=0.5,
+                   help="weight of the proxies' logits against the linear head's")
+    g = p.add_argument_group("kNN")
+    g.add_argument("--knn", action="store_true", help="also classify by kNN over the training set, alone and mixed")
+    g.add_argument("--k", type=int, help="neighbours per query (default: 64, multi-label 5)")
+    g.add_argument("--phi", type=float,
+                   help="s = (1 - phi) P(q) + phi KNN(q) (default: 0.25, multi-label 0.5)")
+    g.add_argument("--vote", choices=list(VOTES), help="cosine (KNN-BERT), distance (Liang et al.) or euclidean "
+                   "(Su et al.) (default: cosine, multi-label euclidean)")
+    g.add_argument("--temperature", type=float, help="T of the distance and euclidean votes (default: 10 and 1)")
+    g.add_argument("--knn_key", choices=KNN_KEYS,
+                   help="the representation stored and searched (default: decoupled with that head, else --pooling)")
+    g.add_argument("--sweep", action="store_true", help="score phi in 0, 0.1, ..., 1 and K in 1, 4, ..., 1024")
+    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
     args = p.parse_args(argv)
     for name in ("proxy_alpha", "phi"):
-        if not 0 <= getattr(args, name) <= 1:
+        if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    if args.k < 1:
-        p.error(f"--k must be at least 1, got {args.k}")
-    if args.temperature <= 0:
+    for name in ("k", "max_eval"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.temperature is not None and args.temperature <= 0:
         p.error(f"--temperature must be positive, got {args.temperature}")
     if (args.sweep or args.knn_key or args.datastore) and not args.knn:
         p.error("--sweep, --knn_key and --datastore are kNN options; add --knn")
@@ -79,17 +85,20 @@ def write_csv(path, header, rows):
     atomic_save(rows, path, writer)
 
 
-def write_predictions(path, examples, pred, labels):
-    write_csv(path, ["id", "prediction", "label"], [(e.id, int(p), labels[p]) for e, p in zip(examples, pred)])
+def knn_settings(args, task):
+    """K, phi, the vote and its temperature for this task: the flags, else its kind's defaults."""
+    defaults = KNN_DEFAULTS[task.kind]
+    vote = args.vote or defaults["vote"]
+    temperature = args.temperature if args.temperature is not None else TEMPERATURES[vote]
+    return args.k or defaults["k"], defaults["phi"] if args.phi is None else args.phi, vote, temperature
 
 
-def knn_datastore(args, ckpt, ckpt_file, model, tokenizer, task, key, device):
+def knn_datastore(args, ckpt, path, model, tokenizer, task, key, device):
     """The training set's datastore: loaded from disk when still valid, else built and saved."""
     train = training_examples(task, args.data_dir, ckpt["args"].get("max_train"), ckpt["args"]["seed"])
     if not args.sweep:  # the sweep caps K at the datastore's size
-        check_k(args.k, len(train), excluding_self=args.split == "train")
-    stamp = fingerprint(ckpt_file, key, train)
-    path = args.datastore or os.path.join(os.path.dirname(ckpt_file), f"datastore-{key}.pt")
+        check_k(knn_settings(args, task)[0], len(train), excluding_self=args.split == "train")
+    stamp = fingerprint(ckpt["file"], key, train)
     if os.path.exists(path):
         datastore = Datastore.load(path, stamp)
         if datastore is not None:
@@ -100,146 +109,130 @@ def knn_datastore(args, ckpt, ckpt_file, model, tokenizer, task, key, device):
                               f"leave out --datastore to build one for this checkpoint")
         print(f"datastore: {path} is from an older checkpoint, key or training set; rebuilding it")
     start = time.time()
-    _, keys = predict(model, tokenizer, train, args.batch_size, device, progress="datastore", key=key)
-    datastore = Datastore(keys, [e.label for e in train], [e.id for e in train], len(task.labels))
+    _, keys = predict(model, tokenizer, task, train, args.batch_size, device, progress="datastore", key=key)
+    datastore = Datastore(keys, kind_of(task).targets(task, train, "cpu"), [e.id for e in train], len(task.labels))
     datastore.save(path, stamp)
     seconds = time.time() - start
     print(f"datastore: {len(datastore)} keys ({key}) built in {seconds:.1f} s, saved to {path}")
     return datastore, seconds
 
 
-def knn_classify(datastore, queries, logits, exclude, args):
-    """kNN alone (N, C), its mix with the linear head (N, C), and the seconds the search and vote took."""
-    start = time.time()
-    scores, rows = datastore.search(queries, args.k, args.vote, exclude)
-    knn_probs = datastore.vote(scores, rows, args.vote, args.temperature)
-    return knn_probs, interpolate(logits, knn_probs, args.phi), time.time() - start
-
-
-def sweep(datastore, logits, queries, gold, exclude, args):
-    """Accuracy and macro-F1 over phi (at --k) and over K (at --phi), from one search at the largest K."""
+def sweep(task, datastore, probabilities, queries, gold, exclude, args):
+    """The task's scores over phi (at K) and over K (at phi), from one search at the largest K."""
+    k, phi, vote, temperature = knn_settings(args, task)
     most = len(datastore) - (exclude is not None)
-    ks = sorted({min(k, most) for k in SWEEP_KS})
-    scores, rows = datastore.search(queries, ks[-1], args.vote, exclude)
+    ks = sorted({min(kk, most) for kk in SWEEP_KS})
+    scores, rows = datastore.search(queries, ks[-1], vote, exclude)
+    kind = kind_of(task)
 
-    def score(k, phi):
-        knn_probs = datastore.vote(scores[:, :k], rows[:, :k], args.vote, args.temperature)
-        pred = interpolate(logits, knn_probs, phi).argmax(1).numpy()
-        return {"acc": accuracy(pred, gold), "macro_f1": macro_f1(pred, gold)}
-    k = min(args.k, most)
-    tables = {"phi": [{"phi": phi, "k": k, **score(k, phi)} for phi in SWEEP_PHIS],
-              "k": [{"phi": args.phi, "k": kk, **score(kk, args.phi)} for kk in ks]}
-    for name, fixed in (("phi", f"K = {k}"), ("k", f"phi = {args.phi}")):
-        print(f"\n{'phi' if name == 'phi' else 'K':>5}  accuracy  macro-F1   ({fixed}, --vote {args.vote})")
+    def at(kk, pp):
+        knn = datastore.vote(scores[:, :kk], rows[:, :kk], vote, temperature)
+        return score(task, kind.decide(interpolate(probabilities, knn, pp)), gold)
+    k = min(k, most)
+    tables = {"phi": [{"phi": pp, "k": k, **at(k, pp)} for pp in SWEEP_PHIS],
+              "k": [{"phi": phi, "k": kk, **at(kk, phi)} for kk in ks]}
+    for name, fixed in (("phi", f"K = {k}"), ("k", f"phi = {phi}")):
+        metrics = [m for m in tables[name][0] if m not in ("phi", "k")]
+        print(f"\n{'phi' if name == 'phi' else 'K':>5}  {'  '.join(f'{m:>8}' for m in metrics)}   ({task.name}, {fixed}, --vote {vote})")
         for r in tables[name]:
-            print(f"{r[name]:>5}  {r['acc']:.4f}    {r['macro_f1']:.4f}")
+            print(f"{r[name]:>5}  {'  '.join(f'{r[m]:8.4f}' for m in metrics)}")
     return tables
 
 
-def evaluate_multitask(args, ckpt, ckpt_file, device):
-    """Every task of a multi-task checkpoint: its metrics, the overall score and its predictions file."""
-    if args.proxy or args.knn:
-        raise MinknnError("--proxy and --knn are for single-task classification checkpoints; this one is multi-task")
-    model, _, tokenizer = rebuild(ckpt)
-    model.to(device)
-    tasks = model.tasks
-    splits = {t.name: load_split(t, args.split, args.data_dir) for t in tasks}
-    results = predict_and_score(model, tokenizer, tasks, splits, args.batch_size, device, args.split)
-    out = args.out or os.path.join(os.path.dirname(ckpt_file), f"predictions-{args.split}.csv")
-    result = {"task": ckpt["task"], "split": args.split, "predictions": {}}
-    for task in tasks:
-        pred, scores = results[task.name]
-        path = f"-{task.name}".join(os.path.splitext(out))
-        if task.kind == "similarity":
-            write_csv(path, ["id", "similarity"], [(e.id, f"{p:.4f}") for e, p in zip(splits[task.name], pred)])
-        else:
-            write_predictions(path, splits[task.name], pred, task.labels)
-        result["predictions"][task.name] = path
-        n = len(splits[task.name])
-        if scores is None:
-            print(f"{task.name} {args.split}: {n} examples have no labels; predictions in {path}")
+def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
+    """One task's predictions by every rule asked for, their files and, on labelled data, scores."""
+    kind, run_dir = kind_of(task), os.path.dirname(ckpt["file"])
+    base = os.path.splitext(args.out or os.path.join(run_dir, f"predictions-{args.split}.csv"))[0]
+    base += f"-{task.name}" if several else ""
+    knn = args.knn and task.kind in KNN_DEFAULTS and not model.siamese(task)
+    proxy = args.proxy and has_proxies(losses[task.name])
+    key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
+    examples = load_split(task, args.split, args.data_dir)
+    subset = f" (a --max_eval subset of {len(examples)})" if args.max_eval and args.max_eval < len(examples) else ""
+    examples = eval_subset(examples, args.max_eval)
+    labelled = all(e.label is not None for e in examples)
+    if args.sweep and knn and not labelled:
+        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split has no labels")
+    if knn:  # the datastore first: its errors come before the slow encoding of the split
+        path = args.datastore or os.path.join(run_dir, f"datastore-{task.name + '-' if several else ''}{key}.pt")
+        datastore, build_seconds = knn_datastore(args, ckpt, path, model, tokenizer, task, key, device)
+
+    # one pass gives the outputs and, with --knn, the queries in the datastore's representation
+    start = time.time()
+    outputs, reps = predict(model, tokenizer, task, examples, args.batch_size, device,
+                            progress=f"{task.name} {args.split}", key=key if knn else None)
+    encode_seconds = time.time() - start
+    probabilities = kind.probabilities(outputs)
+    rules = [("model", "", probabilities, f"{base}.csv")]  # (name, score prefix, probabilities, file)
+    if proxy:  # proxies compare the pooled z; a --knn_key other than the run's pooling needs its own pass
+        z = reps if not knn or key == ckpt["args"]["pooling"] else \
+            predict(model, tokenizer, task, examples, args.batch_size, device, progress=f"{args.split} (z)")[1]
+        mixed = proxy_logits(losses[task.name], outputs, z, args.proxy_alpha)
+        rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", kind.probabilities(mixed), f"{base}-proxy.csv"))
+    result = {"n": len(examples), "predictions": f"{base}.csv"}
+    if knn:
+        k, phi, vote, temperature = knn_settings(args, task)
+        # the queries are training examples: leave each one's own entry out of its neighbours
+        exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
+        start = time.time()
+        scores, rows = datastore.search(reps, k, vote, exclude)
+        knn_probs = datastore.vote(scores, rows, vote, temperature)
+        knn_seconds = time.time() - start
+        how = f"K {k}, --vote {vote}" + (f", T {temperature}" if temperature else "") + f", key {key}"
+        rules += [(f"kNN alone ({how})", "knn_", knn_probs, f"{base}-knn-only.csv"),
+                  (f"model + kNN (phi {phi})", "mix_", interpolate(probabilities, knn_probs, phi), f"{base}-knn.csv")]
+        result["timing"] = {"encode_ms_per_query": 1000 * encode_seconds / len(examples),
+                            "knn_ms_per_query": 1000 * knn_seconds / len(examples),
+                            "datastore_build_seconds": build_seconds, "datastore_size": len(datastore)}
+    elif args.knn:
+        print(f"{task.name}: no kNN for a {task.kind} task{' of siamese pairs' if model.siamese(task) else ''}")
+
+    gold = kind.gold(task, examples) if labelled else None
+    for name, prefix, probs, path in rules:
+        pred = kind.decide(probs)
+        write_csv(path, *kind.rows(task, examples, pred))
+        if not labelled:
+            print(f"{task.name} {args.split}, {name}: {len(examples)} examples have no labels; predictions in {path}")
             continue
-        result[task.name] = scores
-        metric = f"Pearson {scores['pearson']:.4f}" if "pearson" in scores else \
-            f"accuracy {scores['acc']:.4f}, macro-F1 {scores['macro_f1']:.4f}"
-        print(f"{task.name} {args.split}: {metric} on {n} examples; predictions in {path}")
-    if all(results[t.name][1] is not None for t in tasks):
-        result["overall"] = overall({t.name: results[t.name][1] for t in tasks})
-        print(f"overall score: {result['overall']:.4f} (mean of the accuracies and (Pearson + 1) / 2)")
+        scores = score(task, pred, gold)
+        result.update({prefix + metric: value for metric, value in scores.items()})
+        print(f"{task.name} {args.split}, {name}: {describe(task, scores)} on {len(examples)} examples{subset}; "
+              f"predictions in {path}")
+    if knn:
+        t = result["timing"]
+        print(f"time: encoder {t['encode_ms_per_query']:.2f} ms/query, kNN search and vote {t['knn_ms_per_query']:.3f} "
+              f"ms/query (+{100 * t['knn_ms_per_query'] / t['encode_ms_per_query']:.1f}%) over {len(datastore)} keys")
+    if args.sweep and knn:
+        result["sweep"] = sweep(task, datastore, probabilities, reps, gold, exclude, args)
+        path = os.path.join(run_dir, f"knn-sweep-{args.split}-{knn_settings(args, task)[2]}-"
+                                     f"{task.name + '-' if several else ''}{key}.json")
+        atomic_save(result["sweep"], path, lambda obj, f: f.write(json.dumps(obj, indent=1).encode()))
+        print(f"\nsweep tables in {path}")
     return result
 
 
 def main(argv=None):
     args = get_args(argv)
     ckpt = load_checkpoint(args.checkpoint)
-    ckpt_file = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
+    ckpt["file"] = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
     device = pick_device(args.device)
-    if "tasks" in ckpt:
-        return evaluate_multitask(args, ckpt, ckpt_file, device)
-    task = get_task(ckpt["task"])
-    if list(task.labels) != list(ckpt["labels"]):
-        raise MinknnError(f"--checkpoint was trained on labels {ckpt['labels']}, but task {task.name} now has {task.labels}")
-    model, objective, tokenizer = rebuild(ckpt)
-    if args.proxy:
-        check_has_proxies(objective, ckpt["args"]["loss"])
-    key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
-    if args.knn and key == "decoupled" and model.retrieval is None:
-        raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it with --decoupled)")
+    model, losses, tokenizer = rebuild(ckpt)
     model.to(device)
-    examples = load_split(task, args.split, args.data_dir)
-    labelled = all(e.label is not None for e in examples)
-    if args.sweep and not labelled:
-        raise MinknnError(f"--sweep scores each phi and K, but the {args.split} split has no labels")
-
-    if args.knn:  # the datastore first: its errors come before the slow encoding of the split
-        datastore, build_seconds = knn_datastore(args, ckpt, ckpt_file, model, tokenizer, task, key, device)
-
-    # one pass gives the logits and, with --knn, the queries in the datastore's representation
-    start = time.time()
-    logits, reps = predict(model, tokenizer, examples, args.batch_size, device, progress=args.split,
-                           key=key if args.knn else None)
-    encode_seconds = time.time() - start
-    run_dir = os.path.dirname(ckpt_file)
-    out = args.out or os.path.join(run_dir, f"predictions-{args.split}.csv")
-    predictions = [("linear head", "", logits.argmax(-1).numpy(), out)]  # (name, result key prefix, classes, file)
-    if args.proxy:  # proxies compare the pooled z; a --knn_key other than the run's pooling needs its own pass
-        z = reps if not args.knn or key == ckpt["args"]["pooling"] else \
-            predict(model, tokenizer, examples, args.batch_size, device, progress=f"{args.split} (z)")[1]
-        mixed = proxy_logits(objective, logits, z, args.proxy_alpha)
-        predictions.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", mixed.argmax(-1).numpy(),
-                            "-proxy".join(os.path.splitext(out))))
-
-    result = {"task": task.name, "split": args.split, "n": len(examples), "predictions": out}
-    if args.knn:
-        queries = reps
-        # the queries are training examples: leave each one's own entry out of its neighbours
-        exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
-        knn_probs, mixed, knn_seconds = knn_classify(datastore, queries, logits, exclude, args)
-        how = f"K {args.k}, --vote {args.vote}" + (f", T {args.temperature}" if args.vote == "distance" else "")
-        predictions += [(f"kNN alone ({how}, key {key})", "knn_", knn_probs.argmax(1).numpy(), "-knn-only".join(os.path.splitext(out))),
-                        (f"linear + kNN (phi {args.phi})", "mix_", mixed.argmax(1).numpy(), "-knn".join(os.path.splitext(out)))]
-        result["timing"] = {"encode_ms_per_query": 1000 * encode_seconds / len(examples),
-                            "knn_ms_per_query": 1000 * knn_seconds / len(examples),
-                            "datastore_build_seconds": build_seconds, "datastore_size": len(datastore)}
-
-    for name, prefix, pred, path in predictions:
-        write_predictions(path, examples, pred, task.labels)
-        if labelled:
-            gold = [e.label for e in examples]
-            result.update({prefix + "acc": accuracy(pred, gold), prefix + "macro_f1": macro_f1(pred, gold)})
-            print(f"{task.name} {args.split}, {name}: accuracy {result[prefix + 'acc']:.4f}, "
-                  f"macro-F1 {result[prefix + 'macro_f1']:.4f} on {len(examples)} examples; predictions in {path}")
-        else:
-            print(f"{task.name} {args.split}, {name}: {len(examples)} examples have no labels; predictions in {path}")
-    if args.knn:
-        t = result["timing"]
-        print(f"time: encoder {t['encode_ms_per_query']:.2f} ms/query, kNN search and vote {t['knn_ms_per_query']:.3f} "
-              f"ms/query (+{100 * t['knn_ms_per_query'] / t['encode_ms_per_query']:.1f}%) over {len(datastore)} keys on {device}")
-    if args.sweep:
-        result["sweep"] = sweep(datastore, logits, queries, [e.label for e in examples], exclude, args)
-        path = os.path.join(run_dir, f"knn-sweep-{args.split}-{args.vote}-{key}.json")
-        atomic_save(result["sweep"], path, lambda obj, f: f.write(json.dumps(obj, indent=1).encode()))
-        print(f"\nsweep tables in {path}")
+    tasks = list(model.tasks.values())
+    if args.proxy and not any(has_proxies(losses[t.name]) for t in tasks):
+        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {ckpt['args']['loss']}, which has no "
+                          f"proxies; proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
+    if args.knn and args.knn_key == "decoupled" and model.retrieval is None:
+        raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it with --decoupled)")
+    if args.knn and not any(t.kind in KNN_DEFAULTS and not model.siamese(t) for t in tasks):
+        raise MinknnError("--knn votes with the training set's labels: it needs a classification or multi-label "
+                          "task with one vector per example (not a similarity task, not --pair_mode siamese)")
+    result = {"split": args.split}
+    for task in tasks:
+        result[task.name] = evaluate_task(args, ckpt, model, losses, tokenizer, task, len(tasks) > 1, device)
+    if len(tasks) > 1 and all(task_metrics(t)[0] in result[t.name] for t in tasks):
+        result["overall"] = overall(tasks, {t.name: result[t.name] for t in tasks})
+        print(f"overall score: {result['overall']:.4f} (the mean of each task's first score, put in [0, 1])")
     return result
 
 

@@ -1,16 +1,15 @@
 """Checkpoints that rebuild a run on another machine, written so a crash never corrupts one.
 
 A checkpoint is one torch.save'd dict:
-    format       "minknn-checkpoint-1"
+    format       "minknn-checkpoint-2"
     args         the exact train.py arguments (a dict)
-    task, labels the task name and its class names
-    tasks        multi-task runs only (train.py --task multitask, or one pair task): task name ->
-                 {"kind", "labels"}, and "labels" is None
+    tasks        task name -> {"kind", "labels", "pair"}, checked against the registry on loading
     bert_config  the BERT config (a dict), so no model folder is needed to rebuild
     vocab, lowercase, max_len   the tokenizer
-    model, loss  the state dicts of the classifier and of the loss (proxies, when it has some)
+    model, loss  the state dicts of the model (encoder and heads) and of the tasks' losses
+                 (proxies, when a loss has some)
     memory       the MoCo queue (keys, labels, pointer) or memory bank, for the memory losses only
-    epoch, dev   the epoch it was saved after and its dev metrics
+    epoch, dev   the epoch it was saved after and its dev scores
 It is written to a temporary file in the same folder, flushed to disk, then renamed over the old
 one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
 """
@@ -22,13 +21,12 @@ import torch
 
 from minknn import MinknnError
 from minknn.bert import BertConfig
-from minknn.data import get_task
-from minknn.losses import Objective, loss_flags
-from minknn.model import Classifier
-from minknn.multitask import MultiTaskLoss, MultiTaskModel
+from minknn.losses import build_losses
+from minknn.model import Model
+from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 
-FORMAT = "minknn-checkpoint-1"
+FORMAT = "minknn-checkpoint-2"
 
 
 def atomic_save(obj, path, writer=torch.save):
@@ -47,15 +45,13 @@ def atomic_save(obj, path, writer=torch.save):
             os.remove(tmp)
 
 
-def save_checkpoint(path, model, loss, tokenizer, task, args, epoch, dev, memory=None):
-    """task: the run's Task, or a list of Tasks for a multi-task model (MultiTaskModel)."""
-    tasks = {"tasks": {t.name: {"kind": t.kind, "labels": list(t.labels)} for t in task}} if isinstance(task, list) else {}
+def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None):
     atomic_save({
-        "format": FORMAT, "args": dict(args), "task": args["task"] if tasks else task.name,
-        "labels": None if tasks else list(task.labels), **tasks,
+        "format": FORMAT, "args": dict(args),
+        "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair} for name, t in model.tasks.items()},
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
-        "model": model.state_dict(), "loss": loss.state_dict(), "epoch": epoch, "dev": dev,
+        "model": model.state_dict(), "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
         **({"memory": memory.state_dict()} if memory is not None else {}),
     }, path)
 
@@ -68,6 +64,9 @@ def load_tagged(path, format_tag, what):
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise MinknnError(f"{name}: not a minknn {kind} ({type(e).__name__})") from None
+    if isinstance(obj, dict) and obj.get("format") == "minknn-checkpoint-1":
+        raise MinknnError(f"{name}: written by an earlier minknn (format minknn-checkpoint-1, before every "
+                          f"task shared one model); train it again with this version")
     if not isinstance(obj, dict) or obj.get("format") != format_tag:
         raise MinknnError(f"{name}: not a minknn {kind} (no '{format_tag}' format tag)")
     return obj
@@ -83,30 +82,26 @@ def load_checkpoint(path):
 
 
 def rebuild(ckpt):
-    """Returns (model, loss, tokenizer) from a loaded checkpoint alone."""
+    """Returns (model, losses, tokenizer) from a loaded checkpoint alone."""
     args = ckpt["args"]
     tokenizer = Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])
-    config = BertConfig(**ckpt["bert_config"])
-    if "tasks" in ckpt:
-        tasks = checkpoint_tasks(ckpt)
-        model = MultiTaskModel.from_config(config, tasks, args["pooling"], args["pair_mode"])
-        loss = MultiTaskLoss(tasks, config.hidden_size, args["loss"], args.get("lam"), args["sts_loss"], args["pair_loss"])
-    else:
-        decoupled = args.get("decoupled", False)
-        model = Classifier.from_config(config, len(ckpt["labels"]), args["pooling"], decoupled=decoupled)
-        loss = Objective(args["loss"], len(ckpt["labels"]), config.hidden_size, args.get("lam"), decoupled,
-                         **loss_flags(args["loss"], args))
+    model = Model.from_config(BertConfig(**ckpt["bert_config"]), checkpoint_tasks(ckpt), args["pooling"],
+                              args["pair_mode"], args["decoupled"])
+    losses = build_losses(model, args)
     model.load_state_dict(ckpt["model"])
-    loss.load_state_dict(ckpt["loss"])
-    return model, loss, tokenizer
+    losses.load_state_dict(ckpt["loss"])
+    return model, losses, tokenizer
 
 
 def checkpoint_tasks(ckpt):
-    """The Tasks of a multi-task checkpoint, checked against the registry they were trained from."""
+    """The run's Tasks, from the registry (for their files and readers), checked against what
+    the checkpoint was trained on."""
     tasks = []
     for name, saved in ckpt["tasks"].items():
-        task = get_task(name)
-        if task.kind != saved["kind"] or list(task.labels) != saved["labels"]:
+        task = TASKS[name] if name in TASKS else get_task(name)  # an unknown name: get_task's error
+        if task.labels is None:  # AAPD: its labels came from its data
+            task = dataclasses.replace(task, labels=saved["labels"])
+        if task.kind != saved["kind"] or list(task.labels) != saved["labels"] or task.pair != saved["pair"]:
             raise MinknnError(f"--checkpoint was trained on {name} as a {saved['kind']} task with labels "
                               f"{saved['labels']}, but {name} is now a {task.kind} task with labels {task.labels}")
         tasks.append(task)

@@ -1,6 +1,6 @@
 """The plumbing shared by train.py and evaluate.py: seeds, device, batches, prediction.
 
-Batches are tokenised on the fly and padded to their longest example. For prediction the
+Training batches are tokenised on the fly and padded to their longest example. For prediction the
 examples are also sorted by length first, so that each batch holds examples of similar length
 and almost no padding; the outputs are put back in the original order.
 """
@@ -50,41 +50,54 @@ def to_device(batch, device):
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def encode(tokenizer, examples, device):
-    """Tokenises a list of Examples into model inputs on `device`, padded to the longest."""
-    return to_device(tokenizer(*texts_of(examples)), device)
-
-
-def labels_tensor(examples, device):
-    return torch.tensor([e.label for e in examples], device=device)
+def encode_batch(tokenizer, examples, siamese=False):
+    """Tokenizer inputs for a batch, padded to its longest: single texts, pairs as one sequence
+    [CLS] a [SEP] b [SEP], or (siamese) pairs as the B first texts followed by the B second ones."""
+    texts, texts_b = texts_of(examples)
+    if texts_b is not None and siamese:
+        return tokenizer(texts + texts_b)
+    return tokenizer(texts, texts_b)
 
 
 def train_batches(n, batch_size, rng):
-    """One epoch of shuffled batches of row indices into the n training examples (the memory bank
-    needs the rows); the last batch may be short."""
-    order = list(range(n))
-    rng.shuffle(order)
-    for i in range(0, n, batch_size):
-        yield order[i:i + batch_size]
+    """Batches of row indices into n training examples, one shuffled pass after another, for
+    ever; the last batch of a pass may be short. A run of several tasks draws one batch of each
+    per step, so a smaller task starts a new pass whenever it runs out. Rows, not examples: the
+    memory bank updates the entries of the batch's rows."""
+    while True:
+        order = list(range(n))
+        rng.shuffle(order)
+        for i in range(0, n, batch_size):
+            yield order[i:i + batch_size]
 
 
 @torch.inference_mode()
-def predict(model, tokenizer, examples, batch_size, device, progress=None, key=None):
-    """Returns (logits (N, C), embeddings (N, H)) as float32 CPU tensors, in the order of
-    `examples`. embeddings are the pooled z, or with `key` the representation it names
-    (model.represent, for a kNN datastore). progress: an optional tqdm description."""
+def predict(model, tokenizer, task, examples, batch_size, device, progress=None, key=None):
+    """The model's outputs on one task's examples, as float32 CPU tensors in their order:
+    (outputs (N, C) or (N,) for a similarity score, representations (N, H)). The representations
+    are the pooled z, or with `key` the one it names (model.represent, for a kNN datastore); None
+    for a siamese pair task, whose pairs have two. progress: an optional tqdm description."""
     model.eval()
-    encodings = tokenizer.encode(*texts_of(examples))  # tokenised once, then sorted by length
-    chunks, inverse = batches_by_length([len(ids) for ids, _ in encodings], batch_size, progress)
-    logits, embeddings = [], []
+    texts, texts_b = texts_of(examples)
+    siamese = model.siamese(task)
+    if siamese:  # each text tokenised alone, batched by the longer of the two
+        encodings = list(zip(tokenizer.encode(texts), tokenizer.encode(texts_b)))
+        lengths = [max(len(a[0]), len(b[0])) for a, b in encodings]
+    else:  # tokenised once, then sorted by length
+        encodings = [(e,) for e in tokenizer.encode(texts, texts_b)]
+        lengths = [len(e[0][0]) for e in encodings]
+    chunks, inverse = batches_by_length(lengths, batch_size, progress)
+    outputs, representations = [], []
     for chunk in chunks:
-        batch = to_device(tokenizer.pad([encodings[i] for i in chunk]), device)
+        sides = [[encodings[i][side] for i in chunk] for side in range(len(encodings[0]))]
+        batch = to_device(tokenizer.pad([e for side in sides for e in side]), device)
         with autocast(device):
-            out = model(**batch)
-        logits.append(out.logits.float().cpu())
-        z = out.embeddings if key is None else represent(out, batch["attention_mask"], key)
-        embeddings.append(z.float().cpu())
-    return torch.cat(logits)[inverse], torch.cat(embeddings)[inverse]
+            out = model(task.name, **batch)
+        outputs.append(out.logits.float().cpu())
+        if not siamese:
+            z = out.embeddings if key is None else represent(out, batch["attention_mask"], key)
+            representations.append(z.float().cpu())
+    return torch.cat(outputs)[inverse], (torch.cat(representations)[inverse] if not siamese else None)
 
 
 def batches_by_length(lengths, batch_size, progress=None):

@@ -1,30 +1,37 @@
 """k-nearest-neighbour classification over a faiss datastore of the training set, mixed with the
-linear head (KNN-BERT, Li et al., eq. 1; Liang et al., "Retrieval-Augmented Classification with
-Decoupled Representation", eq. 2-3).
+model's own prediction (KNN-BERT, Li et al., eq. 1; Liang et al., "Retrieval-Augmented
+Classification with Decoupled Representation", eq. 2-3; Su et al., "Contrastive Learning-Enhanced
+Nearest Neighbor Mechanism for Multi-Label Text Classification", eq. 1).
 
 Datastore: one forward pass over the training set gives a key per example (its representation,
---knn_key) and a value (its label). A query q (a dev or test example's representation) retrieves
-its K nearest keys with faiss (exact search):
-    --vote cosine    cosine similarity: inner product of unit vectors (faiss.IndexFlatIP)
-    --vote distance  squared L2 distance d(k, q) = ||k - q||^2 on the raw vectors (faiss.IndexFlatL2)
-and the neighbours' labels vote (VOTES below):
-    cosine   (KNN-BERT)  KNN(q)_y = 1/K #{neighbours j with y_j = y}, one vote each
-    distance (Khandelwal et al. 2020; Liang et al. eq. 2)
-                         KNN(q)_y = sum_{j: y_j = y} exp(-d_j / T) / sum_j exp(-d_j / T),   T = 10
-The prediction mixes the two classifiers' distributions:
-    s = (1 - phi) softmax(F(q)) + phi KNN(q)      phi = 0.25 (--phi); phi = 1 is kNN alone
-Defaults: K = 64 (Liang et al.'s; KNN-BERT uses 100 to 1000 and finds K matters little once large),
-phi = 0.25 (KNN-BERT's), T = 10 (Liang et al.'s).
+--knn_key) and a value: its label as a one-hot row y_j (C,), or, for a multi-label task, its
+multi-hot row. A query q (a dev or test example's representation) retrieves its K nearest keys
+with faiss (exact search):
+    --vote cosine     cosine similarity: inner product of unit vectors (faiss.IndexFlatIP)
+    --vote distance   squared L2 distance d(k, q) = ||k - q||^2 on the raw vectors (faiss.IndexFlatL2)
+    --vote euclidean  Euclidean distance d(k, q) = ||k - q||, the square root of the same search
+and the neighbours' values vote, each with a weight alpha_j:
+    KNN(q) = sum_j alpha_j y_j        (Q, C): for one-hot values, each class's share of the vote
+    cosine     (KNN-BERT)            alpha_j = 1/K, one vote each
+    distance   (Khandelwal et al. 2020; Liang et al. eq. 2)   alpha = softmax_j(-d_j / T),   T = 10
+    euclidean  (Su et al. eq. 1)     alpha = softmax_j(-d_j / tau), tau = 1: multi-label's vote
+The prediction mixes the kNN vote with the model's own probabilities P (minknn/kinds.py: the
+softmax of the logits, or for a multi-label task each class's sigmoid):
+    s = (1 - phi) P(q) + phi KNN(q)    phi = 1 is kNN alone
+and is read as the model's is: the arg max, or each class with s > 0.5 (multi-label).
+Defaults, by kind (KNN_DEFAULTS): classify K = 64 (Liang et al.'s; KNN-BERT uses 100 to 1000 and
+finds K matters little once large), phi = 0.25 (KNN-BERT's), the cosine vote; multilabel K = 5,
+phi = 0.5 (Su et al.'s lambda), the euclidean vote (Su et al.'s, on AAPD). T = 10 (Liang et
+al.'s) for the distance vote and tau = 1 (Su et al.'s) for the euclidean one.
 When the queries are training examples themselves (evaluate.py --split train), each query's own
 entry is left out of its neighbours, or every example would find itself first.
-A vote is a function (scores, neighbour labels, num_classes, temperature) -> (Q, C) distribution;
-a multi-label vote (Su et al.) is one more entry in VOTES.
 """
 import hashlib
 
 import faiss
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from minknn import MinknnError
 from minknn.checkpoint import atomic_save, load_tagged
@@ -32,23 +39,27 @@ from minknn.checkpoint import atomic_save, load_tagged
 FORMAT = "minknn-datastore-1"
 
 
-def add_votes(neighbour_labels, weights, num_classes):
-    """(Q, C): for each query, the sum of its neighbours' weights (Q, K) per label."""
-    return torch.zeros(len(weights), num_classes, dtype=torch.float64).scatter_add_(1, neighbour_labels, weights)
+def vote_cosine(scores, temperature=None):
+    """One vote each, whatever the similarity: alpha_j = 1/K."""
+    return torch.full(scores.shape, 1 / scores.shape[1], dtype=torch.float64)
 
 
-def vote_cosine(scores, neighbour_labels, num_classes, temperature=None):
-    """One vote each, whatever the similarity: KNN(q)_y = the share of the K neighbours with label y."""
-    K = neighbour_labels.shape[1]
-    return add_votes(neighbour_labels, torch.full(neighbour_labels.shape, 1 / K, dtype=torch.float64), num_classes)
+def vote_distance(scores, temperature=10.0):
+    """alpha = softmax_j(-d_j / T); the scores are the squared L2 distances d_j."""
+    return torch.softmax(-scores.double() / temperature, dim=1)
 
 
-def vote_distance(scores, neighbour_labels, num_classes, temperature=10.0):
-    """Each neighbour votes with softmax_j(-d_j / T); the scores are the squared L2 distances d_j."""
-    return add_votes(neighbour_labels, torch.softmax(-scores.double() / temperature, dim=1), num_classes)
+def vote_euclidean(scores, temperature=1.0):
+    """alpha = softmax_j(-d_j / tau) with d_j = ||k_j - q||, the root of the squared distances."""
+    return torch.softmax(-scores.double().clamp(min=0).sqrt() / temperature, dim=1)
 
 
-VOTES = {"cosine": vote_cosine, "distance": vote_distance}
+VOTES = {"cosine": vote_cosine, "distance": vote_distance, "euclidean": vote_euclidean}
+KNN_DEFAULTS = {  # the task's kind -> its default K, phi and vote
+    "classify": {"k": 64, "phi": 0.25, "vote": "cosine"},
+    "multilabel": {"k": 5, "phi": 0.5, "vote": "euclidean"},
+}
+TEMPERATURES = {"cosine": None, "distance": 10.0, "euclidean": 1.0}  # each vote's default T (tau)
 
 
 def check_k(k, n, excluding_self=False):
@@ -58,19 +69,21 @@ def check_k(k, n, excluding_self=False):
                           f"{', one of them the query itself' if excluding_self else ''}; use --k {n - excluding_self} or less")
 
 
-def interpolate(logits, knn_probs, phi):
-    """s = (1 - phi) softmax(F(q)) + phi KNN(q), (Q, C)."""
-    return (1 - phi) * torch.softmax(logits.double(), dim=1) + phi * knn_probs
+def interpolate(probabilities, knn_probs, phi):
+    """s = (1 - phi) P(q) + phi KNN(q), (Q, C)."""
+    return (1 - phi) * probabilities + phi * knn_probs
 
 
 class Datastore:
-    """The training set's keys (N, d) and labels (N,), with their example ids, searchable by faiss."""
+    """The training set's keys (N, d) and labels (N,) class indices, or (N, C) multi-hot rows, with
+    their example ids, searchable by faiss; values (N, C) are the labels as one-hot or multi-hot rows."""
 
     def __init__(self, keys, labels, ids, num_classes):
         if len(keys) == 0:
             raise MinknnError("the kNN datastore is empty: the training set has no examples")
         self.keys = np.ascontiguousarray(keys.numpy() if torch.is_tensor(keys) else keys, dtype=np.float32)
-        self.labels = torch.as_tensor(labels, dtype=torch.long)
+        self.labels = torch.as_tensor(labels)
+        self.values = (F.one_hot(self.labels.long(), num_classes) if self.labels.ndim == 1 else self.labels).double()
         self.ids, self.num_classes = list(ids), num_classes
         self._indexes = {}
 
@@ -79,14 +92,15 @@ class Datastore:
 
     def index(self, vote):
         """The faiss index a vote searches: inner product on unit keys (cosine), or squared L2 on raw keys."""
-        if vote not in self._indexes:
+        metric = "cosine" if vote == "cosine" else "l2"  # distance and euclidean share one search
+        if metric not in self._indexes:
             keys = self.keys.copy()
-            if vote == "cosine":
+            if metric == "cosine":
                 faiss.normalize_L2(keys)
-            index = faiss.IndexFlatIP(keys.shape[1]) if vote == "cosine" else faiss.IndexFlatL2(keys.shape[1])
+            index = faiss.IndexFlatIP(keys.shape[1]) if metric == "cosine" else faiss.IndexFlatL2(keys.shape[1])
             index.add(keys)
-            self._indexes[vote] = index
-        return self._indexes[vote]
+            self._indexes[metric] = index
+        return self._indexes[metric]
 
     def search(self, queries, k, vote, exclude=None):
         """The k nearest keys of each query: (scores (Q, k), rows (Q, k)), nearest first; scores are
@@ -112,7 +126,13 @@ class Datastore:
         return np.array([row.get(i, -1) for i in ids])
 
     def vote(self, scores, rows, vote, temperature):
-        return VOTES[vote](scores, self.labels[rows], self.num_classes, temperature)
+        """KNN(q) = sum_j alpha_j y_j (Q, C), summed one neighbour rank at a time: gathering every
+        neighbour's row at once, (Q, K, C), would not fit for K = 1024 and 90 classes."""
+        alpha = VOTES[vote](scores, temperature)
+        knn = torch.zeros(len(rows), self.num_classes, dtype=torch.float64)
+        for j in range(rows.shape[1]):
+            knn += alpha[:, j, None] * self.values[rows[:, j]]
+        return knn
 
     def save(self, path, fingerprint):
         atomic_save({"format": FORMAT, "fingerprint": fingerprint, "keys": torch.from_numpy(self.keys),

@@ -46,9 +46,9 @@ class KeyEncoder:
             k.mul_(self.m).add_(q.detach(), alpha=1 - self.m)
 
     @torch.no_grad()
-    def __call__(self, batch):
-        """The unit keys (B, H) of a tokenised batch."""
-        return F.normalize(self.encoder(**batch).embeddings.float(), dim=1)
+    def __call__(self, task, batch):
+        """The unit keys (B, H) of one task's tokenised batch."""
+        return F.normalize(self.encoder(task, **batch).embeddings.float(), dim=1)
 
 
 class Memory(nn.Module):
@@ -89,10 +89,10 @@ class MemoryBank(Memory):
 
 class MoCo:
     """What train.py calls for a memory loss: before the loss, batch_keys(); after the optimiser
-    step, after_step(). The memory itself is `self.memory`."""
+    step, after_step(). The memory itself is `self.memory`; it serves one classification task."""
 
-    def __init__(self, model, kind, size, momentum=MOMENTUM):
-        self.kind = kind
+    def __init__(self, model, task, kind, size, momentum=MOMENTUM):
+        self.task, self.kind = task, kind
         dim = model.bert.config.hidden_size
         self.key_encoder = KeyEncoder(model, momentum) if kind == "queue" else None
         self.memory = (Queue if kind == "queue" else MemoryBank)(size, dim).to(next(model.parameters()).device)
@@ -101,7 +101,8 @@ class MoCo:
         """One pass over the first `size` training examples (the key encoder's for the queue)."""
         size = len(self.memory.keys)
         encoder = self.key_encoder.encoder if self.key_encoder else model
-        _, keys = predict(encoder, tokenizer, examples[:size], batch_size, device, progress=f"filling the {self.kind}")
+        _, keys = predict(encoder, tokenizer, self.task, examples[:size], batch_size, device,
+                          progress=f"filling the {self.kind}")
         self.memory.fill(keys.to(device), labels[:size].to(device))
         model.train()  # predict() left it in eval mode
 
@@ -110,7 +111,7 @@ class MoCo:
         (queue), or the batch's own memory-bank entries (bank)."""
         if self.kind == "queue":
             self.key_encoder.update(model)
-            return self.key_encoder(batch)
+            return self.key_encoder(self.task.name, batch)
         return self.memory.keys[rows]  # already float32 unit vectors
 
     def after_step(self, batch_keys, labels, rows, queries):

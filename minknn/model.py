@@ -1,8 +1,8 @@
-"""The classifier: BERT encoder -> pooling -> dropout -> linear head.
+"""The model: one BERT encoder, pooling, and one head per task.
 
     h = BERT(x)                       (B, T, H) last hidden states
-    z = pool(h)                       (B, H)    the sentence representation
-    logits = W dropout(z) + b         (B, C)
+    z = pool(h)                       (B, H)    the sentence (or cross-encoded pair) representation
+    logits = W dropout(z) + b         (B, C)    the task's head (minknn/kinds.py says its shape)
 
 Pooling (--pooling):
     cls   z = h[:, 0], the [CLS] token's last hidden state
@@ -10,7 +10,8 @@ Pooling (--pooling):
     max   z_d = max over real tokens t of h_t,d
 The representation z (before dropout) is what the metric-learning losses and, by default, the kNN
 datastore see; the logits are what cross-entropy sees. --option pretrain freezes BERT and trains the
-head only; finetune trains everything (the CS224N minBERT convention).
+heads only; finetune trains everything (the CS224N minBERT convention). A run of several tasks
+(train.py --task multitask) shares the encoder and gives each task its own head.
 
 --decoupled adds the retrieval head of Liang et al. ("Retrieval-Augmented Classification with
 Decoupled Representation", sec. 2.2): r = MLP(z) = W2 GELU(W1 z + b1) + b2, both layers H -> H.
@@ -22,8 +23,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from minknn.bert import BertModel
+from minknn.kinds import kind_of
 
 POOLINGS = ("cls", "mean", "max")
 KNN_KEYS = (*POOLINGS, "decoupled")  # what a kNN datastore can store (--knn_key)
@@ -56,23 +59,45 @@ def represent(output, attention_mask, key):
     return pool(output.hidden, attention_mask, key)
 
 
-class Classifier(nn.Module):
-    def __init__(self, bert, num_labels, pooling="mean", option="finetune", decoupled=False):
+class Model(nn.Module):
+    """One BERT shared by a run's tasks, with one head per task (its kind's, minknn/kinds.py), and
+    with --decoupled the retrieval head. forward(task, ...) runs one task's batch."""
+
+    def __init__(self, bert, tasks, pooling="mean", pair_mode="cross", option="finetune", decoupled=False):
         super().__init__()
-        self.bert, self.pooling = bert, pooling
+        self.bert, self.pooling, self.pair_mode = bert, pooling, pair_mode
+        self.tasks = {t.name: t for t in tasks}
         self.dropout = nn.Dropout(bert.config.hidden_dropout_prob)
         H = bert.config.hidden_size
-        self.head = nn.Linear(H, num_labels)
+        heads = {t.name: kind_of(t).head(t, H, self.siamese(t)) for t in tasks}
+        self.heads = nn.ModuleDict({name: head for name, head in heads.items() if head is not None})
         self.retrieval = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, H)) if decoupled else None
         for p in self.bert.parameters():
             p.requires_grad = option == "finetune"
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
+    def siamese(self, task):
+        """Whether the task's two texts are encoded alone (--pair_mode siamese) or as one sequence."""
+        return task.pair and self.pair_mode == "siamese"
+
+    def forward(self, task, input_ids, attention_mask, token_type_ids=None):
+        """Output for one task's batch: logits (B, C), or (B,) for a similarity score. A siamese
+        pair batch holds the B first texts, then the B second ones (engine.encode_batch), so z is (2B, H)."""
+        t = self.tasks[task]
         h = self.bert(input_ids, attention_mask, token_type_ids)
         z = pool(h, attention_mask, self.pooling)
+        if not self.siamese(t):
+            logits = self.heads[task](self.dropout(z))
+        elif t.kind == "similarity":
+            u, v = z.chunk(2)
+            logits = 2.5 * (F.cosine_similarity(u, v, dim=-1) + 1)
+        else:
+            u, v = z.chunk(2)
+            logits = self.heads[task](self.dropout(torch.cat([u, v, (u - v).abs()], dim=-1)))
+        if t.kind == "similarity" and logits.ndim == 2:
+            logits = logits.squeeze(-1)
         r = self.retrieval(z) if self.retrieval is not None else None
-        return Output(logits=self.head(self.dropout(z)), embeddings=z, hidden=h, retrieval=r)
+        return Output(logits=logits, embeddings=z, hidden=h, retrieval=r)
 
     @classmethod
-    def from_config(cls, bert_config, num_labels, pooling, option="finetune", decoupled=False):
-        return cls(BertModel(bert_config), num_labels, pooling, option, decoupled)
+    def from_config(cls, bert_config, tasks, pooling, pair_mode="cross", decoupled=False):
+        return cls(BertModel(bert_config), tasks, pooling, pair_mode, decoupled=decoupled)

@@ -16,19 +16,14 @@ very logits that loss put on the classes (each loss's `class_logits`):
 alpha = 0 is the linear head alone; alpha = 1 predicts the nearest proxy (the class with the
 largest similarity).
 """
-from minknn import MinknnError
+from minknn.losses import METRIC_LOSSES
 
-PROXY_LOSSES = ("softtriple", "proxynca", "proxyanchor")
-
-
-def has_proxies(objective):
-    return objective.metric is not None and hasattr(objective.metric, "class_logits")
+PROXY_LOSSES = tuple(name for name, loss in METRIC_LOSSES.items() if hasattr(loss, "class_logits"))
 
 
-def check_has_proxies(objective, loss_name):
-    if not has_proxies(objective):
-        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss_name}, which has no proxies; "
-                          f"proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
+def has_proxies(loss):
+    """Whether a task's loss (an Objective) trained proxies: they have class_logits."""
+    return hasattr(getattr(loss, "metric", None), "class_logits")
 
 
 def proxy_logits(objective, logits, embeddings, alpha):

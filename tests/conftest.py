@@ -25,6 +25,8 @@ def tiny_vocab():
     """Special tokens, every word of the fixture datasets, and letters (so any word tokenises)."""
     words = set()
     for root, _, files in os.walk(DATA):
+        if os.path.relpath(root, DATA) not in ("minbert", os.path.join("glue", "MRPC")):
+            continue  # the other fixtures' words tokenise into the letters below
         for name in files:
             with open(os.path.join(root, name), encoding="utf-8-sig") as f:
                 lines = f.read().splitlines()

@@ -4,39 +4,50 @@ import pytest
 import torch
 
 from minknn import MinknnError
+from minknn.bert import BertModel
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild, save_checkpoint
-from minknn.data import TASKS
-from minknn.losses import Objective
-from minknn.model import Classifier
+from minknn.losses import build_losses
+from minknn.model import Model
+from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
 
-ARGS = {"pooling": "max", "loss": "ce", "task": "sst"}
+ARGS = {"pooling": "max", "loss": "proxyanchor", "task": "multitask", "pair_mode": "siamese", "decoupled": False,
+        "sts_loss": "l1"}
 
 
 def make_checkpoint(tiny_bert_dir, path, seed):
-    from minknn.bert import BertModel
+    """A two-task model (sst, and sts as siamese pairs) whose head, proxies and weights are not
+    the ones a fresh build starts from, so a rebuild that ignored any state would differ."""
     torch.manual_seed(seed)
-    model = Classifier(BertModel.from_pretrained(tiny_bert_dir), 5, "max")
-    torch.nn.init.normal_(model.head.weight)
+    model = Model(BertModel.from_pretrained(tiny_bert_dir), [TASKS["sst"], TASKS["sts"]], "max", "siamese")
+    torch.nn.init.normal_(model.heads["sst"].weight)
+    losses = build_losses(model, ARGS)
     tok = Tokenizer.from_folder(tiny_bert_dir, max_len=16)
-    save_checkpoint(path, model, Objective("ce", 5, 32), tok, TASKS["sst"], ARGS, epoch=1, dev={"acc": 0.5})
-    return model.eval(), tok
+    save_checkpoint(path, model, losses, tok, ARGS, epoch=1, dev={"sst": {"acc": 0.5}})
+    return model.eval(), losses, tok
 
 
 def test_rebuild_from_checkpoint_alone(tiny_bert_dir, tmp_path):
-    model, tok = make_checkpoint(tiny_bert_dir, tmp_path / "checkpoint.pt", seed=0)
+    model, losses, tok = make_checkpoint(tiny_bert_dir, tmp_path / "checkpoint.pt", seed=0)
     ckpt = load_checkpoint(str(tmp_path))  # a run folder works as well as the file
-    again, _, tok2 = rebuild(ckpt)
+    again, losses_again, tok2 = rebuild(ckpt)
     batch = tok(["the film is great", "dull"])
     assert tok2.vocab == tok.vocab and tok2.max_len == 16
-    assert torch.equal(again.eval()(**batch).logits, model(**batch).logits)
-    assert ckpt["labels"] == TASKS["sst"].labels and ckpt["args"] == ARGS
+    torch.testing.assert_close(again.eval()("sst", **batch).logits, model("sst", **batch).logits, rtol=0, atol=0,
+                               msg="rebuilt sst head: logits differ from the saved model's")
+    torch.testing.assert_close(again("sts", **batch).logits, model("sts", **batch).logits, rtol=0, atol=0,
+                               msg="rebuilt siamese sts score differs")
+    torch.testing.assert_close(losses_again["sst"].metric.proxies, losses["sst"].metric.proxies, rtol=0, atol=0,
+                               msg="rebuilt proxies differ from the saved ones")
+    assert losses_again["sts"].loss == "l1" and list(again.heads) == ["sst"]  # a siamese sts score has no head
+    assert ckpt["tasks"]["sst"] == {"kind": "classify", "labels": TASKS["sst"].labels, "pair": False}
+    assert ckpt["args"] == ARGS
 
 
 def test_interrupted_write_keeps_the_previous_checkpoint(tiny_bert_dir, tmp_path):
     path = tmp_path / "checkpoint.pt"
     make_checkpoint(tiny_bert_dir, path, seed=0)
-    before = load_checkpoint(str(path))["model"]["head.weight"].clone()
+    before = load_checkpoint(str(path))["model"]["heads.sst.weight"].clone()
 
     def dies_halfway(obj, f):
         f.write(b"PK\x03\x04 half a zip file")
@@ -44,7 +55,7 @@ def test_interrupted_write_keeps_the_previous_checkpoint(tiny_bert_dir, tmp_path
 
     with pytest.raises(KeyboardInterrupt):
         atomic_save({"format": "x"}, str(path), writer=dies_halfway)
-    assert torch.equal(load_checkpoint(str(path))["model"]["head.weight"], before)
+    assert torch.equal(load_checkpoint(str(path))["model"]["heads.sst.weight"], before)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # and no temporary file left
 
 
@@ -55,5 +66,16 @@ def test_missing_or_foreign_checkpoint(tmp_path):
     with pytest.raises(MinknnError, match="not a minknn checkpoint"):
         load_checkpoint(str(tmp_path / "junk.pt"))
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
-    with pytest.raises(MinknnError, match="no 'minknn-checkpoint-1' format tag"):
+    with pytest.raises(MinknnError, match="no 'minknn-checkpoint-2' format tag"):
         load_checkpoint(str(tmp_path / "other.pt"))
+    torch.save({"format": "minknn-checkpoint-1"}, tmp_path / "old.pt")
+    with pytest.raises(MinknnError, match="written by an earlier minknn .* train it again"):
+        load_checkpoint(str(tmp_path / "old.pt"))
+
+
+def test_a_checkpoint_of_a_task_that_changed_is_refused(tiny_bert_dir, tmp_path):
+    make_checkpoint(tiny_bert_dir, tmp_path / "checkpoint.pt", seed=0)
+    ckpt = load_checkpoint(str(tmp_path))
+    ckpt["tasks"]["sst"]["labels"] = ["bad", "good"]
+    with pytest.raises(MinknnError, match="trained on sst as a classify task with labels \\['bad', 'good'\\]"):
+        rebuild(ckpt)

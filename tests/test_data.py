@@ -1,5 +1,6 @@
 import http.server
 import os
+import random
 import shutil
 import threading
 from collections import Counter
@@ -7,8 +8,9 @@ from collections import Counter
 import pytest
 
 from minknn import MinknnError
-from minknn.data import (DataError, Example, TASKS, check_every_class_present, download, get_task, git_blob_id,
+from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset, git_blob_id,
                          load_split, stratified_sample, training_examples)
+from minknn.tasks import TASKS, get_task
 
 
 def test_sst_reader(data_dir):
@@ -61,8 +63,8 @@ def test_empty_split_and_missing_class(data_dir, tmp_path):
 
 
 def test_unknown_task_and_split():
-    with pytest.raises(MinknnError, match="unknown --task 'sts2'; choose one of: sst, cfimdb"):
-        get_task("sts2")
+    with pytest.raises(MinknnError, match="unknown --task 'sts3'; choose one of: sst, cfimdb"):
+        get_task("sts3")
     with pytest.raises(MinknnError, match="no 'val' split"):
         load_split(TASKS["sst"], "val")
 
@@ -191,3 +193,64 @@ def test_similarity_draw_is_uniform_and_seeded(data_dir):
     assert len(a) == 10 and len({e.id for e in a}) == 10
     assert [e.id for e in a] == [e.id for e in training_examples(TASKS["sts"], data_dir, max_train=10, seed=1)]
     assert [e.id for e in a] != [e.id for e in training_examples(TASKS["sts"], data_dir, max_train=10, seed=2)]
+
+
+# ------------------------------------------------------------------ splits carved from a source
+
+def numbered(paths, task, source):
+    """A reader of a file of one number per line: example i has id "i" and label i % 2."""
+    return [Example(line, label=int(line) % 2, id=line) for line in open(paths[0]).read().split()]
+
+
+def numbers_task(tmp_path, n=50, **fields):
+    (tmp_path / "numbers").mkdir(exist_ok=True)
+    (tmp_path / "numbers" / "all.txt").write_text("\n".join(str(i) for i in range(n)) + "\n")
+    return Task("numbers", "numbers", numbered, {"all": "all.txt"}, ["even", "odd"], **fields)
+
+
+def test_carved_splits_are_disjoint_whole_and_stable(tmp_path):
+    task = numbers_task(tmp_path, splits={"train": ("all", 0.0, 0.8), "dev": ("all", 0.8, 0.9),
+                                          "test": ("all", 0.9, 1.0)})
+    ids = {s: [e.id for e in load_split(task, s, str(tmp_path))] for s in ("train", "dev", "test")}
+    assert [len(ids[s]) for s in ("train", "dev", "test")] == [40, 5, 5]
+    assert sorted(sum(ids.values(), []), key=int) == [str(i) for i in range(50)]  # every row once: disjoint, whole
+    assert ids["dev"] == sorted(ids["dev"], key=int)  # kept in file order
+    assert ids["dev"] != [str(i) for i in range(40, 45)]  # a shuffle, not the file's tail
+    again = {s: [e.id for e in load_split(task, s, str(tmp_path))] for s in ("train", "dev", "test")}
+    assert again == ids  # the same rows every run: the shuffle is fixed, not --seed's
+    random.seed(123)  # nor the global generator's
+    assert [e.id for e in load_split(task, "dev", str(tmp_path))] == ids["dev"]
+
+
+def test_a_count_that_differs_from_the_official_one_is_a_warning(tmp_path, capsys):
+    task = numbers_task(tmp_path, n=7, counts={"all": 8})
+    assert len(load_split(task, "all", str(tmp_path))) == 7
+    err = capsys.readouterr().err.strip()
+    assert err == (f"warning: {tmp_path / 'numbers' / 'all.txt'}: read 7 examples, but the official numbers "
+                   f"all split has 8") and "\n" not in err
+    numbers_task(tmp_path, n=8, counts={"all": 8})
+    load_split(task, "all", str(tmp_path))
+    assert capsys.readouterr().err == ""
+
+
+def test_eval_subset_is_fixed_and_in_order():
+    examples = [Example(str(i), id=str(i)) for i in range(100)]
+    subset = eval_subset(examples, 10)
+    assert len(subset) == 10 and [int(e.id) for e in subset] == sorted(int(e.id) for e in subset)
+    random.seed(5)  # --seed does not move it
+    assert eval_subset(examples, 10) == subset and subset != examples[:10]  # a draw, not the head of the file
+    assert eval_subset(examples, None) == examples
+    assert eval_subset(examples, 500) == examples
+
+
+def test_every_registered_task_is_complete():
+    """What train.py needs of each registry entry, so that adding a task cannot half-work."""
+    for name, task in TASKS.items():
+        splits = task.splits or {s: s for s in task.files}
+        assert {"train", "dev"} <= set(splits), f"{name}: needs a train and a dev split"
+        sources = {r if isinstance(r, str) else r[0] for r in splits.values()}
+        assert sources <= set(task.files), f"{name}: a split reads a source its files do not name"
+        assert set(task.counts) <= set(task.files), f"{name}: counts for a source it does not have"
+        assert task.kind in ("classify", "similarity", "multilabel"), name
+        assert (task.labels == []) == (task.kind == "similarity") or task.labels is None, name
+        assert task.positive is None or task.pair, f"{name}: only a pair task has a matching class"

@@ -5,10 +5,11 @@ import copy
 import pytest
 import torch
 
-from minknn.data import get_task, load_split
+from minknn.data import load_split
 from minknn.decoupled import DecoupledTripletLoss, decoupled_triplet, sample_triplets
 from minknn.engine import predict
-from minknn.model import Classifier
+from minknn.model import Model
+from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
 
@@ -59,17 +60,18 @@ def test_loss_module_defaults_are_the_papers():
 
 def test_the_head_changes_the_datastore_keys(tiny_bert, tiny_bert_dir, data_dir):
     torch.manual_seed(0)
-    model = Classifier(copy.deepcopy(tiny_bert), 5, "mean", decoupled=True)
-    plain = Classifier(copy.deepcopy(tiny_bert), 5, "mean")
+    sst = get_task("sst")
+    model = Model(copy.deepcopy(tiny_bert), [sst], "mean", decoupled=True)
+    plain = Model(copy.deepcopy(tiny_bert), [sst], "mean")
     tokenizer = Tokenizer.from_folder(tiny_bert_dir, 32)
-    train = load_split(get_task("sst"), "train", data_dir)[:12]
+    train = load_split(sst, "train", data_dir)[:12]
     cpu = torch.device("cpu")
-    _, z = predict(model, tokenizer, train, 8, cpu)
-    _, r = predict(model, tokenizer, train, 8, cpu, key="decoupled")
+    _, z = predict(model, tokenizer, sst, train, 8, cpu)
+    _, r = predict(model, tokenizer, sst, train, 8, cpu, key="decoupled")
     assert r.shape == z.shape and not torch.allclose(r, z)
     with torch.no_grad():
         assert torch.allclose(r, model.retrieval(z.clone()), atol=1e-5)  # r = MLP(z)
-    _, z_plain = predict(plain, tokenizer, train, 8, cpu)
+    _, z_plain = predict(plain, tokenizer, sst, train, 8, cpu)
     assert torch.allclose(z, z_plain, atol=1e-6)  # the head does not touch z
-    _, cls = predict(model, tokenizer, train, 8, cpu, key="cls")
+    _, cls = predict(model, tokenizer, sst, train, 8, cpu, key="cls")
     assert not torch.allclose(cls, z)

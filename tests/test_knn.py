@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.knn import Datastore, interpolate, vote_cosine, vote_distance
+from minknn.knn import Datastore, interpolate
 
 
 def random_datastore(n=200, d=16, classes=4, seed=0):
@@ -30,28 +30,54 @@ def test_faiss_search_equals_brute_force_top_k(vote):
     assert torch.allclose(scores.double(), expected_scores.double(), rtol=1e-4, atol=1e-3)
 
 
+def vote_of(vote, scores, neighbour_labels, num_classes, temperature=None, labels=None):
+    """The vote of a datastore whose row j has label neighbour_labels' j-th entry (one query row)."""
+    labels = neighbour_labels[0] if labels is None else labels
+    datastore = Datastore(torch.zeros(len(labels), 2), labels, [str(j) for j in range(len(labels))], num_classes)
+    return datastore.vote(scores, torch.arange(len(labels))[None].expand(len(scores), -1), vote, temperature)
+
+
 def test_cosine_vote_by_hand():
-    labels = torch.tensor([[0, 2, 2, 1], [1, 1, 1, 1]])
-    votes = vote_cosine(torch.zeros(2, 4), labels, 3)
+    votes = torch.cat([vote_of("cosine", torch.zeros(1, 4), torch.tensor([[0, 2, 2, 1]]), 3),
+                       vote_of("cosine", torch.zeros(1, 4), torch.tensor([[1, 1, 1, 1]]), 3)])
     assert votes.tolist() == [[0.25, 0.25, 0.5], [0.0, 1.0, 0.0]]
+    # one vote each, whatever the similarity: a test with equal scores could not tell
+    assert vote_of("cosine", torch.tensor([[0.9, 0.1, 0.0, -0.5]]), torch.tensor([[0, 2, 2, 1]]), 3).tolist() == \
+        [[0.25, 0.25, 0.5]]
 
 
 def test_distance_vote_by_hand():
     d = torch.tensor([[0.0, 10.0, 20.0]])
-    labels = torch.tensor([[1, 0, 1]])
     w = np.exp([0.0, -1.0, -2.0])  # exp(-d / T) with T = 10
     expected = [w[1] / w.sum(), (w[0] + w[2]) / w.sum()]
-    assert vote_distance(d, labels, 2, temperature=10.0)[0].tolist() == pytest.approx(expected)
+    assert vote_of("distance", d, torch.tensor([[1, 0, 1]]), 2, 10.0)[0].tolist() == pytest.approx(expected)
     # a small temperature hands the vote to the nearest neighbour
-    assert vote_distance(d, labels, 2, temperature=0.01)[0].tolist() == pytest.approx([0.0, 1.0])
+    assert vote_of("distance", d, torch.tensor([[1, 0, 1]]), 2, 0.01)[0].tolist() == pytest.approx([0.0, 1.0])
+
+
+def test_multilabel_vote_by_hand():
+    """Su et al. eq. 1: y_kNN = sum_i alpha_i y_i, alpha = softmax(-d / tau) with d the Euclidean
+    distance (the root of faiss's squared one), tau = 1."""
+    neighbours = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float)  # three label sets
+    squared = torch.tensor([[1.0, 4.0, 9.0]])  # d = 1, 2, 3
+    a = np.exp([-1.0, -2.0, -3.0]) / np.exp([-1.0, -2.0, -3.0]).sum()
+    expected = [a[0] + a[1], a[0], a[2]]
+    got = vote_of("euclidean", squared, None, 3, 1.0, labels=neighbours)
+    assert got[0].tolist() == pytest.approx(expected)
+    # mixed with the model's sigmoids (lam = 0.5), then each class kept where the mix is > 0.5
+    model = torch.tensor([[0.2, 0.9, 0.4]], dtype=torch.float64)
+    mixed = interpolate(model, got, 0.5)
+    assert mixed[0].tolist() == pytest.approx([0.5 * 0.2 + 0.5 * expected[0], 0.5 * 0.9 + 0.5 * expected[1],
+                                                0.5 * 0.4 + 0.5 * expected[2]])
+    assert (mixed > 0.5).tolist() == [[True, True, False]]  # 0.1 + 0.45, 0.45 + 0.33, 0.2 + 0.045
 
 
 def test_interpolation_ends():
-    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]])
+    probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64), 1)
     knn = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
-    assert torch.allclose(interpolate(logits, knn, 0.0), torch.softmax(logits.double(), 1))  # the linear head
-    assert torch.equal(interpolate(logits, knn, 1.0), knn)  # kNN alone
-    assert torch.allclose(interpolate(logits, knn, 0.25), 0.75 * torch.softmax(logits.double(), 1) + 0.25 * knn)
+    assert torch.equal(interpolate(probabilities, knn, 0.0), probabilities)  # the model alone
+    assert torch.equal(interpolate(probabilities, knn, 1.0), knn)  # kNN alone
+    torch.testing.assert_close(interpolate(probabilities, knn, 0.25), 0.75 * probabilities + 0.25 * knn)
 
 
 @pytest.mark.parametrize("vote", ["cosine", "distance"])

@@ -8,15 +8,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, Objective
-from minknn.losses.contrastive import ContrastiveLoss
+from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, Objective, loss_kind, task_loss
+from minknn.losses.contrastive import ContrastiveLoss, contrastive
 from minknn.losses.knnbert import KNNBertLoss
+from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
-from minknn.moco import Queue
 from minknn.model import Output
+from minknn.moco import Queue
+from minknn.tasks import TASKS
 
 C, D = 4, 8
-IN_BATCH = [name for name in METRIC_LOSSES if name not in MEMORY_LOSSES]  # called as loss(h, labels)
+IN_BATCH = [name for name in METRIC_LOSSES  # called as loss(h, labels) with class indices
+            if name not in MEMORY_LOSSES and loss_kind(name) == "classify"]
 
 
 def unit(v):
@@ -130,7 +133,9 @@ BATCHES = {  # labels of the test batches: mixed, with a class seen once, with a
 
 
 def test_every_loss_has_an_oracle():
-    assert set(ORACLES) | set(MEMORY_ORACLES) == set(METRIC_LOSSES) and LOSSES == ("ce", *METRIC_LOSSES)
+    missing = set(METRIC_LOSSES) - set(ORACLES) - set(MEMORY_ORACLES) - set(MULTILABEL_ORACLES)
+    assert not missing, f"no oracle for {missing}: add a literal transcription of its formula to tests/test_losses.py"
+    assert LOSSES == ("ce", "bce", *METRIC_LOSSES)
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -350,3 +355,110 @@ def test_objective_passes_the_memory_and_runs_outside_autocast():
     assert parts["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 autocast must not reach q.k / tau
         assert objective(out, y, None, queue)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# ---- the multi-label contrastive loss (Su et al. eqs. 2-3): pairs weighted by the labels they share ----
+
+def mlcon_oracle(h, y, loss):
+    """L_con = sum_i sum_{j != i} -beta_ij log( exp(-d_ij / tau) / sum_{k != i} exp(-d_ik / tau) ),
+    beta_ij = C_ij / sum_{k != i} C_ik, C_ij = y_i . y_j; a row with no shared label adds 0."""
+    B, tau, total = len(h), loss.tau, torch.tensor(0.0, dtype=h.dtype)
+    d = lambda i, j: (h[i] - h[j]).pow(2).sum().sqrt()
+    for i in range(B):
+        shared = {j: float(y[i] @ y[j]) for j in range(B) if j != i}
+        if sum(shared.values()) == 0:
+            continue
+        denominator = sum(torch.exp(-d(i, k) / tau) for k in range(B) if k != i)
+        for j, c in shared.items():
+            total = total - c / sum(shared.values()) * torch.log(torch.exp(-d(i, j) / tau) / denominator)
+    return total
+
+
+MULTILABEL_ORACLES = {"mlcon": mlcon_oracle}
+MULTI_HOT = {  # rows of label sets over C = 4 classes
+    "overlapping": [[1, 1, 0, 0], [1, 0, 0, 0], [0, 1, 1, 0], [1, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 1]],
+    "one shares no label": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 1]],  # the last is alone
+    "an all-zero row": [[1, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [0, 0, 1, 0]],
+    "no pair shares a label": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 1]],
+}
+
+
+@pytest.mark.parametrize("batch", MULTI_HOT)
+def test_mlcon_matches_the_formula(batch):
+    loss = METRIC_LOSSES["mlcon"](C, D)
+    y = torch.tensor(MULTI_HOT[batch], dtype=torch.float64)
+    for seed in range(3):
+        h = 3 * torch.randn(len(y), D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(loss(h, y), mlcon_oracle(h, y, loss), rtol=1e-9, atol=1e-9,
+                                   msg=f"mlcon on the '{batch}' batch: differs from eqs. 2-3 transcribed")
+    if batch == "no pair shares a label":
+        assert loss(h, y).item() == 0  # every beta row is 0/0, taken as 0
+
+
+@pytest.mark.parametrize("batch", MULTI_HOT)
+def test_mlcon_gradcheck(batch):
+    y = torch.tensor(MULTI_HOT[batch], dtype=torch.float64)
+    h = torch.randn(len(y), D, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h: mlcon(h, y, tau=10.0), (h,))
+
+
+def test_mlcon_weighs_a_pair_by_its_shared_labels():
+    """beta: i = 0 shares 2 labels with j = 1 and 1 with j = 2, so its target is (2/3, 1/3) on them."""
+    y = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float64)
+    h = torch.zeros(4, 2, dtype=torch.float64)  # all distances 0: softmax uniform over the 3 others
+    # rows 0 and 1: targets (2/3, 1/3) and log(1/3) each: -log(1/3) per row; row 2: the same; row 3 shares nothing
+    assert mlcon(h, y).item() == pytest.approx(3 * math.log(3), abs=1e-6)
+    assert mlcon(h[:1], y[:1]).item() == 0  # one example: no pair
+
+
+def test_mlcon_falls_as_label_sharers_come_together():
+    y = torch.tensor([[1, 0, 0, 0]] * 3 + [[0, 1, 0, 0]] * 3 + [[0, 0, 1, 1]] * 3, dtype=torch.float64)
+    centres = torch.eye(3, D, dtype=torch.float64) * 30
+    g = torch.Generator().manual_seed(0)
+    h = lambda spread: centres.repeat_interleave(3, 0) + spread * torch.randn(9, D, dtype=torch.float64, generator=g)
+    values = [mlcon(h(s), y).item() for s in (30.0, 10.0, 3.0, 1.0)]
+    assert values == sorted(values, reverse=True), values
+
+
+def test_multilabel_objective_adds_gamma_mlcon_to_an_unweighted_bce():
+    """Su et al.: L = BCE + gamma L_con (not (1 - gamma) BCE + gamma L_con)."""
+    torch.manual_seed(0)
+    logits, h = torch.randn(4, C), torch.randn(4, D)
+    y = torch.tensor(MULTI_HOT["one shares no label"], dtype=torch.float)
+    out = Output(logits=logits, embeddings=h)
+    bce = F.binary_cross_entropy_with_logits(logits, y)
+    total, parts = Objective("mlcon", C, D)(out, y)
+    torch.testing.assert_close(total, bce + 0.1 * mlcon(h, y), msg="mlcon objective: BCE + 0.1 L_con")
+    assert set(parts) == {"bce", "metric"} and Objective("mlcon", C, D).lam == 0.1
+    torch.testing.assert_close(Objective("bce", C, D)(out, y)[0], bce, msg="--loss bce: BCE alone")
+
+
+# ---- each kind's loss, as train.py builds it per task (task_loss) ----
+
+def test_task_losses_follow_their_formulas():
+    torch.manual_seed(0)
+    score, gold = torch.rand(6) * 5, torch.rand(6) * 5
+    for sts_loss, reduce in (("mse", lambda d: d.pow(2).mean()), ("l1", lambda d: d.abs().mean())):
+        loss = task_loss(TASKS["sts"], D, {"sts_loss": sts_loss})
+        torch.testing.assert_close(loss(Output(logits=score, embeddings=None), gold)[0], reduce(score - gold),
+                                   msg=f"sts --sts_loss {sts_loss}")
+    # a paraphrase task is 2-class classification: cross-entropy over two logits
+    logits, labels = torch.randn(6, 2), torch.tensor([1, 0, 1, 1, 0, 1])
+    u, v = torch.randn(6, D), torch.randn(6, D)
+    out = Output(logits=logits, embeddings=torch.cat([u, v]))  # siamese: the 6 first texts, then the 6 second
+    ce = F.cross_entropy(logits, labels)
+    torch.testing.assert_close(task_loss(TASKS["mrpc"], D, {"loss": "supcon"}, siamese=True)(out, labels)[0], ce,
+                               msg="a siamese pair task gets CE: --loss needs one vector per example")
+    d = (F.normalize(u, dim=-1) - F.normalize(v, dim=-1)).norm(dim=-1)
+    with_contrastive = task_loss(TASKS["mrpc"], D, {"pair_loss": "contrastive"}, siamese=True)  # lam 0.1, margin 0.5
+    torch.testing.assert_close(with_contrastive(out, labels)[0], 0.9 * ce + 0.1 * contrastive(d, 1 - labels, 0.5).mean(),
+                               msg="--pair_loss contrastive: non-paraphrases (label 0) are the dissimilar pairs")
+    with_mnrl = task_loss(TASKS["mrpc"], D, {"pair_loss": "mnrl", "lam": 0.3}, siamese=True)
+    positive = labels == 1
+    torch.testing.assert_close(with_mnrl(out, labels)[0], 0.7 * ce + 0.3 * mnrl_pairs(u[positive], v[positive], 20.0),
+                               msg="--pair_loss mnrl: over the paraphrase pairs")
+    assert torch.isfinite(with_mnrl(out, torch.zeros_like(labels))[0])  # no paraphrase in the batch
+    # a loss of another kind leaves a task its kind's base loss
+    assert task_loss(TASKS["reuters"], D, {"loss": "supcon"}).metric is None
+    assert task_loss(TASKS["sst"], D, {"loss": "mlcon"}).metric is None
+    assert task_loss(TASKS["rte"], D, {"loss": "knnbert", "m_most": 3, "m_least": 2}).metric.m_most == 3

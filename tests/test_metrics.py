@@ -1,6 +1,7 @@
 import pytest
 
-from minknn.metrics import accuracy, macro_f1, pearson
+from minknn.metrics import (accuracy, binary_f1, hamming_loss, macro_f1, matthews, micro_f1, multilabel_macro_f1,
+                            pearson)
 
 
 def test_accuracy_and_macro_f1_by_hand():
@@ -23,3 +24,26 @@ def test_pearson_by_hand():
     assert pearson([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert pearson([2, 2, 2], [1, 2, 3]) == 0.0  # constant predictions: 0/0, reported as 0
+
+
+def test_binary_f1_and_matthews_by_hand():
+    gold = [1, 1, 1, 0, 0, 0, 0, 1]
+    pred = [1, 1, 0, 1, 0, 0, 0, 0]
+    # TP 2 (rows 0, 1), FN 2 (rows 2, 7), FP 1 (row 3), TN 3: F1 = 4 / (4 + 1 + 2)
+    assert binary_f1(pred, gold) == pytest.approx(4 / 7)
+    # MCC = (2 * 3 - 1 * 2) / sqrt((2 + 1)(2 + 2)(3 + 1)(3 + 2)) = 4 / sqrt(240)
+    assert matthews(pred, gold) == pytest.approx(4 / 240 ** 0.5)
+    assert matthews(gold, gold) == pytest.approx(1.0) and matthews([1 - g for g in gold], gold) == pytest.approx(-1.0)
+    assert matthews([1] * 8, gold) == 0.0  # one class predicted: a zero factor, reported as 0
+    assert binary_f1([0, 0], [0, 0]) == 0.0
+
+
+def test_multilabel_scores_by_hand():
+    gold = [[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]]
+    pred = [[1, 0, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0]]
+    # cells: TP 3 ((0,0), (1,1), (2,0)), FP 1 ((1,2)), FN 2 ((0,2), (2,1)); 12 cells, 3 wrong
+    assert micro_f1(pred, gold) == pytest.approx(6 / (6 + 1 + 2))
+    assert hamming_loss(pred, gold) == pytest.approx(3 / 12)
+    # per label: 0: tp 2 -> 1; 1: tp 1 fn 1 -> 2/3; 2: fp 1 fn 1 -> 0; 3: never gold nor predicted, left out
+    assert multilabel_macro_f1(pred, gold) == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert micro_f1(gold, gold) == 1.0 and hamming_loss(gold, gold) == 0.0

@@ -6,12 +6,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minknn.data import get_task, load_split
-from minknn.engine import encode, labels_tensor
+from minknn.data import load_split
+from minknn.engine import encode_batch
 from minknn.losses import Objective
-from minknn.model import Classifier
+from minknn.model import Model
 from minknn.moco import KeyEncoder, MemoryBank, MoCo, Queue
+from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
+
+SST = get_task("sst")
+
+
+def labels_of(examples):
+    return torch.tensor([e.label for e in examples])
 
 
 def test_queue_wraps_around_first_in_first_out():
@@ -53,7 +60,7 @@ def test_memory_bank_update_is_wu_et_al_momentum():
 @pytest.fixture
 def model(tiny_bert):
     torch.manual_seed(0)
-    return Classifier(copy.deepcopy(tiny_bert), 5, "mean")
+    return Model(copy.deepcopy(tiny_bert), [SST], "mean")
 
 
 def test_momentum_update_matches_the_formula(model):
@@ -70,15 +77,15 @@ def test_momentum_update_matches_the_formula(model):
 def test_key_encoder_gets_no_gradient_and_moves_only_by_momentum(model, tiny_bert_dir, data_dir):
     tokenizer = Tokenizer.from_folder(tiny_bert_dir, 32)
     train = load_split(get_task("sst"), "train", data_dir)
-    moco = MoCo(model, "queue", 16, momentum=0.5)
-    moco.fill(model, tokenizer, train, labels_tensor(train, "cpu"), 8, torch.device("cpu"))
+    moco = MoCo(model, SST, "queue", 16, momentum=0.5)
+    moco.fill(model, tokenizer, train, labels_of(train), 8, torch.device("cpu"))
     objective = Objective("knnbert", 5, 32, m_most=2, m_least=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = train[:8]
-    inputs, labels = encode(tokenizer, batch, "cpu"), labels_tensor(batch, "cpu")
+    inputs, labels = encode_batch(tokenizer, batch), labels_of(batch)
     keys = moco.batch_keys(model, inputs, None)
     before = [p.clone() for p in moco.key_encoder.encoder.parameters()]
-    loss, _ = objective(model(**inputs), labels, keys, moco.memory)
+    loss, _ = objective(model("sst", **inputs), labels, keys, moco.memory)
     loss.backward()
     optimizer.step()
     assert not keys.requires_grad
@@ -93,9 +100,9 @@ def test_key_encoder_gets_no_gradient_and_moves_only_by_momentum(model, tiny_ber
 def test_fill_stores_the_key_encoders_unit_keys_with_true_labels(model, tiny_bert_dir, data_dir):
     tokenizer = Tokenizer.from_folder(tiny_bert_dir, 32)
     train = load_split(get_task("sst"), "train", data_dir)
-    moco = MoCo(model, "queue", 10)
-    moco.fill(model, tokenizer, train, labels_tensor(train, "cpu"), 4, torch.device("cpu"))
-    expected = moco.key_encoder(encode(tokenizer, train[:10], "cpu"))  # the keys training makes
+    moco = MoCo(model, SST, "queue", 10)
+    moco.fill(model, tokenizer, train, labels_of(train), 4, torch.device("cpu"))
+    expected = moco.key_encoder("sst", encode_batch(tokenizer, train[:10]))  # the keys training makes
     assert torch.allclose(moco.memory.keys, expected, atol=1e-5)
     assert moco.memory.labels.tolist() == [e.label for e in train[:10]]
     assert torch.allclose(moco.memory.keys.norm(dim=1), torch.ones(10))
@@ -105,8 +112,8 @@ def test_fill_stores_the_key_encoders_unit_keys_with_true_labels(model, tiny_ber
 def test_bank_gives_each_example_its_own_entry(model, tiny_bert_dir, data_dir):
     tokenizer = Tokenizer.from_folder(tiny_bert_dir, 32)
     train = load_split(get_task("sst"), "train", data_dir)
-    moco = MoCo(model, "bank", len(train))
-    moco.fill(model, tokenizer, train, labels_tensor(train, "cpu"), 8, torch.device("cpu"))
+    moco = MoCo(model, SST, "bank", len(train))
+    moco.fill(model, tokenizer, train, labels_of(train), 8, torch.device("cpu"))
     rows = torch.tensor([3, 0, 7])
     assert moco.key_encoder is None
     assert torch.equal(moco.batch_keys(model, None, rows), moco.memory.keys[rows])

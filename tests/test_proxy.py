@@ -3,9 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minknn import MinknnError
-from minknn.losses import Objective
-from minknn.proxy import PROXY_LOSSES, check_has_proxies, proxy_logits
+from minknn.losses import METRIC_LOSSES, Objective
+from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 
 C, D = 5, 16
 
@@ -48,8 +47,8 @@ def test_softtriple_scores_a_class_by_its_centres():
     assert torch.all(S <= sim.max(-1).values + 1e-6)
 
 
-@pytest.mark.parametrize("name", ["ce", "supcon", "triplet"])
-def test_losses_without_proxies_are_refused(name):
-    objective, _, _ = setup(name)
-    with pytest.raises(MinknnError, match=f"--loss {name}, which has no proxies"):
-        check_has_proxies(objective, name)
+def test_the_proxy_losses_are_those_with_class_logits():
+    """PROXY_LOSSES is derived from the registry: a new proxy loss with class_logits joins it."""
+    assert PROXY_LOSSES == ("softtriple", "proxynca", "proxyanchor")
+    for name in ("ce", *METRIC_LOSSES):
+        assert has_proxies(Objective(name, C, D)) == (name in PROXY_LOSSES), name

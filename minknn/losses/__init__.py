@@ -2,21 +2,28 @@
 and one line in METRIC_LOSSES; train.py needs no change.
 
 Every metric-learning loss is an nn.Module built as Loss(num_classes, dim) and called as
-loss(h, labels), with h the pooled representation (B, dim) and labels (B,) class indices. Each
-file normalises h itself where its formula says so. A loss may own parameters (the proxies of
-the proxy losses); they are trained with their own learning rate (--proxy_lr) and saved in the
-checkpoint.
+loss(h, labels), with h the pooled representation (B, dim) and labels the batch's targets: class
+indices (B,), or multi-hot rows (B, C) for a multi-label loss. Each file normalises h itself where
+its formula says so. A loss may own parameters (the proxies of the proxy losses); they are
+trained with their own learning rate (--proxy_lr) and saved in the checkpoint. A loss's `kind`
+says which tasks it trains: classify (the default) or multilabel (mlcon).
 
-train.py trains the combined objective of the DML paper (eq. 8) and KNN-BERT (eq. 6):
+Each task of a run gets its kind's loss (task_loss below): for a classification task the
+combined objective of the DML paper (eq. 8) and KNN-BERT (eq. 6),
 
     L = (1 - lam) CE(F(h), y) + lam L_metric(h, y)
 
-F the linear head. --lam sets lam; by default each loss's own `lam` class attribute: 0.1 for the
-in-batch and memory losses (KNN-BERT's weight for its contrastive term, eq. 6) and 0.5 for the proxy
-losses, whose proxies only learn through their term. --lam 0 is plain CE; --lam 1 trains the metric
-loss alone, and the untrained linear head's predictions are then meaningless (use proxy inference,
-evaluate.py --proxy, for the proxy losses). With --decoupled the metric term is Liang et al.'s
-triplet loss on the retrieval head's output r instead of h (minknn/decoupled.py; lam is their beta, 0.5).
+and for a multi-label task Su et al.'s L = BCE + lam L_con (the BCE keeps weight 1, as in their
+paper); --loss ce (classify) and --loss bce (multilabel) are the base losses alone. A similarity
+task is trained by MSE or L1 (--sts_loss, regression.py). F is the linear head.
+--lam sets lam; by default each loss's own `lam` class attribute: 0.1 for the in-batch and memory
+losses (KNN-BERT's weight for its contrastive term, eq. 6) and mlcon (Su et al.'s gamma on AAPD),
+0.5 for the proxy losses, whose proxies only learn through their term. --lam 0 is the base loss
+alone; --lam 1 trains a classification metric loss alone, and the untrained linear head's
+predictions are then meaningless (use proxy inference, evaluate.py --proxy, for the proxy losses).
+With --decoupled the metric term is Liang et al.'s triplet loss on the retrieval head's output r
+instead of h (minknn/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
+task, it is a pair loss on the two texts' vectors (pairs.py).
 
 The memory losses (knnbert, moco) also see the MoCo memory (minknn/moco.py): they are called as
 loss(h, labels, batch_keys, memory_keys, memory_labels), batch_keys being the key encoder's
@@ -28,18 +35,23 @@ import torch.nn as nn
 
 from minknn import MinknnError
 from minknn.decoupled import DecoupledTripletLoss
+from minknn.losses.bce import BinaryCrossEntropy
 from minknn.losses.ce import CrossEntropy
 from minknn.losses.contrastive import ContrastiveLoss
 from minknn.losses.knnbert import KNNBertLoss
+from minknn.losses.mlcon import MultiLabelContrastiveLoss
 from minknn.losses.mnrl import MNRLoss
 from minknn.losses.moco import MoCoLoss
 from minknn.losses.npairs import NPairsLoss
+from minknn.losses.pairs import PAIR_LOSSES, PairLoss
 from minknn.losses.proxyanchor import ProxyAnchorLoss
 from minknn.losses.proxynca import ProxyNCALoss
+from minknn.losses.regression import STS_LOSSES, Regression
 from minknn.losses.softtriple import SoftTripleLoss
 from minknn.losses.supcon import SupConLoss
 from minknn.losses.triplet import TripletLoss
 
+BASE_LOSSES = {"ce": CrossEntropy, "bce": BinaryCrossEntropy}  # classify, multilabel
 METRIC_LOSSES = {
     "triplet": TripletLoss,
     "npairs": NPairsLoss,
@@ -51,8 +63,9 @@ METRIC_LOSSES = {
     "mnrl": MNRLoss,
     "knnbert": KNNBertLoss,
     "moco": MoCoLoss,
+    "mlcon": MultiLabelContrastiveLoss,
 }
-LOSSES = ("ce", *METRIC_LOSSES)
+LOSSES = (*BASE_LOSSES, *METRIC_LOSSES)
 MEMORY_LOSSES = tuple(name for name, loss in METRIC_LOSSES.items() if getattr(loss, "uses_memory", False))
 
 
@@ -61,36 +74,76 @@ def check_loss_name(name):
         raise MinknnError(f"unknown --loss '{name}'; choose one of: {', '.join(LOSSES)}")
 
 
+def loss_kind(name):
+    """The kind of task a loss trains: 'classify' or 'multilabel'."""
+    return "multilabel" if name == "bce" else getattr(METRIC_LOSSES.get(name), "kind", "classify")
+
+
 def loss_flags(name, args):
     """The train.py flags (a dict of them) that loss `name` is built with, e.g. knnbert's --m_most."""
     return {flag: args[flag] for flag in getattr(METRIC_LOSSES.get(name), "flags", ())}
 
 
 class Objective(nn.Module):
-    """L = (1 - lam) CE + lam L_metric; just CE for --loss ce (without --decoupled). Called as
-    objective(output, labels) with the model's Output, plus the batch's keys and the memory for a
-    memory loss; returns the total and, for the progress bar, its parts."""
+    """One classification or multi-label task's loss: the base loss (CE or BCE) and, with a
+    metric loss, (1 - lam) base + lam metric (classify) or base + lam metric (multilabel).
+    Called as objective(output, targets) with the model's Output, plus the batch's keys and the
+    memory for a memory loss; returns the total and, for the progress bar, its parts."""
 
-    def __init__(self, name, num_classes, dim, lam=None, decoupled=False, **flags):
+    def __init__(self, name, num_classes, dim, lam=None, decoupled=False, pair_loss=None, positive=None, **flags):
         super().__init__()
         check_loss_name(name)
-        self.ce = CrossEntropy(num_classes, dim)
+        self.kind = loss_kind(name)
+        self.base_name = "bce" if self.kind == "multilabel" else "ce"
+        self.base = BASE_LOSSES[self.base_name](num_classes, dim)
         self.decoupled = decoupled  # train.py allows it with --loss ce only
         if decoupled:
             self.metric = DecoupledTripletLoss()
+        elif pair_loss:
+            self.metric = PairLoss(pair_loss, positive)
         else:
-            self.metric = METRIC_LOSSES[name](num_classes, dim, **flags) if name != "ce" else None
-        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)  # train.py checks 0 <= lam <= 1
+            self.metric = METRIC_LOSSES[name](num_classes, dim, **flags) if name in METRIC_LOSSES else None
+        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)  # 0 <= lam <= 1
+
+    @property
+    def uses_memory(self):
+        return getattr(self.metric, "uses_memory", False)
 
     def forward(self, output, labels, batch_keys=None, memory=None):
-        ce = self.ce(output, labels)
+        base = self.base(output, labels)
         if self.metric is None:
-            return ce, {}
+            return base, {}
         h = (output.retrieval if self.decoupled else output.embeddings).float()
         with torch.autocast(h.device.type, enabled=False):
-            if getattr(self.metric, "uses_memory", False):
+            if self.uses_memory:
                 metric = self.metric(h, labels, batch_keys, memory.keys, memory.labels)
             else:
                 metric = self.metric(h, labels)
-        total = (1 - self.lam) * ce + self.lam * metric
-        return total, {"ce": ce.detach(), "metric": metric.detach()}
+        base_weight = 1.0 if self.kind == "multilabel" else 1 - self.lam  # Su et al.: BCE + gamma L_con
+        total = base_weight * base + self.lam * metric
+        return total, {self.base_name: base.detach(), "metric": metric.detach()}
+
+
+def metric_loss_for(task, args, siamese):
+    """The name of the loss --loss gives this task: the named loss where it is of the task's
+    kind and the task has one vector per example (not a siamese pair), else the kind's base loss."""
+    name = args.get("loss") or ("bce" if task.kind == "multilabel" else "ce")
+    if loss_kind(name) != task.kind or siamese:
+        return "bce" if task.kind == "multilabel" else "ce"
+    return name
+
+
+def task_loss(task, dim, args, siamese=False):
+    """The loss of one task of a run, built from train.py's arguments (a dict)."""
+    if task.kind == "similarity":
+        return Regression(args.get("sts_loss") or "mse")
+    name = metric_loss_for(task, args, siamese)
+    pair_loss = args.get("pair_loss") if siamese and task.positive is not None else None
+    return Objective(name, len(task.labels), dim, args.get("lam"), args.get("decoupled", False), pair_loss,
+                     task.positive, **loss_flags(name, args))
+
+
+def build_losses(model, args):
+    """Every task's loss (task name -> module), built from train.py's arguments (a dict)."""
+    H = model.bert.config.hidden_size
+    return nn.ModuleDict({name: task_loss(t, H, args, model.siamese(t)) for name, t in model.tasks.items()})

@@ -1,0 +1,117 @@
+"""train.py's flags that depend on each other: defaults filled in from the run's tasks and loss,
+and the combinations that cannot work refused with one line, before any data is read.
+"""
+import argparse
+import sys
+
+from minknn.losses import BASE_LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
+from minknn.losses.knnbert import M_LEAST, M_MOST
+from minknn.moco import MOMENTUM
+from minknn.tasks import get_task
+
+DEFAULT_TASKS = "sst,quora,sts"  # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
+KIND_NAMES = {"classify": "classification", "similarity": "similarity", "multilabel": "multi-label"}
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, `error: <message>`, as every other minknn
+    error is (argparse's own print the whole usage first)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=HelpFormatter, **kwargs)
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """--help shows each flag's default once: appended where the help text does not state it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not unset and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def check_args(p, args):
+    """Fills in the defaults that depend on other flags and refuses what cannot work (p.error:
+    one line, exit status 2). Sets args.tasks to the run's task names."""
+    if args.lr is None:
+        args.lr = 5e-5 if args.option == "finetune" else 1e-3
+    if args.proxy_lr is None:
+        args.proxy_lr = 100 * args.lr
+    for name in ("epochs", "batch_size", "max_len", "max_train", "max_eval", "steps_per_epoch"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.loss is not None:
+        check_loss_name(args.loss)  # a wrong name fails before any slow work
+    tasks = check_tasks(p, args)
+    if args.loss is None:  # each task gets its kind's base loss; the run is named after the first's
+        args.loss = "bce" if tasks[0].kind == "multilabel" else "ce"
+    elif not any(t.kind == loss_kind(args.loss) for t in tasks):
+        p.error(f"--loss {args.loss} trains {KIND_NAMES[loss_kind(args.loss)]} tasks, and {','.join(args.tasks)} has none")
+    if args.lam is not None:
+        if not 0 <= args.lam <= 1:
+            p.error(f"--lam must be in [0, 1], got {args.lam}")
+        if args.loss in BASE_LOSSES and not args.decoupled and not args.pair_loss:
+            p.error(f"--lam weighs a metric-learning loss against {args.loss.upper()}; --loss {args.loss} "
+                    f"is {args.loss.upper()} alone")
+    one_vector = [t for t in tasks if t.kind == loss_kind(args.loss) and not (t.pair and args.pair_mode == "siamese")]
+    if args.loss not in BASE_LOSSES and not one_vector:
+        p.error(f"--loss {args.loss} compares one vector per example; with --pair_mode siamese a pair has two "
+                f"(use --pair_loss, or --pair_mode cross)")
+    if args.decoupled and args.loss != "ce":
+        p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with --loss ce, not {args.loss}")
+    if (args.loss in MEMORY_LOSSES or args.decoupled) and (len(tasks) > 1 or not one_vector):
+        what = "--decoupled" if args.decoupled else f"--loss {args.loss}"
+        p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair task), "
+                f"not multi-task ones")
+    check_memory_flags(p, args)
+    if args.pcgrad and len(tasks) < 2:
+        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask with two tasks or more")
+    if args.pair_loss and (args.pair_mode != "siamese" or not any(t.positive is not None for t in tasks)):
+        p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a paraphrase task "
+                "(one whose Task.positive names the class of matching pairs)")
+    return tasks
+
+
+def check_tasks(p, args):
+    """args.tasks: the run's task names, from --task T or --task multitask --tasks a,b,c."""
+    if args.task == "multitask":
+        args.tasks = (args.tasks or DEFAULT_TASKS).split(",")
+        if "multitask" in args.tasks:
+            p.error("--tasks lists registered tasks; 'multitask' is not one")
+        if len(set(args.tasks)) != len(args.tasks):
+            p.error(f"--tasks {','.join(args.tasks)} names a task twice")
+    elif args.tasks is not None:
+        p.error("--tasks is for --task multitask")
+    else:
+        args.tasks = [args.task]
+    return [get_task(name, args.data_dir) for name in args.tasks]
+
+
+def check_memory_flags(p, args):
+    """The memory losses' flags: refused with other losses, else filled with their defaults."""
+    knnbert_flags, memory_flags = ("m_most", "m_least"), ("memory", "queue_size", "momentum")
+    for name in knnbert_flags + memory_flags:
+        allowed = ("knnbert",) if name in knnbert_flags else MEMORY_LOSSES
+        if getattr(args, name) is not None and args.loss not in allowed:
+            p.error(f"--{name} is a flag of --loss {' and '.join(allowed)}, not of --loss {args.loss}")
+    if args.loss in MEMORY_LOSSES:
+        args.memory = args.memory or "queue"
+        if args.memory == "bank" and (args.queue_size is not None or args.momentum is not None):
+            p.error("--memory bank keeps one entry per training example and no key encoder: "
+                    "--queue_size and --momentum are for --memory queue")
+        if args.memory == "queue" and args.momentum is None:
+            args.momentum = MOMENTUM
+        if args.memory == "queue" and not 0 <= args.momentum <= 1:
+            p.error(f"--momentum must be in [0, 1], got {args.momentum}")
+    if args.loss == "knnbert":
+        args.m_most = M_MOST if args.m_most is None else args.m_most
+        args.m_least = M_LEAST if args.m_least is None else args.m_least
+        if args.m_most < 0 or args.m_least < 0 or args.m_most + args.m_least < 1:
+            p.error(f"--m_most and --m_least must be >= 0 and select at least one positive, "
+                    f"got {args.m_most} and {args.m_least}")

@@ -1,0 +1,59 @@
+"""minknn/engine.py: pair encodings, the endless shuffled batches, and prediction in length order."""
+import random
+
+import pytest
+import torch
+
+from minknn.bert import BertModel
+from minknn.data import Example, load_split
+from minknn.engine import encode_batch, predict, train_batches
+from minknn.model import Model
+from minknn.tasks import TASKS
+from minknn.tokenizer import Tokenizer
+
+PAIR = [Example("the cat eats an apple.", "a dog likes the house.", 1, "p0")]
+
+
+@pytest.fixture
+def tokenizer(tiny_bert_dir):
+    return Tokenizer.from_folder(tiny_bert_dir, 32)
+
+
+def test_cross_and_siamese_encode_a_pair_differently(tokenizer):
+    cross, siamese = encode_batch(tokenizer, PAIR), encode_batch(tokenizer, PAIR, siamese=True)
+    # cross: one sequence [CLS] a [SEP] b [SEP], token types 0 then 1; siamese: two sequences, types all 0
+    assert cross["input_ids"].shape[0] == 1 and siamese["input_ids"].shape[0] == 2
+    types = cross["token_type_ids"][0].tolist()
+    assert types[0] == 0 and types[-1] == 1 and sorted(types) == types
+    assert siamese["token_type_ids"].sum() == 0
+    a, b = (tokenizer([PAIR[0].text])["input_ids"][0].tolist(), tokenizer([PAIR[0].text_b])["input_ids"][0].tolist())
+    assert siamese["input_ids"][0, :len(a)].tolist() == a and siamese["input_ids"][1, :len(b)].tolist() == b
+    assert cross["input_ids"][0].tolist() == a + b[1:]  # [CLS] a [SEP] + b [SEP]
+
+
+def test_train_batches_redraw_a_small_task():
+    stream = train_batches(5, 2, random.Random(0))
+    batches = [next(stream) for _ in range(6)]  # two passes of 5 rows: 2 + 2 + 1, twice
+    assert [len(b) for b in batches] == [2, 2, 1, 2, 2, 1]
+    assert sorted(sum(batches[:3], [])) == list(range(5)) and sorted(sum(batches[3:], [])) == list(range(5))
+    assert sum(batches[:3], []) != sum(batches[3:], [])  # each pass is shuffled anew
+
+
+@pytest.mark.parametrize("pair_mode", ["cross", "siamese"])
+def test_predict_returns_each_example_in_order(tiny_bert_dir, tokenizer, data_dir, pair_mode):
+    """Batched in length order, then put back: equal to one example at a time, for every kind."""
+    tasks = [TASKS["sst"], TASKS["quora"], TASKS["sts"]]
+    torch.manual_seed(0)
+    model = Model(BertModel.from_pretrained(tiny_bert_dir), tasks, "mean", pair_mode).eval()
+    for task in tasks:
+        examples = load_split(task, "dev", data_dir)
+        got, z = predict(model, tokenizer, task, examples, 5, torch.device("cpu"))
+        with torch.no_grad():
+            one_by_one = [model(task.name, **encode_batch(tokenizer, [e], model.siamese(task))) for e in examples]
+        torch.testing.assert_close(got, torch.cat([o.logits for o in one_by_one]), atol=1e-5, rtol=1e-4,
+                                   msg=f"{task.name} ({pair_mode}): outputs out of order or padded differently")
+        if model.siamese(task):
+            assert z is None  # a siamese pair has two vectors: no representation to store
+        else:
+            torch.testing.assert_close(z, torch.cat([o.embeddings for o in one_by_one]), atol=1e-5, rtol=1e-4,
+                                       msg=f"{task.name}: representations out of order")

@@ -1,0 +1,50 @@
+"""minknn/kinds.py: each kind's targets, predictions, scores and files, and the overall score."""
+import numpy as np
+import pytest
+import torch
+
+from minknn.data import Example
+from minknn.kinds import kind_of, overall, score, selection_score
+from minknn.tasks import TASKS
+
+
+def test_targets_by_kind():
+    examples = [Example("a", label=(0, 2)), Example("b", label=(1,))]
+    y = kind_of(TASKS["reuters"]).targets(TASKS["reuters"], examples, "cpu")
+    assert y.shape == (2, 90) and y.dtype == torch.float
+    assert y[0].nonzero().flatten().tolist() == [0, 2] and y[1].nonzero().flatten().tolist() == [1]
+    sts = kind_of(TASKS["sts"]).targets(TASKS["sts"], [Example("a", "b", 3.5)], "cpu")
+    assert sts.dtype == torch.float and sts.tolist() == [3.5]
+    assert kind_of(TASKS["sst"]).targets(TASKS["sst"], [Example("a", label=4)], "cpu").tolist() == [4]
+
+
+def test_predictions_by_kind():
+    classify, multilabel, similarity = kind_of(TASKS["sst"]), kind_of(TASKS["reuters"]), kind_of(TASKS["sts"])
+    assert classify.decide(classify.probabilities(torch.tensor([[0.1, 0.9], [2.0, 1.0]]))).tolist() == [1, 0]
+    # sigmoid > 0.5 is logit > 0, per class
+    assert multilabel.decide(multilabel.probabilities(torch.tensor([[0.3, -0.1, 0.0]]))).tolist() == [[True, False, False]]
+    assert similarity.decide(similarity.probabilities(torch.tensor([1.5, 4.0]))).tolist() == [1.5, 4.0]
+
+
+def test_scores_and_the_overall_score():
+    sst = score(TASKS["sst"], [0, 1, 2, 2], [0, 1, 2, 3])
+    mrpc = score(TASKS["mrpc"], [1, 0], [1, 1])
+    sts = score(TASKS["sts"], [1, 2, 3, 4], [2, 1, 4, 3])  # Pearson 0.6 (see test_metrics)
+    assert list(sst) == ["acc", "macro_f1"] and list(mrpc) == ["acc", "f1", "macro_f1"] and list(sts) == ["pearson"]
+    assert sst["acc"] == 0.75 and mrpc["acc"] == 0.5 and mrpc["f1"] == pytest.approx(2 / 3)
+    assert sts["pearson"] == pytest.approx(0.6)
+    tasks = [TASKS["sst"], TASKS["mrpc"], TASKS["sts"]]
+    # minBERT's overall score: (sst_acc + para_acc + (pearson + 1) / 2) / 3
+    assert overall(tasks, {"sst": sst, "mrpc": mrpc, "sts": sts}) == pytest.approx((0.75 + 0.5 + 1.6 / 2) / 3)
+    cola = score(TASKS["cola"], [1, 1, 0, 0], [1, 0, 0, 0])
+    assert list(cola)[0] == "mcc" and selection_score(TASKS["cola"], cola) == pytest.approx((cola["mcc"] + 1) / 2)
+    reuters = score(TASKS["reuters"], np.eye(2, 90, dtype=bool), np.eye(2, 90, dtype=bool))
+    assert list(reuters) == ["micro_f1", "macro_f1", "hamming"] and reuters["hamming"] == 0 and reuters["micro_f1"] == 1
+
+
+def test_prediction_files_by_kind():
+    examples = [Example("a", label=(0,), id="x"), Example("b", label=(1,), id="y")]
+    header, rows = kind_of(TASKS["reuters"]).rows(TASKS["reuters"], examples, np.array([[1, 0, 1] + [0] * 87, [0] * 90]))
+    assert header == ["id", "prediction", "label"] and rows == [("x", "0 2", "acq barley"), ("y", "", "")]
+    header, rows = kind_of(TASKS["sts"]).rows(TASKS["sts"], examples, np.array([1.23456, 4.0]))
+    assert header == ["id", "similarity"] and rows == [("x", "1.2346"), ("y", "4.0000")]
