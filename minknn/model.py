@@ -75,6 +75,12 @@ class Model(nn.Module):
         for p in self.bert.parameters():
             p.requires_grad = option == "finetune"
 
+    def start_heads(self, train):
+        """Each head's starting point from its task's training examples (train: task name ->
+        examples): a multi-label head's biases at its classes' priors (minknn/kinds.py)."""
+        for name, head in self.heads.items():
+            kind_of(self.tasks[name]).start_head(head, self.tasks[name], train[name])
+
     def siamese(self, task):
         """Whether the task's two texts are encoded alone (--pair_mode siamese) or as one sequence."""
         return task.pair and self.pair_mode == "siamese"

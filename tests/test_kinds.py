@@ -48,3 +48,19 @@ def test_prediction_files_by_kind():
     assert header == ["id", "prediction", "label"] and rows == [("x", "0 2", "acq barley"), ("y", "", "")]
     header, rows = kind_of(TASKS["sts"]).rows(TASKS["sts"], examples, np.array([1.23456, 4.0]))
     assert header == ["id", "similarity"] and rows == [("x", "1.2346"), ("y", "4.0000")]
+
+
+def test_a_multilabel_head_starts_at_its_classes_priors():
+    task = TASKS["goemotions"]
+    examples = [Example("a", label=(0,)), Example("b", label=(0, 2)), Example("c", label=(27,)),
+                Example("d", label=(0,))]
+    head = kind_of(task).head(task, 8, siamese=False)
+    kind_of(task).start_head(head, task, examples)
+    p = torch.sigmoid(head.bias)
+    torch.testing.assert_close(p[[0, 2, 27]], torch.tensor([0.75, 0.25, 0.25]),
+                               msg="a class's starting probability is its share of the examples")
+    torch.testing.assert_close(p[1], torch.tensor(0.125), msg="an absent class counts as half an example")
+    sst = kind_of(TASKS["sst"]).head(TASKS["sst"], 8, siamese=False)
+    before = sst.bias.clone()
+    kind_of(TASKS["sst"]).start_head(sst, TASKS["sst"], [Example("a", label=1)])
+    assert torch.equal(sst.bias, before)  # a classification head keeps its random start

@@ -386,5 +386,5 @@ def test_run_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     train.main(["--task", "sts", "--epochs", "1", "--steps_per_epoch", "1", "--out", str(tmp_path / "run"), "--max_len", "32",
                 *model])
     assert cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn") == (
-        2, "error: --knn votes with the training set's labels: it needs a classification or multi-label task with one "
-           "vector per example (not a similarity task, not --pair_mode siamese)")
+        2, "error: --knn votes with the training set's labels: it needs a classification or multi-label task with "
+           "one vector per example (not a similarity task, not --pair_mode siamese)")
