@@ -1,12 +1,12 @@
 """Evaluate a trained run: rebuild the model from its checkpoint alone and score a split.
 
-    python evaluate.py --checkpoint runs/sst-ce-seed0                # dev accuracy and macro-F1
-    python evaluate.py --checkpoint runs/sst5-ce-seed0 --split test  # a labelled test split
-    python evaluate.py --checkpoint runs/sst-proxyanchor-seed0 --proxy   # and proxy inference
-    python evaluate.py --checkpoint runs/rte-knnbert-seed0 --knn     # and kNN over the train set
-    python evaluate.py --checkpoint runs/sst-knnbert-seed0 --knn --sweep  # KNN-BERT's Fig. 2
-    python evaluate.py --checkpoint runs/reuters-mlcon-seed0 --knn   # Su et al.'s multi-label vote
-    python evaluate.py --checkpoint runs/multitask-ce-seed0          # every task, overall score
+    python evaluate.py --checkpoint RUN                # RUN: a folder train.py wrote; dev scores
+    python evaluate.py --checkpoint RUN --split test   # a labelled test split (sst5, rte, ...)
+    python evaluate.py --checkpoint RUN --proxy        # and proxy inference (a proxy loss's run)
+    python evaluate.py --checkpoint RUN --knn          # and kNN over the training set
+    python evaluate.py --checkpoint RUN --knn --sweep  # the phi and K tables (KNN-BERT's Fig. 2)
+A multi-label run's --knn is Su et al.'s vote; a multi-task run's scores are every task's and
+the overall score.
 
 Every checkpoint takes one path: each task of the run is predicted by the model and, with
 --proxy (tasks trained with a proxy loss) and --knn (classification and multi-label tasks), by
@@ -27,8 +27,7 @@ from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import eval_subset, load_split, training_examples
 from minknn.engine import pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
-from minknn.knn import (KNN_DEFAULTS, TEMPERATURES, VOTES, Datastore, check_k, fingerprint,
-                        interpolate)
+from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
@@ -89,11 +88,7 @@ def write_csv(path, header, rows):
 
 def knn_settings(args, task):
     """K, phi, the vote and its temperature for this task: the flags, else its kind's defaults."""
-    defaults = KNN_DEFAULTS[task.kind]
-    vote = args.vote or defaults["vote"]
-    temperature = TEMPERATURES[vote] if args.temperature is None else args.temperature
-    phi = defaults["phi"] if args.phi is None else args.phi
-    return args.k or defaults["k"], phi, vote, temperature
+    return settings(task.kind, args.k, args.phi, args.vote, args.temperature)
 
 
 def knn_datastore(args, ckpt, path, model, tokenizer, task, key, device):
@@ -191,7 +186,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
         scores, rows = datastore.search(reps, k, vote, exclude)
         knn_probs = datastore.vote(scores, rows, vote, temperature)
         knn_seconds = time.time() - start
-        how = f"K {k}, --vote {vote}{f', T {temperature}' if temperature else ''}, key {key}"
+        how = f"K {k}, --vote {vote}{f', T {temperature}' if vote != 'cosine' else ''}, key {key}"
         rules += [(f"kNN alone ({how})", "knn_", knn_probs, f"{base}-knn-only.csv"),
                   (f"model + kNN (phi {phi})", "mix_", interpolate(probabilities, knn_probs, phi),
                    f"{base}-knn.csv")]
@@ -213,7 +208,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
             continue
         scores = score(task, pred, gold)
         result.update({prefix + metric: value for metric, value in scores.items()})
-        print(f"{task.name} {args.split}, {name}: {describe(task, scores)} on {len(examples)} "
+        print(f"{task.name} {args.split}, {name}: {describe(scores)} on {len(examples)} "
               f"examples{subset}; predictions in {path}")
     if knn:
         t = result["timing"]

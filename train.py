@@ -56,7 +56,7 @@ def get_args(argv=None):
     g = p.add_argument_group("data")
     g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
     g.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
-    g.add_argument("--max_train", type=int, help="train on N examples per task, by class")
+    g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept)")
     g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per task")
     g = p.add_argument_group("model")
     g.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
@@ -97,7 +97,7 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     check_args(p, args)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    args.out = args.out or os.path.join("runs", f"{args.task}-{args.loss}-{stamp}")
+    args.out = args.out or os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-{stamp}")
     return args
 
 
@@ -202,7 +202,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
-          f"{sum(p.numel() for p in params):,} trainable parameters; loss {args.loss}"
+          f"{sum(p.numel() for p in params):,} trainable parameters; loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
           f"{steps} steps/epoch; {device}; run folder {args.out}")
     if moco:
@@ -252,7 +252,7 @@ def main(argv=None):
         print(f"epoch {epoch}: train loss {train_loss}; dev {describe_run(tasks, dev_scores)}"
               f"{' (best, saved)' if is_best else ''}; {epoch_times[-1]:.0f} s")
 
-    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss,
+    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss or args.sts_loss,
                "decoupled": args.decoupled,
                "lam": {n: loss.lam for n, loss in losses.items() if hasattr(loss, "lam")},
                "pair_mode": args.pair_mode, "pcgrad": args.pcgrad, "seed": args.seed,
@@ -264,7 +264,7 @@ def main(argv=None):
                **({"memory_fill_seconds": round(fill_seconds, 1)} if moco else {})}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(f"done: {','.join(args.tasks)} {args.loss}{' + decoupled' if args.decoupled else ''}"
+    print(f"done: {','.join(args.tasks)} {summary['loss']}{' + decoupled' if args.decoupled else ''}"
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
           f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}); "
           f"{summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")

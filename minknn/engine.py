@@ -84,8 +84,8 @@ def predict(model, tokenizer, task, examples, batch_size, device, progress=None,
         encodings = list(zip(tokenizer.encode(texts), tokenizer.encode(texts_b)))
         lengths = [max(len(a[0]), len(b[0])) for a, b in encodings]
     else:  # tokenised once, then sorted by length
-        encodings = [(e,) for e in tokenizer.encode(texts, texts_b)]
-        lengths = [len(e[0][0]) for e in encodings]
+        encodings = [(e,) for e in tokenizer.encode(texts, texts_b)]  # one side, (ids, type_ids)
+        lengths = [len(ids) for ((ids, _),) in encodings]
     chunks, inverse = batches_by_length(lengths, batch_size, progress)
     outputs, representations = [], []
     for chunk in chunks:

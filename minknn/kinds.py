@@ -51,8 +51,10 @@ class Classify:
         return np.array([e.label for e in examples])
 
     def rows(self, task, examples, pred):
-        """The predictions file: its header and one row per example."""
-        return ["id", "prediction", "label"], [(e.id, int(p), task.labels[p]) for e, p in zip(examples, pred)]
+        """The predictions file: its header and one row per example (the predicted class by index
+        and by name)."""
+        return (["id", "prediction", "prediction_name"],
+                [(e.id, int(p), task.labels[p]) for e, p in zip(examples, pred)])
 
 
 class Similarity:
@@ -63,7 +65,7 @@ class Similarity:
         return None if siamese else nn.Linear(hidden, 1)  # siamese: the scaled cosine, no parameters
 
     def start_head(self, head, task, examples):
-        pass
+        """A similarity head keeps its random start."""
 
     def targets(self, task, examples, device):
         return torch.tensor([e.label for e in examples], dtype=torch.float, device=device)
@@ -92,7 +94,8 @@ class MultiLabel:
     def start_head(self, head, task, examples):
         """Each class's bias starts at the log odds of its share p_c of the training examples,
         b_c = log(p_c / (1 - p_c)), so the untrained head predicts the prior instead of 0.5 for
-        every class (the prior initialisation of Lin et al. 2017, "Focal Loss", sec. 4.1). With
+        every class (a per-class version of the prior initialisation of Lin et al. 2017, "Focal
+        Loss", sec. 4.1, which starts every class at one prior pi = 0.01). With
         90 mostly rare classes, AdamW at lr 5e-5 would otherwise need thousands of steps to move
         the biases from 0 to their priors, and the head would predict nearly nothing meanwhile.
         A class absent from the examples counts as half an example."""
@@ -118,9 +121,9 @@ class MultiLabel:
 
     def rows(self, task, examples, pred):
         """Each example's predicted classes, by index and by name, separated by spaces."""
-        return ["id", "prediction", "label"], [
-            (e.id, " ".join(str(c) for c in np.flatnonzero(p)), " ".join(task.labels[c] for c in np.flatnonzero(p)))
-            for e, p in zip(examples, pred)]
+        return ["id", "prediction", "prediction_name"], [
+            (e.id, " ".join(str(c) for c in np.flatnonzero(p)),
+             " ".join(task.labels[c] for c in np.flatnonzero(p))) for e, p in zip(examples, pred)]
 
 
 KINDS = {"classify": Classify(), "similarity": Similarity(), "multilabel": MultiLabel()}
@@ -141,7 +144,8 @@ def score(task, pred, gold):
 
 
 def selection_score(task, scores):
-    """The task's first score, put in [0, 1] for the overall score: a correlation r as (r + 1) / 2."""
+    """The task's first score, put in [0, 1] for the overall score: a correlation r as (r + 1) / 2.
+    Every first score is higher-is-better (tests/test_data.py checks the registry: no Hamming loss)."""
     name = task_metrics(task)[0]
     return (scores[name] + 1) / 2 if name in ("pearson", "mcc") else scores[name]
 
@@ -151,12 +155,12 @@ def overall(tasks, scores):
     return sum(selection_score(t, scores[t.name]) for t in tasks) / len(tasks)
 
 
-def describe(task, scores):
+def describe(scores):
     """'accuracy 0.4600, macro-F1 0.4040'."""
     return ", ".join(f"{METRICS[name][1]} {value:.4f}" for name, value in scores.items())
 
 
 def describe_run(tasks, scores):
     """'sst accuracy 0.4600, macro-F1 0.4040', and '; overall 0.6400' for several tasks."""
-    text = "; ".join(f"{t.name} {describe(t, scores[t.name])}" for t in tasks)
+    text = "; ".join(f"{t.name} {describe(scores[t.name])}" for t in tasks)
     return text + (f"; overall {scores['overall']:.4f}" if len(tasks) > 1 else "")

@@ -62,6 +62,14 @@ KNN_DEFAULTS = {  # the task's kind -> its default K, phi and vote
 TEMPERATURES = {"cosine": None, "distance": 10.0, "euclidean": 1.0}  # each vote's default T (tau)
 
 
+def settings(kind, k=None, phi=None, vote=None, temperature=None):
+    """(K, phi, vote, temperature) for a task of this kind: the values given, else its defaults."""
+    defaults = KNN_DEFAULTS[kind]
+    vote = vote or defaults["vote"]
+    return (k or defaults["k"], defaults["phi"] if phi is None else phi, vote,
+            TEMPERATURES[vote] if temperature is None else temperature)
+
+
 def check_k(k, n, excluding_self=False):
     """K must fit in a datastore of n keys (one fewer when each query's own entry is left out)."""
     if not 1 <= k <= n - excluding_self:

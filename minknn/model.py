@@ -34,7 +34,7 @@ KNN_KEYS = (*POOLINGS, "decoupled")  # what a kNN datastore can store (--knn_key
 
 @dataclass
 class Output:
-    logits: torch.Tensor      # (B, C)
+    logits: torch.Tensor      # (B, C), or (B,) for a similarity score
     embeddings: torch.Tensor  # (B, H), the pooled representation z
     hidden: torch.Tensor | None = None     # (B, T, H), the last hidden states, for pooling another way (--knn_key)
     retrieval: torch.Tensor | None = None  # (B, H), r = MLP(z) with --decoupled, else None

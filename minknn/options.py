@@ -1,5 +1,5 @@
 """train.py's flags that depend on each other: defaults filled in from the run's tasks and loss,
-and the combinations that cannot work refused with one line, before any data is read.
+and the combinations that cannot work refused with one line, before any training data is read.
 """
 import argparse
 import sys
@@ -43,39 +43,50 @@ def check_args(p, args):
         args.lr = 5e-5 if args.option == "finetune" else 1e-3
     if args.proxy_lr is None:
         args.proxy_lr = 100 * args.lr
-    for name in ("epochs", "batch_size", "max_len", "max_train", "max_eval", "steps_per_epoch"):
+    for name in ("epochs", "batch_size", "max_len", "max_train", "max_eval", "steps_per_epoch",
+                 "queue_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for name, low, high in (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None),
+                            ("warmup", 0, 1), ("lam", 0, 1)):
+        value = getattr(args, name)
+        if value is not None and not (low <= value and (high is None or value <= high)):
+            p.error(f"--{name} must be {f'in [{low}, {high}]' if high else f'at least {low}'}, got {value}")
     if args.loss is not None:
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)
-    if args.loss is None:  # each task gets its kind's base loss; the run is named after the first's
-        args.loss = "bce" if tasks[0].kind == "multilabel" else "ce"
-    elif not any(t.kind == loss_kind(args.loss) for t in tasks):
-        p.error(f"--loss {args.loss} trains {KIND_NAMES[loss_kind(args.loss)]} tasks, and {','.join(args.tasks)} has none")
-    if args.lam is not None:
-        if not 0 <= args.lam <= 1:
-            p.error(f"--lam must be in [0, 1], got {args.lam}")
-        if args.loss in BASE_LOSSES and not args.decoupled and not args.pair_loss:
-            p.error(f"--lam weighs a metric-learning loss against {args.loss.upper()}; --loss {args.loss} "
-                    f"is {args.loss.upper()} alone")
-    one_vector = [t for t in tasks if t.kind == loss_kind(args.loss) and not (t.pair and args.pair_mode == "siamese")]
-    if args.loss not in BASE_LOSSES and not one_vector:
-        p.error(f"--loss {args.loss} compares one vector per example; with --pair_mode siamese a pair has two "
-                f"(use --pair_loss, or --pair_mode cross)")
+    kinds = {t.kind for t in tasks}
+    if args.loss is None:  # each task gets its kind's base loss; the run is named after one of them
+        args.loss = "ce" if "classify" in kinds else "bce" if "multilabel" in kinds else None
+    elif loss_kind(args.loss) not in kinds:
+        p.error(f"--loss {args.loss} trains {KIND_NAMES[loss_kind(args.loss)]} tasks, and "
+                f"{','.join(args.tasks)} has none")
+    if args.decoupled and "classify" not in kinds:
+        p.error(f"--decoupled trains a retrieval head for a classification task, and "
+                f"{','.join(args.tasks)} has none")
     if args.decoupled and args.loss != "ce":
-        p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with --loss ce, not {args.loss}")
+        p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with --loss ce, "
+                f"not {args.loss}")
+    if args.lam is not None and args.loss in (*BASE_LOSSES, None) and not args.decoupled \
+            and not args.pair_loss:
+        p.error(f"--lam weighs a metric-learning loss against the base loss; --loss "
+                f"{args.loss or args.sts_loss} is the base loss alone")
+    siamese = args.pair_mode == "siamese"
+    one_vector = [t for t in tasks if t.kind == loss_kind(args.loss) and not (t.pair and siamese)]
+    if args.loss not in (*BASE_LOSSES, None) and not one_vector:
+        p.error(f"--loss {args.loss} compares one vector per example, and with --pair_mode siamese a "
+                f"pair has two: use --pair_mode cross (a siamese paraphrase task takes --pair_loss)")
     if (args.loss in MEMORY_LOSSES or args.decoupled) and (len(tasks) > 1 or not one_vector):
         what = "--decoupled" if args.decoupled else f"--loss {args.loss}"
-        p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair task), "
-                f"not multi-task ones")
+        p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair "
+                f"task), not multi-task ones")
     check_memory_flags(p, args)
     if args.pcgrad and len(tasks) < 2:
-        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask with two tasks or more")
-    if args.pair_loss and (args.pair_mode != "siamese" or not any(t.positive is not None for t in tasks)):
-        p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a paraphrase task "
-                "(one whose Task.positive names the class of matching pairs)")
-    return tasks
+        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask with "
+                "two tasks or more")
+    if args.pair_loss and (not siamese or not any(t.positive is not None for t in tasks)):
+        p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a "
+                "paraphrase task (one whose Task.positive names the class of matching pairs)")
 
 
 def check_tasks(p, args):

@@ -57,3 +57,15 @@ def test_predict_returns_each_example_in_order(tiny_bert_dir, tokenizer, data_di
         else:
             torch.testing.assert_close(z, torch.cat([o.embeddings for o in one_by_one]), atol=1e-5, rtol=1e-4,
                                        msg=f"{task.name}: representations out of order")
+
+
+def test_predict_returns_the_representation_key_names(tiny_bert_dir, tokenizer):
+    torch.manual_seed(0)
+    model = Model(BertModel.from_pretrained(tiny_bert_dir), [TASKS["sst"]], "mean", decoupled=True).eval()
+    examples = [Example("the cat eats an apple ."), Example("a dog"), Example("the house is small and old .")]
+    with torch.no_grad():
+        one = [model("sst", **encode_batch(tokenizer, [e])) for e in examples]
+    for key, expected in (("cls", torch.cat([o.hidden[:, 0] for o in one])),
+                          ("decoupled", torch.cat([o.retrieval for o in one]))):
+        _, z = predict(model, tokenizer, TASKS["sst"], examples, 2, torch.device("cpu"), key=key)
+        torch.testing.assert_close(z, expected, atol=1e-5, rtol=1e-4, msg=f"predict(key={key!r}): wrong representation")

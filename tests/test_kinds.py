@@ -37,7 +37,8 @@ def test_scores_and_the_overall_score():
     # minBERT's overall score: (sst_acc + para_acc + (pearson + 1) / 2) / 3
     assert overall(tasks, {"sst": sst, "mrpc": mrpc, "sts": sts}) == pytest.approx((0.75 + 0.5 + 1.6 / 2) / 3)
     cola = score(TASKS["cola"], [1, 1, 0, 0], [1, 0, 0, 0])
-    assert list(cola)[0] == "mcc" and selection_score(TASKS["cola"], cola) == pytest.approx((cola["mcc"] + 1) / 2)
+    assert list(cola)[0] == "mcc", "CoLA's first score is MCC"
+    assert selection_score(TASKS["cola"], cola) == pytest.approx((cola["mcc"] + 1) / 2), "MCC put in [0, 1]"
     reuters = score(TASKS["reuters"], np.eye(2, 90, dtype=bool), np.eye(2, 90, dtype=bool))
     assert list(reuters) == ["micro_f1", "macro_f1", "hamming"] and reuters["hamming"] == 0 and reuters["micro_f1"] == 1
 
@@ -45,7 +46,7 @@ def test_scores_and_the_overall_score():
 def test_prediction_files_by_kind():
     examples = [Example("a", label=(0,), id="x"), Example("b", label=(1,), id="y")]
     header, rows = kind_of(TASKS["reuters"]).rows(TASKS["reuters"], examples, np.array([[1, 0, 1] + [0] * 87, [0] * 90]))
-    assert header == ["id", "prediction", "label"] and rows == [("x", "0 2", "acq barley"), ("y", "", "")]
+    assert header == ["id", "prediction", "prediction_name"] and rows == [("x", "0 2", "acq barley"), ("y", "", "")]
     header, rows = kind_of(TASKS["sts"]).rows(TASKS["sts"], examples, np.array([1.23456, 4.0]))
     assert header == ["id", "similarity"] and rows == [("x", "1.2346"), ("y", "4.0000")]
 
@@ -64,3 +65,27 @@ def test_a_multilabel_head_starts_at_its_classes_priors():
     before = sst.bias.clone()
     kind_of(TASKS["sst"]).start_head(sst, TASKS["sst"], [Example("a", label=1)])
     assert torch.equal(sst.bias, before)  # a classification head keeps its random start
+
+
+def test_classify_probabilities_are_a_softmax_per_example():
+    classify = kind_of(TASKS["sst"])
+    logits = torch.tensor([[0.1, 0.9, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 3.0], [0.0, 5.0, 0.0]])  # not square
+    p = classify.probabilities(logits)
+    torch.testing.assert_close(p, torch.softmax(logits.double(), dim=-1), msg="softmax over each row's classes")
+    assert classify.decide(p).tolist() == [1, 0, 2, 1], "argmax over each row's classes"
+
+
+def test_a_multilabel_task_scores_macro_f1_per_label():
+    gold, pred = np.zeros((3, 90), dtype=bool), np.zeros((3, 90), dtype=bool)
+    gold[:, :4] = [[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]]
+    pred[:, :4] = [[1, 0, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0]]
+    got = score(TASKS["reuters"], pred, gold)["macro_f1"]
+    assert got == pytest.approx((1 + 2 / 3 + 0) / 3), "multi-label macro-F1: the labels' F1s (multilabel_macro_f1)"
+
+
+def test_a_class_in_every_example_starts_below_certainty():
+    task = TASKS["goemotions"]
+    head = kind_of(task).head(task, 8, siamese=False)
+    kind_of(task).start_head(head, task, [Example("a", label=(0,))] * 4)
+    assert torch.isfinite(head.bias).all(), "a class in every example must not give log(1/0)"
+    torch.testing.assert_close(torch.sigmoid(head.bias[0]), torch.tensor(3.5 / 4), msg="n - 1/2 of n examples")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.knn import Datastore, interpolate
+from minknn.knn import Datastore, interpolate, settings
 
 
 def random_datastore(n=200, d=16, classes=4, seed=0):
@@ -15,8 +15,10 @@ def random_datastore(n=200, d=16, classes=4, seed=0):
     return Datastore(keys, torch.randint(0, classes, (n,), generator=g), [f"id{i}" for i in range(n)], classes), keys
 
 
-@pytest.mark.parametrize("vote", ["cosine", "distance"])
+@pytest.mark.parametrize("vote", ["cosine", "distance", "euclidean"])
 def test_faiss_search_equals_brute_force_top_k(vote):
+    """cosine: the largest cosine similarities; distance and euclidean: the smallest squared L2
+    distances (the euclidean vote takes their root itself)."""
     datastore, keys = random_datastore()
     queries = torch.randn(30, 16, generator=torch.Generator().manual_seed(1)) * 3
     scores, rows = datastore.search(queries, 10, vote)
@@ -26,8 +28,9 @@ def test_faiss_search_equals_brute_force_top_k(vote):
     else:
         brute = torch.cdist(queries.double(), keys.double()) ** 2
         expected_scores, expected_rows = brute.topk(10, dim=1, largest=False)
-    assert torch.equal(rows, expected_rows)  # random data: no ties
-    assert torch.allclose(scores.double(), expected_scores.double(), rtol=1e-4, atol=1e-3)
+    assert torch.equal(rows, expected_rows), f"--vote {vote}: not the 10 nearest keys"  # no ties here
+    torch.testing.assert_close(scores.double(), expected_scores.double(), rtol=1e-4, atol=1e-3,
+                               msg=f"--vote {vote}: the search's scores")
 
 
 def vote_of(vote, scores, neighbour_labels, num_classes, temperature=None, labels=None):
@@ -75,8 +78,10 @@ def test_multilabel_vote_by_hand():
 def test_interpolation_ends():
     probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64), 1)
     knn = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
-    assert torch.equal(interpolate(probabilities, knn, 0.0), probabilities)  # the model alone
-    assert torch.equal(interpolate(probabilities, knn, 1.0), knn)  # kNN alone
+    torch.testing.assert_close(interpolate(probabilities, knn, 0.0), probabilities, rtol=0, atol=0,
+                               msg="phi = 0 must be the model alone")
+    torch.testing.assert_close(interpolate(probabilities, knn, 1.0), knn, rtol=0, atol=0,
+                               msg="phi = 1 must be kNN alone")
     torch.testing.assert_close(interpolate(probabilities, knn, 0.25), 0.75 * probabilities + 0.25 * knn)
 
 
@@ -118,3 +123,10 @@ def test_saved_datastore_is_reused_only_with_the_same_fingerprint(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a datastore")
     with pytest.raises(MinknnError, match="not a minknn datastore"):
         Datastore.load(str(tmp_path / "junk.pt"), "abc")
+
+
+def test_knn_defaults_by_kind():
+    assert settings("multilabel") == (5, 0.5, "euclidean", 1.0), "Su et al.: K 5, lam 0.5, tau 1"
+    assert settings("classify") == (64, 0.25, "cosine", None), "K 64, KNN-BERT's phi 0.25, one vote each"
+    assert settings("classify", vote="distance")[3] == 10.0, "Liang et al.'s T = 10"
+    assert settings("multilabel", k=3, phi=0.0, temperature=2.0) == (3, 0.0, "euclidean", 2.0)

@@ -462,3 +462,41 @@ def test_task_losses_follow_their_formulas():
     assert task_loss(TASKS["reuters"], D, {"loss": "supcon"}).metric is None
     assert task_loss(TASKS["sst"], D, {"loss": "mlcon"}).metric is None
     assert task_loss(TASKS["rte"], D, {"loss": "knnbert", "m_most": 3, "m_least": 2}).metric.m_most == 3
+
+
+def test_a_multilabel_task_under_another_kinds_loss_keeps_bce():
+    """In a run mixing kinds, --loss supcon reaches the classification tasks; a multi-label task
+    keeps BCE (cross-entropy would silently read its multi-hot rows as soft labels)."""
+    torch.manual_seed(0)
+    logits, h = torch.randn(4, 90), torch.randn(4, 8)
+    y = torch.zeros(4, 90)
+    y[[0, 1, 2, 3], [0, 5, 5, 7]] = 1
+    total, _ = task_loss(TASKS["reuters"], 8, {"loss": "supcon"})(Output(logits=logits, embeddings=h), y)
+    torch.testing.assert_close(total, F.binary_cross_entropy_with_logits(logits, y),
+                               msg="reuters under --loss supcon (a multitask run): BCE alone")
+
+
+def test_bce_is_the_mean_over_every_cell():
+    logits = torch.tensor([[2.0, -1.0, 0.0], [0.5, 0.5, -3.0]])
+    y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    p = torch.sigmoid(logits)
+    expected = -(y * p.log() + (1 - y) * (1 - p).log()).mean()  # over the 2 x 3 (example, class) cells
+    got = Objective("bce", 3, D)(Output(logits=logits, embeddings=None), y)[0]
+    torch.testing.assert_close(got, expected, msg="--loss bce: the mean over every (example, class) cell")
+    assert METRIC_LOSSES["mlcon"]().tau == 10.0 and METRIC_LOSSES["mlcon"].lam == 0.1, "Su et al.: tau' 10, gamma 0.1"
+
+
+def test_mlcon_by_hand_sums_over_the_batch():
+    """Three examples sharing one label, all at distance 0: each row is -log(1/2) (its two others
+    equally likely); the batch's loss is their sum, 3 log 2, not their mean."""
+    y = torch.tensor([[1.0, 0.0]] * 3, dtype=torch.float64)
+    assert mlcon(torch.zeros(3, 2, dtype=torch.float64), y).item() == pytest.approx(3 * math.log(2), abs=1e-6)
+
+
+def test_mlcon_by_hand_uses_the_unsquared_distance():
+    """z = 0, 2 and 3 on a line; 0 and 1 share a label, 2 shares none (its row adds nothing)."""
+    z = torch.tensor([[0.0], [2.0], [3.0]], dtype=torch.float64)
+    y = torch.tensor([[1.0], [1.0], [0.0]], dtype=torch.float64)
+    e = lambda d: math.exp(-d / 10)  # tau' = 10, d the Euclidean distance (not its square)
+    expected = -math.log(e(2) / (e(2) + e(3))) - math.log(e(2) / (e(2) + e(1)))
+    assert mlcon(z, y).item() == pytest.approx(expected, abs=1e-9)

@@ -47,3 +47,15 @@ def test_multilabel_scores_by_hand():
     # per label: 0: tp 2 -> 1; 1: tp 1 fn 1 -> 2/3; 2: fp 1 fn 1 -> 0; 3: never gold nor predicted, left out
     assert multilabel_macro_f1(pred, gold) == pytest.approx((1 + 2 / 3 + 0) / 3)
     assert micro_f1(gold, gold) == 1.0 and hamming_loss(gold, gold) == 0.0
+
+
+def test_micro_f1_counts_cells_not_examples():
+    gold = [[1, 1, 1, 1], [1, 0, 0, 0]]
+    pred = [[1, 1, 1, 1], [0, 0, 0, 0]]
+    # cells: TP 4, FN 1 -> 8/9; averaging per example would give (1 + 0) / 2
+    assert micro_f1(pred, gold) == pytest.approx(8 / 9)
+
+
+def test_multilabel_macro_f1_counts_a_label_only_predicted():
+    gold, pred = [[1, 0], [1, 0]], [[1, 1], [1, 0]]
+    assert multilabel_macro_f1(pred, gold) == pytest.approx((1 + 0) / 2)  # label 1: predicted, never gold

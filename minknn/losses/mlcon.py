@@ -40,7 +40,7 @@ def mlcon(z, y, tau=10.0):
     logits = (-d / tau).masked_fill(eye, float("-inf"))                 # k in g(i): every k != i
     log_p = (logits - logits.logsumexp(1, keepdim=True)).masked_fill(eye, 0.0)
     C = (y @ y.T).masked_fill(eye, 0.0)                                  # (B, B) shared labels
-    beta = C / C.sum(1, keepdim=True).clamp(min=1)                       # a row of zeros stays zeros
+    beta = C / C.sum(1, keepdim=True).clamp(min=1)  # counts (y multi-hot): a row of zeros stays zeros
     return -(beta * log_p).sum()
 
 
