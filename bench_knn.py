@@ -29,6 +29,7 @@ from minknn.kinds import kind_of
 from minknn.knn import Datastore
 from minknn.losses import build_losses
 from minknn.model import Model
+from minknn.moco import filled_memory
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
@@ -49,7 +50,8 @@ class Trainer:
         self.optimizer, self.scheduler = train_script.make_optimizer(self.params, [], self.args, 10_000)
         self.moco, self.fill_seconds = None, None
         if loss == "knnbert":
-            self.moco, self.fill_seconds = train_script.make_moco(self.args, self.model, tokenizer, task, train, device)
+            self.moco, self.fill_seconds = filled_memory(self.model, tokenizer, task, train, "queue", None,
+                                                         self.args.momentum, 64, device)
         self.model.train()
         self.batches, self.train, self.tokenizer, self.device = batches, train, tokenizer, device
 

@@ -202,7 +202,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
-          f"{sum(p.numel() for p in params):,} trainable parameters; loss {args.loss or args.sts_loss}"
+          f"{sum(p.numel() for p in params):,} trainable parameters; "
+          f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
           f"{steps} steps/epoch; {device}; run folder {args.out}")
     if moco:
@@ -264,7 +265,8 @@ def main(argv=None):
                **({"memory_fill_seconds": round(fill_seconds, 1)} if moco else {})}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(f"done: {','.join(args.tasks)} {summary['loss']}{' + decoupled' if args.decoupled else ''}"
+    decoupled = " + decoupled" if args.decoupled else ""
+    print(f"done: {','.join(args.tasks)} {summary['loss']}{decoupled}"
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
           f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}); "
           f"{summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")

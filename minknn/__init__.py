@@ -8,7 +8,8 @@ class MinknnError(Exception):
 
 
 def run(main):
-    """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit status 2."""
+    """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit
+    status 2."""
     try:
         main()
     except MinknnError as e:

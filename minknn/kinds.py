@@ -2,11 +2,11 @@
 its head outputs, what its loss compares them with, how outputs become predictions and how
 predictions are scored:
 
-    kind        head output        loss (minknn/losses)                 prediction        scores
-    classify    C class logits     CE, or (1 - lam) CE + lam --loss     argmax            acc, macro-F1
-    similarity  one score          MSE or L1 (--sts_loss)               the score         Pearson
-    multilabel  C label logits     BCE, or BCE + lam mlcon              sigmoid > 0.5     micro-F1,
-                                                                                          macro-F1, Hamming
+    kind        head output     loss (minknn/losses)               prediction      scores
+    classify    C class logits  CE, or (1 - lam) CE + lam --loss   argmax          acc, macro-F1
+    similarity  one score       MSE or L1 (--sts_loss)             the score       Pearson
+    multilabel  C label logits  BCE, or BCE + lam mlcon            sigmoid > 0.5   micro-F1,
+                                                                                   macro-F1, Hamming
 A task may list other scores (Task.metrics: CoLA's MCC, MRPC's F1); the first one picks the best
 epoch, and the mean over a run's tasks of that first score, put in [0, 1], is the run's overall
 score (minBERT's: (sst_acc + para_acc + (pearson + 1) / 2) / 3 for SST, Quora and STS).
@@ -62,7 +62,8 @@ class Similarity:
     metrics = ("pearson",)
 
     def head(self, task, hidden, siamese):
-        return None if siamese else nn.Linear(hidden, 1)  # siamese: the scaled cosine, no parameters
+        # siamese: the scaled cosine, no parameters
+        return None if siamese else nn.Linear(hidden, 1)
 
     def start_head(self, head, task, examples):
         """A similarity head keeps its random start."""
@@ -139,13 +140,15 @@ def task_metrics(task):
 
 def score(task, pred, gold):
     """The task's scores ({name: value}, in Task.metrics order) of predictions against gold."""
-    functions = {**{name: f for name, (f, _) in METRICS.items()}, **(MULTILABEL if task.kind == "multilabel" else {})}
+    functions = {**{name: f for name, (f, _) in METRICS.items()},
+                 **(MULTILABEL if task.kind == "multilabel" else {})}
     return {name: functions[name](pred, gold) for name in task_metrics(task)}
 
 
 def selection_score(task, scores):
     """The task's first score, put in [0, 1] for the overall score: a correlation r as (r + 1) / 2.
-    Every first score is higher-is-better (tests/test_data.py checks the registry: no Hamming loss)."""
+    Every first score is higher-is-better (tests/test_data.py checks the registry: no Hamming
+    loss)."""
     name = task_metrics(task)[0]
     return (scores[name] + 1) / 2 if name in ("pearson", "mcc") else scores[name]
 

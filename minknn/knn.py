@@ -8,7 +8,8 @@ Datastore: one forward pass over the training set gives a key per example (its r
 multi-hot row. A query q (a dev or test example's representation) retrieves its K nearest keys
 with faiss (exact search):
     --vote cosine     cosine similarity: inner product of unit vectors (faiss.IndexFlatIP)
-    --vote distance   squared L2 distance d(k, q) = ||k - q||^2 on the raw vectors (faiss.IndexFlatL2)
+    --vote distance   squared L2 distance d(k, q) = ||k - q||^2 on the raw vectors
+                      (faiss.IndexFlatL2)
     --vote euclidean  Euclidean distance d(k, q) = ||k - q||, the square root of the same search
 and the neighbours' values vote, each with a weight alpha_j:
     KNN(q) = sum_j alpha_j y_j        (Q, C): for one-hot values, each class's share of the vote
@@ -74,7 +75,8 @@ def check_k(k, n, excluding_self=False):
     """K must fit in a datastore of n keys (one fewer when each query's own entry is left out)."""
     if not 1 <= k <= n - excluding_self:
         raise MinknnError(f"--k {k}: the datastore holds {n} training examples"
-                          f"{', one of them the query itself' if excluding_self else ''}; use --k {n - excluding_self} or less")
+                          f"{', one of them the query itself' if excluding_self else ''}; "
+                          f"use --k {n - excluding_self} or less")
 
 
 def interpolate(probabilities, knn_probs, phi):
@@ -84,14 +86,17 @@ def interpolate(probabilities, knn_probs, phi):
 
 class Datastore:
     """The training set's keys (N, d) and labels (N,) class indices, or (N, C) multi-hot rows, with
-    their example ids, searchable by faiss; values (N, C) are the labels as one-hot or multi-hot rows."""
+    their example ids, searchable by faiss; values (N, C) are the labels as one-hot or multi-hot
+    rows."""
 
     def __init__(self, keys, labels, ids, num_classes):
         if len(keys) == 0:
             raise MinknnError("the kNN datastore is empty: the training set has no examples")
-        self.keys = np.ascontiguousarray(keys.numpy() if torch.is_tensor(keys) else keys, dtype=np.float32)
+        self.keys = np.ascontiguousarray(keys.numpy() if torch.is_tensor(keys) else keys,
+                                         dtype=np.float32)
         self.labels = torch.as_tensor(labels)
-        self.values = (F.one_hot(self.labels.long(), num_classes) if self.labels.ndim == 1 else self.labels).double()
+        self.values = (F.one_hot(self.labels.long(), num_classes) if self.labels.ndim == 1
+                       else self.labels).double()
         self.ids, self.num_classes = list(ids), num_classes
         self._indexes = {}
 
@@ -99,13 +104,15 @@ class Datastore:
         return len(self.keys)
 
     def index(self, vote):
-        """The faiss index a vote searches: inner product on unit keys (cosine), or squared L2 on raw keys."""
+        """The faiss index a vote searches: inner product on unit keys (cosine), or squared L2 on
+        raw keys."""
         metric = "cosine" if vote == "cosine" else "l2"  # distance and euclidean share one search
         if metric not in self._indexes:
             keys = self.keys.copy()
             if metric == "cosine":
                 faiss.normalize_L2(keys)
-            index = faiss.IndexFlatIP(keys.shape[1]) if metric == "cosine" else faiss.IndexFlatL2(keys.shape[1])
+            index = (faiss.IndexFlatIP(keys.shape[1]) if metric == "cosine"
+                     else faiss.IndexFlatL2(keys.shape[1]))
             index.add(keys)
             self._indexes[metric] = index
         return self._indexes[metric]
@@ -115,13 +122,15 @@ class Datastore:
         cosine similarities or squared distances. exclude: (Q,) a datastore row to leave out per
         query (its own entry), -1 for none."""
         check_k(k, len(self), exclude is not None)
-        q = np.ascontiguousarray(queries.numpy() if torch.is_tensor(queries) else queries, dtype=np.float32)
+        q = np.ascontiguousarray(queries.numpy() if torch.is_tensor(queries) else queries,
+                                 dtype=np.float32)
         if vote == "cosine":
             q = q.copy()
             faiss.normalize_L2(q)
         extra = int(exclude is not None)
         scores, rows = self.index(vote).search(q, k + extra)
-        if exclude is not None:  # drop each query's own entry (or, when it is not among them, the last hit)
+        if exclude is not None:
+            # drop each query's own entry (or, when it is not among them, the last hit)
             own = rows == np.asarray(exclude)[:, None]
             own[~own.any(1), -1] = True
             keep = ~own
@@ -143,12 +152,14 @@ class Datastore:
         return knn
 
     def save(self, path, fingerprint):
-        atomic_save({"format": FORMAT, "fingerprint": fingerprint, "keys": torch.from_numpy(self.keys),
-                     "labels": self.labels, "ids": self.ids, "num_classes": self.num_classes}, path)
+        atomic_save({"format": FORMAT, "fingerprint": fingerprint,
+                     "keys": torch.from_numpy(self.keys), "labels": self.labels, "ids": self.ids,
+                     "num_classes": self.num_classes}, path)
 
     @classmethod
     def load(cls, path, fingerprint):
-        """The datastore saved at path, or None when it was built from another checkpoint or data."""
+        """The datastore saved at path, or None when it was built from another checkpoint or
+        data."""
         saved = load_tagged(path, FORMAT, (path, "datastore"))
         if saved["fingerprint"] != fingerprint:
             return None
@@ -156,7 +167,8 @@ class Datastore:
 
 
 def fingerprint(checkpoint_path, key, examples):
-    """What a datastore depends on: the checkpoint file's bytes, the key, and the training examples."""
+    """What a datastore depends on: the checkpoint file's bytes, the key, and the training
+    examples."""
     h = hashlib.sha256()
     with open(checkpoint_path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -6,7 +6,8 @@ One label per example (pred and gold: class indices):
               gold or predictions (the convention of scikit-learn's f1_score(average="macro"))
     f1        binary tasks: F1 of class 1 (MRPC's paraphrase), GLUE's F1
     mcc       Matthews correlation (CoLA's score), for two classes
-                  (TP TN - FP FN) / sqrt((TP + FP)(TP + FN)(TN + FP)(TN + FN)),  0 when a factor is 0
+                  (TP TN - FP FN) / sqrt((TP + FP)(TP + FN)(TN + FP)(TN + FN)),
+                  0 when a factor is 0
 Multi-label (pred and gold: (N, C) 0/1 arrays):
     micro_f1  2 TP / (2 TP + FP + FN), counted over every (example, label) cell
     macro_f1  the mean over labels of each label's F1, over the labels that occur in gold or
@@ -14,7 +15,8 @@ Multi-label (pred and gold: (N, C) 0/1 arrays):
     hamming   Hamming loss: the share of cells predicted wrong, mean [pred_ic != gold_ic] (lower
               is better; Su et al. report it beside micro-F1)
 Similarity:
-    pearson   sum_i (x_i - mean x)(y_i - mean y) / sqrt(sum_i (x_i - mean x)^2 sum_i (y_i - mean y)^2)
+    pearson   sum_i (x_i - mean x)(y_i - mean y)
+              / sqrt(sum_i (x_i - mean x)^2 sum_i (y_i - mean y)^2)
               (STS's metric; 0 when either side is constant, where the formula is 0/0)
 """
 import numpy as np

@@ -75,7 +75,8 @@ class Queue(Memory):
     @torch.no_grad()
     def enqueue(self, keys, labels):
         size = len(self.keys)
-        keys, labels = keys[-size:], labels[-size:]  # a batch larger than the queue keeps its last keys
+        # a batch larger than the queue keeps its last keys
+        keys, labels = keys[-size:], labels[-size:]
         slots = (self.ptr + torch.arange(len(keys), device=self.keys.device)) % size
         self.keys[slots] = F.normalize(keys.float(), dim=1)
         self.labels[slots] = labels
@@ -86,7 +87,8 @@ class MemoryBank(Memory):
     @torch.no_grad()
     def update(self, rows, queries, m=BANK_MOMENTUM):
         """Moves the entries of training examples `rows` towards their queries (B, dim)."""
-        self.keys[rows] = F.normalize(m * self.keys[rows] + (1 - m) * F.normalize(queries.float(), dim=1), dim=1)
+        self.keys[rows] = F.normalize(m * self.keys[rows]
+                                      + (1 - m) * F.normalize(queries.float(), dim=1), dim=1)
 
 
 class MoCo:
@@ -130,8 +132,8 @@ def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_siz
     the bank always holds one entry per example."""
     size = len(train) if kind == "bank" else size or min(QUEUE_SIZE, len(train))
     if not 1 <= size <= len(train):
-        raise MinknnError(f"--queue_size {size}: the queue is filled from the {len(train)} training "
-                          f"examples, so it must be between 1 and {len(train)}")
+        raise MinknnError(f"--queue_size {size}: the queue is filled from the {len(train)} "
+                          f"training examples, so it must be between 1 and {len(train)}")
     moco, start = MoCo(model, task, kind, size, momentum), time.time()
     labels = torch.tensor([e.label for e in train], device=device)
     moco.fill(model, tokenizer, train, labels, batch_size, device)

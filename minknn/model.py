@@ -36,7 +36,8 @@ KNN_KEYS = (*POOLINGS, "decoupled")  # what a kNN datastore can store (--knn_key
 class Output:
     logits: torch.Tensor      # (B, C), or (B,) for a similarity score
     embeddings: torch.Tensor  # (B, H), the pooled representation z
-    hidden: torch.Tensor | None = None     # (B, T, H), the last hidden states, for pooling another way (--knn_key)
+    hidden: torch.Tensor | None = None     # (B, T, H), the last hidden states, for pooling
+                                           # another way (--knn_key)
     retrieval: torch.Tensor | None = None  # (B, H), r = MLP(z) with --decoupled, else None
 
 
@@ -63,7 +64,8 @@ class Model(nn.Module):
     """One BERT shared by a run's tasks, with one head per task (its kind's, minknn/kinds.py), and
     with --decoupled the retrieval head. forward(task, ...) runs one task's batch."""
 
-    def __init__(self, bert, tasks, pooling="mean", pair_mode="cross", option="finetune", decoupled=False):
+    def __init__(self, bert, tasks, pooling="mean", pair_mode="cross", option="finetune",
+                 decoupled=False):
         super().__init__()
         self.bert, self.pooling, self.pair_mode = bert, pooling, pair_mode
         self.tasks = {t.name: t for t in tasks}
@@ -71,7 +73,8 @@ class Model(nn.Module):
         H = bert.config.hidden_size
         heads = {t.name: kind_of(t).head(t, H, self.siamese(t)) for t in tasks}
         self.heads = nn.ModuleDict({name: head for name, head in heads.items() if head is not None})
-        self.retrieval = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, H)) if decoupled else None
+        self.retrieval = (nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, H))
+                          if decoupled else None)
         for p in self.bert.parameters():
             p.requires_grad = option == "finetune"
 
@@ -82,12 +85,14 @@ class Model(nn.Module):
             kind_of(self.tasks[name]).start_head(head, self.tasks[name], train[name])
 
     def siamese(self, task):
-        """Whether the task's two texts are encoded alone (--pair_mode siamese) or as one sequence."""
+        """Whether the task's two texts are encoded alone (--pair_mode siamese) or as one
+        sequence."""
         return task.pair and self.pair_mode == "siamese"
 
     def forward(self, task, input_ids, attention_mask, token_type_ids=None):
         """Output for one task's batch: logits (B, C), or (B,) for a similarity score. A siamese
-        pair batch holds the B first texts, then the B second ones (engine.encode_batch), so z is (2B, H)."""
+        pair batch holds the B first texts, then the B second ones (engine.encode_batch), so z is
+        (2B, H)."""
         t = self.tasks[task]
         h = self.bert(input_ids, attention_mask, token_type_ids)
         z = pool(h, attention_mask, self.pooling)

@@ -9,7 +9,8 @@ from minknn.losses.knnbert import M_LEAST, M_MOST
 from minknn.moco import MOMENTUM
 from minknn.tasks import get_task
 
-DEFAULT_TASKS = "sst,quora,sts"  # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
+# the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
+DEFAULT_TASKS = "sst,quora,sts"
 KIND_NAMES = {"classify": "classification", "similarity": "similarity", "multilabel": "multi-label"}
 
 
@@ -30,7 +31,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        unset = (action.default is None or action.default is False
+                 or action.default == argparse.SUPPRESS)
         if not unset and "default" not in text:
             text += " (default: %(default)s)"
         return text
@@ -51,7 +53,8 @@ def check_args(p, args):
                             ("warmup", 0, 1), ("lam", 0, 1)):
         value = getattr(args, name)
         if value is not None and not (low <= value and (high is None or value <= high)):
-            p.error(f"--{name} must be {f'in [{low}, {high}]' if high else f'at least {low}'}, got {value}")
+            p.error(f"--{name} must be {f'in [{low}, {high}]' if high else f'at least {low}'}, "
+                    f"got {value}")
     if args.loss is not None:
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)
@@ -65,8 +68,8 @@ def check_args(p, args):
         p.error(f"--decoupled trains a retrieval head for a classification task, and "
                 f"{','.join(args.tasks)} has none")
     if args.decoupled and args.loss != "ce":
-        p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with --loss ce, "
-                f"not {args.loss}")
+        p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with "
+                f"--loss ce, not {args.loss}")
     if args.lam is not None and args.loss in (*BASE_LOSSES, None) and not args.decoupled \
             and not args.pair_loss:
         p.error(f"--lam weighs a metric-learning loss against the base loss; --loss "
@@ -74,16 +77,17 @@ def check_args(p, args):
     siamese = args.pair_mode == "siamese"
     one_vector = [t for t in tasks if t.kind == loss_kind(args.loss) and not (t.pair and siamese)]
     if args.loss not in (*BASE_LOSSES, None) and not one_vector:
-        p.error(f"--loss {args.loss} compares one vector per example, and with --pair_mode siamese a "
-                f"pair has two: use --pair_mode cross (a siamese paraphrase task takes --pair_loss)")
+        p.error(f"--loss {args.loss} compares one vector per example, and with --pair_mode "
+                f"siamese a pair has two: use --pair_mode cross (a siamese paraphrase task takes "
+                f"--pair_loss)")
     if (args.loss in MEMORY_LOSSES or args.decoupled) and (len(tasks) > 1 or not one_vector):
         what = "--decoupled" if args.decoupled else f"--loss {args.loss}"
         p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair "
                 f"task), not multi-task ones")
     check_memory_flags(p, args)
     if args.pcgrad and len(tasks) < 2:
-        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask with "
-                "two tasks or more")
+        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask "
+                "with two tasks or more")
     if args.pair_loss and (not siamese or not any(t.positive is not None for t in tasks)):
         p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a "
                 "paraphrase task (one whose Task.positive names the class of matching pairs)")
@@ -110,7 +114,8 @@ def check_memory_flags(p, args):
     for name in knnbert_flags + memory_flags:
         allowed = ("knnbert",) if name in knnbert_flags else MEMORY_LOSSES
         if getattr(args, name) is not None and args.loss not in allowed:
-            p.error(f"--{name} is a flag of --loss {' and '.join(allowed)}, not of --loss {args.loss}")
+            p.error(f"--{name} is a flag of --loss {' and '.join(allowed)}, "
+                    f"not of --loss {args.loss}")
     if args.loss in MEMORY_LOSSES:
         args.memory = args.memory or "queue"
         if args.memory == "bank" and (args.queue_size is not None or args.momentum is not None):

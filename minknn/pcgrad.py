@@ -64,7 +64,8 @@ def pcgrad_backward(losses, shared, rng=random):
         return 0
     # one row per task, filled in place; each .grad buffer is zeroed and reused for the next task
     P = sum(p.numel() for p in shared)
-    grads = torch.zeros(len(losses), P, device=shared[0].device, dtype=torch.promote_types(shared[0].dtype, torch.float32))
+    grads = torch.zeros(len(losses), P, device=shared[0].device,
+                        dtype=torch.promote_types(shared[0].dtype, torch.float32))
     for k, loss in enumerate(losses):
         loss.backward()
         offset = 0
@@ -76,7 +77,8 @@ def pcgrad_backward(losses, shared, rng=random):
     update = project_conflicting(grads, rng).sum(0)
     offset = 0
     for p in shared:
-        if p.grad is not None:  # None: no loss reached it (BERT's pooler under mean pooling), as with the sum
+        # None: no loss reached it (BERT's pooler under mean pooling), as with the sum
+        if p.grad is not None:
             p.grad.copy_(update[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
     return int(((grads @ grads.T).triu(1) < 0).sum())

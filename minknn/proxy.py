@@ -12,7 +12,8 @@ very logits that loss put on the classes (each loss's `class_logits`):
     proxynca     -s d(h, P_c) = 2 s cos(h, P_c) - 2 s; the constant -2 s is the same for every
                  class, and softmax ignores it, so the effective scale is 2 s
     softtriple   lambda S_c(h) = 20 S_c(h): for its K centres per class, the class's score is
-                 the softmax-weighted similarity to its centres (S_c of softtriple.py) in place of one cosine
+                 the softmax-weighted similarity to its centres (S_c of softtriple.py) in place
+                 of one cosine
 alpha = 0 is the linear head alone; alpha = 1 predicts the nearest proxy (the class with the
 largest similarity).
 """

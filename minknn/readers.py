@@ -63,12 +63,14 @@ def parse_class(value, task, where):
         label = -1
     if not 0 <= label < len(task.labels):
         raise DataError(f"{where}: unknown label '{value}'; {task.name} labels are "
-                        f"0..{len(task.labels) - 1}" + (f" ({', '.join(task.labels)})" if len(task.labels) <= 6 else ""))
+                        f"0..{len(task.labels) - 1}"
+                        + (f" ({', '.join(task.labels)})" if len(task.labels) <= 6 else ""))
     return label
 
 
 def parse_label(value, task, where):
-    """A similarity score (a number in [0, 5]) or a class; Quora writes its classes as 0.0 and 1.0."""
+    """A similarity score (a number in [0, 5]) or a class; Quora writes its classes as 0.0 and
+    1.0."""
     if task.kind == "similarity":
         try:
             score = float(value)
@@ -111,7 +113,8 @@ def read_minbert_sentiment(paths, task, source):
     for lineno, line in enumerate(lines[1:], start=2):
         row = line.split("\t")
         if len(row) != len(header):
-            raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+            raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, "
+                            f"got {len(row)}")
         label = None if i_label is None else parse_class(row[i_label], task, f"{path}:{lineno}")
         examples.append(Example(text=row[i_text].strip(), label=label, id=row[i_id]))
     return examples
@@ -134,7 +137,8 @@ def read_minbert_pairs(paths, task, source):
     label_column = "similarity" if task.kind == "similarity" else "is_duplicate"
     i_label = header.index(label_column) if label_column in header else None
     examples, dropped = [], []
-    for row_number, row in enumerate(rows[1:], start=2):  # quoted fields hold no newlines: row = line
+    # quoted fields hold no newlines: row = line
+    for row_number, row in enumerate(rows[1:], start=2):
         where = f"{path}:{row_number}"
         if len(row) != len(header):
             raise DataError(f"{where}: expected {len(header)} tab-separated fields, got {len(row)}")
@@ -144,9 +148,11 @@ def read_minbert_pairs(paths, task, source):
                 dropped.append(str(row_number))
                 continue
             label = parse_label(row[i_label], task, where)
-        examples.append(Example(text=row[i_a].strip(), text_b=row[i_b].strip(), label=label, id=row[i_id]))
+        examples.append(Example(text=row[i_a].strip(), text_b=row[i_b].strip(), label=label,
+                                id=row[i_id]))
     if dropped:
-        print(f"{path}: dropped {len(dropped)} rows with an empty {label_column} label (lines {', '.join(dropped)})")
+        print(f"{path}: dropped {len(dropped)} rows with an empty {label_column} label "
+              f"(lines {', '.join(dropped)})")
     return examples
 
 
@@ -174,7 +180,8 @@ def glue_tsv(text, text_b=None, label="label", id="index", columns=None):
         for lineno, line in enumerate(lines[first - 1:], start=first):
             row = line.split("\t")
             if len(row) != len(header):
-                raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+                raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, "
+                                f"got {len(row)}")
             where = f"{path}:{lineno}"
             examples.append(Example(
                 text=row[i_texts[0]].strip(), text_b=row[i_texts[1]].strip() if text_b else None,
@@ -194,7 +201,8 @@ def read_senteval_classes(paths, task, source):
     for label, path in enumerate(paths):
         for lineno, line in enumerate(read_lines(path), start=1):
             if line.strip():
-                examples.append(Example(text=line.strip(), label=label, id=f"{os.path.basename(path)}:{lineno}"))
+                examples.append(Example(text=line.strip(), label=label,
+                                        id=f"{os.path.basename(path)}:{lineno}"))
     return examples
 
 
@@ -208,7 +216,8 @@ def read_trec(paths, task, source):
         label, _, text = line.partition(" ")
         if ":" not in label or not text.strip():
             raise DataError(f"{path}:{lineno}: expected 'COARSE:fine question', got '{line[:40]}'")
-        examples.append(Example(text=text.strip(), label=parse_class(label.split(":")[0], task, f"{path}:{lineno}"),
+        examples.append(Example(text=text.strip(),
+                                label=parse_class(label.split(":")[0], task, f"{path}:{lineno}"),
                                 id=f"{source}:{lineno}"))
     return examples
 
@@ -220,7 +229,8 @@ def read_sst_binary(paths, task, source):
         text, tab, label = line.rpartition("\t")
         if not tab:
             raise DataError(f"{path}:{lineno}: expected 'sentence<TAB>label'")
-        examples.append(Example(text=text.strip(), label=parse_class(label, task, f"{path}:{lineno}"),
+        examples.append(Example(text=text.strip(),
+                                label=parse_class(label, task, f"{path}:{lineno}"),
                                 id=f"{source}:{lineno}"))
     return examples
 
@@ -232,7 +242,8 @@ def read_sst_fine(paths, task, source):
         label, _, text = line.partition(" ")
         if not text.strip():
             raise DataError(f"{path}:{lineno}: expected 'label sentence'")
-        examples.append(Example(text=text.strip(), label=parse_class(label, task, f"{path}:{lineno}"),
+        examples.append(Example(text=text.strip(),
+                                label=parse_class(label, task, f"{path}:{lineno}"),
                                 id=f"{source}:{lineno}"))
     return examples
 
@@ -253,12 +264,15 @@ def read_imdb(paths, task, source):
                 match = pattern.fullmatch(member.name)
                 if match and member.isfile():
                     try:
-                        text = archive.extractfile(member).read().decode("utf-8").replace("<br />", " ")
+                        text = (archive.extractfile(member).read().decode("utf-8")
+                                .replace("<br />", " "))
                     except UnicodeDecodeError as e:
-                        raise DataError(f"{path}: {member.name} is not UTF-8 ({e.reason})") from None
+                        raise DataError(f"{path}: {member.name} is not UTF-8 "
+                                        f"({e.reason})") from None
                     examples.append((match.group(1), match.group(2), text))
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise DataError(f"{path}: not a readable aclImdb archive ({type(e).__name__}: {e})") from None
+        raise DataError(f"{path}: not a readable aclImdb archive "
+                        f"({type(e).__name__}: {e})") from None
     examples.sort()
     return [Example(text=text.strip(), label=int(side == "pos"), id=f"{source}/{side}/{name}")
             for side, name, text in examples]
@@ -276,7 +290,8 @@ def read_agnews(paths, task, source):
             raise DataError(f"{path}:{lineno}: expected 3 comma-separated fields, got {len(row)}")
         label = int(row[0]) - 1 if row[0].strip().isdigit() else -1  # classes 1..4 -> indices 0..3
         if not 0 <= label < len(task.labels):
-            raise DataError(f"{path}:{lineno}: unknown class '{row[0]}'; {task.name} classes are 1..{len(task.labels)}")
+            raise DataError(f"{path}:{lineno}: unknown class '{row[0]}'; {task.name} classes are "
+                            f"1..{len(task.labels)}")
         text = f"{row[1].strip()} {row[2].strip()}".replace("\\", " ")
         examples.append(Example(text=text, label=label, id=f"{source}:{lineno}"))
     return examples
@@ -284,14 +299,16 @@ def read_agnews(paths, task, source):
 
 # ------------------------------------------------------------------------ multi-label
 
-REUTERS_ELEMENT = re.compile(r"<REUTERS\b([^>]*)>((?:(?!<REUTERS\b).)*?)</REUTERS>", re.S)  # not across a story
+# one <REUTERS> element, not across a story
+REUTERS_ELEMENT = re.compile(r"<REUTERS\b([^>]*)>((?:(?!<REUTERS\b).)*?)</REUTERS>", re.S)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def reuters_text(body):
     """A story's text: its TITLE and BODY, or the whole TEXT element when it has neither (TYPE
     "UNPROC"); SGML entities (&lt;, &#3;) decoded, control characters removed."""
-    parts = [m.group(1) for tag in ("TITLE", "BODY") for m in [re.search(rf"<{tag}>(.*?)</{tag}>", body, re.S)] if m]
+    parts = [m.group(1) for tag in ("TITLE", "BODY")
+             for m in [re.search(rf"<{tag}>(.*?)</{tag}>", body, re.S)] if m]
     if not parts:
         text = re.search(r"<TEXT[^>]*>(.*?)</TEXT>", body, re.S)
         parts = [re.sub(r"<[^>]+>", " ", text.group(1))] if text else []
@@ -311,23 +328,27 @@ def read_reuters(paths, task, source):
         found, line, seen = 0, 1, 0
         for match in REUTERS_ELEMENT.finditer(sgml):
             found += 1
-            line, seen = line + sgml.count("\n", seen, match.start()), match.start()  # counted as we go
+            # the story's line number, counted as we go
+            line, seen = line + sgml.count("\n", seen, match.start()), match.start()
             where = f"{path}:{line}"
             attrs = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
             if "NEWID" not in attrs or "LEWISSPLIT" not in attrs or "TOPICS" not in attrs:
-                raise DataError(f"{where}: a <REUTERS> element without its TOPICS, LEWISSPLIT and NEWID attributes")
+                raise DataError(f"{where}: a <REUTERS> element without its TOPICS, LEWISSPLIT and "
+                                f"NEWID attributes")
             if attrs["TOPICS"] != "YES" or attrs["LEWISSPLIT"] != split:
                 continue
             topics = re.search(r"<TOPICS>(.*?)</TOPICS>", match.group(2), re.S)
             names = re.findall(r"<D>(.*?)</D>", topics.group(1)) if topics else []
             classes = tuple(sorted(task.labels.index(n) for n in set(names) if n in task.labels))
             if classes:
-                examples.append(Example(text=reuters_text(match.group(2)), label=classes, id=attrs["NEWID"]))
+                examples.append(Example(text=reuters_text(match.group(2)), label=classes,
+                                        id=attrs["NEWID"]))
         if found != sgml.count("<REUTERS "):
             opened = [m.start() for m in re.finditer(r"<REUTERS ", sgml)]
             closed = {m.start() for m in REUTERS_ELEMENT.finditer(sgml)}
             bad = next(i for i in opened if i not in closed)
-            raise DataError(f"{path}:{sgml.count(chr(10), 0, bad) + 1}: a <REUTERS> element that is never closed")
+            raise DataError(f"{path}:{sgml.count(chr(10), 0, bad) + 1}: a <REUTERS> element that "
+                            f"is never closed")
     return examples
 
 
@@ -337,7 +358,8 @@ def read_goemotions(paths, task, source):
     into emotions.txt, 27 = neutral) and the Reddit comment id."""
     path = paths[0]
     examples = []
-    for lineno, row in enumerate(csv_rows(path, delimiter="\t"), start=1):  # no text holds a newline: row = line
+    # no text holds a newline: row = line
+    for lineno, row in enumerate(csv_rows(path, delimiter="\t"), start=1):
         if len(row) != 3:
             raise DataError(f"{path}:{lineno}: expected 3 tab-separated fields, got {len(row)}")
         classes = parse_classes(row[1].split(","), task, f"{path}:{lineno}")
@@ -352,18 +374,21 @@ def read_aapd(paths, task, source):
     text_path, label_path = paths
     texts, labels = read_lines(text_path), read_lines(label_path)
     if len(texts) != len(labels):
-        raise DataError(f"{label_path}: {len(labels)} lines of labels for the {len(texts)} texts of {text_path}")
+        raise DataError(f"{label_path}: {len(labels)} lines of labels for the {len(texts)} texts "
+                        f"of {text_path}")
     examples = []
     for lineno, (text, names) in enumerate(zip(texts, labels), start=1):
         if not names.split():
             raise DataError(f"{label_path}:{lineno}: no labels")
-        examples.append(Example(text=text.strip(), label=parse_classes(names.split(), task, f"{label_path}:{lineno}"),
+        examples.append(Example(text=text.strip(),
+                                label=parse_classes(names.split(), task, f"{label_path}:{lineno}"),
                                 id=f"{source}:{lineno}"))
     return examples
 
 
 def aapd_label_names(label_path):
-    """AAPD ships no list of its 54 labels: they are the names in its training label file, sorted."""
+    """AAPD ships no list of its 54 labels: they are the names in its training label file,
+    sorted."""
     if not os.path.exists(label_path):
         raise DataError(f"{label_path}: not found; AAPD's labels are read from it")
     return sorted({name for line in read_lines(label_path) for name in line.split()})

@@ -38,7 +38,8 @@ def load_safetensors(path):
         raise WeightsError(f"{path}: not a safetensors file (only {len(data)} bytes)")
     (n,) = struct.unpack("<Q", data[:8])
     if 8 + n > len(data):
-        raise WeightsError(f"{path}: header says {n} bytes but the file has {len(data) - 8}; truncated?")
+        raise WeightsError(f"{path}: header says {n} bytes but the file has {len(data) - 8}; "
+                           f"truncated?")
     try:
         header = json.loads(data[8:8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -59,10 +60,12 @@ def load_safetensors(path):
             numel *= s
         expected = numel * torch.empty((), dtype=dtype).element_size()
         if not 0 <= begin <= end <= len(buffer) or end - begin != expected:
-            raise WeightsError(f"{path}: tensor '{name}' {info['dtype']}{shape} needs {expected} bytes at "
-                               f"[{begin}, {end}) of a {len(buffer)}-byte buffer; truncated or corrupt file")
+            raise WeightsError(f"{path}: tensor '{name}' {info['dtype']}{shape} needs {expected} "
+                               f"bytes at [{begin}, {end}) of a {len(buffer)}-byte buffer; "
+                               f"truncated or corrupt file")
         raw = bytearray(buffer[begin:end])  # a writable copy, so the tensor owns its memory
-        tensors[name] = torch.frombuffer(raw, dtype=dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+        tensors[name] = (torch.frombuffer(raw, dtype=dtype).reshape(shape) if numel
+                         else torch.empty(shape, dtype=dtype))
     return tensors
 
 
@@ -72,7 +75,8 @@ def save_safetensors(tensors, path):
     header, chunks, offset = {}, [], 0
     for name, t in tensors.items():
         raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
         chunks.append(raw)
         offset += len(raw)
     head = json.dumps(header).encode()

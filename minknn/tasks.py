@@ -18,9 +18,9 @@ import dataclasses
 
 from minknn import MinknnError
 from minknn.data import Task, source_paths
-from minknn.readers import (aapd_label_names, glue_tsv, read_aapd, read_agnews, read_goemotions, read_imdb,
-                            read_minbert_pairs, read_minbert_sentiment, read_reuters, read_senteval_classes,
-                            read_sst_binary, read_sst_fine, read_trec)
+from minknn.readers import (aapd_label_names, glue_tsv, read_aapd, read_agnews, read_goemotions,
+                            read_imdb, read_minbert_pairs, read_minbert_sentiment, read_reuters,
+                            read_senteval_classes, read_sst_binary, read_sst_fine, read_trec)
 
 THREE_WAY = {"train": ("all", 0.0, 0.8), "dev": ("all", 0.8, 0.9), "test": ("all", 0.9, 1.0)}
 DEV_FROM_TRAIN = {"train": ("train", 0.0, 0.9), "dev": ("train", 0.9, 1.0), "test": "test"}
@@ -34,47 +34,51 @@ MINBERT = "https://raw.githubusercontent.com/gpoesia/minbert-default-final-proje
 
 REUTERS_FILES = tuple(f"reut2-{i:03d}.sgm" for i in range(22))
 REUTERS_90 = [  # the ModApte topics with at least one training and one test story (R90)
-    "acq", "alum", "barley", "bop", "carcass", "castor-oil", "cocoa", "coconut", "coconut-oil", "coffee",
-    "copper", "copra-cake", "corn", "cotton", "cotton-oil", "cpi", "cpu", "crude", "dfl", "dlr", "dmk",
-    "earn", "fuel", "gas", "gnp", "gold", "grain", "groundnut", "groundnut-oil", "heat", "hog", "housing",
-    "income", "instal-debt", "interest", "ipi", "iron-steel", "jet", "jobs", "l-cattle", "lead", "lei",
-    "lin-oil", "livestock", "lumber", "meal-feed", "money-fx", "money-supply", "naphtha", "nat-gas",
-    "nickel", "nkr", "nzdlr", "oat", "oilseed", "orange", "palladium", "palm-oil", "palmkernel", "pet-chem",
-    "platinum", "potato", "propane", "rand", "rape-oil", "rapeseed", "reserves", "retail", "rice", "rubber",
-    "rye", "ship", "silver", "sorghum", "soy-meal", "soy-oil", "soybean", "strategic-metal", "sugar",
-    "sun-meal", "sun-oil", "sunseed", "tea", "tin", "trade", "veg-oil", "wheat", "wpi", "yen", "zinc"]
+    "acq", "alum", "barley", "bop", "carcass", "castor-oil", "cocoa", "coconut", "coconut-oil",
+    "coffee", "copper", "copra-cake", "corn", "cotton", "cotton-oil", "cpi", "cpu", "crude", "dfl",
+    "dlr", "dmk", "earn", "fuel", "gas", "gnp", "gold", "grain", "groundnut", "groundnut-oil",
+    "heat", "hog", "housing", "income", "instal-debt", "interest", "ipi", "iron-steel", "jet",
+    "jobs", "l-cattle", "lead", "lei", "lin-oil", "livestock", "lumber", "meal-feed", "money-fx",
+    "money-supply", "naphtha", "nat-gas", "nickel", "nkr", "nzdlr", "oat", "oilseed", "orange",
+    "palladium", "palm-oil", "palmkernel", "pet-chem", "platinum", "potato", "propane", "rand",
+    "rape-oil", "rapeseed", "reserves", "retail", "rice", "rubber", "rye", "ship", "silver",
+    "sorghum", "soy-meal", "soy-oil", "soybean", "strategic-metal", "sugar", "sun-meal", "sun-oil",
+    "sunseed", "tea", "tin", "trade", "veg-oil", "wheat", "wpi", "yen", "zinc"]
 GOEMOTIONS = [  # data/emotions.txt, in its order (27 = neutral)
-    "admiration", "amusement", "anger", "annoyance", "approval", "caring", "confusion", "curiosity", "desire",
-    "disappointment", "disapproval", "disgust", "embarrassment", "excitement", "fear", "gratitude", "grief",
-    "joy", "love", "nervousness", "optimism", "pride", "realization", "relief", "remorse", "sadness",
-    "surprise", "neutral"]
+    "admiration", "amusement", "anger", "annoyance", "approval", "caring", "confusion", "curiosity",
+    "desire", "disappointment", "disapproval", "disgust", "embarrassment", "excitement", "fear",
+    "gratitude", "grief", "joy", "love", "nervousness", "optimism", "pride", "realization",
+    "relief", "remorse", "sadness", "surprise", "neutral"]
 
 
 def senteval(name, folder, files, labels, count):
-    return Task(name, f"senteval/{folder}", read_senteval_classes, {"all": files}, labels, splits=THREE_WAY,
-                counts={"all": count})
+    return Task(name, f"senteval/{folder}", read_senteval_classes, {"all": files}, labels,
+                splits=THREE_WAY, counts={"all": count})
 
 
 TASKS = {t.name: t for t in [
     # CS224N minBERT (the default final project's files)
     Task("sst", "minbert", read_minbert_sentiment, url=MINBERT, labels=SST5,
-         files={"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
+         files={"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv",
+                "test": "ids-sst-test-student.csv"},
          counts={"train": 8544, "dev": 1101, "test": 2210},
          blobs={"ids-sst-train.csv": "9cb7333cb1dae49c2bd2a4b56a24882a6e8704b5",
                 "ids-sst-dev.csv": "3171aa629a340809d2db4a50df8f6e5ec9420ab0",
                 "ids-sst-test-student.csv": "bbd2313758825f86e24416d6aad64cd93370cf7a"}),
     Task("cfimdb", "minbert", read_minbert_sentiment, url=MINBERT, labels=POLARITY,
-         files={"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv", "test": "ids-cfimdb-test-student.csv"},
+         files={"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv",
+                "test": "ids-cfimdb-test-student.csv"},
          counts={"train": 1707, "dev": 245, "test": 488},
          blobs={"ids-cfimdb-train.csv": "cd57bcbd2f7214ea6dd1783d3e885d324b1f478d",
                 "ids-cfimdb-dev.csv": "8a0f5dcf3d40189b96c801a12cd79bf8003e61de",
                 "ids-cfimdb-test-student.csv": "1e789c709b3ca0511f027a309b6d8bd21cde41b2"}),
     # quora-train.csv (22 MB) and quora-test-student.csv are missing from our reference copy
-    # (../shared/data/SOURCES.md): their blob ids come from the repository's listing, unchecked here;
-    # quora-dev.csv has 20,214 rows, two of them without a label (readers.read_minbert_pairs)
+    # (../shared/data/SOURCES.md): their blob ids come from the repository's listing, unchecked
+    # here; quora-dev.csv has 20,214 rows, two of them without a label (readers.read_minbert_pairs)
     Task("quora", "minbert", read_minbert_pairs, url=MINBERT, pair=True, positive=1,
          labels=["not duplicate", "duplicate"],
-         files={"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
+         files={"train": "quora-train.csv", "dev": "quora-dev.csv",
+                "test": "quora-test-student.csv"},
          counts={"train": 141506, "dev": 20212, "test": 40431},
          blobs={"quora-train.csv": "a3b5546f6a0e65b60a328a5d294d1038f5bed1da",
                 "quora-dev.csv": "de7cfa32428fd470b93f778fccc45a619e01336f",
@@ -88,51 +92,65 @@ TASKS = {t.name: t for t in [
 
     # SentEval (its processed files, data/downstream layout)
     senteval("mr", "MR", ("rt-polarity.neg", "rt-polarity.pos"), POLARITY, 10662),
-    senteval("cr", "CR", ("custrev.neg", "custrev.pos"), POLARITY, 3771),  # SentEval's 3,775 less 4 blank lines
-    senteval("subj", "SUBJ", ("subj.objective", "subj.subjective"), ["objective", "subjective"], 10000),
-    senteval("mpqa", "MPQA", ("mpqa.neg", "mpqa.pos"), POLARITY, 10603),  # SentEval's 10,606 less 3 blank lines
+    # SentEval's 3,775 less 4 blank lines
+    senteval("cr", "CR", ("custrev.neg", "custrev.pos"), POLARITY, 3771),
+    senteval("subj", "SUBJ", ("subj.objective", "subj.subjective"), ["objective", "subjective"],
+             10000),
+    # SentEval's 10,606 less 3 blank lines
+    senteval("mpqa", "MPQA", ("mpqa.neg", "mpqa.pos"), POLARITY, 10603),
     Task("trec", "senteval/TREC", read_trec, {"train": "train_5500.label", "test": "TREC_10.label"},
          labels=["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"], splits=DEV_FROM_TRAIN,
          counts={"train": 5452, "test": 500}),
-    Task("sst2", "senteval/SST/binary", read_sst_binary, labels=POLARITY,  # phrases in train, sentences in dev/test
+    # phrases in train, sentences in dev/test
+    Task("sst2", "senteval/SST/binary", read_sst_binary, labels=POLARITY,
          files={"train": "sentiment-train", "dev": "sentiment-dev", "test": "sentiment-test"},
          counts={"train": 67349, "dev": 872, "test": 1821}),
-    Task("sst5", "senteval/SST/fine", read_sst_fine, labels=SST5,  # sst's sentences, with a labelled test split
+    # sst's sentences, with a labelled test split
+    Task("sst5", "senteval/SST/fine", read_sst_fine, labels=SST5,
          files={"train": "sentiment-train", "dev": "sentiment-dev", "test": "sentiment-test"},
          counts={"train": 8544, "dev": 1101, "test": 2210}),
 
     # GLUE (download_glue_data.py's glue_data/<TASK>/ layout); see GLUE above for the splits
-    Task("rte", "glue/RTE", glue_tsv("sentence1", "sentence2"), {"train": "train.tsv", "dev": "dev.tsv"},
+    Task("rte", "glue/RTE", glue_tsv("sentence1", "sentence2"),
+         {"train": "train.tsv", "dev": "dev.tsv"},
          labels=NLI, pair=True, splits=GLUE, counts={"train": 2490, "dev": 277}),
-    Task("cola", "glue/CoLA", glue_tsv("sentence", columns=("source", "label", "original", "sentence")),
-         {"train": "train.tsv", "dev": "dev.tsv"}, labels=["unacceptable", "acceptable"], splits=GLUE,
-         counts={"train": 8551, "dev": 1043}, metrics=("mcc", "acc", "macro_f1")),
+    Task("cola", "glue/CoLA",
+         glue_tsv("sentence", columns=("source", "label", "original", "sentence")),
+         {"train": "train.tsv", "dev": "dev.tsv"}, labels=["unacceptable", "acceptable"],
+         splits=GLUE, counts={"train": 8551, "dev": 1043}, metrics=("mcc", "acc", "macro_f1")),
     Task("glue-sst2", "glue/SST-2", glue_tsv("sentence"), {"train": "train.tsv", "dev": "dev.tsv"},
          labels=POLARITY, splits=GLUE, counts={"train": 67349, "dev": 872}),
-    Task("qnli", "glue/QNLI", glue_tsv("question", "sentence"), {"train": "train.tsv", "dev": "dev.tsv"},
-         labels=NLI, pair=True, splits=GLUE, counts={"train": 104743, "dev": 5463}),  # train.tsv: not in our copy
-    Task("stsb", "glue/STS-B", glue_tsv("sentence1", "sentence2", label="score"), {"train": "train.tsv", "dev": "dev.tsv"},
+    Task("qnli", "glue/QNLI", glue_tsv("question", "sentence"),
+         {"train": "train.tsv", "dev": "dev.tsv"},  # train.tsv: not in our copy
+         labels=NLI, pair=True, splits=GLUE, counts={"train": 104743, "dev": 5463}),
+    Task("stsb", "glue/STS-B", glue_tsv("sentence1", "sentence2", label="score"),
+         {"train": "train.tsv", "dev": "dev.tsv"},
          labels=[], kind="similarity", pair=True, splits=GLUE, counts={"train": 5749, "dev": 1500}),
-    # GLUE's MRPC has no single official download of the tsv files (download_glue_data.py builds them
-    # from Microsoft's .msi), so there is no url: point --data_dir at a copy
-    Task("mrpc", "glue/MRPC", glue_tsv("#1 String", "#2 String", label="Quality", id=("#1 ID", "#2 ID")),
-         {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}, labels=["not paraphrase", "paraphrase"],
-         pair=True, positive=1, counts={"train": 3668, "dev": 408, "test": 1725}, metrics=("acc", "f1", "macro_f1")),
+    # GLUE's MRPC has no single official download of the tsv files (download_glue_data.py builds
+    # them from Microsoft's .msi), so there is no url: point --data_dir at a copy
+    Task("mrpc", "glue/MRPC",
+         glue_tsv("#1 String", "#2 String", label="Quality", id=("#1 ID", "#2 ID")),
+         {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
+         labels=["not paraphrase", "paraphrase"], pair=True, positive=1,
+         counts={"train": 3668, "dev": 408, "test": 1725}, metrics=("acc", "f1", "macro_f1")),
 
     # long documents and topics
-    Task("imdb", "imdb", read_imdb, {"train": "aclImdb_v1.tar.gz", "test": "aclImdb_v1.tar.gz"}, labels=POLARITY,
-         splits=DEV_FROM_TRAIN, counts={"train": 25000, "test": 25000},
+    Task("imdb", "imdb", read_imdb, {"train": "aclImdb_v1.tar.gz", "test": "aclImdb_v1.tar.gz"},
+         labels=POLARITY, splits=DEV_FROM_TRAIN, counts={"train": 25000, "test": 25000},
          url="https://ai.stanford.edu/~amaas/data/sentiment/"),
     Task("agnews", "agnews/ag_news_csv", read_agnews, {"train": "train.csv", "test": "test.csv"},
-         labels=["World", "Sports", "Business", "Sci/Tech"], splits=DEV_FROM_TRAIN,  # train.csv: not in our copy
-         counts={"train": 120000, "test": 7600}),
+         labels=["World", "Sports", "Business", "Sci/Tech"], splits=DEV_FROM_TRAIN,
+         counts={"train": 120000, "test": 7600}),  # train.csv: not in our copy
 
     # multi-label
     Task("reuters", "reuters21578", read_reuters, {"train": REUTERS_FILES, "test": REUTERS_FILES},
-         labels=REUTERS_90, kind="multilabel", splits=DEV_FROM_TRAIN, counts={"train": 7770, "test": 3019}),
-    Task("goemotions", "goemotions/data", read_goemotions, {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
+         labels=REUTERS_90, kind="multilabel", splits=DEV_FROM_TRAIN,
+         counts={"train": 7770, "test": 3019}),
+    Task("goemotions", "goemotions/data", read_goemotions,
+         {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"},
          labels=GOEMOTIONS, kind="multilabel", counts={"train": 43410, "dev": 5426, "test": 5427}),
-    Task("aapd", "aapd", read_aapd, labels=None, kind="multilabel",  # not in our copy; labels: get_task
+    # not in our copy; labels: get_task
+    Task("aapd", "aapd", read_aapd, labels=None, kind="multilabel",
          files={"train": ("text_train", "label_train"), "dev": ("text_val", "label_val"),
                 "test": ("text_test", "label_test")},
          counts={"train": 53840, "dev": 1000, "test": 1000}),
@@ -146,5 +164,6 @@ def get_task(name, data_dir=None):
         raise MinknnError(f"unknown --task '{name}'; choose one of: {', '.join(TASKS)}")
     task = TASKS[name]
     if task.labels is None:
-        task = dataclasses.replace(task, labels=aapd_label_names(source_paths(task, "train", data_dir)[1]))
+        label_file = source_paths(task, "train", data_dir)[1]
+        task = dataclasses.replace(task, labels=aapd_label_names(label_file))
     return task

@@ -1,7 +1,7 @@
 """WordPiece tokenisation for BERT, through the `tokenizers` package.
 
-    "A great film!"            -> [CLS] a great film ! [SEP]                token types 0 ... 0
-    ("Is it?", "Yes it is.")   -> [CLS] is it ? [SEP] yes it is . [SEP]   token types 0 ... 0 1 ... 1
+    "A great film!"           -> [CLS] a great film ! [SEP]                token types 0 ... 0
+    ("Is it?", "Yes it is.")  -> [CLS] is it ? [SEP] yes it is . [SEP]   token types 0 ... 0 1 ... 1
 
 A batch is padded to its longest sequence, not to --max_len: SST sentences average ~25
 tokens, so padding every batch to 64 or 128 would spend most of the CPU time on padding.
@@ -23,7 +23,8 @@ class Tokenizer:
         for special in ("[PAD]", "[UNK]", "[CLS]", "[SEP]"):
             if special not in self.vocab:
                 raise MinknnError(f"the vocabulary has no {special} token")
-        self.tok = BertWordPieceTokenizer({w: i for i, w in enumerate(self.vocab)}, lowercase=lowercase)
+        self.tok = BertWordPieceTokenizer({w: i for i, w in enumerate(self.vocab)},
+                                          lowercase=lowercase)
         self.tok.enable_truncation(max_len)
         self.pad_id = self.vocab.index("[PAD]")
 
@@ -54,9 +55,12 @@ class Tokenizer:
         tensors input_ids, attention_mask and token_type_ids, ready for BertModel."""
         T = max(len(ids) for ids, _ in encodings)
         return {
-            "input_ids": torch.tensor([ids + [self.pad_id] * (T - len(ids)) for ids, _ in encodings]),
-            "attention_mask": torch.tensor([[1] * len(ids) + [0] * (T - len(ids)) for ids, _ in encodings]),
-            "token_type_ids": torch.tensor([types + [0] * (T - len(types)) for _, types in encodings]),
+            "input_ids": torch.tensor([ids + [self.pad_id] * (T - len(ids))
+                                       for ids, _ in encodings]),
+            "attention_mask": torch.tensor([[1] * len(ids) + [0] * (T - len(ids))
+                                            for ids, _ in encodings]),
+            "token_type_ids": torch.tensor([types + [0] * (T - len(types))
+                                            for _, types in encodings]),
         }
 
     def __call__(self, texts, texts_b=None):

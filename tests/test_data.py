@@ -10,6 +10,7 @@ import pytest
 from minknn import MinknnError
 from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset, git_blob_id,
                          load_split, stratified_sample, training_examples)
+from minknn.kinds import kind_of
 from minknn.tasks import TASKS, get_task
 
 
@@ -254,3 +255,5 @@ def test_every_registered_task_is_complete():
         assert task.kind in ("classify", "similarity", "multilabel"), name
         assert (task.labels == []) == (task.kind == "similarity") or task.labels is None, name
         assert task.positive is None or task.pair, f"{name}: only a pair task has a matching class"
+        first = (task.metrics or kind_of(task).metrics)[0]
+        assert first != "hamming", f"{name}: the first score picks the best epoch; it must be higher-is-better"

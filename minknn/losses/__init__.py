@@ -66,7 +66,8 @@ METRIC_LOSSES = {
     "mlcon": MultiLabelContrastiveLoss,
 }
 LOSSES = (*BASE_LOSSES, *METRIC_LOSSES)
-MEMORY_LOSSES = tuple(name for name, loss in METRIC_LOSSES.items() if getattr(loss, "uses_memory", False))
+MEMORY_LOSSES = tuple(name for name, loss in METRIC_LOSSES.items()
+                      if getattr(loss, "uses_memory", False))
 
 
 def check_loss_name(name):
@@ -80,7 +81,8 @@ def loss_kind(name):
 
 
 def loss_flags(name, args):
-    """The train.py flags (a dict of them) that loss `name` is built with, e.g. knnbert's --m_most."""
+    """The train.py flags (a dict of them) that loss `name` is built with, e.g. knnbert's
+    --m_most."""
     return {flag: args[flag] for flag in getattr(METRIC_LOSSES.get(name), "flags", ())}
 
 
@@ -90,7 +92,8 @@ class Objective(nn.Module):
     Called as objective(output, targets) with the model's Output, plus the batch's keys and the
     memory for a memory loss; returns the total and, for the progress bar, its parts."""
 
-    def __init__(self, name, num_classes, dim, lam=None, decoupled=False, pair_loss=None, positive=None, **flags):
+    def __init__(self, name, num_classes, dim, lam=None, decoupled=False, pair_loss=None,
+                 positive=None, **flags):
         super().__init__()
         check_loss_name(name)
         self.kind = loss_kind(name)
@@ -102,8 +105,10 @@ class Objective(nn.Module):
         elif pair_loss:
             self.metric = PairLoss(pair_loss, positive)
         else:
-            self.metric = METRIC_LOSSES[name](num_classes, dim, **flags) if name in METRIC_LOSSES else None
-        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)  # 0 <= lam <= 1
+            self.metric = (METRIC_LOSSES[name](num_classes, dim, **flags) if name in METRIC_LOSSES
+                           else None)
+        # 0 <= lam <= 1
+        self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)
 
     @property
     def uses_memory(self):
@@ -119,7 +124,8 @@ class Objective(nn.Module):
                 metric = self.metric(h, labels, batch_keys, memory.keys, memory.labels)
             else:
                 metric = self.metric(h, labels)
-        base_weight = 1.0 if self.kind == "multilabel" else 1 - self.lam  # Su et al.: BCE + gamma L_con
+        # Su et al.: BCE + gamma L_con
+        base_weight = 1.0 if self.kind == "multilabel" else 1 - self.lam
         total = base_weight * base + self.lam * metric
         return total, {self.base_name: base.detach(), "metric": metric.detach()}
 
@@ -139,11 +145,12 @@ def task_loss(task, dim, args, siamese=False):
         return Regression(args.get("sts_loss") or "mse")
     name = metric_loss_for(task, args, siamese)
     pair_loss = args.get("pair_loss") if siamese and task.positive is not None else None
-    return Objective(name, len(task.labels), dim, args.get("lam"), args.get("decoupled", False), pair_loss,
-                     task.positive, **loss_flags(name, args))
+    return Objective(name, len(task.labels), dim, args.get("lam"), args.get("decoupled", False),
+                     pair_loss, task.positive, **loss_flags(name, args))
 
 
 def build_losses(model, args):
     """Every task's loss (task name -> module), built from train.py's arguments (a dict)."""
     H = model.bert.config.hidden_size
-    return nn.ModuleDict({name: task_loss(t, H, args, model.siamese(t)) for name, t in model.tasks.items()})
+    return nn.ModuleDict({name: task_loss(t, H, args, model.siamese(t))
+                          for name, t in model.tasks.items()})

@@ -1,4 +1,5 @@
-"""Pairwise contrastive loss (Hadsell, Chopra, LeCun 2006), as written in the minBERT extension report.
+"""Pairwise contrastive loss (Hadsell, Chopra, LeCun 2006), as written in the minBERT extension
+report.
 
     L(i, j) = 1/2 (1 - y_ij) d_ij^2 + 1/2 y_ij max(0, m - d_ij)^2
     d_ij = ||z_i - z_j||,  z = h / ||h||

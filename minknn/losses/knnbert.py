@@ -1,7 +1,8 @@
 """KNN-BERT's supervised contrastive loss over a labelled memory (Li et al., "KNN-BERT: Fine-Tuning
 Pre-Trained Models with KNN Classifier", eq. 3).
 
-    L_sc(q) = 1/|S(q)| sum_{k_j in S(q)} -log( exp(q.k_j / tau) / sum_{k_i in N(q) + {k_j}} exp(q.k_i / tau) )
+    L_sc(q) = 1/|S(q)| sum_{k_j in S(q)}
+              -log( exp(q.k_j / tau) / sum_{k_i in N(q) + {k_j}} exp(q.k_i / tau) )
 
     q = h / ||h||      the query: the L2-normalised pooled representation of a training example
     k_i                the memory's keys (already L2-normalised), each with a label: the MoCo queue
@@ -10,7 +11,8 @@ Pre-Trained Models with KNN Classifier", eq. 3).
     S(q) = the M_m most similar and the M_l least similar positives (--m_most, --m_least); a
            class with at most M_m + M_l positives in memory uses all of them
 
-Each term is -s_j + log(exp(s_j) + sum_N exp(s_i)) = softplus(logsumexp_N(s) - s_j) with s = q.k / tau.
+Each term is -s_j + log(exp(s_j) + sum_N exp(s_i)) = softplus(logsumexp_N(s) - s_j) with
+s = q.k / tau.
 The batch loss is the mean of L_sc(q) over the queries with at least one positive in memory; a
 query without one contributes nothing (the authors' code skipped the whole loss then), and a
 batch without any gives 0. Trained as (1 - lam) CE + lam L_sc (eq. 6).
@@ -30,11 +32,14 @@ import torch.nn.functional as F
 
 
 def select_positives(s, positive, m_most, m_least):
-    """(B, K) mask of S(q): among each row's positives, the m_most largest and m_least smallest s."""
+    """(B, K) mask of S(q): among each row's positives, the m_most largest and m_least
+    smallest s."""
     n_pos = positive.sum(1, keepdim=True)                              # (B, 1)
     order = s.masked_fill(~positive, float("-inf")).argsort(dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(s.shape[1], device=s.device).expand_as(order))
-    # rank: 0 for the most similar positive, n_pos - 1 for the least similar; negatives rank after them
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(s.shape[1], device=s.device).expand_as(order))
+    # rank: 0 for the most similar positive, n_pos - 1 for the least similar; negatives rank
+    # after them
     return positive & ((rank < m_most) | (rank >= n_pos - m_least))
 
 
@@ -43,8 +48,10 @@ def knnbert_loss(q, labels, keys, key_labels, m_most, m_least, tau):
     s = q @ keys.T / tau                                               # (B, K)
     positive = labels[:, None] == key_labels[None, :]
     selected = select_positives(s, positive, m_most, m_least)
-    log_negatives = s.masked_fill(positive, float("-inf")).logsumexp(1, keepdim=True)   # (B, 1); -inf if none
-    terms = F.softplus(log_negatives - s) * selected                   # -log(e^s_j / (e^s_j + sum_N e^s_i))
+    # (B, 1); -inf if none
+    log_negatives = s.masked_fill(positive, float("-inf")).logsumexp(1, keepdim=True)
+    # -log(e^s_j / (e^s_j + sum_N e^s_i))
+    terms = F.softplus(log_negatives - s) * selected
     n_selected = selected.sum(1)
     has_positive = n_selected > 0
     per_query = terms.sum(1) / n_selected.clamp(min=1)
@@ -64,5 +71,7 @@ class KNNBertLoss(nn.Module):
         self.m_most, self.m_least, self.tau = m_most, m_least, tau
 
     def forward(self, h, labels, batch_keys, memory_keys, memory_labels):
-        # batch_keys (the key encoder's view of this batch) are not used: they join the memory after the step
-        return knnbert_loss(F.normalize(h, dim=-1), labels, memory_keys, memory_labels, self.m_most, self.m_least, self.tau)
+        # batch_keys (the key encoder's view of this batch) are not used: they join the memory
+        # after the step
+        return knnbert_loss(F.normalize(h, dim=-1), labels, memory_keys, memory_labels, self.m_most,
+                            self.m_least, self.tau)

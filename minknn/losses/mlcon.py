@@ -36,11 +36,13 @@ def mlcon(z, y, tau=10.0):
     if B < 2:
         return z.sum() * 0.0
     eye = torch.eye(B, dtype=torch.bool, device=z.device)
-    d = ((z[:, None] - z[None]) ** 2).sum(-1).clamp(min=1e-12).sqrt()   # (B, B); the clamp keeps d_ii's gradient finite
+    # the clamp keeps d_ii's gradient finite
+    d = ((z[:, None] - z[None]) ** 2).sum(-1).clamp(min=1e-12).sqrt()   # (B, B)
     logits = (-d / tau).masked_fill(eye, float("-inf"))                 # k in g(i): every k != i
     log_p = (logits - logits.logsumexp(1, keepdim=True)).masked_fill(eye, 0.0)
     C = (y @ y.T).masked_fill(eye, 0.0)                                  # (B, B) shared labels
-    beta = C / C.sum(1, keepdim=True).clamp(min=1)  # counts (y multi-hot): a row of zeros stays zeros
+    # counts (y multi-hot): a row of zeros stays zeros
+    beta = C / C.sum(1, keepdim=True).clamp(min=1)
     return -(beta * log_p).sum()
 
 

@@ -1,5 +1,6 @@
 """Multiple negatives ranking loss (Henderson et al. 2017, "Efficient Natural Language Response
-Suggestion for Smart Reply"), with cosine similarity and a scale, as in the minBERT extension report.
+Suggestion for Smart Reply"), with cosine similarity and a scale, as in the minBERT extension
+report.
 
 For K (anchor, positive) pairs (x_i, y_i), every other pair's positive is a negative for x_i:
 
@@ -46,8 +47,10 @@ class MNRLoss(nn.Module):
         positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
         negative = labels[:, None] != labels[None, :]
         if not positive.any() or not negative.any():
-            return s.sum() * 0.0                                   # no pair, or one class: -log 1 = 0
+            # no pair, or one class: -log 1 = 0
+            return s.sum() * 0.0
         # log sum_n exp S(x_i, x_n) over the negatives; every row has one here
         neg_lse = torch.logsumexp(s.masked_fill(~negative, float("-inf")), dim=1, keepdim=True)
-        terms = F.softplus(neg_lse - s)                            # (i, p): log(1 + sum_n exp(S_in - S_ip))
+        # (i, p): log(1 + sum_n exp(S_in - S_ip))
+        terms = F.softplus(neg_lse - s)
         return terms[positive].mean()

@@ -12,7 +12,8 @@ independent of the order of the batch.)
 
 f is the pooled representation h as it is, NOT normalised: Sohn uses raw inner products and keeps
 the norms in check with an L2 penalty; l2_reg = 0.002 is a small weight of our choosing. lam = 0.1.
-A batch with no (anchor, positive, negative) triple, e.g. a single class, gives 0 (plus the penalty).
+A batch with no (anchor, positive, negative) triple, e.g. a single class, gives 0 (plus the
+penalty).
 """
 import torch
 import torch.nn as nn
@@ -35,5 +36,6 @@ class NPairsLoss(nn.Module):
             return penalty
         # log sum_n exp(f_a.f_n) for every anchor; every row has a negative here
         neg_lse = torch.logsumexp(s.masked_fill(~negative, float("-inf")), dim=1, keepdim=True)
-        terms = F.softplus(neg_lse - s)                            # (a, p): log(1 + sum_n exp(s_an - s_ap))
+        # (a, p): log(1 + sum_n exp(s_an - s_ap))
+        terms = F.softplus(neg_lse - s)
         return terms[positive].mean() + penalty

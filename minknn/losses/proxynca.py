@@ -7,8 +7,8 @@ One learnable proxy p_c per class; an example should be nearer its class's proxy
 
 which is cross-entropy with logits -s d(x, p_c). Which denominator: the paper's sum runs over the
 OTHER proxies only (z != y), which makes L unbounded below; like the popular implementations
-(pytorch-metric-learning, ProxyNCA++) we sum over all C proxies, positive included, so that L >= 0 is a
-plain cross-entropy and the proxies cannot run off to make it -infinity.
+(pytorch-metric-learning, ProxyNCA++) we sum over all C proxies, positive included, so that L >= 0
+is a plain cross-entropy and the proxies cannot run off to make it -infinity.
 
 Hyper-parameters: scale s = 1 (the paper has no scale; since d lies in [0, 4], larger s sharpens
 the softmax); lam = 0.5. Proxies are trained with --proxy_lr like Proxy Anchor's.

@@ -1,15 +1,18 @@
-"""SoftTriple loss (Qian et al. 2019, "SoftTriple Loss: Deep Metric Learning Without Triplet Sampling").
+"""SoftTriple loss (Qian et al. 2019, "SoftTriple Loss: Deep Metric Learning Without Triplet
+Sampling").
 
 K learnable centres w_c^k per class (unit vectors), so a class can have several modes. The
 similarity of x to class c is a soft max over its centres:
 
     S_c(x) = sum_k softmax_k(x.w_c^k / gamma) x.w_c^k
-    L_SoftTriple = -log( exp(lambda (S_y - delta)) / (exp(lambda (S_y - delta)) + sum_{c != y} exp(lambda S_c)) )
+    L_SoftTriple = -log( exp(lambda (S_y - delta))
+                         / (exp(lambda (S_y - delta)) + sum_{c != y} exp(lambda S_c)) )
 
 i.e. cross-entropy with logits lambda (S_c - delta [c = y]), plus a regulariser that merges
 centres of a class that come close (so K acts as an upper bound on the modes):
 
-    R = tau * sum_c sum_{s < t} ||w_c^s - w_c^t|| / (C K (K - 1)),  ||w^s - w^t|| = sqrt(2 - 2 w^s.w^t)
+    R = tau * sum_c sum_{s < t} ||w_c^s - w_c^t|| / (C K (K - 1)),
+    ||w^s - w^t|| = sqrt(2 - 2 w^s.w^t)
 
 x = h / ||h||. Hyper-parameters (the paper's): K = 10, lambda = 20 (`scale` in the code, since
 `lam` is the weight of the loss in the combined objective), gamma = 0.1, delta = 0.01, tau = 0.2;
@@ -28,7 +31,8 @@ class SoftTripleLoss(nn.Module):
     def __init__(self, num_classes, dim, centres=10, scale=20.0, gamma=0.1, delta=0.01, tau=0.2):
         super().__init__()
         self.scale, self.gamma, self.delta, self.tau = scale, gamma, delta, tau
-        self.centres = nn.Parameter(torch.randn(num_classes, centres, dim))   # w_c^k = centres[c, k]
+        # w_c^k = centres[c, k]
+        self.centres = nn.Parameter(torch.randn(num_classes, centres, dim))
 
     def similarity(self, h):
         """S_c(x), (B, C)."""

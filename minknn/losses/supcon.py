@@ -1,6 +1,8 @@
-"""Supervised contrastive loss over the batch (Khosla et al. 2020, eq. 2, "L_out"), the SCL of Gunel et al. 2021.
+"""Supervised contrastive loss over the batch (Khosla et al. 2020, eq. 2, "L_out"), the SCL of
+Gunel et al. 2021.
 
-    L = 1/|I+| sum_{i in I+}  -1/|P(i)| sum_{p in P(i)} log( exp(z_i.z_p / tau) / sum_{a in A(i)} exp(z_i.z_a / tau) )
+    L = 1/|I+| sum_{i in I+}  -1/|P(i)| sum_{p in P(i)}
+        log( exp(z_i.z_p / tau) / sum_{a in A(i)} exp(z_i.z_a / tau) )
 
     z_i = h_i / ||h_i||      the L2-normalised pooled representation
     A(i) = every other example of the batch; P(i) = those in A(i) with label y_i

@@ -27,7 +27,8 @@ class TripletLoss(nn.Module):
     def forward(self, h, labels):
         z = F.normalize(h, dim=-1)
         d = (2 - 2 * z @ z.T).clamp(min=0)                         # (B, B) squared distances
-        positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)   # (a, p): same class, not a
+        # (a, p): same class, not a
+        positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
         negative = labels[:, None] != labels[None, :]              # (a, n)
         valid = positive[:, :, None] & negative[:, None, :]        # (a, p, n)
         terms = (d[:, :, None] - d[:, None, :] + self.margin).clamp(min=0)
