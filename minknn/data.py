@@ -69,10 +69,6 @@ def data_root(data_dir=None):
     return data_dir or os.environ.get("MINKNN_DATA") or "data"
 
 
-def split_names(task):
-    return list(task.splits or task.files)
-
-
 def load_split(task, split, data_dir=None):
     """One split of a task, its source files downloaded first where missing."""
     splits = task.splits or {s: s for s in task.files}

@@ -29,7 +29,7 @@ from minknn.metrics import METRICS, MULTILABEL
 
 
 class Classify:
-    default_loss = "ce"
+    default_loss = "ce"  # the base loss (minknn/losses): what --loss gives a task not of its kind
     metrics = ("acc", "macro_f1")
 
     def head(self, task, hidden, siamese):

@@ -4,6 +4,7 @@ and the combinations that cannot work refused with one line, before any training
 import argparse
 import sys
 
+from minknn.kinds import KINDS
 from minknn.losses import BASE_LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
 from minknn.losses.knnbert import M_LEAST, M_MOST
 from minknn.moco import MOMENTUM
@@ -60,7 +61,8 @@ def check_args(p, args):
     tasks = check_tasks(p, args)
     kinds = {t.kind for t in tasks}
     if args.loss is None:  # each task gets its kind's base loss; the run is named after one of them
-        args.loss = "ce" if "classify" in kinds else "bce" if "multilabel" in kinds else None
+        base = [KINDS[k].default_loss for k in ("classify", "multilabel") if k in kinds]
+        args.loss = base[0] if base else None  # a similarity-only run: --sts_loss
     elif loss_kind(args.loss) not in kinds:
         p.error(f"--loss {args.loss} trains {KIND_NAMES[loss_kind(args.loss)]} tasks, and "
                 f"{','.join(args.tasks)} has none")

@@ -35,6 +35,7 @@ import torch.nn as nn
 
 from minknn import MinknnError
 from minknn.decoupled import DecoupledTripletLoss
+from minknn.kinds import kind_of
 from minknn.losses.bce import BinaryCrossEntropy
 from minknn.losses.ce import CrossEntropy
 from minknn.losses.contrastive import ContrastiveLoss
@@ -133,9 +134,9 @@ class Objective(nn.Module):
 def metric_loss_for(task, args, siamese):
     """The name of the loss --loss gives this task: the named loss where it is of the task's
     kind and the task has one vector per example (not a siamese pair), else the kind's base loss."""
-    name = args.get("loss") or ("bce" if task.kind == "multilabel" else "ce")
-    if loss_kind(name) != task.kind or siamese:
-        return "bce" if task.kind == "multilabel" else "ce"
+    name = args.get("loss")
+    if name is None or loss_kind(name) != task.kind or siamese:
+        return kind_of(task).default_loss
     return name
 
 
