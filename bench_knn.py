@@ -24,7 +24,7 @@ import torch
 from minknn import run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.data import load_split
-from minknn.engine import autocast, encode_batch, pick_device, predict, to_device, train_batches
+from minknn.engine import autocast, encode_batch, pick_device, predict, to_device, TrainBatches
 from minknn.kinds import kind_of
 from minknn.knn import Datastore
 from minknn.losses import build_losses
@@ -108,7 +108,7 @@ def main():
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"device: {name}; {task.name}: {len(train)} train / {len(dev)} dev examples; batch 32")
 
-    batches = [rows for rows, _ in zip(train_batches(len(train), 32, random.Random(0)), range(args.steps))]
+    batches = [rows for rows, _ in zip(TrainBatches(len(train), 32, random.Random(0)), range(args.steps))]
     trainers = {loss: Trainer(loss, path, task, train, tokenizer, device, batches) for loss in ("ce", "knnbert")}
     seconds = {loss: float("inf") for loss in trainers}
     for _ in range(args.rounds):

@@ -23,7 +23,7 @@ from bench import timed
 from minknn import run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.data import load_split
-from minknn.engine import autocast, encode_batch, pick_device, to_device, train_batches
+from minknn.engine import autocast, encode_batch, pick_device, to_device, TrainBatches
 from minknn.kinds import kind_of
 from minknn.losses import build_losses
 from minknn.model import Model
@@ -126,7 +126,7 @@ def main():
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(path, 64)
     train = {t.name: load_split(t, "train", args.data_dir) for t in tasks}
-    streams = {t.name: train_batches(len(train[t.name]), 32, random.Random(0)) for t in tasks}
+    streams = {t.name: TrainBatches(len(train[t.name]), 32, random.Random(0)) for t in tasks}
     steps = []
     for _ in range(args.steps):
         step = {}

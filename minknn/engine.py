@@ -61,16 +61,34 @@ def encode_batch(tokenizer, examples, siamese=False):
     return tokenizer(texts, texts_b)
 
 
-def train_batches(n, batch_size, rng):
+class TrainBatches:
     """Batches of row indices into n training examples, one shuffled pass after another, for
     ever; the last batch of a pass may be short. A run of several tasks draws one batch of each
     per step, so a smaller task starts a new pass whenever it runs out. Rows, not examples: the
-    memory bank updates the entries of the batch's rows."""
-    while True:
-        order = list(range(n))
-        rng.shuffle(order)
-        for i in range(0, n, batch_size):
-            yield order[i:i + batch_size]
+    memory bank updates the entries of the batch's rows. Its place in the pass (state_dict) is
+    saved with a run's last state, so a resumed run draws the batches it would have drawn."""
+
+    def __init__(self, n, batch_size, rng):
+        self.n, self.batch_size, self.rng = n, batch_size, rng
+        self.order, self.pos = [], n  # the first batch starts a pass
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pos >= self.n:
+            self.order = list(range(self.n))
+            self.rng.shuffle(self.order)
+            self.pos = 0
+        rows = self.order[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return rows
+
+    def state_dict(self):
+        return {"order": list(self.order), "pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.order, self.pos = list(state["order"]), state["pos"]
 
 
 @torch.inference_mode()

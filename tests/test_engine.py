@@ -6,7 +6,7 @@ import torch
 
 from minknn.bert import BertModel
 from minknn.data import Example, load_split
-from minknn.engine import encode_batch, predict, train_batches
+from minknn.engine import encode_batch, predict, TrainBatches
 from minknn.model import Model
 from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
@@ -32,11 +32,25 @@ def test_cross_and_siamese_encode_a_pair_differently(tokenizer):
 
 
 def test_train_batches_redraw_a_small_task():
-    stream = train_batches(5, 2, random.Random(0))
+    stream = TrainBatches(5, 2, random.Random(0))
     batches = [next(stream) for _ in range(6)]  # two passes of 5 rows: 2 + 2 + 1, twice
     assert [len(b) for b in batches] == [2, 2, 1, 2, 2, 1]
     assert sorted(sum(batches[:3], [])) == list(range(5)) and sorted(sum(batches[3:], [])) == list(range(5))
     assert sum(batches[:3], []) != sum(batches[3:], [])  # each pass is shuffled anew
+
+
+def test_train_batches_resume_where_they_stopped():
+    """A stream rebuilt from its state_dict and its rng's state draws what the original would."""
+    rng = random.Random(0)
+    stream = TrainBatches(7, 3, rng)
+    [next(stream) for _ in range(4)]  # into the second pass
+    state, rng_state = stream.state_dict(), rng.getstate()
+    expected = [next(stream) for _ in range(5)]
+    again = random.Random(1)
+    again.setstate(rng_state)
+    resumed = TrainBatches(7, 3, again)
+    resumed.load_state_dict(state)
+    assert [next(resumed) for _ in range(5)] == expected, "a resumed TrainBatches drew other batches"
 
 
 @pytest.mark.parametrize("pair_mode", ["cross", "siamese"])
