@@ -25,9 +25,12 @@ Each run writes to its own folder (--out, default runs/<task>-<loss>-<time>):
 A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-label micro-F1);
 a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score).
 """
+import argparse
 import json
 import os
+import math
 import random
+import sys
 import time
 
 import torch
@@ -39,14 +42,16 @@ from minknn.checkpoint import save_checkpoint
 from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
                          training_examples)
 from minknn.engine import (autocast, encode_batch, pick_device, predict, seed_everything,
-                           to_device, train_batches)
+                           to_device, TrainBatches)
 from minknn.kinds import describe_run, kind_of, overall, score
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
 from minknn.model import POOLINGS, Model
-from minknn.moco import QUEUE_SIZE, filled_memory
+from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args
 from minknn.pcgrad import pcgrad_backward
 from minknn.proxy import has_proxies, proxy_logits
+from minknn.runs import (load_last, new_run_folder, open_run_folder, random_states, save_last,
+                         saved_args, set_random_states, write_json, write_jsonl)
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 
@@ -93,12 +98,32 @@ def get_args(argv=None):
     g.add_argument("--tasks", help=f"--task multitask: comma-separated (default: {DEFAULT_TASKS})")
     g.add_argument("--pcgrad", action="store_true", help="combine the gradients with PCGrad")
     g.add_argument("--steps_per_epoch", type=int, help="(default: a pass over the largest task)")
-    p.add_argument("--out", help="run folder (default: runs/<task>-<loss>-<time>)")
+    p.add_argument("--out", help="run folder, new or empty (default: "
+                   "runs/<task>-<loss>-seed<seed>-<time>)")
+    p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
+                   "completed epoch, with its own flags (only --device may change)")
     args = p.parse_args(argv)
+    if args.resume:
+        return resumed_args(p, args)
     check_args(p, args)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    args.out = args.out or os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-{stamp}")
     return args
+
+
+def resumed_args(p, args):
+    """--resume RUN: the run's own arguments; any other flag but --device is refused."""
+    given = [a.option_strings[0] for a in p._actions if a.dest not in ("help", "resume", "device")
+             and getattr(args, a.dest) != a.default]
+    if given:
+        p.error(f"--resume continues a run with the flags it started with; leave out "
+                f"{', '.join(given)} (or start a new run with another --out)")
+    saved = saved_args(args.resume)
+    return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
+                                 "device": args.device})
+
+
+class Diverged(MinknnError):
+    """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
+    of the epoch in progress is saved."""
 
 
 def make_optimizer(model_params, loss_params, args, total_steps):
@@ -129,7 +154,7 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
             memory = moco.memory if moco else None
             task_losses[name], parts[name] = losses[name](output, targets, keys, memory)
         if not torch.isfinite(task_losses[name]):
-            raise MinknnError(f"the {name} loss became {task_losses[name].item()}; try lower --lr")
+            raise Diverged(f"the {name} loss became {task_losses[name].item()}")
     optimizer.zero_grad(set_to_none=True)
     conflicts = None
     if pcgrad:  # gradient surgery on the shared encoder only: each head is its own task's
@@ -137,7 +162,9 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
         conflicts = pcgrad_backward(list(task_losses.values()), shared, rng)
     else:
         sum(task_losses.values()).backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    if not torch.isfinite(norm):  # before the step: the weights stay finite
+        raise Diverged(f"the gradient norm became {norm.item()}")
     optimizer.step()
     scheduler.step()
     if moco:
@@ -162,9 +189,39 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
 
 def main(argv=None):
     args = get_args(argv)
+    if args.resume:  # the folder first: a run still training in it stops this one at once
+        lock = open_run_folder(args.out)
+    else:
+        default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
+                                       f"{time.strftime('%Y%m%d-%H%M%S')}")
+        args.out, lock = new_run_folder(args.out, default)
+    try:
+        return train(args)
+    except KeyboardInterrupt:
+        last = load_last(args.out)
+        where = (f"the best checkpoint (epoch {last['best']['epoch']}) is "
+                 f"{os.path.join(args.out, 'checkpoint.pt')}" if last else "no epoch had finished")
+        summarise(args, last, stopped="interrupted")
+        print(f"\ninterrupted: {where}; continue with: python train.py --resume {args.out}",
+              file=sys.stderr)
+        sys.exit(130)
+    except Diverged as e:
+        last = load_last(args.out)
+        kept = (f"the last good checkpoint (epoch {last['best']['epoch']}) is in {args.out}"
+                if last else "nothing was saved")
+        summarise(args, last, stopped=f"diverged: {e}")
+        raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
+    finally:
+        lock.close()
+
+
+def train(args):
     seed_everything(args.seed)
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
+    if not args.resume:
+        write_json(os.path.join(args.out, "run.json"),
+                   {"args": {k: v for k, v in vars(args).items() if k != "resume"}})
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
@@ -184,8 +241,12 @@ def main(argv=None):
     model.start_heads(train)
     model.to(device)
     losses = build_losses(model, vars(args)).to(device)
+    last = load_last(args.out) if args.resume else None
     moco = fill_seconds = None
-    if args.loss in MEMORY_LOSSES:  # a run of one task (minknn/options.py)
+    if args.loss in MEMORY_LOSSES and last:  # the memory and key encoder come from last.pt
+        moco = MoCo(model, tasks[0], args.memory, len(last["memory"]["keys"]), args.momentum)
+        fill_seconds = last["memory_fill_seconds"]
+    elif args.loss in MEMORY_LOSSES:  # a run of one task (minknn/options.py)
         moco, fill_seconds = filled_memory(model, tokenizer, tasks[0], train[tasks[0].name],
                                            args.memory, args.queue_size, args.momentum,
                                            2 * args.batch_size, device)
@@ -198,22 +259,38 @@ def main(argv=None):
                           "similarity task has no head")
     steps = args.steps_per_epoch or max(-(-len(e) // args.batch_size) for e in train.values())
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
+    rng = random.Random(args.seed)
+    streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
+    best, records, epoch_times = None, [], []
+    if last:  # everything a step reads, as it was after the last completed epoch
+        model.load_state_dict(last["model"])
+        losses.load_state_dict(last["loss"])
+        optimizer.load_state_dict(last["optimizer"])
+        scheduler.load_state_dict(last["scheduler"])
+        if moco:
+            moco.memory.load_state_dict(last["memory"])
+            if moco.key_encoder:
+                moco.key_encoder.encoder.load_state_dict(last["key_encoder"])
+        for name, stream in streams.items():
+            stream.load_state_dict(last["streams"][name])
+        rng.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in last["rng"]))
+        set_random_states(last["random"])
+        best, records = last["best"], last["records"]
+        epoch_times = [r["epoch_seconds"] for r in records]
 
-    os.makedirs(args.out, exist_ok=True)
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
           f"{sum(p.numel() for p in params):,} trainable parameters; "
           f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
           f"{steps} steps/epoch; {device}; run folder {args.out}")
-    if moco:
+    if moco and not last:
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in {fill_seconds:.0f} s")
+    if last:
+        print(f"resumed after epoch {last['epoch']} of {args.epochs}")
 
     # the loop: one batch of every task per step
-    rng = random.Random(args.seed)
-    streams = {t.name: train_batches(len(train[t.name]), args.batch_size, rng) for t in tasks}
-    best, epoch_times = None, []
-    for epoch in range(1, args.epochs + 1):
+    for epoch in range(len(records) + 1, args.epochs + 1):
         model.train()
         start, totals, parts_sum, conflicts = time.time(), dict.fromkeys(train, 0.0), {}, 0
         bar = tqdm(range(steps), desc=f"epoch {epoch}/{args.epochs}")
@@ -225,8 +302,11 @@ def main(argv=None):
                 inputs = to_device(encode_batch(tokenizer, examples, model.siamese(t)), device)
                 batches[t.name] = (inputs, kind_of(t).targets(t, examples, device),
                                    torch.tensor(rows, device=device))
-            task_losses, parts, found = train_step(model, losses, optimizer, scheduler, params,
-                                                   batches, moco, args.pcgrad, rng)
+            try:
+                task_losses, parts, found = train_step(model, losses, optimizer, scheduler,
+                                                       params, batches, moco, args.pcgrad, rng)
+            except Diverged as e:
+                raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None
             conflicts += found or 0
             for name, loss in task_losses.items():
                 totals[name] += loss.item()
@@ -237,39 +317,80 @@ def main(argv=None):
         epoch_times.append(time.time() - start)
 
         dev_scores = evaluate(model, losses, tokenizer, tasks, dev, args, device)
+        check_finite(epoch, model, losses, dev_scores)
         record = {"epoch": epoch, "train_loss": {n: total / steps for n, total in totals.items()},
                   "epoch_seconds": round(epoch_times[-1], 1), "dev": dev_scores}
         if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
             pairs = steps * len(tasks) * (len(tasks) - 1) // 2
             record["conflicting_pairs"] = round(conflicts / pairs, 4)
-        with open(os.path.join(args.out, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        records.append(record)
         is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
         if is_best:
             best = {"epoch": epoch, "dev": dev_scores}
             save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
                             vars(args), epoch, dev_scores, moco.memory if moco else None)
+        # then the state to resume from, then the records: a kill between two of these saves
+        # leaves last.pt one epoch behind, and the resumed run redoes that epoch
+        save_last(args.out, epoch=epoch, best=best, records=records,
+                  model=model.state_dict(), loss=losses.state_dict(),
+                  optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                  streams={n: s.state_dict() for n, s in streams.items()}, rng=rng.getstate(),
+                  random=random_states(), memory_fill_seconds=fill_seconds,
+                  **({"memory": moco.memory.state_dict()} if moco else {}),
+                  **({"key_encoder": moco.key_encoder.encoder.state_dict()}
+                     if moco and moco.key_encoder else {}))
+        write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
         train_loss = ", ".join(f"{v:.4f}" for v in record["train_loss"].values())
         print(f"epoch {epoch}: train loss {train_loss}; dev {describe_run(tasks, dev_scores)}"
               f"{' (best, saved)' if is_best else ''}; {epoch_times[-1]:.0f} s")
 
-    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss or args.sts_loss,
-               "decoupled": args.decoupled,
-               "lam": {n: loss.lam for n, loss in losses.items() if hasattr(loss, "lam")},
-               "pair_mode": args.pair_mode, "pcgrad": args.pcgrad, "seed": args.seed,
-               "device": str(device), "steps_per_epoch": steps,
-               "train_examples": {n: len(e) for n, e in train.items()},
-               "dev_examples": {n: len(e) for n, e in dev.items()}, "max_eval": args.max_eval,
-               "best_epoch": best["epoch"], "dev": best["dev"],
-               "seconds_per_epoch": round(sum(epoch_times) / len(epoch_times), 1), "run": args.out,
-               **({"memory_fill_seconds": round(fill_seconds, 1)} if moco else {})}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    summary = summarise(args, {"best": best, "records": records, "train": train, "dev": dev,
+                               "steps": steps, "losses": losses, "device": device,
+                               "memory_fill_seconds": fill_seconds})
+    os.remove(os.path.join(args.out, "last.pt"))  # finished: nothing left to resume
     decoupled = " + decoupled" if args.decoupled else ""
     print(f"done: {','.join(args.tasks)} {summary['loss']}{decoupled}"
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
           f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}); "
           f"{summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
+    return summary
+
+
+def check_finite(epoch, model, losses, dev_scores):
+    """Refuses to save an epoch whose dev scores or weights are not finite."""
+    bad = [f"{task} {metric}" for task, scores in dev_scores.items() if isinstance(scores, dict)
+           for metric, value in scores.items() if not math.isfinite(value)]
+    if bad:
+        raise Diverged(f"epoch {epoch}: the dev score{'s' * (len(bad) > 1)} {', '.join(bad)} "
+                       f"{'are' if len(bad) > 1 else 'is'} not finite")
+    for name, p in [*model.named_parameters(), *losses.named_parameters()]:
+        if not torch.isfinite(p).all():
+            raise Diverged(f"epoch {epoch}: the weight {name} is not finite")
+
+
+def summarise(args, state, stopped=None):
+    """summary.json, from the run's state (the loop's, or last.pt's; None if no epoch ended)."""
+    if not os.path.exists(os.path.join(args.out, "run.json")):
+        return None  # stopped before it started: the folder stays free for a new run
+    state = state or {"best": None, "records": []}
+    best, records = state["best"], state["records"]
+    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss or args.sts_loss,
+               "decoupled": args.decoupled, "pair_mode": args.pair_mode, "pcgrad": args.pcgrad,
+               "seed": args.seed, "epochs": len(records), "max_eval": args.max_eval,
+               "best_epoch": best and best["epoch"], "dev": best and best["dev"],
+               "seconds_per_epoch": round(sum(r["epoch_seconds"] for r in records)
+                                          / max(1, len(records)), 1), "run": args.out}
+    if "losses" in state:
+        summary.update({
+            "lam": {n: loss.lam for n, loss in state["losses"].items() if hasattr(loss, "lam")},
+            "device": str(state["device"]), "steps_per_epoch": state["steps"],
+            "train_examples": {n: len(e) for n, e in state["train"].items()},
+            "dev_examples": {n: len(e) for n, e in state["dev"].items()}})
+    if state.get("memory_fill_seconds") is not None:
+        summary["memory_fill_seconds"] = round(state["memory_fill_seconds"], 1)
+    if stopped:
+        summary["stopped"] = stopped
+    write_json(os.path.join(args.out, "summary.json"), summary)
     return summary
 
 

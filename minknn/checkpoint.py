@@ -33,13 +33,19 @@ def atomic_save(obj, path, writer=torch.save):
     """writer(obj, file) writes to a temporary file that is renamed to `path` once complete."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be written ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             writer(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a quota: one line, and the old file left as it was
+        raise MinknnError(f"{path}: cannot be written ({e.strerror}); any earlier version of it "
+                          f"is unchanged") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

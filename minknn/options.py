@@ -2,6 +2,8 @@
 and the combinations that cannot work refused with one line, before any training data is read.
 """
 import argparse
+import math
+import re
 import sys
 
 from minknn.kinds import KINDS
@@ -21,6 +23,9 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, **kwargs):
         super().__init__(formatter_class=HelpFormatter, **kwargs)
+        # argparse reads -1 and -.5 as values but -1e-4 as an unknown flag; let it read that too,
+        # so that `--lr -1e-4` reaches check_args and its one-line error
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$")
 
     def error(self, message):
         print(f"error: {message}", file=sys.stderr)
@@ -53,9 +58,17 @@ def check_args(p, args):
     for name, low, high in (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None),
                             ("warmup", 0, 1), ("lam", 0, 1)):
         value = getattr(args, name)
-        if value is not None and not (low <= value and (high is None or value <= high)):
-            p.error(f"--{name} must be {f'in [{low}, {high}]' if high else f'at least {low}'}, "
-                    f"got {value}")
+        if value is not None and not (math.isfinite(value) and low <= value
+                                      and (high is None or value <= high)):
+            p.error(f"--{name} must be a finite number {f'in [{low}, {high}]' if high else f'>= {low}'}"
+                    f", got {value}")
+    if args.lr == 0:
+        p.error("--lr 0 would train nothing; give a positive learning rate")
+    if not 0 <= args.seed < 2 ** 32:  # numpy's seeds are 32-bit
+        p.error(f"--seed must be in [0, 2**32), got {args.seed}")
+    if args.max_len < 8:
+        p.error(f"--max_len must be at least 8 ([CLS] a [SEP] b [SEP] and a few words), "
+                f"got {args.max_len}")
     if args.loss is not None:
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)

@@ -20,6 +20,7 @@ import evaluate
 import minknn.moco
 import train
 from minknn import run
+from minknn.runs import lock_folder
 
 
 def trainer(*extra, model=None, data=None):
@@ -49,8 +50,53 @@ def edit_config(**changes):
     return edit
 
 
+def run_folder(tmp, files=("run.json",)):
+    """tmp/run, holding the given files as a run would (their contents do not matter here)."""
+    folder = tmp / "run"
+    folder.mkdir(exist_ok=True)
+    for name in files:
+        (folder / name).write_text(json.dumps({"args": {}}))
+    return str(folder)
+
+
+HELD = []  # locks held by the "in use" case while its run starts
+
+
+def in_use(tmp, tiny, fixtures):
+    HELD.append(lock_folder(run_folder(tmp, ())))
+    return trainer()(tmp, tiny, fixtures)
+
+
+def under_a_file(tmp, tiny, fixtures):
+    (tmp / "file").write_text("")
+    return [a if a != str(tmp / "run") else str(tmp / "file" / "run") for a in trainer()(tmp, tiny, fixtures)]
+
+
+def finished_run(tmp, tiny, fixtures):
+    train.main(trainer("--max_train", "10")(tmp, tiny, fixtures))
+    return ["--resume", str(tmp / "run")]
+
+
 # --- flags, run folders and saving (train.py, evaluate.py) ---
 FLAG_CASES = [
+    ("lr negative in e-notation", "train", trainer("--lr", "-1e-4"), "--lr must be a finite number >= 0, got -0.0001"),
+    ("lr nan", "train", trainer("--lr", "nan"), "--lr must be a finite number >= 0, got nan"),
+    ("lr inf", "train", trainer("--lr", "inf"), "--lr must be a finite number >= 0, got inf"),
+    ("lr 0", "train", trainer("--lr", "0"), "--lr 0 would train nothing"),
+    ("seed -1", "train", trainer("--seed", "-1"), "--seed must be in [0, 2**32), got -1"),
+    ("weight_decay -1", "train", trainer("--weight_decay", "-1"), "--weight_decay must be a finite number >= 0"),
+    ("warmup 5", "train", trainer("--warmup", "5"), "--warmup must be a finite number in [0, 1], got 5.0"),
+    ("proxy_lr -1", "train", trainer("--loss", "proxyanchor", "--proxy_lr", "-1"), "--proxy_lr must be a finite"),
+    ("max_len 1", "train", trainer("--max_len", "1"), "--max_len must be at least 8"),
+    ("momentum nan", "train", trainer("--loss", "knnbert", "--momentum", "nan"), "--momentum must be in [0, 1]"),
+    ("out holds a run", "train", lambda tmp, *a: run_folder(tmp) and trainer()(tmp, *a), "already holds a run"),
+    ("out holds metrics only", "train", lambda tmp, *a: run_folder(tmp, ["metrics.jsonl"]) and trainer()(tmp, *a),
+     "continue it with --resume"),
+    ("out in use by another run", "train", in_use, "is in use by another training process"),
+    ("out under a file", "train", under_a_file, "cannot write there"),
+    ("resume a folder that is no run", "train", lambda tmp, *a: ["--resume", str(tmp)], "not a run folder"),
+    ("resume with other flags", "train", lambda tmp, *a: ["--resume", str(tmp), "--lr", "1e-3"], "leave out --lr"),
+    ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume"),
 ]
 
 # --- data files and folders (minknn/readers.py, minknn/data.py) ---
@@ -81,8 +127,12 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
         monkeypatch.setattr(module, function, no_slow_work)
     main = {"train": train.main, "evaluate": evaluate.main}[script]
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        run(lambda: main(argv))
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            run(lambda: main(argv))
+    finally:
+        while HELD:
+            HELD.pop().close()
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
     assert exit_.value.code == 2, f"{name}: exit status {exit_.value.code}, expected 2"
     assert len(err) == 1 and err[0].startswith("error: "), f"{name}: stderr is not one line: {err}"

@@ -86,8 +86,9 @@ def test_every_loss_trains_end_to_end(tiny_bert_dir, data_dir, tmp_path, loss):
 
 def test_proxies_learn_at_their_own_rate(tiny_bert_dir, data_dir, tmp_path):
     def proxies(*flags):
-        run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--loss", "proxyanchor", *flags)
-        return torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["loss"]["sst.metric.proxies"]
+        out = tmp_path / "-".join(["run", *flags])
+        run_train(tiny_bert_dir, data_dir, out, "--epochs", "1", "--loss", "proxyanchor", *flags)
+        return torch.load(out / "checkpoint.pt", weights_only=True)["loss"]["sst.metric.proxies"]
     frozen, trained = proxies("--proxy_lr", "0"), proxies()   # the same seed: the same random start
     assert not torch.equal(frozen, trained)
     assert torch.equal(frozen, proxies("--proxy_lr", "0", "--lr", "1e-3"))   # the encoder's lr does not move them

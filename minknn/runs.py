@@ -1,0 +1,162 @@
+"""Run folders that never lose work: one run per folder, one writer per run, and a killed run
+resumed exactly where its last completed epoch left it.
+
+A run folder (train.py --out) holds:
+    run.lock        held (flock) by the process training in it; the OS releases it when the
+                    process ends, even by kill -9, so a lock is never stale
+    run.json        the run's arguments, written before the first step (--resume reads them)
+    last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
+                    and schedule, every random generator, the batch streams' places in their
+                    passes, the memory and key encoder of a memory loss, the epochs' records.
+                    Deleted when the run finishes: only a run that can still go on needs it.
+    checkpoint.pt   the best epoch (minknn/checkpoint.py), metrics.jsonl, summary.json
+Every file is written to a temporary name and renamed (checkpoint.atomic_save), so a kill leaves
+each file either old or new; the temporary files a kill leaves behind are removed when the run
+is resumed. The lock needs fcntl (Linux, macOS).
+
+On the CPU a resumed run is exact: it draws the same batches and the same dropout masks, so it
+ends with the same weights as the run left alone (tests/test_runs.py). On a GPU some kernels are
+not deterministic, so it is only as close as two runs of the same seed are.
+"""
+import fcntl
+import glob
+import json
+import os
+import random
+
+import numpy as np
+import torch
+
+from minknn import MinknnError
+from minknn.checkpoint import atomic_save
+
+LAST_FORMAT = "minknn-last-1"
+RUN_FILES = ("run.json", "last.pt", "checkpoint.pt", "metrics.jsonl", "summary.json")
+
+
+def new_run_folder(out, default):
+    """Creates and locks the folder of a new run: `out`, which must not hold a run already, or
+    with out None a fresh folder named `default` (plus -2, -3, .. if taken, created exclusively,
+    so runs started in the same second never share one). Returns (folder, lock)."""
+    if out is None:
+        folder, n = default, 1
+        os.makedirs(os.path.dirname(default) or ".", exist_ok=True)
+        while True:
+            try:
+                os.mkdir(folder)
+                break
+            except FileExistsError:
+                n += 1
+                folder = f"{default}-{n}"
+    else:
+        folder = out
+        make_folder(folder)
+    lock = lock_folder(folder)  # before looking: a run still starting has its lock already
+    held = [name for name in RUN_FILES if os.path.exists(os.path.join(folder, name))]
+    if held:
+        lock.close()
+        raise MinknnError(f"--out {folder} already holds a run ({', '.join(held)}); continue it "
+                          f"with --resume {folder}, or choose another --out")
+    return folder, lock
+
+
+def saved_args(folder):
+    """The arguments a run started with (its run.json), for --resume."""
+    if not os.path.isfile(os.path.join(folder, "run.json")):
+        raise MinknnError(f"--resume {folder}: not a run folder (it has no run.json)")
+    return read_json(os.path.join(folder, "run.json"))["args"]
+
+
+def open_run_folder(folder):
+    """Locks the folder of a run to resume and removes the temporary files a kill left."""
+    lock = lock_folder(folder)
+    summary = os.path.join(folder, "summary.json")
+    if os.path.exists(summary) and not read_json(summary).get("stopped"):
+        lock.close()
+        raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to resume")
+    for tmp in glob.glob(os.path.join(folder, "*.tmp")):
+        os.remove(tmp)
+    return lock
+
+
+def make_folder(folder):
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, ".minknn-write-test")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise MinknnError(f"--out {folder}: cannot write there ({e.strerror})") from None
+
+
+def lock_folder(folder):
+    """An exclusive lock on folder/run.lock, held while the returned file stays open."""
+    f = open(os.path.join(folder, "run.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise MinknnError(f"{folder} is in use by another training process (pid {pid}); wait for "
+                          f"it to finish, or choose another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def write_json(path, obj, indent=1):
+    atomic_save(obj, path, lambda o, f: f.write(json.dumps(o, indent=indent).encode()))
+
+
+def write_jsonl(path, records):
+    atomic_save(records, path,
+                lambda rs, f: f.write("".join(json.dumps(r) + "\n" for r in rs).encode()))
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise MinknnError(f"{path}: cannot be read ({e})") from None
+
+
+def random_states():
+    """Every generator a training step draws from (torch's also drives dropout)."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state["numpy"] = [kind, keys.tolist(), pos, has_gauss, gauss]  # no arrays: weights_only
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_random_states(state):
+    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_last(folder, **state):
+    atomic_save({"format": LAST_FORMAT, **state}, os.path.join(folder, "last.pt"))
+
+
+def load_last(folder):
+    """The state last.pt holds, or None when no epoch completed (the run starts again)."""
+    path = os.path.join(folder, "last.pt")
+    if not os.path.exists(path):
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise MinknnError(f"{path}: cannot be read ({type(e).__name__}); the best checkpoint "
+                          f"is still in {folder}/checkpoint.pt") from None
+    if not isinstance(state, dict) or state.get("format") != LAST_FORMAT:
+        raise MinknnError(f"{path}: not a minknn run state (no '{LAST_FORMAT}' format tag)")
+    return state

@@ -1,0 +1,196 @@
+"""minknn/runs.py through train.py: a stopped run resumes exactly, no run is overwritten or shared,
+divergence and a full disk stop a run with one line and leave the last good files in place.
+(The bad flags and folders are rows of test_bad_inputs.py.)"""
+import errno
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from minknn import run
+from minknn.runs import lock_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def flags(tiny_bert_dir, data_dir, *extra):
+    return ["--task", "sst", "--model", tiny_bert_dir, "--data_dir", data_dir, "--batch_size", "8",
+            "--max_len", "32", "--device", "cpu", "--epochs", "3", "--lr", "3e-3", *extra]
+
+
+def stop_at(monkeypatch, step, exception):
+    """Makes train.py's step number `step` (counted from 1 over the whole run) raise."""
+    real, calls = train.train_step, []
+
+    def step_or_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            raise exception
+        return real(*args, **kwargs)
+    monkeypatch.setattr(train, "train_step", step_or_stop)
+
+
+def assert_same_run(a, b, what, final=False):
+    """Two run folders hold the same best checkpoint (weights, proxies, memory) and the same records of every epoch
+    (training losses and dev figures); with final, the same state after the last step too (last.pt, kept)."""
+    files = ["checkpoint.pt", "last.pt"] if final else ["checkpoint.pt"]
+    for file in files:
+        ca, cb = (torch.load(os.path.join(f, file), weights_only=True) for f in (a, b))
+        assert ca["epoch"] == cb["epoch"], f"{what}: {file}: the epoch differs"
+        for part in ("model", "loss", "memory", "key_encoder"):
+            for name, tensor in ca.get(part, {}).items():
+                torch.testing.assert_close(cb[part][name], tensor, msg=lambda m: f"{what}: {file}: {part} {name}: {m}")
+
+    def records(folder):
+        return [{k: v for k, v in json.loads(line).items() if k != "epoch_seconds"}
+                for line in open(os.path.join(folder, "metrics.jsonl"))]
+    assert records(a) == records(b), f"{what}: the epochs' training losses or dev figures differ"
+
+
+def keep_last(monkeypatch):
+    """Leaves last.pt in place when a run finishes (train.py deletes it), to compare the final state."""
+    real = os.remove
+    monkeypatch.setattr(os, "remove", lambda path: None if str(path).endswith("last.pt") else real(path))
+
+
+@pytest.mark.parametrize("loss", ["ce", "proxyanchor", "knnbert"])
+def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(loss, tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                             capsys):
+    """Stopped by Ctrl-C in epoch 2 (step 5, at 3 steps an epoch), then --resume: the same weights, proxies, MoCo
+    memory and dev figures as the same run left alone, so every state a step reads was saved and restored. Epochs
+    of 3 steps end mid-pass over the 5 batches of the training set, so the batch streams' places matter too."""
+    argv = flags(tiny_bert_dir, data_dir, "--loss", loss, "--steps_per_epoch", "3")
+    real_step = train.train_step
+    keep_last(monkeypatch)
+    train.main([*argv, "--out", str(tmp_path / "alone")])
+    stop_at(monkeypatch, 5, KeyboardInterrupt)
+    with pytest.raises(SystemExit) as stopped:
+        train.main([*argv, "--out", str(tmp_path / "stopped")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")
+           and "it/s" not in line]
+    assert stopped.value.code == 130 and len(err) == 1, f"Ctrl-C: exit {stopped.value.code}, stderr {err}"
+    assert "epoch 1" in err[0] and f"python train.py --resume {tmp_path / 'stopped'}" in err[0], err[0]
+    summary = json.load(open(tmp_path / "stopped" / "summary.json"))
+    assert summary["stopped"] == "interrupted" and summary["epochs"] == 1, summary
+    monkeypatch.setattr(train, "train_step", real_step)
+    train.main(["--resume", str(tmp_path / "stopped")])
+    assert_same_run(tmp_path / "alone", tmp_path / "stopped", f"--loss {loss} resumed after epoch 1", final=True)
+    assert "stopped" not in json.load(open(tmp_path / "stopped" / "summary.json"))
+
+
+def test_a_run_stopped_before_its_first_epoch_starts_again(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    argv = flags(tiny_bert_dir, data_dir, "--epochs", "2")
+    train.main([*argv, "--out", str(tmp_path / "alone")])
+    stop_at(monkeypatch, 2, KeyboardInterrupt)
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--out", str(tmp_path / "stopped")])
+    assert "no epoch had finished" in capsys.readouterr().err
+    monkeypatch.undo()
+    train.main(["--resume", str(tmp_path / "stopped")])
+    assert_same_run(tmp_path / "alone", tmp_path / "stopped", "resumed before epoch 1 ended")
+    left = sorted(os.listdir(tmp_path / "stopped"))  # a finished run keeps no state to resume from
+    assert left == ["checkpoint.pt", "metrics.jsonl", "run.json", "run.lock", "summary.json"], left
+
+
+def test_kill_9_at_any_moment_loses_nothing(tiny_bert_dir, data_dir, tmp_path):
+    """A real kill -9 (no handler runs), as soon as epoch 1's state is on disk, then --resume in a new process."""
+    argv = flags(tiny_bert_dir, data_dir, "--epochs", "4")
+    train.main([*argv, "--out", str(tmp_path / "alone")])
+    p = subprocess.Popen([sys.executable, "train.py", *argv, "--out", str(tmp_path / "killed")], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not os.path.exists(tmp_path / "killed" / "last.pt") and p.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed: give it more epochs"
+    done = subprocess.run([sys.executable, "train.py", "--resume", str(tmp_path / "killed")], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(tmp_path / "alone", tmp_path / "killed", "killed by SIGKILL, then resumed")
+    assert not glob.glob(str(tmp_path / "killed" / "*.tmp")), "a temporary file outlived the resume"
+
+
+def test_seeds_started_together_never_share_a_folder(tiny_bert_dir, data_dir, tmp_path):
+    """Four runs started at once with the default --out (two of them identical): four folders, four results."""
+    argv = flags(tiny_bert_dir, data_dir, "--epochs", "1")
+    seeds = ["0", "1", "2", "2"]
+    procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *argv, "--seed", s], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for s in seeds]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()[-2000:]
+    folders = sorted(os.listdir(tmp_path / "runs"))
+    assert len(folders) == 4, folders
+    assert sorted(json.load(open(tmp_path / "runs" / f / "summary.json"))["seed"] for f in folders) == [0, 1, 2, 2]
+    assert all(f.startswith("sst-ce-seed") for f in folders), folders
+
+
+def test_a_second_writer_stops_with_one_line(tiny_bert_dir, data_dir, tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    held = lock_folder(str(tmp_path / "run"))  # as a run in progress holds it
+    try:
+        with pytest.raises(SystemExit):
+            run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")]))
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {tmp_path / 'run'} is in use by another training process (pid {os.getpid()}); " \
+                      f"wait for it to finish, or choose another --out", err
+    finally:
+        held.close()
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                                     capsys):
+    """A NaN that appears in epoch 2 (planted in a weight before step 6): one line naming the epoch, step and loss;
+    the checkpoint of epoch 1 is left as it was; nothing non-finite is saved."""
+    real, calls = train.train_step, []
+
+    def poisoned(model, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            with torch.no_grad():
+                model.bert.embeddings.word_embeddings.weight[:] = float("nan")
+        return real(model, *args, **kwargs)
+    monkeypatch.setattr(train, "train_step", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(out)]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and err.startswith("error: epoch 2, step 1: the sst loss became nan"), err
+    assert f"the last good checkpoint (epoch 1) is in {out}" in err, err
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 1 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert json.load(open(out / "summary.json"))["stopped"].startswith("diverged: epoch 2, step 1")
+
+
+def test_a_huge_learning_rate_saves_nothing(tiny_bert_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir, "--lr", "1e30"), "--out", str(out)]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: epoch 1, step ") and "nothing was saved; try a lower --lr" in err, err
+    assert not os.path.exists(out / "checkpoint.pt") and not os.path.exists(out / "last.pt")
+
+
+def test_a_full_disk_during_a_save_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    real, calls = os.fsync, []
+
+    def full_after_run_json(fd):  # the disk fills up after run.json, during epoch 1's checkpoint
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", full_after_run_json)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(out)]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and err == (f"error: {out / 'checkpoint.pt'}: cannot be written (No space left on "
+                                             f"device); any earlier version of it is unchanged"), err
+    assert not glob.glob(str(out / "*.tmp")), "the failed save left its temporary file"
