@@ -18,15 +18,19 @@ over the first 6% of steps then linear decay to 0, gradients clipped to norm 1; 
 parameters (proxies) get --proxy_lr. A memory loss (knnbert, moco) keeps a MoCo queue or memory
 bank (minknn/moco.py), filled before the first step and written after each.
 
-Each run writes to its own folder (--out, default runs/<task>-<loss>-<time>):
+Each run writes to its own folder (--out, new or empty; default runs/<task>-<loss>-seed<S>-<time>),
+which no other run may use (minknn/runs.py):
     checkpoint.pt   the best epoch by the dev score (rebuilds model and tokenizer alone)
     metrics.jsonl   one line per epoch: training losses and dev scores
-    summary.json    the final summary, also printed as one line
+    summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
+    run.json, last.pt, run.lock   the arguments, the state after the last completed epoch, and
+                    the lock held while training; a run stopped by Ctrl-C, kill -9 or a crash goes
+                    on from its last completed epoch with `python train.py --resume RUN`
 A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-label micro-F1);
-a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score).
+a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). A loss, gradient
+norm, dev score or weight that is not finite stops the run before anything of it is saved.
 """
 import argparse
-import json
 import os
 import math
 import random
