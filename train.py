@@ -200,7 +200,7 @@ def main(argv=None):
                                        f"{time.strftime('%Y%m%d-%H%M%S')}")
         args.out, lock = new_run_folder(args.out, default)
     try:
-        return train(args)
+        return run_training(args)
     except KeyboardInterrupt:
         last = load_last(args.out)
         where = (f"the best checkpoint (epoch {last['best']['epoch']}) is "
@@ -219,7 +219,7 @@ def main(argv=None):
         lock.close()
 
 
-def train(args):
+def run_training(args):
     seed_everything(args.seed)
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
