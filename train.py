@@ -165,6 +165,7 @@ def main(argv=None):
     seed_everything(args.seed)
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
+    Tokenizer.from_folder(model_path, args.max_len)  # so do its config, vocabulary and --max_len
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
