@@ -278,19 +278,20 @@ class BertModel(nn.Module):
         self.load_state_dict({k: v.float() for k, v in weights.items()})
 
 
-def check_fits(own, state, source, wants):
+def check_fits(own, state, source, built_from):
     """Refuses, in one line, a state dict that does not fit `own` (a module's state_dict()):
-    a tensor missing or unexpected, or of another shape. wants: what `own` was built from."""
+    a tensor missing or unexpected, or of another shape. built_from: what made `own`."""
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
-        raise MinknnError(f"{source}: does not fit {wants}: missing {missing[:5]}"
-                          f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-                          f"{'...' if len(unexpected) > 5 else ''}")
+        names = [f"{what} {ks[:5]}{'...' if len(ks) > 5 else ''}"
+                 for what, ks in (("missing", missing), ("unexpected", unexpected)) if ks]
+        raise MinknnError(f"{source}: does not fit the model built from {built_from}: "
+                          f"{'; '.join(names)}")
     for k, v in state.items():
         if v.shape != own[k].shape:
-            raise MinknnError(f"{source}: '{k}' has shape {tuple(v.shape)}, {wants} wants "
-                              f"{tuple(own[k].shape)}")
+            raise MinknnError(f"{source}: '{k}' has shape {tuple(v.shape)}, but the model built "
+                              f"from {built_from} has {tuple(own[k].shape)}")
 
 
 def check_finite(name, v, source):

@@ -108,7 +108,7 @@ def rebuild(ckpt):
         for k, v in ckpt[part].items():
             check_finite(k, v, f"{name}: {part}")
         check_fits(module.state_dict(), ckpt[part], f"{name}: {part}",
-                   "the model its bert_config, tasks and args build")
+                   "its bert_config, tasks and args")
         module.load_state_dict(ckpt[part])
     return model, losses, tokenizer
 

@@ -123,16 +123,16 @@ MODEL_CASES = [
      "--max_len 100 is longer than the model's 64 positions"),
     ("weights-missing-tensor", "train",
      trainer(model=broken_model(edit_weights(lambda s: {k: v for k, v in s.items() if k != "pooler.dense.bias"}))),
-     "model.safetensors: does not fit config.json: missing ['pooler.dense.bias']"),
+     "model.safetensors: does not fit the model built from config.json: missing ['pooler.dense.bias']"),
     ("weights-wrong-shape", "train",
      trainer(model=broken_model(edit_weights(lambda s: {**s, "pooler.dense.bias": s["pooler.dense.bias"][:5]}))),
-     "model.safetensors: 'pooler.dense.bias' has shape (5,), config.json wants (32,)"),
+     "model.safetensors: 'pooler.dense.bias' has shape (5,), but the model built from config.json has (32,)"),
     ("weights-nan", "train",
      trainer(model=broken_model(edit_weights(
          lambda s: with_nan({"bert." + k: v for k, v in s.items()}, "bert.encoder.layer.1.output.dense.bias")))),
      "model.safetensors: bert.encoder.layer.1.output.dense.bias holds 32 non-finite values"),
     ("checkpoint-missing-weight", "evaluate", broken_checkpoint(lambda c: c["model"].pop("heads.sst.weight")),
-     "checkpoint.pt: model: does not fit the model its bert_config, tasks and args build: "
+     "checkpoint.pt: model: does not fit the model built from its bert_config, tasks and args: "
      "missing ['heads.sst.weight']"),
     ("checkpoint-wrong-shape", "evaluate",
      broken_checkpoint(lambda c: c["model"].update({"heads.sst.bias": c["model"]["heads.sst.bias"][:2]})),

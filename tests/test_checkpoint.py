@@ -97,10 +97,12 @@ def test_rebuild_keeps_the_tokenizer_options(tiny_bert_dir, tmp_path):
     (lambda c: c.pop("vocab"), r"checkpoint.pt: has no vocab; it is not a whole minknn checkpoint"),
     (lambda c: c["args"].pop("pooling"), r"checkpoint.pt: has no args\['pooling'\]"),
     (lambda c: c["model"].pop("heads.sst.weight"),
-     r"checkpoint.pt: model: does not fit the model its bert_config, tasks and args build: missing \['heads.sst.weight'\]"),
-    (lambda c: c["loss"].update(extra=torch.zeros(1)), r"checkpoint.pt: loss: does not fit .* unexpected \['extra'\]"),
+     r"checkpoint.pt: model: does not fit the model built from its bert_config, tasks and args: "
+     r"missing \['heads.sst.weight'\]$"),
+    (lambda c: c["loss"].update(extra=torch.zeros(1)), r"checkpoint.pt: loss: does not fit .*: unexpected \['extra'\]$"),
     (lambda c: c["model"].update({"bert.pooler.dense.bias": torch.zeros(3)}),
-     r"checkpoint.pt: model: 'bert.pooler.dense.bias' has shape \(3,\), the model .* wants \(32,\)"),
+     r"checkpoint.pt: model: 'bert.pooler.dense.bias' has shape \(3,\), but the model built from its "
+     r"bert_config, tasks and args has \(32,\)"),
     (lambda c: c["model"]["heads.sst.bias"].fill_(float("inf")), "checkpoint.pt: model: heads.sst.bias holds 5 non-finite"),
     (lambda c: c["bert_config"].update(is_decoder=True), "checkpoint.pt: bert_config: is_decoder true is not implemented"),
 ], ids=["entry", "args", "missing", "unexpected", "shape", "inf", "config"])
