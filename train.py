@@ -223,6 +223,7 @@ def run_training(args):
     seed_everything(args.seed)
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
+    Tokenizer.from_folder(model_path, args.max_len)  # so do its config, vocabulary and --max_len
     if not args.resume:
         write_json(os.path.join(args.out, "run.json"),
                    {"args": {k: v for k, v in vars(args).items() if k != "resume"}})

@@ -23,6 +23,20 @@ from minknn import MinknnError
 from minknn.safetensors import load_safetensors
 
 
+# config.json options that change what BERT computes, with the one value this model implements
+# (and what another value would need). Hugging Face writes only non-default options, so a plain
+# BERT folder names few of these; any other value is refused rather than run differently.
+NOT_IMPLEMENTED = {
+    "model_type": ("bert", "another architecture"),
+    "hidden_act": ("gelu", "another activation"),
+    "position_embedding_type": ("absolute", "relative position embeddings"),
+    "is_decoder": (False, "a decoder's causal mask"),
+    "add_cross_attention": (False, "cross-attention layers"),
+    "pruned_heads": ({}, "pruned attention heads"),
+}
+HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
+
+
 @dataclass
 class BertConfig:
     vocab_size: int = 30522
@@ -38,14 +52,38 @@ class BertConfig:
     pad_token_id: int = 0
 
     @classmethod
-    def from_dict(cls, d):
-        """Keeps the keys BERT needs from a Hugging Face config.json and ignores the rest."""
-        if d.get("hidden_act", "gelu") != "gelu":
-            raise MinknnError(f"config.json: hidden_act '{d['hidden_act']}' is not supported "
-                              f"(only 'gelu')")
-        if d.get("position_embedding_type", "absolute") != "absolute":
-            raise MinknnError("config.json: only absolute position embeddings are supported")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+    def from_dict(cls, d, source="config.json"):
+        """Reads the keys above from a Hugging Face config.json (source: its path, for errors),
+        refuses NOT_IMPLEMENTED options and ignores the rest (dropout of a task head, use_cache,
+        chunk_size_feed_forward: none changes the encoder's output)."""
+        if not isinstance(d, dict):
+            raise MinknnError(f"{source}: not a JSON object")
+        for key, (only, what) in NOT_IMPLEMENTED.items():
+            if key in d and d[key] != only:
+                raise MinknnError(f"{source}: {key} {json.dumps(d[key])} is not implemented "
+                                  f"({what}); the hand-written BERT runs only {key} "
+                                  f"{json.dumps(only)}")
+        for f in fields(cls):
+            v = d.get(f.name, f.default)
+            if f.name == "pad_token_id":
+                ok, want = v is None or (type(v) is int and v >= 0), "a whole number >= 0, or null"
+            elif f.type is int:
+                ok, want = type(v) is int and v >= 1, "a whole number >= 1"
+            elif f.name == "layer_norm_eps":
+                ok, want = type(v) in (int, float) and 0 < v < 1, "a number in (0, 1)"
+            else:  # the dropout probabilities
+                ok, want = type(v) in (int, float) and 0 <= v < 1, "a number in [0, 1)"
+            if not ok:
+                raise MinknnError(f"{source}: {f.name} is {json.dumps(v)}; it must be {want}")
+        config = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        if config.hidden_size % config.num_attention_heads:
+            raise MinknnError(f"{source}: hidden_size {config.hidden_size} is not a multiple of "
+                              f"num_attention_heads {config.num_attention_heads}; each head "
+                              f"takes hidden_size / num_attention_heads dimensions")
+        if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
+            raise MinknnError(f"{source}: pad_token_id {config.pad_token_id} is not a row of the "
+                              f"{config.vocab_size}-row embedding (vocab_size)")
+        return config
 
 
 def attention(q, k, v, mask, dropout_p=0.0):
@@ -216,29 +254,52 @@ class BertModel(nn.Module):
         """Builds the model from a Hugging Face-format BERT folder: config.json and
         model.safetensors (or pytorch_model.bin). Every weight is loaded by name."""
         path = resolve_model_path(path)
-        config = BertConfig.from_dict(read_json(os.path.join(path, "config.json")))
-        model = cls(config)
-        model.load_weights(read_weights(path))
+        model = cls(read_config(path))
+        model.load_weights(*read_weights(path))
         return model
 
-    def load_weights(self, state):
-        """Loads a Hugging Face BERT state dict, dropping the `bert.` prefix of task models and the
-        pre-training heads (`cls.*`); any other missing or unexpected tensor is an error."""
-        ignored = ("cls.", "embeddings.position_ids", "classifier.", "qa_outputs.")
-        state = {(k[5:] if k.startswith("bert.") else k): v for k, v in state.items()}
-        state = {k: v for k, v in state.items() if not k.startswith(ignored)}
-        own = self.state_dict()
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        if missing or unexpected:
-            raise MinknnError(f"weights do not fit the BERT config: missing {missing[:5]}"
-                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-                              f"{'...' if len(unexpected) > 5 else ''}")
-        for k, v in state.items():
-            if v.shape != own[k].shape:
-                raise MinknnError(f"weight '{k}' has shape {tuple(v.shape)}, "
-                                  f"the config wants {tuple(own[k].shape)}")
-        self.load_state_dict({k: v.float() for k, v in state.items()})
+    def load_weights(self, state, source="the weights"):
+        """Loads a Hugging Face BERT state dict (source: its file, for messages), dropping the
+        `bert.` prefix of task models. Task and pre-training heads (HEADS) are left out, named in
+        one printed note; a missing, unexpected, wrongly shaped or non-finite tensor is an error."""
+        weights, heads = {}, {}
+        for name, v in state.items():
+            k = name.removeprefix("bert.")
+            if k.startswith(HEADS):
+                head = k.split(".")[0] + ".*"
+                heads[head] = heads.get(head, 0) + 1
+            elif k != "embeddings.position_ids":  # a buffer holding 0, 1, 2, ...: nothing learned
+                check_finite(name, v, source)
+                weights[k] = v
+        if heads:
+            print(f"note: {source}: ignoring {sum(heads.values())} tensors the encoder does not "
+                  f"use: {', '.join(f'{h} ({n})' for h, n in heads.items())}")
+        check_fits(self.state_dict(), weights, source, "config.json")
+        self.load_state_dict({k: v.float() for k, v in weights.items()})
+
+
+def check_fits(own, state, source, built_from):
+    """Refuses, in one line, a state dict that does not fit `own` (a module's state_dict()):
+    a tensor missing or unexpected, or of another shape. built_from: what made `own`."""
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        names = [f"{what} {ks[:5]}{'...' if len(ks) > 5 else ''}"
+                 for what, ks in (("missing", missing), ("unexpected", unexpected)) if ks]
+        raise MinknnError(f"{source}: does not fit the model built from {built_from}: "
+                          f"{'; '.join(names)}")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise MinknnError(f"{source}: '{k}' has shape {tuple(v.shape)}, but the model built "
+                              f"from {built_from} has {tuple(own[k].shape)}")
+
+
+def check_finite(name, v, source):
+    """A NaN or inf in a weights file is the file's fault: say so before training on it."""
+    if v.is_floating_point() and not torch.isfinite(v).all():
+        bad = v.numel() - int(torch.isfinite(v).sum())
+        raise MinknnError(f"{source}: {name} holds {bad} non-finite values (NaN or inf); the file "
+                          f"is damaged or was saved from a run that diverged")
 
 
 def resolve_model_path(name_or_path):
@@ -256,24 +317,37 @@ def resolve_model_path(name_or_path):
     return name_or_path
 
 
+def read_config(path):
+    """The BertConfig of a model folder's config.json."""
+    file = os.path.join(path, "config.json")
+    return BertConfig.from_dict(read_json(file), file)
+
+
 def read_json(path):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         raise MinknnError(f"{path}: not found (a BERT folder needs config.json, weights and "
                           f"vocab.txt)") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MinknnError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 def read_weights(path):
+    """(state dict, file) of a model folder's model.safetensors, else its pytorch_model.bin."""
     st, pt = os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin")
     if os.path.exists(st):
-        return load_safetensors(st)
-    if os.path.exists(pt):
-        try:
-            return torch.load(pt, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise MinknnError(f"{pt}: cannot be read as a PyTorch state dict ({e})") from None
-    raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")
+        return load_safetensors(st), st
+    if not os.path.exists(pt):
+        raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")
+    try:
+        state = torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise MinknnError(f"{pt}: cannot be read as a PyTorch state dict "
+                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise MinknnError(f"{pt}: not a state dict (a dict of tensors)")
+    return state, pt

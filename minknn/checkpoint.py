@@ -5,7 +5,7 @@ A checkpoint is one torch.save'd dict:
     args         the exact train.py arguments (a dict)
     tasks        task name -> {"kind", "labels", "pair"}, checked against the registry on loading
     bert_config  the BERT config (a dict), so no model folder is needed to rebuild
-    vocab, lowercase, max_len   the tokenizer
+    vocab, lowercase, max_len, tokenizer   the tokenizer and its options (tokenizer_config.json)
     model, loss  the state dicts of the model (encoder and heads) and of the tasks' losses
                  (proxies, when a loss has some)
     memory       the MoCo queue (keys, labels, pointer) or memory bank, for the memory losses only
@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 from minknn import MinknnError
-from minknn.bert import BertConfig
+from minknn.bert import BertConfig, check_finite, check_fits
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
@@ -58,6 +58,7 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
                   for name, t in model.tasks.items()},
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
+        "tokenizer": tokenizer.options,
         "model": model.state_dict(), "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
         **({"memory": memory.state_dict()} if memory is not None else {}),
     }, path)
@@ -85,18 +86,37 @@ def load_checkpoint(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.exists(path):
         raise MinknnError(f"--checkpoint {path}: not found")
-    return load_tagged(path, FORMAT, (f"--checkpoint {path}", "checkpoint"))
+    ckpt = load_tagged(path, FORMAT, (f"--checkpoint {path}", "checkpoint"))
+    ckpt["file"] = path
+    return ckpt
+
+
+REQUIRED = ("args", "tasks", "bert_config", "vocab", "lowercase", "max_len", "model", "loss")
 
 
 def rebuild(ckpt):
-    """Returns (model, losses, tokenizer) from a loaded checkpoint alone."""
-    args = ckpt["args"]
-    tokenizer = Tokenizer(ckpt["vocab"], ckpt["lowercase"], ckpt["max_len"])
-    model = Model.from_config(BertConfig(**ckpt["bert_config"]), checkpoint_tasks(ckpt),
-                              args["pooling"], args["pair_mode"], args["decoupled"])
+    """Returns (model, losses, tokenizer) from a loaded checkpoint alone. A checkpoint missing
+    an entry, or whose weights do not fit the model its config builds, is refused in one line."""
+    name = f"--checkpoint {ckpt.get('file', '')}".rstrip()
+    args = ckpt.get("args", {})
+    missing = [k for k in REQUIRED if k not in ckpt] + \
+              [f"args['{k}']" for k in ("pooling", "pair_mode", "decoupled") if k not in args]
+    if missing:
+        raise MinknnError(f"{name}: has no {', '.join(missing)}; it is not a whole minknn "
+                          f"checkpoint (train the run again)")
+    # the tokenizer's options; a checkpoint that stored only `lowercase` used the defaults
+    options = ckpt.get("tokenizer", {"lowercase": ckpt["lowercase"]})
+    tokenizer = Tokenizer(ckpt["vocab"], max_len=ckpt["max_len"], **options)
+    config = BertConfig.from_dict(ckpt["bert_config"], f"{name}: bert_config")
+    model = Model.from_config(config, checkpoint_tasks(ckpt), args["pooling"], args["pair_mode"],
+                              args["decoupled"])
     losses = build_losses(model, args)
-    model.load_state_dict(ckpt["model"])
-    losses.load_state_dict(ckpt["loss"])
+    for part, module in (("model", model), ("loss", losses)):
+        for k, v in ckpt[part].items():
+            check_finite(k, v, f"{name}: {part}")
+        check_fits(module.state_dict(), ckpt[part], f"{name}: {part}",
+                   "its bert_config, tasks and args")
+        module.load_state_dict(ckpt[part])
     return model, losses, tokenizer
 
 

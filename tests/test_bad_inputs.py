@@ -104,7 +104,89 @@ DATA_CASES = [
 ]
 
 # --- model folders, tokenizers and checkpoints (minknn/bert.py, tokenizer.py, checkpoint.py) ---
+def edit_weights(change):
+    """A broken_model edit: model.safetensors replaced by change(its tensors)."""
+    def edit(folder):
+        path = folder / "model.safetensors"
+        minknn.safetensors.save_safetensors(change(minknn.safetensors.load_safetensors(path)), path)
+    return edit
+
+
+def broken_checkpoint(edit):
+    """evaluate.py's argv on a one-epoch run of the tiny model (trained here, before the harness
+    replaces the training step), its checkpoint changed by edit(ckpt)."""
+    def argv(tmp, tiny, data):
+        train.main(trainer("--max_eval", "4")(tmp, tiny, data))
+        path = str(tmp / "run" / "checkpoint.pt")
+        ckpt = evaluate.load_checkpoint(path)
+        del ckpt["file"]
+        edit(ckpt)
+        evaluate.atomic_save(ckpt, path)
+        return ["--checkpoint", str(tmp / "run"), "--data_dir", data, "--device", "cpu"]
+    return argv
+
+
+def with_nan(state, name):
+    return {**state, name: state[name] * float("nan")}
+
+
 MODEL_CASES = [
+    ("config-heads-do-not-divide", "train", trainer(model=broken_model(edit_config(num_attention_heads=5))),
+     "config.json: hidden_size 32 is not a multiple of num_attention_heads 5"),
+    ("config-string-for-number", "train", trainer(model=broken_model(edit_config(hidden_size="32"))),
+     'config.json: hidden_size is "32"; it must be a whole number'),
+    ("config-negative-dropout", "train", trainer(model=broken_model(edit_config(hidden_dropout_prob=-0.1))),
+     "config.json: hidden_dropout_prob is -0.1; it must be a number in [0, 1)"),
+    ("config-malformed-json", "train",
+     trainer(model=broken_model(lambda f: (f / "config.json").write_text('{"hidden_size": 32,'))),
+     "config.json: not valid JSON"),
+    ("config-is-decoder", "train", trainer(model=broken_model(edit_config(is_decoder=True))),
+     "config.json: is_decoder true is not implemented (a decoder's causal mask)"),
+    ("config-cross-attention", "train", trainer(model=broken_model(edit_config(add_cross_attention=True))),
+     "config.json: add_cross_attention true is not implemented"),
+    ("config-relative-positions", "train",
+     trainer(model=broken_model(edit_config(position_embedding_type="relative_key"))),
+     'config.json: position_embedding_type "relative_key" is not implemented'),
+    ("config-pruned-heads", "train", trainer(model=broken_model(edit_config(pruned_heads={"0": [1]}))),
+     "config.json: pruned_heads"),
+    ("config-roberta", "train", trainer(model=broken_model(edit_config(model_type="roberta"))),
+     'config.json: model_type "roberta" is not implemented'),
+    ("tokenizer-config-malformed-json", "train",
+     trainer(model=broken_model(lambda f: (f / "tokenizer_config.json").write_text("{do_lower_case: true}"))),
+     "tokenizer_config.json: not valid JSON"),
+    ("tokenizer-config-strip-accents-string", "train",
+     trainer(model=broken_model(lambda f: (f / "tokenizer_config.json").write_text('{"strip_accents": "yes"}'))),
+     'tokenizer_config.json: strip_accents is "yes"; it must be one of true, false, null'),
+    ("vocab-longer-than-embedding", "train",
+     trainer(model=broken_model(lambda f: (f / "vocab.txt").write_text(
+         (f / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(3))))),
+     "tokens, but config.json's vocab_size gives the embedding only"),
+    ("vocab-far-smaller-than-embedding", "train",
+     trainer(model=broken_model(lambda f: (f / "vocab.txt").write_text(
+         "\n".join((f / "vocab.txt").read_text().splitlines()[:20]) + "\n"))),
+     "vocab.txt: 20 tokens for a"),
+    ("max-len-beyond-positions", "train", trainer("--max_len", "100"),
+     "--max_len 100 is longer than the model's 64 positions"),
+    ("weights-missing-tensor", "train",
+     trainer(model=broken_model(edit_weights(lambda s: {k: v for k, v in s.items() if k != "pooler.dense.bias"}))),
+     "model.safetensors: does not fit the model built from config.json: missing ['pooler.dense.bias']"),
+    ("weights-wrong-shape", "train",
+     trainer(model=broken_model(edit_weights(lambda s: {**s, "pooler.dense.bias": s["pooler.dense.bias"][:5]}))),
+     "model.safetensors: 'pooler.dense.bias' has shape (5,), but the model built from config.json has (32,)"),
+    ("weights-nan", "train",
+     trainer(model=broken_model(edit_weights(
+         lambda s: with_nan({"bert." + k: v for k, v in s.items()}, "bert.encoder.layer.1.output.dense.bias")))),
+     "model.safetensors: bert.encoder.layer.1.output.dense.bias holds 32 non-finite values"),
+    ("checkpoint-missing-weight", "evaluate", broken_checkpoint(lambda c: c["model"].pop("heads.sst.weight")),
+     "checkpoint.pt: model: does not fit the model built from its bert_config, tasks and args: "
+     "missing ['heads.sst.weight']"),
+    ("checkpoint-wrong-shape", "evaluate",
+     broken_checkpoint(lambda c: c["model"].update({"heads.sst.bias": c["model"]["heads.sst.bias"][:2]})),
+     "checkpoint.pt: model: 'heads.sst.bias' has shape (2,)"),
+    ("checkpoint-missing-entry", "evaluate", broken_checkpoint(lambda c: c.pop("bert_config")),
+     "checkpoint.pt: has no bert_config"),
+    ("checkpoint-nan", "evaluate", broken_checkpoint(lambda c: c["model"].update(with_nan(c["model"], "heads.sst.bias"))),
+     "checkpoint.pt: model: heads.sst.bias holds 5 non-finite values"),
 ]
 
 # --- evaluate.py against its run (data root, fingerprints) ---

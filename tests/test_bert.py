@@ -1,10 +1,12 @@
+import json
 import os
+import re
 
 import pytest
 import torch
 
 from minknn import MinknnError
-from minknn.bert import BertModel, attention
+from minknn.bert import NOT_IMPLEMENTED, BertConfig, BertModel, attention
 from minknn.safetensors import load_safetensors, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
@@ -70,28 +72,91 @@ def test_output_shapes(tiny_bert):
     assert not torch.allclose(tiny_bert(ids, mask, types), h)  # token types are used
 
 
-def test_loads_prefixed_weights_and_ignores_heads(tiny_bert_dir, tmp_path):
+def copy_folder(tiny_bert_dir, tmp_path, names=("config.json", "vocab.txt")):
+    for name in names:
+        (tmp_path / name).write_bytes(open(os.path.join(tiny_bert_dir, name), "rb").read())
+
+
+def test_loads_prefixed_weights_and_names_the_heads_it_ignores(tiny_bert_dir, tmp_path, capsys):
     state = load_safetensors(os.path.join(tiny_bert_dir, "model.safetensors"))
     prefixed = {"bert." + k: v for k, v in state.items()}
-    prefixed["cls.predictions.bias"] = torch.zeros(3)
-    prefixed["bert.embeddings.position_ids"] = torch.arange(64)[None]
-    for name in ("config.json", "vocab.txt"):
-        (tmp_path / name).write_bytes(open(os.path.join(tiny_bert_dir, name), "rb").read())
+    prefixed.update({"cls.predictions.bias": torch.zeros(3), "cls.predictions.transform.dense.weight": torch.zeros(2, 2),
+                     "cls.seq_relationship.bias": torch.zeros(2), "classifier.weight": torch.zeros(2, 32)})
+    prefixed["bert.embeddings.position_ids"] = torch.arange(64)[None]  # a buffer: dropped without a word
+    copy_folder(tiny_bert_dir, tmp_path)
     torch.save(prefixed, tmp_path / "pytorch_model.bin")  # the .bin path too
+    capsys.readouterr()
     model = BertModel.from_pretrained(str(tmp_path))
     for k, v in model.state_dict().items():
-        assert torch.equal(v, state[k])
+        assert torch.equal(v, state[k]), f"{k}: not the file's tensor"
+    assert capsys.readouterr().out == (f"note: {tmp_path / 'pytorch_model.bin'}: ignoring 4 tensors the encoder does not "
+                                       f"use: cls.* (3), classifier.* (1)\n")
+    BertModel.from_pretrained(tiny_bert_dir)
+    assert capsys.readouterr().out == "", "a folder without heads needs no note"
+
+
+def test_non_finite_weights_are_blamed_on_the_file(tiny_bert_dir, tmp_path):
+    state = load_safetensors(os.path.join(tiny_bert_dir, "model.safetensors"))
+    copy_folder(tiny_bert_dir, tmp_path)
+    bad = {"bert." + k: v.clone() for k, v in state.items()}
+    bad["bert.encoder.layer.0.attention.self.query.weight"][3, :2] = torch.tensor([float("nan"), float("-inf")])
+    save_safetensors(bad, tmp_path / "model.safetensors")
+    with pytest.raises(MinknnError, match=f"^{re.escape(str(tmp_path / 'model.safetensors'))}: bert.encoder.layer.0.attention.self.query.weight "
+                                          f"holds 2 non-finite values"):
+        BertModel.from_pretrained(str(tmp_path))
+    bad = dict(state, **{"cls.predictions.bias": torch.full((3,), float("nan"))})  # in an ignored head: harmless
+    save_safetensors(bad, tmp_path / "model.safetensors")
+    BertModel.from_pretrained(str(tmp_path))
+
+
+def test_config_options_the_model_does_not_implement_are_refused(tiny_bert_dir):
+    config = json.load(open(os.path.join(tiny_bert_dir, "config.json")))
+    others = {"model_type": "roberta", "hidden_act": "gelu_new", "position_embedding_type": "relative_key",
+              "is_decoder": True, "add_cross_attention": True, "pruned_heads": {"1": [0, 2]}}
+    assert set(others) == set(NOT_IMPLEMENTED)
+    for key, value in others.items():
+        with pytest.raises(MinknnError, match=f"^config.json: {key} {re.escape(json.dumps(value))} is not implemented"):
+            BertConfig.from_dict(dict(config, **{key: value}))
+    # the implemented values, written out, and options that do not change the encoder's output
+    defaults = {key: only for key, (only, _) in NOT_IMPLEMENTED.items()}
+    BertConfig.from_dict(dict(config, **defaults, chunk_size_feed_forward=16, use_cache=False, classifier_dropout=0.3))
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("hidden_size", "32", 'hidden_size is "32"; it must be a whole number >= 1'),
+    ("num_hidden_layers", 2.0, "num_hidden_layers is 2.0; it must be a whole number >= 1"),
+    ("num_attention_heads", True, "num_attention_heads is true; it must be a whole number >= 1"),
+    ("vocab_size", 0, "vocab_size is 0; it must be a whole number >= 1"),
+    ("hidden_dropout_prob", 1.5, r"hidden_dropout_prob is 1.5; it must be a number in \[0, 1\)"),
+    ("attention_probs_dropout_prob", None, "attention_probs_dropout_prob is null"),
+    ("layer_norm_eps", 0, r"layer_norm_eps is 0; it must be a number in \(0, 1\)"),
+    ("pad_token_id", -1, "pad_token_id is -1; it must be a whole number >= 0, or null"),
+    ("pad_token_id", 10 ** 6, "pad_token_id 1000000 is not a row of the"),
+    ("num_attention_heads", 5, "hidden_size 32 is not a multiple of num_attention_heads 5"),
+])
+def test_config_values_are_checked(tiny_bert_dir, key, value, says):
+    config = json.load(open(os.path.join(tiny_bert_dir, "config.json")))
+    with pytest.raises(MinknnError, match="^config.json: " + says):
+        BertConfig.from_dict(dict(config, **{key: value}))
+
+
+def test_config_file_errors_name_the_file(tiny_bert_dir, tmp_path):
+    copy_folder(tiny_bert_dir, tmp_path, ("vocab.txt", "model.safetensors"))
+    for text, says in (('{"hidden_size": 32,', "not valid JSON"), ("[1, 2]", "not a JSON object")):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(MinknnError, match=f"^{re.escape(str(tmp_path / 'config.json'))}: {says}"):
+            BertModel.from_pretrained(str(tmp_path))
 
 
 def test_missing_or_unexpected_weights_are_named(tiny_bert_dir, tmp_path):
     state = load_safetensors(os.path.join(tiny_bert_dir, "model.safetensors"))
-    for name in ("config.json", "vocab.txt"):
-        (tmp_path / name).write_bytes(open(os.path.join(tiny_bert_dir, name), "rb").read())
+    copy_folder(tiny_bert_dir, tmp_path)
     broken = dict(state)
     del broken["encoder.layer.1.output.dense.weight"]
     broken["encoder.layer.9.extra"] = torch.zeros(1)
     save_safetensors(broken, tmp_path / "model.safetensors")
-    with pytest.raises(MinknnError, match=r"missing \['encoder.layer.1.output.dense.weight'\].*unexpected \['encoder.layer.9.extra'\]"):
+    with pytest.raises(MinknnError, match=r"model.safetensors: does not fit the model built from config.json: "
+                       r"missing \['encoder.layer.1.output.dense.weight'\]; unexpected \['encoder.layer.9.extra'\]$"):
         BertModel.from_pretrained(str(tmp_path))
     broken = dict(state, **{"pooler.dense.bias": torch.zeros(5)})
     save_safetensors(broken, tmp_path / "model.safetensors")
@@ -106,4 +171,7 @@ def test_bad_model_folder_errors(tmp_path):
         BertModel.from_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text('{"hidden_size": 8, "num_attention_heads": 2}')
     with pytest.raises(MinknnError, match="neither model.safetensors nor pytorch_model.bin"):
+        BertModel.from_pretrained(str(tmp_path))
+    torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")
+    with pytest.raises(MinknnError, match="pytorch_model.bin: not a state dict"):
         BertModel.from_pretrained(str(tmp_path))

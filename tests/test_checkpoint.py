@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 import torch
@@ -78,4 +79,41 @@ def test_a_checkpoint_of_a_task_that_changed_is_refused(tiny_bert_dir, tmp_path)
     ckpt = load_checkpoint(str(tmp_path))
     ckpt["tasks"]["sst"]["labels"] = ["bad", "good"]
     with pytest.raises(MinknnError, match="trained on sst as a classify task with labels \\['bad', 'good'\\]"):
+        rebuild(ckpt)
+
+
+def test_rebuild_keeps_the_tokenizer_options(tiny_bert_dir, tmp_path):
+    model, losses, _ = make_checkpoint(tiny_bert_dir, tmp_path / "checkpoint.pt", seed=0)
+    options = {"lowercase": False, "strip_accents": True, "chinese_chars": False}
+    save_checkpoint(tmp_path / "other.pt", model, losses, Tokenizer(Tokenizer.from_folder(tiny_bert_dir, 16).vocab,
+                    max_len=16, **options), ARGS, epoch=1, dev={})
+    assert rebuild(load_checkpoint(str(tmp_path / "other.pt")))[2].options == options, \
+        "save_checkpoint did not store the tokenizer's options, or rebuild did not use them"
+    ckpt = load_checkpoint(str(tmp_path))
+    ckpt.pop("tokenizer", None)  # a checkpoint that stored only `lowercase`: the other options' defaults
+    assert rebuild(ckpt)[2].options == {"lowercase": True, "strip_accents": None, "chinese_chars": True}
+    ckpt["lowercase"] = False
+    assert rebuild(ckpt)[2].options == {"lowercase": False, "strip_accents": None, "chinese_chars": True}
+    ckpt["tokenizer"] = {"lowercase": True, "strip_accents": False, "chinese_chars": False}
+    assert rebuild(ckpt)[2].options == ckpt["tokenizer"]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda c: c.pop("vocab"), r"checkpoint.pt: has no vocab; it is not a whole minknn checkpoint"),
+    (lambda c: c["args"].pop("pooling"), r"checkpoint.pt: has no args\['pooling'\]"),
+    (lambda c: c["model"].pop("heads.sst.weight"),
+     r"checkpoint.pt: model: does not fit the model built from its bert_config, tasks and args: "
+     r"missing \['heads.sst.weight'\]$"),
+    (lambda c: c["loss"].update(extra=torch.zeros(1)), r"checkpoint.pt: loss: does not fit .*: unexpected \['extra'\]$"),
+    (lambda c: c["model"].update({"bert.pooler.dense.bias": torch.zeros(3)}),
+     r"checkpoint.pt: model: 'bert.pooler.dense.bias' has shape \(3,\), but the model built from its "
+     r"bert_config, tasks and args has \(32,\)"),
+    (lambda c: c["model"]["heads.sst.bias"].fill_(float("inf")), "checkpoint.pt: model: heads.sst.bias holds 5 non-finite"),
+    (lambda c: c["bert_config"].update(is_decoder=True), "checkpoint.pt: bert_config: is_decoder true is not implemented"),
+], ids=["entry", "args", "missing", "unexpected", "shape", "inf", "config"])
+def test_a_broken_checkpoint_is_one_line(tiny_bert_dir, tmp_path, edit, says):
+    make_checkpoint(tiny_bert_dir, tmp_path / "checkpoint.pt", seed=0)
+    ckpt = load_checkpoint(str(tmp_path))
+    edit(ckpt)
+    with pytest.raises(MinknnError, match=f"^--checkpoint {re.escape(str(tmp_path))}/{says}"):
         rebuild(ckpt)
