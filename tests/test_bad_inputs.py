@@ -55,6 +55,23 @@ FLAG_CASES = [
 
 # --- data files and folders (minknn/readers.py, minknn/data.py) ---
 DATA_CASES = [
+    ("data file not UTF-8", "train", trainer(data=lambda tmp, fixtures: (
+        shutil.copytree(fixtures, tmp / "data"),
+        (tmp / "data/minbert/ids-sst-train.csv").write_bytes(   # line 2: "The cast is terr\xefble"
+            (tmp / "data/minbert/ids-sst-train.csv").read_bytes().replace(b"terrible", b"terr\xefble")),
+        str(tmp / "data"))[-1]),
+     "ids-sst-train.csv:2: not UTF-8"),
+    ("data file is a folder", "train", trainer(data=lambda tmp, fixtures: (
+        shutil.copytree(fixtures, tmp / "data"),
+        (tmp / "data/minbert/ids-sst-train.csv").unlink(),
+        (tmp / "data/minbert/ids-sst-train.csv").mkdir(),
+        str(tmp / "data"))[-1]),
+     "ids-sst-train.csv: a folder, where sst's train file belongs"),
+    ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: (
+        (tmp / "file").write_text(""), str(tmp / "file"))[-1]),
+     "file: is a file, not a folder"),
+    ("data_dir not found", "train", trainer(data=lambda tmp, fixtures: str(tmp / "no-data")),
+     "no-data: not found"),
 ]
 
 # --- model folders, tokenizers and checkpoints (minknn/bert.py, tokenizer.py, checkpoint.py) ---

@@ -63,6 +63,37 @@ def test_empty_split_and_missing_class(data_dir, tmp_path):
         check_every_class_present(examples + [Example("c")], TASKS["sst"], "train")
 
 
+def test_a_byte_that_is_not_utf8_names_file_and_line(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"e", b"\xe9", 1)  # a latin-1 byte, as a wrongly converted copy has
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(DataError, match=r"ids-sst-train.csv:3: not UTF-8 \(invalid continuation byte\)$"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+
+
+def test_a_folder_where_a_data_file_belongs_is_named(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(DataError, match=r"minbert/ids-sst-train.csv: a folder, where sst's train file belongs$"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+
+
+def test_a_data_root_must_be_a_folder_that_exists(data_dir, tmp_path, monkeypatch):
+    """Named by the flag or by MINKNN_DATA; never created by a download (a mistyped path would be)."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DataError, match=rf"^--data_dir {tmp_path / 'file'}: is a file, not a folder; "):
+        load_split(TASKS["sst"], "train", str(tmp_path / "file"))
+    with pytest.raises(DataError, match=rf"^--data_dir {tmp_path / 'none'}: not found; "):
+        load_split(TASKS["sst"], "train", str(tmp_path / "none"))
+    monkeypatch.setenv("MINKNN_DATA", str(tmp_path / "none"))
+    with pytest.raises(DataError, match=rf"^MINKNN_DATA={tmp_path / 'none'}: not found; "):
+        load_split(TASKS["sst"], "train")
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+    assert len(load_split(TASKS["sst"], "train", data_dir)) == 40  # --data_dir comes before MINKNN_DATA
+
+
 def test_unknown_task_and_split():
     with pytest.raises(MinknnError, match="unknown --task 'sts3'; choose one of: sst, cfimdb"):
         get_task("sts3")
@@ -136,6 +167,14 @@ def test_interrupted_or_wrong_download_leaves_no_file(server, tmp_path):
     with pytest.raises(DataError, match="cannot download"):
         download(server + "no-such-file.csv", str(dest))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_download_leaves_no_folder_it_made(server, tmp_path):
+    """evaluate.py without a data root once left an empty data/minbert/ behind."""
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DataError, match="cannot download"):
+        download(server + "no-such-file.csv", str(tmp_path / "kept" / "new" / "deeper" / "ids-sst-dev.csv"))
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []  # an existing folder stays
 
 
 def test_load_split_downloads_a_missing_file(server, tmp_path, monkeypatch):
