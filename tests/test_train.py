@@ -41,11 +41,12 @@ def test_train_then_evaluate(tiny_bert_dir, data_dir, tmp_path):
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--device", "cpu"])["sst"]
     assert (result["acc"], result["macro_f1"]) == (summary["dev"]["sst"]["acc"], summary["dev"]["sst"]["macro_f1"])
     rows = list(csv.reader(open(result["predictions"])))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 16
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
     test = evaluate.main(["--checkpoint", str(tmp_path / "run" / "checkpoint.pt"), "--split", "test",
                           "--data_dir", data_dir])["sst"]
-    assert "acc" not in test and len(list(csv.reader(open(test["predictions"])))) == 8
+    rows = list(csv.reader(open(test["predictions"])))
+    assert "acc" not in test and len(rows) == 8 and rows[0] == ["id", "prediction", "prediction_name"]  # no labels
 
 
 def test_few_shot_pretrain_run_leaves_bert_untouched(tiny_bert_dir, data_dir, tmp_path):
@@ -101,7 +102,7 @@ def test_proxy_inference_from_a_checkpoint(tiny_bert_dir, data_dir, tmp_path):
     mixed = evaluate.main(common)["sst"]
     assert mixed["acc"] == plain["acc"] and 0 <= mixed["proxy_acc"] <= 1
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-proxy.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 16
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
 
 def test_proxy_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
@@ -153,7 +154,7 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert again["timing"]["datastore_build_seconds"] is None  # reused: same checkpoint, key, training set
     assert (again["mix_acc"], again["mix_macro_f1"]) == (again["knn_acc"], again["knn_macro_f1"])  # phi 1: kNN alone
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 16
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
     # on the training set each query's own entry is left out (test_knn.py checks the search itself)
     searches = []
@@ -246,9 +247,9 @@ def test_multitask_trains_then_evaluates(tiny_bert_dir, data_dir, tmp_path, monk
         assert {k: result[name][k] for k in summary["dev"][name]} == summary["dev"][name], name
     assert result["overall"] == summary["dev"]["overall"]
     files = {name: list(csv.reader(open(result[name]["predictions"]))) for name in ("sst", "quora", "sts")}
-    assert files["sst"][0] == ["id", "prediction", "prediction_name"] and len(files["sst"]) == 16
-    assert files["quora"][0] == ["id", "prediction", "prediction_name"] and len(files["quora"]) == 13
-    assert files["sts"][0] == ["id", "similarity"] and len(files["sts"]) == 13 and 0 < len(files["sts"][1][1]) <= 7
+    assert files["sst"][0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(files["sst"]) == 16
+    assert files["quora"][0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(files["quora"]) == 13
+    assert files["sts"][0] == ["id", "similarity", "gold"] and len(files["sts"]) == 13 and 0 < len(files["sts"][1][1]) <= 7
     assert os.path.basename(result["sts"]["predictions"]) == "predictions-dev-sts.csv"
 
     test = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--split", "test"])
@@ -281,7 +282,8 @@ def test_a_pair_task_with_knnbert_then_knn(tiny_bert_dir, data_dir, tmp_path):
     for rule in ("", "knn_", "mix_"):
         assert 0 <= result[rule + "acc"] <= 1, rule
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-test-knn.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 9 and rows[1][2] in ("entailment", "not_entailment")
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 9
+    assert rows[1][2] in ("entailment", "not_entailment") and rows[1][4] in ("entailment", "not_entailment")
 
 
 def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_dir, tmp_path):
@@ -295,7 +297,7 @@ def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_di
     assert result["micro_f1"] == summary["dev"]["goemotions"]["micro_f1"]
     assert {"knn_micro_f1", "mix_micro_f1", "knn_hamming", "mix_hamming"} <= set(result)
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn-only.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 11
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 11
     alone = evaluate.main(common + ["--phi", "1"])["goemotions"]  # lam = 1: the vote alone, thresholded at 0.5
     assert (alone["mix_micro_f1"], alone["mix_hamming"]) == (alone["knn_micro_f1"], alone["knn_hamming"])
     swept = evaluate.main(common + ["--sweep"])["goemotions"]["sweep"]
