@@ -24,6 +24,7 @@ that looks whole, nor the folders it made.
 """
 import hashlib
 import http.client
+import json
 import os
 import random
 import sys
@@ -235,6 +236,23 @@ def training_examples(task, data_dir=None, max_train=None, seed=0):
     if task.kind != "classify":
         return random.Random(seed).sample(train, max_train)
     return stratified_sample(train, max_train, seed)
+
+
+def examples_fingerprint(examples):
+    """sha256 of the examples' ids, texts and labels, in order: the same for the same examples,
+    changed by any edited row, label or order."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.text, e.text_b, e.label]).encode() + b"\n")
+    return h.hexdigest()
+
+
+def run_data(data_dir, train):
+    """What a checkpoint records of the data its run read (train: task name -> the training
+    examples): the data root, absolute, and each task's training fingerprint. evaluate.py reads
+    that root by default, and builds a kNN datastore only from examples with that fingerprint."""
+    return {"root": os.path.abspath(data_root(data_dir)),
+            "train_fingerprint": {name: examples_fingerprint(e) for name, e in train.items()}}
 
 
 def stratified_sample(examples, n, seed):

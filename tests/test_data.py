@@ -1,3 +1,4 @@
+import dataclasses
 import http.server
 import os
 import random
@@ -8,8 +9,8 @@ from collections import Counter
 import pytest
 
 from minknn import MinknnError
-from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset, git_blob_id,
-                         load_split, stratified_sample, training_examples)
+from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset,
+                         examples_fingerprint, git_blob_id, load_split, run_data, stratified_sample, training_examples)
 from minknn.kinds import kind_of
 from minknn.tasks import TASKS, get_task
 
@@ -92,6 +93,19 @@ def test_a_data_root_must_be_a_folder_that_exists(data_dir, tmp_path, monkeypatc
         load_split(TASKS["sst"], "train")
     assert sorted(os.listdir(tmp_path)) == ["file"]
     assert len(load_split(TASKS["sst"], "train", data_dir)) == 40  # --data_dir comes before MINKNN_DATA
+
+
+def test_the_fingerprint_of_training_examples(data_dir):
+    train = load_split(TASKS["sst"], "train", data_dir)
+    fp = examples_fingerprint(train)
+    assert fp == examples_fingerprint(load_split(TASKS["sst"], "train", data_dir)) and len(fp) == 64
+    changed = [dataclasses.replace(train[0], text=train[0].text + " ")] + train[1:]
+    relabelled = [dataclasses.replace(train[0], label=1)] + train[1:]
+    pair = [dataclasses.replace(train[0], text_b="b")] + train[1:]
+    others = [changed, relabelled, pair, train[1:], train[::-1]]
+    assert len({fp} | {examples_fingerprint(e) for e in others}) == 6, "a change that keeps the fingerprint"
+    recorded = run_data(os.path.relpath(data_dir), {"sst": train})
+    assert recorded == {"root": os.path.abspath(data_dir), "train_fingerprint": {"sst": fp}}
 
 
 def test_unknown_task_and_split():
