@@ -8,13 +8,26 @@
 A multi-label run's --knn is Su et al.'s vote; a multi-task run's scores are every task's and
 the overall score.
 
+Data: --data_dir, else $MINKNN_DATA, else the data root the run trained on (its checkpoint
+records it), else ./data. The checkpoint also records a fingerprint of each task's training
+examples: --knn builds its datastore only from examples with that fingerprint, so a datastore
+never holds other examples than the run's. Every task's data is read and checked before any
+encoding.
+
 Every checkpoint takes one path: each task of the run is predicted by the model and, with
 --proxy (tasks trained with a proxy loss) and --knn (classification and multi-label tasks), by
 those rules too, side by side. Each rule's predictions go to <run>/predictions-<split>.csv (the
 model), -proxy.csv, -knn.csv (the model mixed with kNN) and -knn-only.csv; in a run of several
-tasks the file names carry the task's: predictions-<split>-<task>.csv. The kNN datastore is
-saved as <run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint,
-the key and the training set are unchanged.
+tasks the file names carry the task's: predictions-<split>-<task>.csv. A file's columns are the
+example's id, the prediction (classify and multilabel: prediction, prediction_name; similarity:
+similarity) and, where the split has labels, the gold answer in the same form (gold, gold_name;
+similarity: gold). The metrics go to <run>/predictions-<split>-metrics.json (beside --out's file
+when given): the checkpoint, its epoch, the split, the data root, --max_eval, and per task its n,
+every rule's scores (acc: the model's, proxy_acc: proxy inference's, knn_acc: kNN alone's,
+mix_acc: the model mixed with kNN; likewise for each metric), proxy_alpha, the kNN settings (k,
+phi, vote, temperature, key) and timings. The kNN datastore is saved as
+<run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint, the key
+and the training set are unchanged.
 """
 import csv
 import io
@@ -24,9 +37,10 @@ import time
 
 from minknn import MinknnError, run
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
-from minknn.data import eval_subset, load_split, training_examples
+from minknn.data import (data_root, eval_subset, examples_fingerprint, load_split, source_paths,
+                         split_recipe, training_examples)
 from minknn.engine import pick_device, predict
-from minknn.kinds import describe, kind_of, overall, score, task_metrics
+from minknn.kinds import describe, kind_of, labelled, overall, score, task_metrics
 from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
@@ -43,7 +57,8 @@ def get_args(argv=None):
     p.add_argument("--max_eval", type=int, help="score a fixed subset of N examples per task")
     p.add_argument("--batch_size", type=int, default=64, help="examples per prediction batch")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
-    p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
+    p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else the run's, "
+                   "else ./data)")
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
     g = p.add_argument_group("proxy inference")
     g.add_argument("--proxy", action="store_true", help="also score with proxy inference")
@@ -66,7 +81,7 @@ def get_args(argv=None):
     for name in ("proxy_alpha", "phi"):
         if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("k", "max_eval"):
+    for name in ("k", "max_eval", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.temperature is not None and args.temperature <= 0:
@@ -86,16 +101,66 @@ def write_csv(path, header, rows):
     atomic_save(rows, path, writer)
 
 
+def write_json(path, obj):
+    atomic_save(obj, path, lambda obj, f: f.write(json.dumps(obj, indent=1).encode()))
+
+
+def data_dir_of(args, ckpt):
+    """The data root: --data_dir, else $MINKNN_DATA, else the root the run trained on (recorded
+    in its checkpoint), else ./data (a checkpoint from before minknn recorded it)."""
+    if args.data_dir or os.environ.get("MINKNN_DATA") or "data" not in ckpt:
+        data_root(args.data_dir)  # a root that is not a folder stops here, before the model
+        return args.data_dir
+    root = ckpt["data"]["root"]
+    if not os.path.isdir(root):
+        raise MinknnError(f"--checkpoint {ckpt['file']}: the run read its data from {root}, "
+                          f"which is not a folder here; give --data_dir (or MINKNN_DATA)")
+    print(f"data: {root}, the run's (--data_dir for another)")
+    return root
+
+
+def run_training_set(args, ckpt, task):
+    """The examples the run trained on (its --max_train draw), for the kNN datastore: refused
+    when their fingerprint is not the one the checkpoint recorded (another data root, or a file
+    changed since the run read it)."""
+    train = training_examples(task, args.data_dir, ckpt["args"]["max_train"], ckpt["args"]["seed"])
+    recorded = ckpt.get("data", {}).get("train_fingerprint", {})
+    if task.name in recorded and examples_fingerprint(train) != recorded[task.name]:
+        root, here = ckpt["data"]["root"], os.path.abspath(data_root(args.data_dir))
+        files = ", ".join(source_paths(task, split_recipe(task, "train")[0], args.data_dir))
+        why = "changed since the run read it" if here == root else \
+            f"the run read {root}: use --data_dir {root}"
+        raise MinknnError(f"{files}: not the {task.name} training examples the run trained on "
+                          f"({why}); --knn builds its datastore from the run's own")
+    return train
+
+
+def read_task_data(args, ckpt, model, task):
+    """(examples to score, a note on the --max_eval subset, the training set for --knn or None),
+    read and checked before any encoding."""
+    examples = load_split(task, args.split, args.data_dir)
+    subset = ""
+    if args.max_eval and args.max_eval < len(examples):
+        subset = f" (a --max_eval subset of {len(examples)})"
+    examples = eval_subset(examples, args.max_eval)
+    if not (args.knn and task.kind in KNN_DEFAULTS and not model.siamese(task)):
+        return examples, subset, None
+    if args.sweep and not labelled(examples):
+        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split "
+                          f"has no labels")
+    train = run_training_set(args, ckpt, task)
+    if not args.sweep:  # the sweep caps K at the datastore's size
+        check_k(knn_settings(args, task)[0], len(train), excluding_self=args.split == "train")
+    return examples, subset, train
+
+
 def knn_settings(args, task):
     """K, phi, the vote and its temperature for this task: the flags, else its kind's defaults."""
     return settings(task.kind, args.k, args.phi, args.vote, args.temperature)
 
 
-def knn_datastore(args, ckpt, path, model, tokenizer, task, key, device):
+def knn_datastore(args, ckpt, path, model, tokenizer, task, train, key, device):
     """The training set's datastore: loaded from disk when still valid, else built and saved."""
-    train = training_examples(task, args.data_dir, ckpt["args"]["max_train"], ckpt["args"]["seed"])
-    if not args.sweep:  # the sweep caps K at the datastore's size
-        check_k(knn_settings(args, task)[0], len(train), excluding_self=args.split == "train")
     stamp = fingerprint(ckpt["file"], key, train)
     if os.path.exists(path):
         datastore = Datastore.load(path, stamp)
@@ -141,27 +206,24 @@ def sweep(task, datastore, probabilities, queries, gold, exclude, args):
     return tables
 
 
-def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
-    """One task's predictions by every rule asked for, their files and, on labels, scores."""
-    kind, run_dir = kind_of(task), os.path.dirname(ckpt["file"])
-    base = os.path.splitext(args.out or os.path.join(run_dir, f"predictions-{args.split}.csv"))[0]
-    base += f"-{task.name}" if several else ""
-    knn = args.knn and task.kind in KNN_DEFAULTS and not model.siamese(task)
+def predictions_base(args, ckpt):
+    """The predictions files' path less its .csv: --out's, else <run>/predictions-<split>."""
+    run_dir = os.path.dirname(ckpt["file"])
+    return os.path.splitext(args.out or os.path.join(run_dir, f"predictions-{args.split}.csv"))[0]
+
+
+def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, subset, train):
+    """One task's predictions by every rule asked for, their files and, on labels, scores.
+    train: the training set for --knn, None for no kNN."""
+    kind, run_dir, several = kind_of(task), os.path.dirname(ckpt["file"]), len(model.tasks) > 1
+    base = predictions_base(args, ckpt) + (f"-{task.name}" if several else "")
+    knn = train is not None
     key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
-    examples = load_split(task, args.split, args.data_dir)
-    subset = ""
-    if args.max_eval and args.max_eval < len(examples):
-        subset = f" (a --max_eval subset of {len(examples)})"
-    examples = eval_subset(examples, args.max_eval)
-    labelled = all(e.label is not None for e in examples)
-    if args.sweep and knn and not labelled:
-        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split "
-                          f"has no labels")
     if knn:  # the datastore first: its errors come before the slow encoding of the split
         name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
         path = args.datastore or os.path.join(run_dir, name)
-        datastore, build_seconds = knn_datastore(args, ckpt, path, model, tokenizer, task, key,
-                                                 device)
+        datastore, build_seconds = knn_datastore(args, ckpt, path, model, tokenizer, task, train,
+                                                 key, device)
 
     # one pass gives the outputs and, with --knn, the queries in the datastore's representation
     start = time.time()
@@ -170,6 +232,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
     encode_seconds = time.time() - start
     probabilities = kind.probabilities(outputs)
     rules = [("model", "", probabilities, f"{base}.csv")]  # (name, prefix, probabilities, file)
+    result = {"n": len(examples), "predictions": f"{base}.csv"}
     if args.proxy and has_proxies(losses[task.name]):
         # proxies compare the pooled z: a --knn_key other than the run's pooling needs its own pass
         z = reps if not knn or key == ckpt["args"]["pooling"] else \
@@ -177,9 +240,10 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
         mixed = proxy_logits(losses[task.name], outputs, z, args.proxy_alpha)
         rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_",
                       kind.probabilities(mixed), f"{base}-proxy.csv"))
-    result = {"n": len(examples), "predictions": f"{base}.csv"}
+        result["proxy_alpha"] = args.proxy_alpha
     if knn:
         k, phi, vote, temperature = knn_settings(args, task)
+        result["knn"] = {"k": k, "phi": phi, "vote": vote, "temperature": temperature, "key": key}
         # the queries are training examples: leave each one's own entry out of its neighbours
         exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
         start = time.time()
@@ -198,11 +262,11 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
         print(f"{task.name}: no kNN for a {task.kind} task"
               f"{' of siamese pairs' if model.siamese(task) else ''}")
 
-    gold = kind.gold(task, examples) if labelled else None
+    gold = kind.gold(task, examples) if labelled(examples) else None
     for name, prefix, probs, path in rules:
         pred = kind.decide(probs)
         write_csv(path, *kind.rows(task, examples, pred))
-        if not labelled:
+        if gold is None:
             print(f"{task.name} {args.split}, {name}: {len(examples)} examples have no labels; "
                   f"predictions in {path}")
             continue
@@ -219,7 +283,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, several, device):
         result["sweep"] = sweep(task, datastore, probabilities, reps, gold, exclude, args)
         vote, prefix = knn_settings(args, task)[2], f"{task.name}-" if several else ""
         path = os.path.join(run_dir, f"knn-sweep-{args.split}-{vote}-{prefix}{key}.json")
-        atomic_save(result["sweep"], path, lambda obj, f: f.write(json.dumps(obj).encode()))
+        write_json(path, result["sweep"])
         print(f"\nsweep tables in {path}")
     return result
 
@@ -230,6 +294,7 @@ def main(argv=None):
     ckpt["file"] = args.checkpoint
     if os.path.isdir(args.checkpoint):
         ckpt["file"] = os.path.join(args.checkpoint, "checkpoint.pt")
+    args.data_dir = data_dir_of(args, ckpt)
     device = pick_device(args.device)
     model, losses, tokenizer = rebuild(ckpt)
     model.to(device)
@@ -245,15 +310,20 @@ def main(argv=None):
         raise MinknnError("--knn votes with the training set's labels: it needs a classification "
                           "or multi-label task with one vector per example (not a similarity task, "
                           "not --pair_mode siamese)")
-    result = {"split": args.split}
+    # every task's data first: a bad file or another training set stops before any encoding
+    data = {t.name: read_task_data(args, ckpt, model, t) for t in tasks}
+    result = {"checkpoint": ckpt["file"], "epoch": ckpt["epoch"], "split": args.split,
+              "data_root": os.path.abspath(data_root(args.data_dir)), "max_eval": args.max_eval}
     for task in tasks:
-        several = len(tasks) > 1
-        result[task.name] = evaluate_task(args, ckpt, model, losses, tokenizer, task, several,
-                                          device)
+        result[task.name] = evaluate_task(args, ckpt, model, losses, tokenizer, task, device,
+                                          *data[task.name])
     if len(tasks) > 1 and all(task_metrics(t)[0] in result[t.name] for t in tasks):
         result["overall"] = overall(tasks, {t.name: result[t.name] for t in tasks})
         print(f"overall score: {result['overall']:.4f} (the mean of the tasks' first scores, "
               f"each in [0, 1])")
+    path = predictions_base(args, ckpt) + "-metrics.json"
+    write_json(path, result)
+    print(f"metrics in {path}")
     return result
 
 

@@ -44,7 +44,7 @@ from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
 from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
-                         training_examples)
+                         run_data, training_examples)
 from minknn.engine import (autocast, encode_batch, pick_device, predict, seed_everything,
                            to_device, TrainBatches)
 from minknn.kinds import describe_run, kind_of, overall, score
@@ -238,6 +238,7 @@ def run_training(args):
         require_labels(dev[t.name], f"--task {t.name} dev split")
         if t.kind == "classify":
             check_every_class_present(train[t.name], t, f"--task {t.name} train split")
+    data = run_data(args.data_dir, train)  # the root and fingerprints, saved for evaluate.py
 
     # model: the encoder and a head per task, each task's loss, a memory loss's memory
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)
@@ -333,7 +334,7 @@ def run_training(args):
         if is_best:
             best = {"epoch": epoch, "dev": dev_scores}
             save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
-                            vars(args), epoch, dev_scores, moco.memory if moco else None)
+                            vars(args), epoch, dev_scores, moco.memory if moco else None, data=data)
         # then the state to resume from, then the records: a kill between two of these saves
         # leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records,

@@ -10,6 +10,8 @@ A checkpoint is one torch.save'd dict:
                  (proxies, when a loss has some)
     memory       the MoCo queue (keys, labels, pointer) or memory bank, for the memory losses only
     epoch, dev   the epoch it was saved after and its dev scores
+    data         {"root", "train_fingerprint": {task: sha256}}: the data root the run read and its
+                 training examples' fingerprints (data.run_data), for evaluate.py
 It is written to a temporary file in the same folder, flushed to disk, then renamed over the old
 one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
 """
@@ -51,7 +53,7 @@ def atomic_save(obj, path, writer=torch.save):
             os.remove(tmp)
 
 
-def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None):
+def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None, data=None):
     atomic_save({
         "format": FORMAT, "args": dict(args),
         "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair}
@@ -61,6 +63,7 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
         "tokenizer": tokenizer.options,
         "model": model.state_dict(), "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
         **({"memory": memory.state_dict()} if memory is not None else {}),
+        **({"data": data} if data is not None else {}),
     }, path)
 
 

@@ -16,13 +16,15 @@ minknn trains on (train), picks the best epoch on (dev) and reports (test):
 Each source's number of examples is checked against the official number its entry lists; a
 mismatch is a one-line warning naming the file, not an error (a user's copy may differ).
 
-Files live under <root>/<dataset>/, root being --data_dir, else $MINKNN_DATA, else ./data. A
-missing file is downloaded from the task's official address, where it has one, to a temporary
-name that is renamed only once the whole file has arrived (and its git blob id checked), so an
-interrupted download never leaves a half file that looks whole.
+Files live under <root>/<dataset>/, root being --data_dir, else $MINKNN_DATA, else ./data (a root
+named by the flag or the variable must exist). A missing file is downloaded from the task's
+official address, where it has one, to a temporary name that is renamed only once the whole file
+has arrived (and its git blob id checked), so an interrupted download never leaves a half file
+that looks whole, nor the folders it made.
 """
 import hashlib
 import http.client
+import json
 import os
 import random
 import sys
@@ -66,16 +68,25 @@ class Task:
 
 
 def data_root(data_dir=None):
-    return data_dir or os.environ.get("MINKNN_DATA") or "data"
+    """--data_dir, else $MINKNN_DATA, else ./data. A root given by the flag or the variable must be
+    a folder that exists: downloads fill in missing files, never a missing root (a mistyped path
+    would download into a new folder)."""
+    if data_dir:
+        given = f"--data_dir {data_dir}"
+    elif os.environ.get("MINKNN_DATA"):
+        data_dir, given = os.environ["MINKNN_DATA"], f"MINKNN_DATA={os.environ['MINKNN_DATA']}"
+    else:
+        return "data"
+    if not os.path.isdir(data_dir):
+        what = "is a file, not a folder" if os.path.exists(data_dir) else "not found"
+        raise DataError(f"{given}: {what}; the data root is a folder holding <dataset>/<file>, "
+                        f"e.g. minbert/ids-sst-train.csv (data/README.md)")
+    return data_dir
 
 
 def load_split(task, split, data_dir=None):
     """One split of a task, its source files downloaded first where missing."""
-    splits = task.splits or {s: s for s in task.files}
-    if split not in splits:
-        raise MinknnError(f"{task.name} has no '{split}' split; it has: {', '.join(splits)}")
-    recipe = splits[split]
-    source, start, end = (recipe, 0.0, 1.0) if isinstance(recipe, str) else recipe
+    source, start, end = split_recipe(task, split)
     examples = read_source(task, source, data_dir)
     if (start, end) != (0.0, 1.0):
         order = list(range(len(examples)))
@@ -86,6 +97,15 @@ def load_split(task, split, data_dir=None):
         raise DataError(f"{source_paths(task, source, data_dir)[0]}: the {split} split "
                         f"has no examples")
     return examples
+
+
+def split_recipe(task, split):
+    """(source, start, end): the split is the rows [start n, end n) of the source's shuffle."""
+    splits = task.splits or {s: s for s in task.files}
+    if split not in splits:
+        raise MinknnError(f"{task.name} has no '{split}' split; it has: {', '.join(splits)}")
+    recipe = splits[split]
+    return (recipe, 0.0, 1.0) if isinstance(recipe, str) else recipe
 
 
 def source_paths(task, source, data_dir=None):
@@ -100,6 +120,8 @@ def read_source(task, source, data_dir=None):
                           f"tasks.get_task(name, data_dir)")
     paths = source_paths(task, source, data_dir)
     for path in paths:
+        if os.path.isdir(path):
+            raise DataError(f"{path}: a folder, where {task.name}'s {source} file belongs")
         if not os.path.exists(path):
             if not task.url:
                 raise DataError(f"{path}: not found, and {task.name} has no download address; "
@@ -159,11 +181,14 @@ def git_blob_id(path):
 def download(url, path, blob=None, timeout=60):
     """Downloads url to path with a progress bar. The bytes go to a temporary file in the same
     folder, renamed to `path` only when complete (and, if `blob` is given, when its git blob id
-    matches), so `path` either does not exist or is whole."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
-                               prefix=os.path.basename(path) + ".", suffix=".part")
+    matches), so `path` either does not exist or is whole. A failed download also removes the
+    folders it created (no empty data/minbert/ left behind)."""
+    folder = os.path.dirname(path) or "."
+    created = new_folders(folder)
+    tmp = None
     try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".part")
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True,
@@ -179,12 +204,24 @@ def download(url, path, blob=None, timeout=60):
             raise DataError(f"download of {url} does not match its known content (git blob {blob})")
         os.replace(tmp, path)
     except (OSError, http.client.HTTPException) as e:
-        # a refused connection, an HTTP error, a cut-off body
+        # a refused connection, an HTTP error, a cut-off body, a folder that cannot be made
         raise DataError(f"cannot download {url} to {path}: {e}. "
                         f"Point --data_dir or MINKNN_DATA at a copy") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+        for made in created if not os.path.exists(path) else []:
+            if os.path.isdir(made) and not os.listdir(made):
+                os.rmdir(made)
+
+
+def new_folders(folder):
+    """folder and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while folder and not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
 
 
 # ---------------------------------------------------------------------------------- sampling
@@ -199,6 +236,23 @@ def training_examples(task, data_dir=None, max_train=None, seed=0):
     if task.kind != "classify":
         return random.Random(seed).sample(train, max_train)
     return stratified_sample(train, max_train, seed)
+
+
+def examples_fingerprint(examples):
+    """sha256 of the examples' ids, texts and labels, in order: the same for the same examples,
+    changed by any edited row, label or order."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.id, e.text, e.text_b, e.label]).encode() + b"\n")
+    return h.hexdigest()
+
+
+def run_data(data_dir, train):
+    """What a checkpoint records of the data its run read (train: task name -> the training
+    examples): the data root, absolute, and each task's training fingerprint. evaluate.py reads
+    that root by default, and builds a kNN datastore only from examples with that fingerprint."""
+    return {"root": os.path.abspath(data_root(data_dir)),
+            "train_fingerprint": {name: examples_fingerprint(e) for name, e in train.items()}}
 
 
 def stratified_sample(examples, n, seed):

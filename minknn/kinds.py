@@ -51,10 +51,13 @@ class Classify:
         return np.array([e.label for e in examples])
 
     def rows(self, task, examples, pred):
-        """The predictions file: its header and one row per example (the predicted class by index
-        and by name)."""
-        return (["id", "prediction", "prediction_name"],
-                [(e.id, int(p), task.labels[p]) for e, p in zip(examples, pred)])
+        """The predictions file: its header and one row per example: the predicted class by index
+        and by name, then, where the split has labels, the gold class likewise."""
+        rows = [[e.id, int(p), task.labels[p]] for e, p in zip(examples, pred)]
+        if not labelled(examples):
+            return ["id", "prediction", "prediction_name"], rows
+        return (["id", "prediction", "prediction_name", "gold", "gold_name"],
+                [row + [e.label, task.labels[e.label]] for row, e in zip(rows, examples)])
 
 
 class Similarity:
@@ -81,7 +84,11 @@ class Similarity:
         return np.array([e.label for e in examples], dtype=np.float64)
 
     def rows(self, task, examples, pred):
-        return ["id", "similarity"], [(e.id, f"{p:.4f}") for e, p in zip(examples, pred)]
+        """The predicted score, then, where the split has labels, the gold score."""
+        rows = [[e.id, f"{p:.4f}"] for e, p in zip(examples, pred)]
+        if not labelled(examples):
+            return ["id", "similarity"], rows
+        return ["id", "similarity", "gold"], [row + [e.label] for row, e in zip(rows, examples)]
 
 
 class MultiLabel:
@@ -121,10 +128,20 @@ class MultiLabel:
         return y
 
     def rows(self, task, examples, pred):
-        """Each example's predicted classes, by index and by name, separated by spaces."""
-        return ["id", "prediction", "prediction_name"], [
-            (e.id, " ".join(str(c) for c in np.flatnonzero(p)),
-             " ".join(task.labels[c] for c in np.flatnonzero(p))) for e, p in zip(examples, pred)]
+        """Each example's predicted classes, by index and by name, separated by spaces, then,
+        where the split has labels, its gold classes likewise."""
+        def names(classes):
+            return [" ".join(str(c) for c in classes), " ".join(task.labels[c] for c in classes)]
+        rows = [[e.id, *names(np.flatnonzero(p))] for e, p in zip(examples, pred)]
+        if not labelled(examples):
+            return ["id", "prediction", "prediction_name"], rows
+        return (["id", "prediction", "prediction_name", "gold", "gold_name"],
+                [row + names(e.label) for row, e in zip(rows, examples)])
+
+
+def labelled(examples):
+    """Whether every example has its gold label (test-student and GLUE test files have none)."""
+    return all(e.label is not None for e in examples)
 
 
 KINDS = {"classify": Classify(), "similarity": Similarity(), "multilabel": MultiLabel()}

@@ -1,7 +1,9 @@
 """File readers, one per official format. Each is reader(paths, task, source) -> list[Example]:
 paths are the source's files (Task.files), source the official split they hold ("train",
 "dev", "test", "all"); most readers need only the paths. A row that cannot be read stops the
-run with one line naming the file and line (DataError), before any training.
+run with one line naming the file and line (DataError), before any training. Files are read as
+UTF-8, where a byte that is not UTF-8 is such a line; SentEval's files fall back to latin-1 (as
+SentEval reads them) and Reuters' are latin-1.
 
 Labels are parsed against the task: a class given by its index ("0", "1") or by its name
 ("entailment"); a similarity score in [0, 5]; a multi-label example's classes as a sorted tuple
@@ -17,17 +19,28 @@ import tarfile
 from minknn.data import DataError, Example
 
 
-def read_lines(path):
-    """The file's lines, as UTF-8 or, where that fails, latin-1 (SentEval reads its files as
-    latin-1; TREC's training file has one byte that is not UTF-8). Lines end at \n (or \r\n)
-    only: str.splitlines() would also break at characters such as U+2028 inside a text."""
-    with open(path, "rb") as f:
-        data = f.read()
+def read_bytes(path):
+    """The file's bytes; a file that cannot be read (a folder, no permission) is one line naming
+    it."""
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        text = data.decode("latin-1")
-    return split_lines(text)
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror})") from None
+
+
+def read_lines(path, latin1=False):
+    """The file's lines, as UTF-8 (read_utf8), or with latin1=True, where UTF-8 fails, as latin-1
+    (SentEval reads its files as latin-1; TREC's training file has one byte that is not UTF-8).
+    Lines end at \n (or \r\n) only: str.splitlines() would also break at characters such as
+    U+2028 inside a text."""
+    if latin1:
+        data = read_bytes(path)
+        try:
+            return split_lines(data.decode("utf-8-sig"))
+        except UnicodeDecodeError:
+            return split_lines(data.decode("latin-1"))
+    return split_lines(read_utf8(path))
 
 
 def split_lines(text):
@@ -37,9 +50,9 @@ def split_lines(text):
 
 def read_utf8(path):
     """The file's text, a byte-order mark dropped; a byte that is not UTF-8 is one line naming the
-    file and line, not a traceback."""
-    with open(path, "rb") as f:
-        data = f.read()
+    file and line, not a traceback (the official files of every task but SentEval's and Reuters'
+    are UTF-8: such a byte means a damaged copy)."""
+    data = read_bytes(path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -199,7 +212,7 @@ def read_senteval_classes(paths, task, source):
     keeps blank lines as samples (CR has 4, MPQA 3); we drop them: an empty text is no example."""
     examples = []
     for label, path in enumerate(paths):
-        for lineno, line in enumerate(read_lines(path), start=1):
+        for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
             if line.strip():
                 examples.append(Example(text=line.strip(), label=label,
                                         id=f"{os.path.basename(path)}:{lineno}"))
@@ -210,7 +223,7 @@ def read_trec(paths, task, source):
     """TREC (train_5500.label, TREC_10.label): "COARSE:fine question", one per line; the label is
     the coarse class (ABBR, DESC, ENTY, HUM, LOC, NUM), as in SentEval."""
     path, examples = paths[0], []
-    for lineno, line in enumerate(read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
         if not line.strip():
             continue
         label, _, text = line.partition(" ")
@@ -225,7 +238,7 @@ def read_trec(paths, task, source):
 def read_sst_binary(paths, task, source):
     """SentEval's SST/binary/sentiment-{train,dev,test}: "sentence<TAB>label" per line."""
     path, examples = paths[0], []
-    for lineno, line in enumerate(read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
         text, tab, label = line.rpartition("\t")
         if not tab:
             raise DataError(f"{path}:{lineno}: expected 'sentence<TAB>label'")
@@ -238,7 +251,7 @@ def read_sst_binary(paths, task, source):
 def read_sst_fine(paths, task, source):
     """SentEval's SST/fine/sentiment-{train,dev,test}: "label sentence" per line, labels 0-4."""
     path, examples = paths[0], []
-    for lineno, line in enumerate(read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
         label, _, text = line.partition(" ")
         if not text.strip():
             raise DataError(f"{path}:{lineno}: expected 'label sentence'")
@@ -323,8 +336,7 @@ def read_reuters(paths, task, source):
     training and a test story): 7,770 and 3,019. Their other topics are dropped."""
     split, examples = source.upper(), []
     for path in paths:
-        with open(path, encoding="latin-1") as f:
-            sgml = f.read()
+        sgml = read_bytes(path).decode("latin-1")
         found, line, seen = 0, 1, 0
         for match in REUTERS_ELEMENT.finditer(sgml):
             found += 1

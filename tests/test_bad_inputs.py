@@ -101,6 +101,24 @@ FLAG_CASES = [
 
 # --- data files and folders (minknn/readers.py, minknn/data.py) ---
 DATA_CASES = [
+    # a setup that writes files first is a lambda returning a tuple of steps: its last item is the argv
+    ("data file not UTF-8", "train", trainer(data=lambda tmp, fixtures: (
+        shutil.copytree(fixtures, tmp / "data"),
+        (tmp / "data/minbert/ids-sst-train.csv").write_bytes(   # line 2: "The cast is terr\xefble"
+            (tmp / "data/minbert/ids-sst-train.csv").read_bytes().replace(b"terrible", b"terr\xefble")),
+        str(tmp / "data"))[-1]),
+     "ids-sst-train.csv:2: not UTF-8"),
+    ("data file is a folder", "train", trainer(data=lambda tmp, fixtures: (
+        shutil.copytree(fixtures, tmp / "data"),
+        (tmp / "data/minbert/ids-sst-train.csv").unlink(),
+        (tmp / "data/minbert/ids-sst-train.csv").mkdir(),
+        str(tmp / "data"))[-1]),
+     "ids-sst-train.csv: a folder, where sst's train file belongs"),
+    ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: (
+        (tmp / "file").write_text(""), str(tmp / "file"))[-1]),
+     "file: is a file, not a folder"),
+    ("data_dir not found", "train", trainer(data=lambda tmp, fixtures: str(tmp / "no-data")),
+     "no-data: not found"),
 ]
 
 # --- model folders, tokenizers and checkpoints (minknn/bert.py, tokenizer.py, checkpoint.py) ---
@@ -191,6 +209,34 @@ MODEL_CASES = [
 
 # --- evaluate.py against its run (data root, fingerprints) ---
 EVALUATE_CASES = [
+    ("evaluate batch_size 0", "evaluate", lambda tmp, tiny, fixtures: [
+        "--checkpoint", str(tmp / "run"), "--batch_size", "0"],
+     "--batch_size must be at least 1, got 0"),
+    ("evaluate max_eval 0", "evaluate", lambda tmp, tiny, fixtures: [
+        "--checkpoint", str(tmp / "run"), "--max_eval", "0"],
+     "--max_eval must be at least 1, got 0"),
+    ("evaluate a folder without a checkpoint", "evaluate", lambda tmp, tiny, fixtures: (
+        (tmp / "run").mkdir(), ["--checkpoint", str(tmp / "run")])[-1],
+     "run/checkpoint.pt: not found"),
+    # a tiny run trained on the fixtures, then --knn on a copy whose training texts all differ
+    ("evaluate knn on other training examples", "evaluate", lambda tmp, tiny, fixtures: (
+        train.main(trainer("--max_train", "16")(tmp, tiny, fixtures)),
+        shutil.copytree(fixtures, tmp / "other"),
+        (tmp / "other/minbert/ids-sst-train.csv").write_text(
+            (tmp / "other/minbert/ids-sst-train.csv").read_text().replace(" .", " !")),
+        ["--checkpoint", str(tmp / "run"), "--knn", "--k", "4", "--data_dir", str(tmp / "other")])[-1],
+     "other/minbert/ids-sst-train.csv: not the sst training examples the run trained on"),
+    # a run of two tasks: the second task's training set is checked before the first task is encoded
+    ("evaluate knn on other training examples of a second task", "evaluate", lambda tmp, tiny, fixtures: (
+        train.main(trainer("--task", "multitask", "--tasks", "sst,rte", "--max_train", "16")(tmp, tiny, fixtures)),
+        shutil.copytree(fixtures, tmp / "other"),
+        (tmp / "other/glue/RTE/train.tsv").write_text((tmp / "other/glue/RTE/train.tsv").read_text().replace(".", "!")),
+        ["--checkpoint", str(tmp / "run"), "--knn", "--k", "4", "--data_dir", str(tmp / "other")])[-1],
+     "other/glue/RTE/train.tsv: not the rte training examples the run trained on"),
+    ("evaluate data_dir not found", "evaluate", lambda tmp, tiny, fixtures: (
+        train.main(trainer("--max_train", "16")(tmp, tiny, fixtures)),
+        ["--checkpoint", str(tmp / "run"), "--data_dir", str(tmp / "no-data")])[-1],
+     "no-data: not found"),
 ]
 
 CASES = FLAG_CASES + DATA_CASES + MODEL_CASES + EVALUATE_CASES

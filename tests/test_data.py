@@ -1,3 +1,4 @@
+import dataclasses
 import http.server
 import os
 import random
@@ -8,8 +9,8 @@ from collections import Counter
 import pytest
 
 from minknn import MinknnError
-from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset, git_blob_id,
-                         load_split, stratified_sample, training_examples)
+from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset,
+                         examples_fingerprint, git_blob_id, load_split, run_data, stratified_sample, training_examples)
 from minknn.kinds import kind_of
 from minknn.tasks import TASKS, get_task
 
@@ -61,6 +62,50 @@ def test_empty_split_and_missing_class(data_dir, tmp_path):
         check_every_class_present(examples, TASKS["sst"], "train")
     with pytest.raises(DataError, match="train: has examples without labels"):
         check_every_class_present(examples + [Example("c")], TASKS["sst"], "train")
+
+
+def test_a_byte_that_is_not_utf8_names_file_and_line(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"e", b"\xe9", 1)  # a latin-1 byte, as a wrongly converted copy has
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(DataError, match=r"ids-sst-train.csv:3: not UTF-8 \(invalid continuation byte\)$"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+
+
+def test_a_folder_where_a_data_file_belongs_is_named(data_dir, tmp_path):
+    path = copy_task_files(data_dir, tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(DataError, match=r"minbert/ids-sst-train.csv: a folder, where sst's train file belongs$"):
+        load_split(TASKS["sst"], "train", str(tmp_path))
+
+
+def test_a_data_root_must_be_a_folder_that_exists(data_dir, tmp_path, monkeypatch):
+    """Named by the flag or by MINKNN_DATA; never created by a download (a mistyped path would be)."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DataError, match=rf"^--data_dir {tmp_path / 'file'}: is a file, not a folder; "):
+        load_split(TASKS["sst"], "train", str(tmp_path / "file"))
+    with pytest.raises(DataError, match=rf"^--data_dir {tmp_path / 'none'}: not found; "):
+        load_split(TASKS["sst"], "train", str(tmp_path / "none"))
+    monkeypatch.setenv("MINKNN_DATA", str(tmp_path / "none"))
+    with pytest.raises(DataError, match=rf"^MINKNN_DATA={tmp_path / 'none'}: not found; "):
+        load_split(TASKS["sst"], "train")
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+    assert len(load_split(TASKS["sst"], "train", data_dir)) == 40  # --data_dir comes before MINKNN_DATA
+
+
+def test_the_fingerprint_of_training_examples(data_dir):
+    train = load_split(TASKS["sst"], "train", data_dir)
+    fp = examples_fingerprint(train)
+    assert fp == examples_fingerprint(load_split(TASKS["sst"], "train", data_dir)) and len(fp) == 64
+    changed = [dataclasses.replace(train[0], text=train[0].text + " ")] + train[1:]
+    relabelled = [dataclasses.replace(train[0], label=1)] + train[1:]
+    pair = [dataclasses.replace(train[0], text_b="b")] + train[1:]
+    others = [changed, relabelled, pair, train[1:], train[::-1]]
+    assert len({fp} | {examples_fingerprint(e) for e in others}) == 6, "a change that keeps the fingerprint"
+    recorded = run_data(os.path.relpath(data_dir), {"sst": train})
+    assert recorded == {"root": os.path.abspath(data_dir), "train_fingerprint": {"sst": fp}}
 
 
 def test_unknown_task_and_split():
@@ -136,6 +181,14 @@ def test_interrupted_or_wrong_download_leaves_no_file(server, tmp_path):
     with pytest.raises(DataError, match="cannot download"):
         download(server + "no-such-file.csv", str(dest))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_download_leaves_no_folder_it_made(server, tmp_path):
+    """evaluate.py without a data root once left an empty data/minbert/ behind."""
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DataError, match="cannot download"):
+        download(server + "no-such-file.csv", str(tmp_path / "kept" / "new" / "deeper" / "ids-sst-dev.csv"))
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []  # an existing folder stays
 
 
 def test_load_split_downloads_a_missing_file(server, tmp_path, monkeypatch):

@@ -44,11 +44,25 @@ def test_scores_and_the_overall_score():
 
 
 def test_prediction_files_by_kind():
-    examples = [Example("a", label=(0,), id="x"), Example("b", label=(1,), id="y")]
-    header, rows = kind_of(TASKS["reuters"]).rows(TASKS["reuters"], examples, np.array([[1, 0, 1] + [0] * 87, [0] * 90]))
-    assert header == ["id", "prediction", "prediction_name"] and rows == [("x", "0 2", "acq barley"), ("y", "", "")]
-    header, rows = kind_of(TASKS["sts"]).rows(TASKS["sts"], examples, np.array([1.23456, 4.0]))
-    assert header == ["id", "similarity"] and rows == [("x", "1.2346"), ("y", "4.0000")]
+    """Each kind's file: the prediction, then, where the split has labels, the gold answer in the same form."""
+    sst, reuters, sts = TASKS["sst"], TASKS["reuters"], TASKS["sts"]
+    gold = [Example("a", label=4, id="x"), Example("b", label=0, id="y")]
+    header, rows = kind_of(sst).rows(sst, gold, np.array([4, 2]))
+    assert header == ["id", "prediction", "prediction_name", "gold", "gold_name"]
+    assert rows == [["x", 4, "very positive", 4, "very positive"], ["y", 2, "neutral", 0, "very negative"]]
+    gold = [Example("a", label=(0,), id="x"), Example("b", label=(1, 2), id="y")]
+    header, rows = kind_of(reuters).rows(reuters, gold, np.array([[1, 0, 1] + [0] * 87, [0] * 90]))
+    assert header == ["id", "prediction", "prediction_name", "gold", "gold_name"]
+    assert rows == [["x", "0 2", "acq barley", "0", "acq"], ["y", "", "", "1 2", "alum barley"]]
+    gold = [Example("a", "b", 3.5, id="x"), Example("c", "d", 1.0, id="y")]
+    header, rows = kind_of(sts).rows(sts, gold, np.array([1.23456, 4.0]))
+    assert header == ["id", "similarity", "gold"] and rows == [["x", "1.2346", 3.5], ["y", "4.0000", 1.0]]
+    # a split without labels (test-student files): no gold columns
+    unlabelled = [Example("a", id="x"), Example("b", id="y")]
+    assert kind_of(sst).rows(sst, unlabelled, np.array([4, 2])) == (
+        ["id", "prediction", "prediction_name"], [["x", 4, "very positive"], ["y", 2, "neutral"]])
+    assert kind_of(reuters).rows(reuters, unlabelled, np.zeros((2, 90)))[0] == ["id", "prediction", "prediction_name"]
+    assert kind_of(sts).rows(sts, unlabelled, np.array([1.0, 2.0])) == (["id", "similarity"], [["x", "1.0000"], ["y", "2.0000"]])
 
 
 def test_a_multilabel_head_starts_at_its_classes_priors():

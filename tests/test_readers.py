@@ -505,13 +505,16 @@ def test_malformed_line_names_file_and_line(data_dir, tmp_path, name, split, fil
     assert "\n" not in str(error.value), f"{name}: the error is not one line"
 
 
-# A byte that is not UTF-8 in a CSV-quoted file: one DataError line naming file and line, not a
-# UnicodeDecodeError traceback.
-@pytest.mark.parametrize("name, file", [("agnews", "train.csv"), ("goemotions", "train.tsv")])
+# A byte that is not UTF-8 in a UTF-8 dataset (all but SentEval's and Reuters'): one DataError line
+# naming file and line, neither a UnicodeDecodeError traceback nor a text silently read as latin-1.
+@pytest.mark.parametrize("name, file", [("agnews", "train.csv"), ("goemotions", "train.tsv"), ("rte", "train.tsv"),
+                                        ("cola", "train.tsv"), ("aapd", "text_train")])
 def test_a_byte_that_is_not_utf8_names_file_and_line(data_dir, tmp_path, name, file):
-    root = copy_and_edit(data_dir, tmp_path, TASKS[name], file, 3, b"a", b"\xe9")
-    with pytest.raises(DataError, match=rf"{re.escape(file)}:3"):
-        load_split(TASKS[name], "train", root)
+    task = fixture_task(name, data_dir)
+    root = copy_and_edit(data_dir, tmp_path, task, file, 3, b"a", b"\xe9")
+    with pytest.raises(DataError, match=rf"{re.escape(file)}:3: not UTF-8") as error:
+        load_split(task, "train", root)
+    assert "\n" not in str(error.value)
 
 
 # ------------------------------------------------------------------ the official-count warning

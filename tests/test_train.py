@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,9 +11,11 @@ import torch
 
 import evaluate
 import train
+from minknn.data import examples_fingerprint, training_examples
 from minknn.losses import LOSSES, MEMORY_LOSSES, loss_kind
 from minknn.pcgrad import pcgrad_backward
 from minknn.proxy import PROXY_LOSSES
+from minknn.tasks import TASKS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,11 +44,12 @@ def test_train_then_evaluate(tiny_bert_dir, data_dir, tmp_path):
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--device", "cpu"])["sst"]
     assert (result["acc"], result["macro_f1"]) == (summary["dev"]["sst"]["acc"], summary["dev"]["sst"]["macro_f1"])
     rows = list(csv.reader(open(result["predictions"])))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 16
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
     test = evaluate.main(["--checkpoint", str(tmp_path / "run" / "checkpoint.pt"), "--split", "test",
                           "--data_dir", data_dir])["sst"]
-    assert "acc" not in test and len(list(csv.reader(open(test["predictions"])))) == 8
+    rows = list(csv.reader(open(test["predictions"])))
+    assert "acc" not in test and len(rows) == 8 and rows[0] == ["id", "prediction", "prediction_name"]  # no labels
 
 
 def test_few_shot_pretrain_run_leaves_bert_untouched(tiny_bert_dir, data_dir, tmp_path):
@@ -102,7 +106,7 @@ def test_proxy_inference_from_a_checkpoint(tiny_bert_dir, data_dir, tmp_path):
     mixed = evaluate.main(common)["sst"]
     assert mixed["acc"] == plain["acc"] and 0 <= mixed["proxy_acc"] <= 1
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-proxy.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 16
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
 
 def test_proxy_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
@@ -154,7 +158,7 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert again["timing"]["datastore_build_seconds"] is None  # reused: same checkpoint, key, training set
     assert (again["mix_acc"], again["mix_macro_f1"]) == (again["knn_acc"], again["knn_macro_f1"])  # phi 1: kNN alone
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 16
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
     # on the training set each query's own entry is left out (test_knn.py checks the search itself)
     searches = []
@@ -247,9 +251,9 @@ def test_multitask_trains_then_evaluates(tiny_bert_dir, data_dir, tmp_path, monk
         assert {k: result[name][k] for k in summary["dev"][name]} == summary["dev"][name], name
     assert result["overall"] == summary["dev"]["overall"]
     files = {name: list(csv.reader(open(result[name]["predictions"]))) for name in ("sst", "quora", "sts")}
-    assert files["sst"][0] == ["id", "prediction", "prediction_name"] and len(files["sst"]) == 16
-    assert files["quora"][0] == ["id", "prediction", "prediction_name"] and len(files["quora"]) == 13
-    assert files["sts"][0] == ["id", "similarity"] and len(files["sts"]) == 13 and 0 < len(files["sts"][1][1]) <= 7
+    assert files["sst"][0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(files["sst"]) == 16
+    assert files["quora"][0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(files["quora"]) == 13
+    assert files["sts"][0] == ["id", "similarity", "gold"] and len(files["sts"]) == 13 and 0 < len(files["sts"][1][1]) <= 7
     assert os.path.basename(result["sts"]["predictions"]) == "predictions-dev-sts.csv"
 
     test = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--split", "test"])
@@ -282,7 +286,8 @@ def test_a_pair_task_with_knnbert_then_knn(tiny_bert_dir, data_dir, tmp_path):
     for rule in ("", "knn_", "mix_"):
         assert 0 <= result[rule + "acc"] <= 1, rule
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-test-knn.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 9 and rows[1][2] in ("entailment", "not_entailment")
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 9
+    assert rows[1][2] in ("entailment", "not_entailment") and rows[1][4] in ("entailment", "not_entailment")
 
 
 def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_dir, tmp_path):
@@ -296,7 +301,7 @@ def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_di
     assert result["micro_f1"] == summary["dev"]["goemotions"]["micro_f1"]
     assert {"knn_micro_f1", "mix_micro_f1", "knn_hamming", "mix_hamming"} <= set(result)
     rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn-only.csv")))
-    assert rows[0] == ["id", "prediction", "prediction_name"] and len(rows) == 11
+    assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 11
     alone = evaluate.main(common + ["--phi", "1"])["goemotions"]  # lam = 1: the vote alone, thresholded at 0.5
     assert (alone["mix_micro_f1"], alone["mix_hamming"]) == (alone["knn_micro_f1"], alone["knn_hamming"])
     swept = evaluate.main(common + ["--sweep"])["goemotions"]["sweep"]
@@ -362,3 +367,88 @@ def test_run_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     assert cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn") == (
         2, "error: --knn votes with the training set's labels: it needs a classification or multi-label task with "
            "one vector per example (not a similarity task, not --pair_mode siamese)")
+
+
+# ------------------------------------------------------------------ evaluate.py knows what the run trained on
+
+def without_data_record(run):
+    """Makes run's checkpoint one written before checkpoints recorded their data."""
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    del ckpt["data"]
+    torch.save(ckpt, run / "checkpoint.pt")
+
+
+def test_a_checkpoint_records_its_data_and_evaluate_reads_that_root(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MINKNN_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./data here
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "16")
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    drawn = training_examples(TASKS["sst"], data_dir, 16, 0)
+    assert ckpt["data"] == {"root": os.path.abspath(data_dir), "train_fingerprint": {"sst": examples_fingerprint(drawn)}}
+
+    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])  # no --data_dir, no MINKNN_DATA
+    assert result["data_root"] == os.path.abspath(data_dir) and result["sst"]["n"] == 15
+    assert sorted(os.listdir(tmp_path)) == ["run"], "evaluate.py left a data folder behind"
+    shutil.copytree(data_dir, tmp_path / "copy")  # the same examples elsewhere: --knn accepts them
+    monkeypatch.setenv("MINKNN_DATA", str(tmp_path / "copy"))
+    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])["data_root"] == str(tmp_path / "copy")
+    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir])["data_root"] == os.path.abspath(data_dir)
+
+    monkeypatch.delenv("MINKNN_DATA")
+    shutil.move(tmp_path / "copy", tmp_path / "data")  # a checkpoint without the record reads ./data, as before
+    without_data_record(tmp_path / "run")
+    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])["data_root"] == str(tmp_path / "data")
+
+
+def test_a_run_whose_data_root_is_gone_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MINKNN_DATA", raising=False)
+    shutil.copytree(data_dir, tmp_path / "data")
+    run_train(tiny_bert_dir, str(tmp_path / "data"), tmp_path / "run", "--epochs", "1", "--max_train", "16")
+    shutil.move(tmp_path / "data", tmp_path / "moved")
+    assert cli("evaluate.py", "--checkpoint", str(tmp_path / "run")) == (
+        2, f"error: --checkpoint {tmp_path / 'run' / 'checkpoint.pt'}: the run read its data from {tmp_path / 'data'}, "
+           f"which is not a folder here; give --data_dir (or MINKNN_DATA)")
+    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", str(tmp_path / "moved")])["sst"]["n"] == 15
+
+
+def test_knn_refuses_training_examples_other_than_the_runs(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MINKNN_DATA", raising=False)
+    shutil.copytree(data_dir, tmp_path / "data")
+    run_train(tiny_bert_dir, str(tmp_path / "data"), tmp_path / "run", "--epochs", "1")
+    knn = ["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"]
+    evaluate.main(knn)
+    train_file = tmp_path / "data" / "minbert" / "ids-sst-train.csv"
+    lines = train_file.read_text().splitlines()
+    lines[5] = lines[5][:-1] + ("1" if lines[5][-1] != "1" else "2")  # one label changed since the run read it
+    train_file.write_text("\n".join(lines) + "\n")
+    assert cli("evaluate.py", *knn) == (
+        2, f"error: {train_file}: not the sst training examples the run trained on (changed since the run read it); "
+           f"--knn builds its datastore from the run's own")
+    code, err = cli("evaluate.py", *knn, "--data_dir", data_dir)  # the run's examples, in another root: accepted
+    assert code == 0, err
+    shutil.copytree(tmp_path / "data", tmp_path / "other")
+    assert cli("evaluate.py", *knn, "--data_dir", str(tmp_path / "other"))[1].endswith(
+        f"(the run read {tmp_path / 'data'}: use --data_dir {tmp_path / 'data'}); --knn builds its datastore from the run's own")
+    without_data_record(tmp_path / "run")  # a checkpoint from before the record: no check, as before
+    assert evaluate.main(knn + ["--data_dir", str(tmp_path / "data")])["sst"]["timing"]["datastore_size"] == 40
+
+
+def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_dir, tmp_path):
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--loss", "proxyanchor")
+    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "4", "--proxy"])
+    saved = json.load(open(tmp_path / "run" / "predictions-dev-metrics.json"))
+    assert saved == result and saved["split"] == "dev" and saved["epoch"] == 1 and saved["sst"]["n"] == 15
+    for rule in ("", "proxy_", "knn_", "mix_"):  # every rule's scores
+        assert 0 <= saved["sst"][rule + "acc"] <= 1 and 0 <= saved["sst"][rule + "macro_f1"] <= 1, rule
+    assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean"}
+    dev = list(csv.reader(open(os.path.join(data_dir, "minbert", "ids-sst-dev.csv")), delimiter="\t"))[1:]
+    for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only"), ("mix_", "-knn")):
+        rows = list(csv.reader(open(tmp_path / "run" / f"predictions-dev{name}.csv")))[1:]
+        assert [(r[0], r[3]) for r in rows] == [(d[1], d[3]) for d in dev], f"{rule}: not the gold class in order"
+        assert sum(r[1] == r[3] for r in rows) / len(rows) == saved["sst"][rule + "acc"], f"{rule}: the file disagrees"
+    assert saved["sst"]["proxy_alpha"] == 0.5
+    test = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--split", "test",
+                          "--out", str(tmp_path / "elsewhere" / "sst-test.csv")])
+    saved = json.load(open(tmp_path / "elsewhere" / "sst-test-metrics.json"))
+    assert saved == test and saved["split"] == "test" and set(saved["sst"]) == {"n", "predictions"}  # no labels, no scores
+    assert sorted(os.listdir(tmp_path / "elsewhere")) == ["sst-test-metrics.json", "sst-test.csv"]
