@@ -38,8 +38,8 @@ from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
 from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
                          training_examples)
-from minknn.engine import (autocast, encode_batch, pick_device, predict, seed_everything,
-                           to_device, train_batches)
+from minknn.engine import (PRECISIONS, autocast, default_precision, encode_batch, pick_device,
+                           predict, seed_everything, to_device, train_batches)
 from minknn.kinds import describe_run, kind_of, overall, score
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
 from minknn.model import POOLINGS, Model
@@ -75,6 +75,8 @@ def get_args(argv=None):
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
     g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, --max_train")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    g.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
+                   "(default: bf16 on CUDA, fp32 on the CPU)")
     g = p.add_argument_group("losses")
     g.add_argument("--loss", help=f"one of: {', '.join(LOSSES)} (default: ce; multi-label: bce)")
     g.add_argument("--lam", type=float, help="the metric loss's weight (default: the loss's own)")
@@ -96,6 +98,8 @@ def get_args(argv=None):
     p.add_argument("--out", help="run folder (default: runs/<task>-<loss>-<time>)")
     args = p.parse_args(argv)
     check_args(p, args)
+    # resolved here, so that the run's args (saved in the checkpoint) say which one ran
+    args.precision = args.precision or default_precision(pick_device(args.device))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     args.out = args.out or os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-{stamp}")
     return args
@@ -117,13 +121,15 @@ def make_optimizer(model_params, loss_params, args, total_steps):
 
 
 def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=False,
-               rng=random):
+               rng=random, precision=None):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows)).
     Returns each task's loss and parts, and with --pcgrad how many task pairs' gradients
-    conflicted. A memory loss's key encoder makes the keys first; they join the memory after."""
+    conflicted. A memory loss's key encoder makes the keys first; they join the memory after.
+    The forward passes run under --precision (engine.autocast); the backward follows their
+    dtypes, and the weights and their gradients stay fp32."""
     task_losses, parts = {}, {}
     for name, (inputs, targets, rows) in batches.items():
-        with autocast(targets.device):
+        with autocast(targets.device, precision):
             keys = moco.batch_keys(model, inputs, rows) if moco else None
             output = model(name, **inputs)
             memory = moco.memory if moco else None
@@ -151,7 +157,7 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
     scores = {}
     for t in tasks:
         outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
-                             progress=f"{t.name} dev")
+                             progress=f"{t.name} dev", precision=args.precision)
         if getattr(losses[t.name], "lam", 0) == 1 and has_proxies(losses[t.name]):
             outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), 1.0).cpu()
         kind = kind_of(t)
@@ -226,7 +232,8 @@ def main(argv=None):
                 batches[t.name] = (inputs, kind_of(t).targets(t, examples, device),
                                    torch.tensor(rows, device=device))
             task_losses, parts, found = train_step(model, losses, optimizer, scheduler, params,
-                                                   batches, moco, args.pcgrad, rng)
+                                                   batches, moco, args.pcgrad, rng,
+                                                   args.precision)
             conflicts += found or 0
             for name, loss in task_losses.items():
                 totals[name] += loss.item()
