@@ -357,6 +357,25 @@ def test_objective_passes_the_memory_and_runs_outside_autocast():
         assert objective(out, y, None, queue)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
 
 
+
+@pytest.mark.parametrize("name", [*IN_BATCH, "mlcon", "pair_loss mnrl", "pair_loss contrastive"])
+def test_every_metric_term_runs_in_fp32_under_autocast(name):
+    """Under bf16 autocast (train.py --precision bf16) each metric term is its fp32 value to float
+    precision: bf16 matmuls would move a scaled cosine such as mnrl's 20 cos by about 0.1."""
+    torch.manual_seed(0)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0])
+    if name.startswith("pair_loss"):  # a siamese pair task: the 6 first texts, then the 6 second
+        objective = task_loss(TASKS["mrpc"], D, {"pair_loss": name.split()[1]}, siamese=True)
+        labels, h = labels.clamp(max=1), torch.randn(12, D)
+    else:
+        objective, h = Objective(name, C, D), torch.randn(6, D)
+        labels = F.one_hot(labels, C).float() if name == "mlcon" else labels
+    out = Output(logits=torch.randn(6, 2 if name.startswith("pair_loss") else C), embeddings=h)
+    fp32 = objective(out, labels)[1]["metric"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = objective(out, labels)[1]["metric"]
+    torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6, msg=f"{name}: the metric term under bf16 autocast")
+
 # ---- the multi-label contrastive loss (Su et al. eqs. 2-3): pairs weighted by the labels they share ----
 
 def mlcon_oracle(h, y, loss):
