@@ -13,6 +13,7 @@ from minknn.losses.contrastive import ContrastiveLoss, contrastive
 from minknn.losses.knnbert import KNNBertLoss
 from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
+from minknn.losses.proxynca import ProxyNCALoss
 from minknn.model import Output
 from minknn.moco import Queue
 from minknn.tasks import TASKS
@@ -223,6 +224,48 @@ def test_degenerate_batches_are_finite(name, batch):
         assert value.item() == 0  # (supcon still pulls a one-class batch together; contrastive pushes classes apart)
     if name == "npairs":
         assert value.item() == pytest.approx(loss.l2_reg * h.detach().pow(2).sum(1).mean().item())
+
+
+
+# ---- ProxyNCA's scale: 1 leaves the softmax almost flat, ProxyNCA++'s T = 1/9 does not ----
+
+def test_proxynca_at_scale_1_has_a_floor():
+    """d lies in [0, 4], so at s = 1 no embedding gets a term below log(1 + (C-1) e^-4): reached with
+    h on its proxy and every other proxy opposite, and far above it with random proxies."""
+    floor = math.log(1 + (C - 1) * math.exp(-4))
+    loss = ProxyNCALoss(C, D, scale=1.0).double()
+    with torch.no_grad():
+        loss.proxies[1:] = -loss.proxies[0]
+    on_its_proxy = loss(loss.proxies[:1].detach(), torch.tensor([0]))
+    torch.testing.assert_close(on_its_proxy.item(), floor, rtol=1e-12, atol=0,
+                               msg="ProxyNCA at s = 1, h on its proxy, the others opposite: not the floor")
+    for seed in range(5):
+        torch.manual_seed(seed)
+        loss = ProxyNCALoss(C, 64, scale=1.0).double()
+        perfect = loss(loss.proxies.detach(), torch.arange(C)).item()  # each h on its own proxy
+        anywhere = loss(torch.randn(20, 64, dtype=torch.float64), torch.randint(0, C, (20,))).item()
+        assert floor < perfect and floor < anywhere, f"seed {seed}: a ProxyNCA loss at s = 1 below the floor"
+        assert perfect > 0.2, f"seed {seed}: {perfect}; nearly orthogonal proxies give log(1 + 3 e^-2) = 0.37 each"
+
+
+def test_proxynca_default_is_proxynca_pp_temperature():
+    """The default scale 9 is ProxyNCA++'s T = 1/9; the loss, transcribed with T written out:
+    L = -1/B sum_i log( exp(-d(x_i, p_y) / T) / sum_c exp(-d(x_i, p_c) / T) ), d = ||x/|x| - p/|p|||^2."""
+    T = 1 / 9
+    torch.manual_seed(0)
+    loss = ProxyNCALoss(C, D).double()
+    h, y = torch.randn(10, D, dtype=torch.float64), torch.tensor(BATCHES["mixed"])
+    terms = []
+    for x, c in zip(h, y):
+        d = [(unit(x) - unit(p)).pow(2).sum() for p in loss.proxies]
+        terms.append(-torch.log(torch.exp(-d[c] / T) / sum(torch.exp(-dk / T) for dk in d)))
+    torch.testing.assert_close(loss(h, y), sum(terms) / len(terms), rtol=1e-12, atol=1e-12,
+                               msg="ProxyNCA at its default scale: differs from ProxyNCA++'s T = 1/9")
+    for seed in range(5):  # each h on its own proxy, the proxies random in 64 dimensions: near 3 e^-18
+        torch.manual_seed(seed)
+        loss = ProxyNCALoss(C, 64).double()
+        perfect = loss(loss.proxies.detach(), torch.arange(C)).item()
+        assert perfect < 1e-4, f"seed {seed}: at the default scale a perfectly placed example still costs {perfect}"
 
 
 def test_objective_mixes_ce_and_metric():
