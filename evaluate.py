@@ -39,7 +39,7 @@ from minknn import MinknnError, run
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import (data_root, eval_subset, examples_fingerprint, load_split, source_paths,
                          split_recipe, training_examples)
-from minknn.engine import pick_device, predict
+from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, labelled, overall, score, task_metrics
 from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
 from minknn.model import KNN_KEYS
@@ -57,6 +57,8 @@ def get_args(argv=None):
     p.add_argument("--max_eval", type=int, help="score a fixed subset of N examples per task")
     p.add_argument("--batch_size", type=int, default=64, help="examples per prediction batch")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    p.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
+                   "(default: bf16 on CUDA, fp32 on the CPU)")
     p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else the run's, "
                    "else ./data)")
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
@@ -174,7 +176,7 @@ def knn_datastore(args, ckpt, path, model, tokenizer, task, train, key, device):
         print(f"datastore: {path} is from an older checkpoint, key or training set; rebuilding it")
     start = time.time()
     _, keys = predict(model, tokenizer, task, train, args.batch_size, device, progress="datastore",
-                      key=key)
+                      key=key, precision=args.precision)
     labels = kind_of(task).targets(task, train, "cpu")  # class indices, or multi-hot rows
     datastore = Datastore(keys, labels, [e.id for e in train], len(task.labels))
     datastore.save(path, stamp)
@@ -228,7 +230,8 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     # one pass gives the outputs and, with --knn, the queries in the datastore's representation
     start = time.time()
     outputs, reps = predict(model, tokenizer, task, examples, args.batch_size, device,
-                            progress=f"{task.name} {args.split}", key=key if knn else None)
+                            progress=f"{task.name} {args.split}", key=key if knn else None,
+                            precision=args.precision)
     encode_seconds = time.time() - start
     probabilities = kind.probabilities(outputs)
     rules = [("model", "", probabilities, f"{base}.csv")]  # (name, prefix, probabilities, file)
@@ -236,7 +239,8 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if args.proxy and has_proxies(losses[task.name]):
         # proxies compare the pooled z: a --knn_key other than the run's pooling needs its own pass
         z = reps if not knn or key == ckpt["args"]["pooling"] else \
-            predict(model, tokenizer, task, examples, args.batch_size, device, "z")[1]
+            predict(model, tokenizer, task, examples, args.batch_size, device, "z",
+                    precision=args.precision)[1]
         mixed = proxy_logits(losses[task.name], outputs, z, args.proxy_alpha)
         rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_",
                       kind.probabilities(mixed), f"{base}-proxy.csv"))

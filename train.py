@@ -45,8 +45,8 @@ from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
 from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
                          run_data, training_examples)
-from minknn.engine import (autocast, encode_batch, pick_device, predict, seed_everything,
-                           to_device, TrainBatches)
+from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
+                           pick_device, predict, seed_everything, to_device)
 from minknn.kinds import describe_run, kind_of, overall, score
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
 from minknn.model import POOLINGS, Model
@@ -84,6 +84,8 @@ def get_args(argv=None):
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
     g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, --max_train")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    g.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
+                   "(default: bf16 on CUDA, fp32 on the CPU)")
     g = p.add_argument_group("losses")
     g.add_argument("--loss", help=f"one of: {', '.join(LOSSES)} (default: ce; multi-label: bce)")
     g.add_argument("--lam", type=float, help="the metric loss's weight (default: the loss's own)")
@@ -110,6 +112,8 @@ def get_args(argv=None):
     if args.resume:
         return resumed_args(p, args)
     check_args(p, args)
+    # resolved here, so that the run's args (saved in the checkpoint) say which one ran
+    args.precision = args.precision or default_precision(pick_device(args.device))
     return args
 
 
@@ -146,13 +150,15 @@ def make_optimizer(model_params, loss_params, args, total_steps):
 
 
 def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=False,
-               rng=random):
+               rng=random, precision=None):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows)).
     Returns each task's loss and parts, and with --pcgrad how many task pairs' gradients
-    conflicted. A memory loss's key encoder makes the keys first; they join the memory after."""
+    conflicted. A memory loss's key encoder makes the keys first; they join the memory after.
+    The forward passes run under --precision (engine.autocast); the backward follows their
+    dtypes, and the weights and their gradients stay fp32."""
     task_losses, parts = {}, {}
     for name, (inputs, targets, rows) in batches.items():
-        with autocast(targets.device):
+        with autocast(targets.device, precision):
             keys = moco.batch_keys(model, inputs, rows) if moco else None
             output = model(name, **inputs)
             memory = moco.memory if moco else None
@@ -182,7 +188,7 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
     scores = {}
     for t in tasks:
         outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
-                             progress=f"{t.name} dev")
+                             progress=f"{t.name} dev", precision=args.precision)
         if getattr(losses[t.name], "lam", 0) == 1 and has_proxies(losses[t.name]):
             outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), 1.0).cpu()
         kind = kind_of(t)
@@ -310,7 +316,8 @@ def run_training(args):
                                    torch.tensor(rows, device=device))
             try:
                 task_losses, parts, found = train_step(model, losses, optimizer, scheduler,
-                                                       params, batches, moco, args.pcgrad, rng)
+                                                       params, batches, moco, args.pcgrad, rng,
+                                                       args.precision)
             except Diverged as e:
                 raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None
             conflicts += found or 0

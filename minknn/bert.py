@@ -89,9 +89,10 @@ class BertConfig:
 def attention(q, k, v, mask, dropout_p=0.0):
     """Scaled dot-product attention, written out.
 
-    q, k, v: (B, nh, T, hs). mask: (B, 1, 1, T), 0 where a key is a real token and a very
-    large negative number where it is padding, so that softmax gives padding weight 0
-    (or None when nothing is padded).
+    q, k, v: (B, nh, T, hs). mask: (B, 1, 1, T) in q's dtype, 0 where a key is a real token and
+    the dtype's most negative number where it is padding, so that softmax gives padding weight 0
+    (or None when nothing is padded). Not -inf: a row whose keys are all padding would be
+    softmax(-inf, ..) = 0/0 = NaN; with a finite number its weights are uniform and finite.
         Attention(Q, K, V) = softmax(Q K^T / sqrt(hs) + mask) V
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
@@ -112,7 +113,7 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
         self.use_fast = True  # the fused kernel; tests/test_bert.py checks it equals attention()
 
-    def forward(self, h, mask):
+    def forward(self, h, pad):
         B, T, H = h.shape
         # Q, K and V in one (H -> 3H) matmul: one big matmul runs closer to peak than three
         # small ones
@@ -121,8 +122,11 @@ class BertSelfAttention(nn.Module):
         qkv = F.linear(h, w, b).view(B, T, 3, self.num_heads, H // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs): a head per subspace
         p = self.dropout_p if self.training else 0.0
-        if mask is not None:
-            mask = mask.to(q.dtype)
+        mask = None
+        if pad is not None:  # additive, in q's dtype: bf16 under autocast, where fp32's most
+            # negative number would round to -inf
+            mask = torch.zeros(pad.shape, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(pad, torch.finfo(q.dtype).min)
         if self.use_fast:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
@@ -149,8 +153,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertOutput(config, config.hidden_size)
 
-    def forward(self, h, mask):
-        return self.output(self.self(h, mask), h)
+    def forward(self, h, pad):
+        return self.output(self.self(h, pad), h)
 
 
 class BertIntermediate(nn.Module):  # the feed-forward block's first half: GELU(a W_1)
@@ -169,8 +173,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config, config.intermediate_size)
 
-    def forward(self, h, mask):
-        a = self.attention(h, mask)
+    def forward(self, h, pad):
+        a = self.attention(h, pad)
         return self.output(self.intermediate(a), a)
 
 
@@ -179,9 +183,9 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, h, mask):
+    def forward(self, h, pad):
         for layer in self.layer:
-            h = layer(h, mask)
+            h = layer(h, pad)
         return h
 
 
@@ -237,12 +241,11 @@ class BertModel(nn.Module):
                               f"{self.config.max_position_embeddings} positions; lower --max_len")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        # additive mask (B, 1, 1, T), broadcast over heads and query positions; None when no
-        # token is padding, which lets PyTorch pick its faster mask-free attention kernel
-        mask = None
-        if not attention_mask.all():
-            mask = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
-        h = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        # pad (B, 1, 1, T): True at padding, broadcast over heads and query positions; None when
+        # no token is padding, which lets PyTorch pick its faster mask-free attention kernel.
+        # Each attention layer turns it into an additive mask in its own dtype.
+        pad = None if attention_mask.all() else attention_mask[:, None, None, :] == 0
+        h = self.encoder(self.embeddings(input_ids, token_type_ids), pad)
         return (h, self.pooler(h)) if pooled else h
 
     def set_fast_attention(self, on):

@@ -33,11 +33,21 @@ def pick_device(name="auto"):
         raise MinknnError(f"--device '{name}' is not a device; use auto, cpu or cuda") from None
 
 
-def autocast(device):
-    """bf16 autocast on CUDA (matmuls in bf16, softmax/LayerNorm kept in fp32 by PyTorch's rules).
-    The CPU stays in fp32: CPUs without bf16 matrix units run bf16 matmuls far slower."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+PRECISIONS = ("fp32", "bf16")  # --precision
+
+
+def default_precision(device):
+    """bf16 on CUDA; fp32 on the CPU, whose bf16 matmuls run far slower without bf16 matrix
+    units."""
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def autocast(device, precision=None):
+    """--precision bf16: autocast (matmuls in bf16, softmax and LayerNorm kept in fp32 by PyTorch's
+    rules; the weights stay fp32); fp32: nothing. None: the device's default. bf16 on the CPU is
+    slow, but it runs the CUDA path's dtypes, so the tests catch dtype mistakes without a GPU."""
+    if (precision or default_precision(device)) == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -92,11 +102,13 @@ class TrainBatches:
 
 
 @torch.inference_mode()
-def predict(model, tokenizer, task, examples, batch_size, device, progress=None, key=None):
+def predict(model, tokenizer, task, examples, batch_size, device, progress=None, key=None,
+            precision=None):
     """The model's outputs on one task's examples, as float32 CPU tensors in their order:
     (outputs (N, C) or (N,) for a similarity score, representations (N, H)). The representations
     are the pooled z, or with `key` the one it names (model.represent, for a kNN datastore); None
-    for a siamese pair task, whose pairs have two. progress: an optional tqdm description."""
+    for a siamese pair task, whose pairs have two. progress: an optional tqdm description;
+    precision: --precision (None: the device's default)."""
     model.eval()
     texts, texts_b = texts_of(examples)
     siamese = model.siamese(task)
@@ -111,7 +123,7 @@ def predict(model, tokenizer, task, examples, batch_size, device, progress=None,
     for chunk in chunks:
         sides = [[encodings[i][side] for i in chunk] for side in range(len(encodings[0]))]
         batch = to_device(tokenizer.pad([e for side in sides for e in side]), device)
-        with autocast(device):
+        with autocast(device, precision):
             out = model(task.name, **batch)
         outputs.append(out.logits.float().cpu())
         if not siamese:

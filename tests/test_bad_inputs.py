@@ -11,7 +11,6 @@ A case: (id, script, setup, says). setup(tmp, model, data) returns the argv; tmp
 folder, model the tiny BERT's folder (copy it before breaking it), data the fixture datasets.
 """
 import json
-import os
 import shutil
 
 import pytest

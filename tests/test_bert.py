@@ -64,6 +64,26 @@ def test_explicit_and_fast_attention_agree(tiny_bert):
     torch.testing.assert_close(attention(q, k, v, None), torch.nn.functional.scaled_dot_product_attention(q, k, v))
 
 
+def test_a_fully_padded_row_stays_finite_in_bf16(tiny_bert):
+    """Under bf16 autocast q is bf16, and fp32's most negative number rounds to -inf there: a row whose
+    keys are all padding (the second below) was softmax(-inf, ..) = NaN on the explicit path. Each
+    path in fp32 and in bf16: finite everywhere, the two paths agree, bf16 near fp32 on real tokens."""
+    ids, mask = random_batch(tiny_bert.config.vocab_size, [9, 0, 4])
+    out = {}
+    for precision in ("fp32", "bf16"):
+        for path in ("fast", "explicit"):
+            tiny_bert.set_fast_attention(path == "fast")
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                out[precision, path] = tiny_bert(ids, mask)
+            assert torch.isfinite(out[precision, path]).all(), f"{path} attention in {precision}: non-finite h"
+    tiny_bert.set_fast_attention(True)
+    for precision in ("fp32", "bf16"):
+        torch.testing.assert_close(out[precision, "explicit"], out[precision, "fast"], atol=1e-2, rtol=1e-2,
+                                   msg=f"{precision}: explicit and fast attention differ (padded rows included)")
+    real = mask.bool()
+    torch.testing.assert_close(out["bf16", "explicit"][real], out["fp32", "explicit"][real], atol=0.1, rtol=0.1,
+                               msg="explicit attention: bf16 hidden states far from fp32 on real tokens")
+
 def test_output_shapes(tiny_bert):
     ids, mask = random_batch(tiny_bert.config.vocab_size, [6, 4])
     h, pooled = tiny_bert(ids, mask, pooled=True)

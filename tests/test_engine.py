@@ -1,4 +1,5 @@
-"""minknn/engine.py: pair encodings, the endless shuffled batches, and prediction in length order."""
+"""minknn/engine.py: pair encodings, the endless shuffled batches, prediction in length order, and
+--precision."""
 import random
 
 import pytest
@@ -6,7 +7,7 @@ import torch
 
 from minknn.bert import BertModel
 from minknn.data import Example, load_split
-from minknn.engine import encode_batch, predict, TrainBatches
+from minknn.engine import TrainBatches, autocast, default_precision, encode_batch, predict
 from minknn.model import Model
 from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
@@ -83,3 +84,27 @@ def test_predict_returns_the_representation_key_names(tiny_bert_dir, tokenizer):
                           ("decoupled", torch.cat([o.retrieval for o in one]))):
         _, z = predict(model, tokenizer, TASKS["sst"], examples, 2, torch.device("cpu"), key=key)
         torch.testing.assert_close(z, expected, atol=1e-5, rtol=1e-4, msg=f"predict(key={key!r}): wrong representation")
+
+
+def test_precision_picks_the_autocast():
+    """--precision bf16 runs the matmuls in bf16 on any device (the tests use it on the CPU); fp32
+    runs nothing under autocast; no --precision is bf16 on CUDA and fp32 on the CPU."""
+    layer, x, cpu = torch.nn.Linear(4, 4), torch.randn(2, 4), torch.device("cpu")
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32), (None, torch.float32)):
+        with autocast(cpu, precision):
+            assert layer(x).dtype == dtype, f"--precision {precision} on the CPU: a matmul in {layer(x).dtype}"
+    assert (default_precision(torch.device("cuda")), default_precision(cpu)) == ("bf16", "fp32")
+    assert layer.weight.dtype == torch.float32  # autocast casts copies, never the weights
+
+
+def test_predict_in_bf16_returns_fp32_near_the_fp32_outputs(tiny_bert_dir, tokenizer, data_dir):
+    torch.manual_seed(0)
+    model = Model(BertModel.from_pretrained(tiny_bert_dir), [TASKS["sst"]], "mean").eval()
+    examples = load_split(TASKS["sst"], "dev", data_dir)
+    cpu = torch.device("cpu")
+    (logits, z), (logits16, z16) = (predict(model, tokenizer, TASKS["sst"], examples, 4, cpu, precision=p)
+                                    for p in ("fp32", "bf16"))
+    assert logits16.dtype == z16.dtype == torch.float32
+    assert not torch.equal(logits16, logits), "predict(precision='bf16'): the fp32 outputs exactly: bf16 never ran"
+    torch.testing.assert_close(logits16, logits, atol=0.05, rtol=0.05, msg="predict in bf16: logits far from fp32's")
+    torch.testing.assert_close(z16, z, atol=0.05, rtol=0.05, msg="predict in bf16: z far from fp32's")

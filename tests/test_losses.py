@@ -13,6 +13,7 @@ from minknn.losses.contrastive import ContrastiveLoss, contrastive
 from minknn.losses.knnbert import KNNBertLoss
 from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
+from minknn.losses.proxynca import ProxyNCALoss
 from minknn.model import Output
 from minknn.moco import Queue
 from minknn.tasks import TASKS
@@ -225,6 +226,48 @@ def test_degenerate_batches_are_finite(name, batch):
         assert value.item() == pytest.approx(loss.l2_reg * h.detach().pow(2).sum(1).mean().item())
 
 
+
+# ---- ProxyNCA's scale: 1 leaves the softmax almost flat, ProxyNCA++'s T = 1/9 does not ----
+
+def test_proxynca_at_scale_1_has_a_floor():
+    """d lies in [0, 4], so at s = 1 no embedding gets a term below log(1 + (C-1) e^-4): reached with
+    h on its proxy and every other proxy opposite, and far above it with random proxies."""
+    floor = math.log(1 + (C - 1) * math.exp(-4))
+    loss = ProxyNCALoss(C, D, scale=1.0).double()
+    with torch.no_grad():
+        loss.proxies[1:] = -loss.proxies[0]
+    on_its_proxy = loss(loss.proxies[:1].detach(), torch.tensor([0]))
+    torch.testing.assert_close(on_its_proxy.item(), floor, rtol=1e-12, atol=0,
+                               msg="ProxyNCA at s = 1, h on its proxy, the others opposite: not the floor")
+    for seed in range(5):
+        torch.manual_seed(seed)
+        loss = ProxyNCALoss(C, 64, scale=1.0).double()
+        perfect = loss(loss.proxies.detach(), torch.arange(C)).item()  # each h on its own proxy
+        anywhere = loss(torch.randn(20, 64, dtype=torch.float64), torch.randint(0, C, (20,))).item()
+        assert floor < perfect and floor < anywhere, f"seed {seed}: a ProxyNCA loss at s = 1 below the floor"
+        assert perfect > 0.2, f"seed {seed}: {perfect}; nearly orthogonal proxies give log(1 + 3 e^-2) = 0.37 each"
+
+
+def test_proxynca_default_is_proxynca_pp_temperature():
+    """The default scale 9 is ProxyNCA++'s T = 1/9; the loss, transcribed with T written out:
+    L = -1/B sum_i log( exp(-d(x_i, p_y) / T) / sum_c exp(-d(x_i, p_c) / T) ), d = ||x/|x| - p/|p|||^2."""
+    T = 1 / 9
+    torch.manual_seed(0)
+    loss = ProxyNCALoss(C, D).double()
+    h, y = torch.randn(10, D, dtype=torch.float64), torch.tensor(BATCHES["mixed"])
+    terms = []
+    for x, c in zip(h, y):
+        d = [(unit(x) - unit(p)).pow(2).sum() for p in loss.proxies]
+        terms.append(-torch.log(torch.exp(-d[c] / T) / sum(torch.exp(-dk / T) for dk in d)))
+    torch.testing.assert_close(loss(h, y), sum(terms) / len(terms), rtol=1e-12, atol=1e-12,
+                               msg="ProxyNCA at its default scale: differs from ProxyNCA++'s T = 1/9")
+    for seed in range(5):  # each h on its own proxy, the proxies random in 64 dimensions: near 3 e^-18
+        torch.manual_seed(seed)
+        loss = ProxyNCALoss(C, 64).double()
+        perfect = loss(loss.proxies.detach(), torch.arange(C)).item()
+        assert perfect < 1e-4, f"seed {seed}: at the default scale a perfectly placed example still costs {perfect}"
+
+
 def test_objective_mixes_ce_and_metric():
     torch.manual_seed(0)
     logits, h, y = torch.randn(6, C), torch.randn(6, D), torch.tensor([0, 1, 0, 1, 2, 2])
@@ -356,6 +399,25 @@ def test_objective_passes_the_memory_and_runs_outside_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 autocast must not reach q.k / tau
         assert objective(out, y, None, queue)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
 
+
+
+@pytest.mark.parametrize("name", [*IN_BATCH, "mlcon", "pair_loss mnrl", "pair_loss contrastive"])
+def test_every_metric_term_runs_in_fp32_under_autocast(name):
+    """Under bf16 autocast (train.py --precision bf16) each metric term is its fp32 value to float
+    precision: bf16 matmuls would move a scaled cosine such as mnrl's 20 cos by about 0.1."""
+    torch.manual_seed(0)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0])
+    if name.startswith("pair_loss"):  # a siamese pair task: the 6 first texts, then the 6 second
+        objective = task_loss(TASKS["mrpc"], D, {"pair_loss": name.split()[1]}, siamese=True)
+        labels, h = labels.clamp(max=1), torch.randn(12, D)
+    else:
+        objective, h = Objective(name, C, D), torch.randn(6, D)
+        labels = F.one_hot(labels, C).float() if name == "mlcon" else labels
+    out = Output(logits=torch.randn(6, 2 if name.startswith("pair_loss") else C), embeddings=h)
+    fp32 = objective(out, labels)[1]["metric"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = objective(out, labels)[1]["metric"]
+    torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6, msg=f"{name}: the metric term under bf16 autocast")
 
 # ---- the multi-label contrastive loss (Su et al. eqs. 2-3): pairs weighted by the labels they share ----
 

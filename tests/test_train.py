@@ -326,6 +326,59 @@ def test_one_loop_trains_a_three_kind_mix(tiny_bert_dir, data_dir, tmp_path):
     assert os.path.exists(tmp_path / "run" / "datastore-rte-mean.pt")
 
 
+BF16_RUNS = {  # every loss, the other metric terms, and the multi-task path with and without PCGrad
+    **{loss: ["--task", "goemotions" if loss_kind(loss) == "multilabel" else "sst", "--loss", loss] for loss in LOSSES},
+    "decoupled": ["--decoupled"],
+    "pair_loss mnrl": ["--task", "mrpc", "--pair_mode", "siamese", "--pair_loss", "mnrl"],
+    "pair_loss contrastive": ["--task", "mrpc", "--pair_mode", "siamese", "--pair_loss", "contrastive"],
+    "multitask": ["--task", "multitask", "--tasks", "sst,quora,sts"],
+    "multitask pcgrad": ["--task", "multitask", "--tasks", "sst,quora,sts", "--pcgrad"],
+}
+
+
+@pytest.mark.parametrize("run", BF16_RUNS)
+def test_a_bf16_training_step_on_the_cpu(tiny_bert_dir, data_dir, tmp_path, monkeypatch, run):
+    """--precision bf16 runs the CUDA path's dtypes on the CPU, so a dtype mistake shows without a GPU.
+    Each step: the forward under bf16 autocast, then a finite fp32 loss, finite fp32 gradients, fp32
+    weights (proxies included)."""
+    steps, train_step = [], train.train_step
+
+    def checked_step(model, losses, optimizer, scheduler, params, batches, *rest):
+        dtypes = []  # the autocast dtype while the encoder runs
+        hook = model.bert.register_forward_hook(lambda *_: dtypes.append(
+            torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32))
+        try:
+            task_losses, parts, conflicts = train_step(model, losses, optimizer, scheduler, params, batches, *rest)
+        finally:
+            hook.remove()
+        assert dtypes and set(dtypes) == {torch.bfloat16}, f"{run}: the encoder ran in {dtypes}, not under bf16 autocast"
+        for name, loss in task_losses.items():
+            assert loss.dtype == torch.float32 and torch.isfinite(loss), f"{run}: the {name} loss is {loss}"
+        names = {id(p): n for n, p in [*model.named_parameters(), *losses.named_parameters()]}
+        for p in params:
+            assert p.dtype == torch.float32, f"{run}: {names[id(p)]} became {p.dtype}"
+            assert p.grad is None or (p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()), \
+                f"{run}: the gradient of {names[id(p)]} is {p.grad.dtype}, or not finite"
+        assert sum(p.grad is not None for p in params) > len(params) // 2, f"{run}: most weights got no gradient"
+        steps.append(task_losses)
+        return task_losses, parts, conflicts
+
+    monkeypatch.setattr(train, "train_step", checked_step)
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", *BF16_RUNS[run], "--precision", "bf16", "--epochs", "1",
+              "--steps_per_epoch", "2", "--max_eval", "4", "--lr", "1e-3")
+    assert len(steps) == 2
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["args"]["precision"] == "bf16"
+
+
+def test_evaluate_predicts_in_its_precision(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "10", "--loss", "proxyanchor")
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["args"]["precision"] == "fp32"  # the CPU's
+    seen, predict = [], evaluate.predict
+    monkeypatch.setattr(evaluate, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
+    evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--precision", "bf16", "--proxy",
+                   "--knn", "--k", "4", "--knn_key", "cls"])
+    assert seen == ["bf16"] * 3, seen  # the datastore, the split, and the split's z for the proxies (key cls)
+
 def test_help_explains_every_flag_once(capsys):
     for script in (train, evaluate):
         with pytest.raises(SystemExit):
