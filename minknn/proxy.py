@@ -10,7 +10,7 @@ of logits; we take the scale the proxy loss itself trained with, so that s * cos
 very logits that loss put on the classes (each loss's `class_logits`):
     proxyanchor  s = alpha_PA = 32:     32 cos(h, P_c)
     proxynca     -s d(h, P_c) = 2 s cos(h, P_c) - 2 s; the constant -2 s is the same for every
-                 class, and softmax ignores it, so the effective scale is 2 s
+                 class, and softmax ignores it, so the effective scale is 2 s = 18 (s = 9)
     softtriple   lambda S_c(h) = 20 S_c(h): for its K centres per class, the class's score is
                  the softmax-weighted similarity to its centres (S_c of softtriple.py) in place
                  of one cosine
