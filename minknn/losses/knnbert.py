@@ -7,12 +7,22 @@ Pre-Trained Models with KNN Classifier", eq. 3).
     q = h / ||h||      the query: the L2-normalised pooled representation of a training example
     k_i                the memory's keys (already L2-normalised), each with a label: the MoCo queue
                        or the memory bank (minknn/moco.py, --memory queue|bank)
-    P(q) = keys with q's label (positives); N(q) = keys with another label (negatives)
+    P(q) = keys with q's label (positives), except the query's own older keys (below);
+    N(q) = keys with another label (negatives)
     S(q) = the M_m most similar and the M_l least similar positives (--m_most, --m_least); a
            class with at most M_m + M_l positives in memory uses all of them
 
 Each term is -s_j + log(exp(s_j) + sum_N exp(s_i)) = softplus(logsumexp_N(s) - s_j) with
 s = q.k / tau.
+
+The query's own older keys (each key carries its example's training-set row, minknn/moco.py) are
+left out of P(q). When the training set fits in the queue (the default) every query has one, at
+cosine about 0.995: it would always rank first, take one of the M_m slots, and add a term that
+is an augmentation-style positive (the same text through the key encoder). The paper builds its
+positives "from the same class of the given example instead of using limited augmentation-based
+methods" (sec. 3), and its selection is about how the query relates to *other* members of its
+class (a tight cluster, hard positives drawn towards it); whether the own key is there would
+otherwise depend on the queue size and the batch order. It is never a negative (same label).
 The batch loss is the mean of L_sc(q) over the queries with at least one positive in memory; a
 query without one contributes nothing (the authors' code skipped the whole loss then), and a
 batch without any gives 0. Trained as (1 - lam) CE + lam L_sc (eq. 6).
@@ -43,13 +53,16 @@ def select_positives(s, positive, m_most, m_least):
     return positive & ((rank < m_most) | (rank >= n_pos - m_least))
 
 
-def knnbert_loss(q, labels, keys, key_labels, m_most, m_least, tau):
-    """q (B, d) unit queries, labels (B,); keys (K, d) unit keys, key_labels (K,). A scalar."""
+def knnbert_loss(q, labels, rows, keys, key_labels, key_ids, m_most, m_least, tau):
+    """q (B, d) unit queries, labels (B,), rows (B,) their training-set rows; keys (K, d) unit
+    keys, key_labels (K,), key_ids (K,) their examples' rows. A scalar."""
     s = q @ keys.T / tau                                               # (B, K)
-    positive = labels[:, None] == key_labels[None, :]
+    same_class = labels[:, None] == key_labels[None, :]
+    own = rows[:, None] == key_ids[None, :]                            # the query's older keys
+    positive = same_class & ~own
     selected = select_positives(s, positive, m_most, m_least)
     # (B, 1); -inf if none
-    log_negatives = s.masked_fill(positive, float("-inf")).logsumexp(1, keepdim=True)
+    log_negatives = s.masked_fill(same_class, float("-inf")).logsumexp(1, keepdim=True)
     # -log(e^s_j / (e^s_j + sum_N e^s_i))
     terms = F.softplus(log_negatives - s) * selected
     n_selected = selected.sum(1)
@@ -70,8 +83,8 @@ class KNNBertLoss(nn.Module):
         super().__init__()
         self.m_most, self.m_least, self.tau = m_most, m_least, tau
 
-    def forward(self, h, labels, batch_keys, memory_keys, memory_labels):
+    def forward(self, h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids):
         # batch_keys (the key encoder's view of this batch) are not used: they join the memory
         # after the step
-        return knnbert_loss(F.normalize(h, dim=-1), labels, memory_keys, memory_labels, self.m_most,
-                            self.m_least, self.tau)
+        return knnbert_loss(F.normalize(h, dim=-1), labels, rows, memory_keys, memory_labels,
+                            memory_ids, self.m_most, self.m_least, self.tau)
