@@ -414,6 +414,21 @@ def test_memory_losses_degenerate_memories_are_finite(case):
     assert torch.isfinite(value) and torch.isfinite(h.grad).all()
 
 
+def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
+    """A class with no more than M_m + M_l keys in memory has S(q) = P(q) (few-shot runs): one
+    warning line on the first call, none after, none when every class is larger."""
+    keys, _, ids = memory(12, C, 0)
+    key_labels, y, rows = torch.tensor([0] * 8 + [1] * 4), torch.tensor([0, 1]), torch.tensor([0, 8])
+    h = torch.randn(2, D, dtype=torch.float64)
+    loss = KNNBertLoss(m_most=2, m_least=2)
+    loss(h, y, None, keys, key_labels, rows, ids)
+    loss(h, y, None, keys, key_labels, rows, ids)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "1 of 2 classes" in lines[0] and "fewest 4" in lines[0], lines
+    KNNBertLoss(m_most=2, m_least=1)(h, y, None, keys, key_labels, rows, ids)
+    assert capsys.readouterr().out == ""
+
+
 def test_objective_passes_the_memory_and_runs_outside_autocast():
     torch.manual_seed(0)
     queue = Queue(12, D)
