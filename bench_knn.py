@@ -73,12 +73,14 @@ def knnbert_breakdown(trainer, device, repeats):
     """Seconds per step of each piece knnbert adds to a ce step."""
     moco, model = trainer.moco, trainer.model
     inputs, labels = trainer.inputs(trainer.batches[0])
+    rows = torch.tensor(trainer.batches[0], device=device)
     with autocast(device):
         keys = moco.key_encoder(trainer.task.name, inputs)
     h = torch.randn(len(labels), keys.shape[1], device=device, requires_grad=True)
 
     def loss_over_queue():
-        trainer.objective.metric(h, labels, keys, moco.memory.keys, moco.memory.labels).backward()
+        trainer.objective.metric(h, labels, keys, moco.memory.keys, moco.memory.labels, rows,
+                                 moco.memory.ids).backward()
 
     def key_forward():
         with autocast(device):
@@ -87,7 +89,7 @@ def knnbert_breakdown(trainer, device, repeats):
     return {"key encoder forward": timed(key_forward, device, repeats),
             "momentum update": timed(lambda: moco.key_encoder.update(model), device, repeats),
             "loss over the queue (fwd + bwd)": timed(loss_over_queue, device, repeats),
-            "enqueue": timed(lambda: moco.memory.enqueue(keys, labels), device, repeats)}
+            "enqueue": timed(lambda: moco.memory.enqueue(keys, labels, rows), device, repeats)}
 
 
 def main():

@@ -161,8 +161,9 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
         with autocast(targets.device, precision):
             keys = moco.batch_keys(model, inputs, rows) if moco else None
             output = model(name, **inputs)
-            memory = moco.memory if moco else None
-            task_losses[name], parts[name] = losses[name](output, targets, keys, memory)
+            # a memory loss also sees the memory, and the rows that name each query's own keys
+            memory_args = (keys, moco.memory, rows) if moco else ()
+            task_losses[name], parts[name] = losses[name](output, targets, *memory_args)
         if not torch.isfinite(task_losses[name]):
             raise Diverged(f"the {name} loss became {task_losses[name].item()}")
     optimizer.zero_grad(set_to_none=True)

@@ -18,7 +18,10 @@ a batch its entry moves towards the query's representation f_i:
                        v_i <- (m v_i + (1 - m) f_i) / ||m v_i + (1 - m) f_i||,   m = 0.5 (theirs)
 Both are filled before the first step by one pass over the training set (the queue with its
 first K examples) through the same pooling and normalisation as the keys of training, with the
-examples' true labels. Their tensors are registered buffers, saved with the checkpoint.
+examples' true labels. Each key also keeps the id of its example (its row in the training set):
+when the whole training set fits in the queue, a query's own older key is in memory, cosine
+about 0.995 to its fresh key, and the losses leave it out (losses/moco.py, losses/knnbert.py).
+Their tensors are registered buffers, saved with the checkpoint.
 MoCo's shuffle-BN is not needed here: it fights BatchNorm's batch statistics, and BERT has only
 LayerNorm, which normalises each example on its own.
 """
@@ -54,17 +57,20 @@ class KeyEncoder:
 
 
 class Memory(nn.Module):
-    """size keys (size, dim) and their labels (size,), as buffers."""
+    """size keys (size, dim), their labels (size,) and the training-set rows of their examples
+    (size,), as buffers."""
 
     def __init__(self, size, dim):
         super().__init__()
         self.register_buffer("keys", torch.zeros(size, dim))
         self.register_buffer("labels", torch.zeros(size, dtype=torch.long))
+        self.register_buffer("ids", torch.zeros(size, dtype=torch.long))
 
     @torch.no_grad()
-    def fill(self, keys, labels):
+    def fill(self, keys, labels, ids):
         self.keys.copy_(F.normalize(keys.float(), dim=1))
         self.labels.copy_(labels)
+        self.ids.copy_(ids)
 
 
 class Queue(Memory):
@@ -73,17 +79,20 @@ class Queue(Memory):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))  # the next slot to write
 
     @torch.no_grad()
-    def enqueue(self, keys, labels):
+    def enqueue(self, keys, labels, ids):
         size = len(self.keys)
         # a batch larger than the queue keeps its last keys
-        keys, labels = keys[-size:], labels[-size:]
+        keys, labels, ids = keys[-size:], labels[-size:], ids[-size:]
         slots = (self.ptr + torch.arange(len(keys), device=self.keys.device)) % size
         self.keys[slots] = F.normalize(keys.float(), dim=1)
         self.labels[slots] = labels
+        self.ids[slots] = ids
         self.ptr.copy_((self.ptr + len(keys)) % size)
 
 
 class MemoryBank(Memory):
+    """Entry i is training example i's (ids = 0 .. size - 1)."""
+
     @torch.no_grad()
     def update(self, rows, queries, m=BANK_MOMENTUM):
         """Moves the entries of training examples `rows` towards their queries (B, dim)."""
@@ -103,12 +112,14 @@ class MoCo:
         self.memory = (Queue if kind == "queue" else MemoryBank)(size, dim).to(device)
 
     def fill(self, model, tokenizer, examples, labels, batch_size, device):
-        """One pass over the first `size` training examples (the key encoder's for the queue)."""
+        """One pass over the first `size` training examples (the key encoder's for the queue):
+        slot i holds training example i."""
         size = len(self.memory.keys)
         encoder = self.key_encoder.encoder if self.key_encoder else model
         _, keys = predict(encoder, tokenizer, self.task, examples[:size], batch_size, device,
                           progress=f"filling the {self.kind}")
-        self.memory.fill(keys.to(device), labels[:size].to(device))
+        self.memory.fill(keys.to(device), labels[:size].to(device),
+                         torch.arange(size, device=device))
         model.train()  # predict() left it in eval mode
 
     def batch_keys(self, model, batch, rows):
@@ -121,7 +132,7 @@ class MoCo:
 
     def after_step(self, batch_keys, labels, rows, queries):
         if self.kind == "queue":
-            self.memory.enqueue(batch_keys, labels)
+            self.memory.enqueue(batch_keys, labels, rows)
         else:
             self.memory.update(rows, queries.detach())
 

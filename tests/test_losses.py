@@ -284,14 +284,16 @@ def test_objective_mixes_ce_and_metric():
 
 
 # ---- the memory losses (knnbert, moco): the query batch against a labelled memory of keys ----
+# Each key carries the training-set row of its example (ids); rows are the batch's rows. A key
+# whose id is a query's own row is that query's older key: neither a negative nor a positive.
 
-def knnbert_oracle(h, y, keys, key_labels, loss):
+def knnbert_oracle(h, y, rows, keys, key_labels, ids, loss):
     """KNN-BERT eq. 3, one query and one positive at a time; S(q) by sorting the positives."""
     per_query = []
     for i in range(len(h)):
         q = unit(h[i])
         s = [q @ k / loss.tau for k in keys]
-        positives = [j for j in range(len(keys)) if key_labels[j] == y[i]]
+        positives = [j for j in range(len(keys)) if key_labels[j] == y[i] and ids[j] != rows[i]]
         negatives = [j for j in range(len(keys)) if key_labels[j] != y[i]]
         if not positives:
             continue  # no positive in memory: this query contributes nothing
@@ -306,34 +308,50 @@ def knnbert_oracle(h, y, keys, key_labels, loss):
     return mean(per_query)
 
 
-def moco_oracle(h, y, batch_keys, keys, loss):
-    """MoCo eq. 1: the query's own key against every key in memory."""
+def moco_oracle(h, y, rows, batch_keys, keys, ids, loss):
+    """MoCo eq. 1: the query's own key against every key in memory but its own example's."""
     terms = []
     for i in range(len(h)):
         q = unit(h[i])
         positive = torch.exp(q @ batch_keys[i] / loss.tau)
-        terms.append(-torch.log(positive / (positive + sum(torch.exp(q @ k / loss.tau) for k in keys))))
+        negatives = sum(torch.exp(q @ keys[j] / loss.tau) for j in range(len(keys)) if ids[j] != rows[i])
+        terms.append(-torch.log(positive / (positive + negatives)))
+    return mean(terms)
+
+
+def wu_oracle(h, rows, bank, loss):
+    """Wu et al. 2018 eq. 2, -log P(i | f_i), P(i | f) = exp(v_i.f / tau) / sum_{j=1..n} exp(v_j.f / tau):
+    the memory bank's entry v_i once in the sum, every other entry a negative."""
+    terms = []
+    for i, row in enumerate(rows):
+        f = unit(h[i])
+        terms.append(-torch.log(torch.exp(bank[row] @ f / loss.tau) / sum(torch.exp(v @ f / loss.tau) for v in bank)))
     return mean(terms)
 
 
 MEMORY_ORACLES = {"knnbert": knnbert_oracle, "moco": moco_oracle}
 
 
-def memory(n, classes, seed):
+def memory(n, classes, seed, n_examples=None):
+    """n unit keys, their labels, and their examples' ids: rows of a training set of n_examples
+    (default n: each example once, as after the fill); fewer rows than keys repeat some examples."""
     g = torch.Generator().manual_seed(seed)
     keys = F.normalize(torch.randn(n, D, dtype=torch.float64, generator=g), dim=1)
-    return keys, torch.randint(0, classes, (n,), generator=g)
+    ids = torch.randperm(n, generator=g) % (n_examples or n)
+    return keys, torch.randint(0, classes, (n,), generator=g), ids
 
 
 @pytest.mark.parametrize("m_most, m_least", [(2, 3), (1, 0), (0, 2), (50, 100)])
 @pytest.mark.parametrize("seed", range(3))
 def test_knnbert_matches_equation_3(m_most, m_least, seed):
     loss = KNNBertLoss(m_most=m_most, m_least=m_least, tau=0.5)  # a mild tau keeps exp() in float64 range
-    keys, key_labels = memory(30, C - 1, seed)  # class C - 1 has no key: its queries have no positive
-    y = torch.tensor([0, 1, 2, 3, 0, 3, 1])
+    keys, key_labels, ids = memory(30, C - 1, seed, n_examples=20)  # class C - 1 has no key: its queries have no positive
+    y, rows = torch.tensor([0, 1, 2, 3, 0, 3, 1]), torch.tensor([0, 5, 9, 11, 19, 3, 7])
+    key_labels[ids == 5] = 1  # query 1's own keys are of its class (older keys of the same example)
     h = torch.randn(len(y), D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 10))
-    expected = knnbert_oracle(h, y, keys, key_labels, loss)
-    assert loss(h, y, None, keys, key_labels).item() == pytest.approx(expected.item(), abs=1e-9)
+    expected = knnbert_oracle(h, y, rows, keys, key_labels, ids, loss)
+    torch.testing.assert_close(loss(h, y, None, keys, key_labels, rows, ids), expected, atol=1e-9, rtol=0,
+                               msg=f"knnbert (M_m={m_most}, M_l={m_least}) differs from eq. 3")
 
 
 def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
@@ -341,63 +359,133 @@ def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
     q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     angles = torch.tensor([0.1, 0.5, 0.9, 1.3, 1.7, 2.5], dtype=torch.float64)
     keys = torch.stack([angles.cos(), angles.sin()], 1)
-    key_labels = torch.tensor([0, 0, 0, 0, 0, 1])
+    key_labels, ids = torch.tensor([0, 0, 0, 0, 0, 1]), torch.arange(1, 7)
     loss = KNNBertLoss(m_most=1, m_least=2, tau=1.0)
     s = keys @ q[0]
     term = lambda j: -(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5])))
     expected = (term(0) + term(3) + term(4)) / 3  # the most similar (0) and the two least similar (3, 4)
-    assert loss(q, torch.tensor([0]), None, keys, key_labels).item() == pytest.approx(expected.item(), abs=1e-12)
+    torch.testing.assert_close(loss(q, torch.tensor([0]), None, keys, key_labels, torch.tensor([0]), ids),
+                               expected, atol=1e-12, rtol=0)
+    # the same memory where key 0 is the query's own older key (id 0 = its row): it leaves the
+    # positives, so the most similar positive is now key 1 and the least similar stay 3, 4
+    ids[0] = 0
+    torch.testing.assert_close(loss(q, torch.tensor([0]), None, keys, key_labels, torch.tensor([0]), ids),
+                               (term(1) + term(3) + term(4)) / 3, atol=1e-12, rtol=0,
+                               msg="knnbert must not count the query's own older key as a positive")
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_moco_matches_its_formula(seed):
     loss = METRIC_LOSSES["moco"](tau=0.5)
-    keys, key_labels = memory(20, C, seed)
-    y = torch.tensor([0, 1, 2, 3, 0])
+    keys, key_labels, ids = memory(20, C, seed, n_examples=12)  # some examples have two keys in memory
+    y, rows = torch.tensor([0, 1, 2, 3, 0]), torch.tensor([0, 3, 5, 11, 7])
     g = torch.Generator().manual_seed(seed + 10)
     h = torch.randn(len(y), D, dtype=torch.float64, generator=g)
     batch_keys = F.normalize(torch.randn(len(y), D, dtype=torch.float64, generator=g), dim=1)
-    expected = moco_oracle(h, y, batch_keys, keys, loss)
-    assert loss(h, y, batch_keys, keys, key_labels).item() == pytest.approx(expected.item(), abs=1e-9)
+    expected = moco_oracle(h, y, rows, batch_keys, keys, ids, loss)
+    torch.testing.assert_close(loss(h, y, batch_keys, keys, key_labels, rows, ids), expected, atol=1e-9, rtol=0,
+                               msg="moco differs from eq. 1 with the query's own keys left out")
+
+
+def test_moco_leaves_the_querys_own_older_key_out_of_its_negatives():
+    # the queue holds the whole training set: 4 examples, the query is example 2, its older key
+    # (id 2) sits at cosine 0.995 to its fresh key
+    q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    fresh = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    angles = torch.tensor([2.0, 2.5, math.acos(0.995), 3.0], dtype=torch.float64)
+    keys, ids = torch.stack([angles.cos(), angles.sin()], 1), torch.tensor([0, 1, 2, 3])
+    loss = METRIC_LOSSES["moco"](tau=0.07)
+    value = loss(q, torch.tensor([0]), fresh, keys, torch.zeros(4, dtype=torch.long), torch.tensor([2]), ids)
+    s = keys[[0, 1, 3]] @ q[0] / 0.07
+    expected = torch.log1p(torch.exp(s - 1 / 0.07).sum())  # -log(e^{1/tau} / (e^{1/tau} + sum over ids 0, 1, 3))
+    torch.testing.assert_close(value, expected, msg="the query's own older key counted as a negative")
+    assert value.item() < 0.01  # with its own key as a negative it would be about log 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_moco_over_a_memory_bank_is_wu_et_al_softmax(seed):
+    """--memory bank: the positive is the example's own bank entry v_i; it appears once in the
+    denominator, as in Wu et al.'s P(i | f_i), never again as a negative."""
+    loss = METRIC_LOSSES["moco"](tau=0.5)
+    bank, bank_labels, _ = memory(10, C, seed)
+    ids = torch.arange(10)  # MemoryBank: entry i is example i
+    rows = torch.tensor([4, 0, 9])
+    h = torch.randn(3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 10))
+    value = loss(h, None, bank[rows], bank, bank_labels, rows, ids)  # as MoCo.batch_keys gives them
+    torch.testing.assert_close(value, wu_oracle(h, rows, bank, loss), atol=1e-9, rtol=0,
+                               msg="moco over the bank differs from Wu et al. eq. 2")
+
+
+def test_moco_over_a_memory_bank_can_fall_below_log_2():
+    # the query on its own entry, the others far away: Wu et al.'s loss is near 0; with the
+    # positive counted twice it could never go below log 2
+    bank = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
+    rows = torch.tensor([0])
+    value = METRIC_LOSSES["moco"](tau=0.07)(bank[:1], None, bank[rows], bank, torch.zeros(4), rows, torch.arange(4))
+    torch.testing.assert_close(value, wu_oracle(bank[:1], rows, bank, METRIC_LOSSES["moco"](tau=0.07)))
+    assert value.item() < 1e-5 < math.log(2)
 
 
 @pytest.mark.parametrize("name", MEMORY_LOSSES)
 def test_memory_losses_gradcheck(name):
     loss = METRIC_LOSSES[name](tau=0.5) if name == "moco" else KNNBertLoss(m_most=2, m_least=2, tau=0.5)
-    keys, key_labels = memory(15, C, 0)
-    y = torch.tensor([0, 1, 2, 3, 1])
+    keys, key_labels, ids = memory(15, C, 0)
+    y, rows = torch.tensor([0, 1, 2, 3, 1]), torch.tensor([0, 1, 2, 3, 4])
     batch_keys = F.normalize(torch.randn(len(y), D, dtype=torch.float64), dim=1)
     h = torch.randn(len(y), D, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda h: loss(h, y, batch_keys, keys, key_labels), (h,))
+    assert torch.autograd.gradcheck(lambda h: loss(h, y, batch_keys, keys, key_labels, rows, ids), (h,))
 
 
-@pytest.mark.parametrize("case", ["no query has a positive", "no negatives in memory"])
-def test_knnbert_degenerate_memories_are_finite(case):
-    keys, _ = memory(6, C, 0)
-    y = torch.tensor([0, 1, 0]) if case == "no query has a positive" else torch.tensor([2, 2, 2])
+@pytest.mark.parametrize("case", ["no query has a positive", "no negatives in memory", "only its own key"])
+def test_memory_losses_degenerate_memories_are_finite(case):
+    keys, _, ids = memory(6, C, 0)
+    y, rows = (torch.tensor([0, 1, 0]) if case == "no query has a positive" else torch.tensor([2, 2, 2])), torch.tensor([0, 1, 2])
     key_labels = torch.full((6,), 3) if case == "no query has a positive" else torch.full((6,), 2)
+    if case == "only its own key":  # a memory of one key, query 0's own: no positive, no negative
+        keys, key_labels, ids = keys[:1], key_labels[:1], torch.tensor([0])
     h = torch.randn(3, D, dtype=torch.float64, requires_grad=True)
-    value = KNNBertLoss(tau=0.07)(h, y, None, keys, key_labels)
+    value = KNNBertLoss(tau=0.07)(h, y, None, keys, key_labels, rows, ids)
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(h.grad).all()
-    if case == "no query has a positive":
-        assert value.item() == 0
-    else:  # with no negative each term is -log(e^s / e^s) = 0
+    if case == "no negatives in memory":  # with no negative each term is -log(e^s / e^s) = 0
         assert value.item() == pytest.approx(0, abs=1e-12)
+    else:
+        assert value.item() == 0
+    h.grad = None
+    value = METRIC_LOSSES["moco"](tau=0.07)(h, y, F.normalize(h.detach(), dim=1), keys, key_labels, rows, ids)
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(h.grad).all()
+
+
+def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
+    """A class with no more than M_m + M_l keys in memory has S(q) = P(q) (few-shot runs): one
+    warning line on the first call, none after, none when every class is larger."""
+    keys, _, ids = memory(12, C, 0)
+    key_labels, y, rows = torch.tensor([0] * 8 + [1] * 4), torch.tensor([0, 1]), torch.tensor([0, 8])
+    h = torch.randn(2, D, dtype=torch.float64)
+    loss = KNNBertLoss(m_most=2, m_least=2)
+    loss(h, y, None, keys, key_labels, rows, ids)
+    loss(h, y, None, keys, key_labels, rows, ids)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "1 of 2 classes" in lines[0] and "fewest 4" in lines[0], lines
+    KNNBertLoss(m_most=2, m_least=1)(h, y, None, keys, key_labels, rows, ids)
+    assert capsys.readouterr().out == ""
 
 
 def test_objective_passes_the_memory_and_runs_outside_autocast():
     torch.manual_seed(0)
     queue = Queue(12, D)
-    queue.fill(torch.randn(12, D), torch.arange(12) % C)
+    queue.fill(torch.randn(12, D), torch.arange(12) % C, torch.arange(12))
     out, y = Output(logits=torch.randn(4, C), embeddings=torch.randn(4, D)), torch.tensor([0, 1, 2, 3])
+    rows = torch.tensor([0, 5, 6, 11])  # each query's own older key is in the queue
     objective = Objective("knnbert", C, D, m_most=1, m_least=1)
     assert (objective.metric.m_most, objective.metric.m_least, objective.lam) == (1, 1, 0.1)
-    total, parts = objective(out, y, None, queue)
-    expected = knnbert_oracle(out.embeddings.double(), y, queue.keys.double(), queue.labels, objective.metric)
+    total, parts = objective(out, y, None, queue, rows)
+    expected = knnbert_oracle(out.embeddings.double(), y, rows, queue.keys.double(), queue.labels, queue.ids,
+                              objective.metric)
     assert parts["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 autocast must not reach q.k / tau
-        assert objective(out, y, None, queue)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
+        assert objective(out, y, None, queue, rows)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 

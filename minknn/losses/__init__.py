@@ -26,8 +26,10 @@ instead of h (minknn/decoupled.py; lam is their beta, 0.5); with --pair_loss, on
 task, it is a pair loss on the two texts' vectors (pairs.py).
 
 The memory losses (knnbert, moco) also see the MoCo memory (minknn/moco.py): they are called as
-loss(h, labels, batch_keys, memory_keys, memory_labels), batch_keys being the key encoder's
-encoding of the same batch. A loss built with train.py flags lists them in its `flags` attribute.
+loss(h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids), batch_keys being the
+key encoder's encoding of the same batch, rows the batch's training-set rows and memory_ids the
+rows of the keys' examples (a query's own older keys are left out). A loss built with train.py
+flags lists them in its `flags` attribute.
 Every metric loss runs outside autocast, in fp32: a bf16 q.k / 0.07 would be off by a few percent.
 """
 import torch
@@ -90,8 +92,9 @@ def loss_flags(name, args):
 class Objective(nn.Module):
     """One classification or multi-label task's loss: the base loss (CE or BCE) and, with a
     metric loss, (1 - lam) base + lam metric (classify) or base + lam metric (multilabel).
-    Called as objective(output, targets) with the model's Output, plus the batch's keys and the
-    memory for a memory loss; returns the total and, for the progress bar, its parts."""
+    Called as objective(output, targets) with the model's Output, plus the batch's keys, the
+    memory and the batch's training-set rows for a memory loss; returns the total and, for the
+    progress bar, its parts."""
 
     def __init__(self, name, num_classes, dim, lam=None, decoupled=False, pair_loss=None,
                  positive=None, **flags):
@@ -115,14 +118,15 @@ class Objective(nn.Module):
     def uses_memory(self):
         return getattr(self.metric, "uses_memory", False)
 
-    def forward(self, output, labels, batch_keys=None, memory=None):
+    def forward(self, output, labels, batch_keys=None, memory=None, rows=None):
         base = self.base(output, labels)
         if self.metric is None:
             return base, {}
         h = (output.retrieval if self.decoupled else output.embeddings).float()
         with torch.autocast(h.device.type, enabled=False):
             if self.uses_memory:
-                metric = self.metric(h, labels, batch_keys, memory.keys, memory.labels)
+                metric = self.metric(h, labels, batch_keys, memory.keys, memory.labels, rows,
+                                     memory.ids)
             else:
                 metric = self.metric(h, labels)
         # Su et al.: BCE + gamma L_con
