@@ -262,7 +262,7 @@ def run_training(args):
     elif args.loss in MEMORY_LOSSES:  # a run of one task (minknn/options.py)
         moco, fill_seconds = filled_memory(model, tokenizer, tasks[0], train[tasks[0].name],
                                            args.memory, args.queue_size, args.momentum,
-                                           2 * args.batch_size, device)
+                                           2 * args.batch_size, device, args.precision)
         args.queue_size = len(moco.memory.keys)
     model_params = [p for p in model.parameters() if p.requires_grad]
     loss_params = list(losses.parameters())

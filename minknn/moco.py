@@ -111,13 +111,13 @@ class MoCo:
         device = next(model.parameters()).device
         self.memory = (Queue if kind == "queue" else MemoryBank)(size, dim).to(device)
 
-    def fill(self, model, tokenizer, examples, labels, batch_size, device):
-        """One pass over the first `size` training examples (the key encoder's for the queue):
-        slot i holds training example i."""
+    def fill(self, model, tokenizer, examples, labels, batch_size, device, precision=None):
+        """One pass over the first `size` training examples (the key encoder's for the queue, in
+        the run's --precision, as the keys of training are): slot i holds training example i."""
         size = len(self.memory.keys)
         encoder = self.key_encoder.encoder if self.key_encoder else model
         _, keys = predict(encoder, tokenizer, self.task, examples[:size], batch_size, device,
-                          progress=f"filling the {self.kind}")
+                          progress=f"filling the {self.kind}", precision=precision)
         self.memory.fill(keys.to(device), labels[:size].to(device),
                          torch.arange(size, device=device))
         model.train()  # predict() left it in eval mode
@@ -137,7 +137,8 @@ class MoCo:
             self.memory.update(rows, queries.detach())
 
 
-def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_size, device):
+def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_size, device,
+                  precision=None):
     """The memory of a run's memory loss (train.py), filled from its training examples: returns
     the MoCo and the seconds the fill took. size None: min(QUEUE_SIZE, training set) for the queue;
     the bank always holds one entry per example."""
@@ -147,5 +148,5 @@ def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_siz
                           f"training examples, so it must be between 1 and {len(train)}")
     moco, start = MoCo(model, task, kind, size, momentum), time.time()
     labels = torch.tensor([e.label for e in train], device=device)
-    moco.fill(model, tokenizer, train, labels, batch_size, device)
+    moco.fill(model, tokenizer, train, labels, batch_size, device, precision)
     return moco, time.time() - start
