@@ -31,6 +31,11 @@ def trainer(*extra, model=None, data=None):
     return argv
 
 
+def a_file(path):
+    path.write_text("")
+    return str(path)
+
+
 def broken_model(edit):
     """A copy of the tiny BERT folder, changed by edit(folder)."""
     def make(tmp, tiny):
@@ -67,8 +72,7 @@ def in_use(tmp, tiny, fixtures):
 
 
 def under_a_file(tmp, tiny, fixtures):
-    (tmp / "file").write_text("")
-    return [a if a != str(tmp / "run") else str(tmp / "file" / "run") for a in trainer()(tmp, tiny, fixtures)]
+    return [a if a != str(tmp / "run") else a_file(tmp / "file") + "/run" for a in trainer()(tmp, tiny, fixtures)]
 
 
 def finished_run(tmp, tiny, fixtures):
@@ -98,23 +102,32 @@ FLAG_CASES = [
     ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume"),
 ]
 
+def broken_data(path, edit):
+    """A --data_dir: a copy of the fixture datasets whose file `path` is changed by edit(file)."""
+    def make(tmp, fixtures):
+        shutil.copytree(fixtures, tmp / "data")
+        edit(tmp / "data" / path)
+        return str(tmp / "data")
+    return make
+
+
+def replace(old, new):
+    return lambda file: file.write_bytes(file.read_bytes().replace(old, new))
+
+
+def make_a_folder(file):
+    file.unlink()
+    file.mkdir()
+
+
 # --- data files and folders (minknn/readers.py, minknn/data.py) ---
 DATA_CASES = [
-    # a setup that writes files first is a lambda returning a tuple of steps: its last item is the argv
-    ("data file not UTF-8", "train", trainer(data=lambda tmp, fixtures: (
-        shutil.copytree(fixtures, tmp / "data"),
-        (tmp / "data/minbert/ids-sst-train.csv").write_bytes(   # line 2: "The cast is terr\xefble"
-            (tmp / "data/minbert/ids-sst-train.csv").read_bytes().replace(b"terrible", b"terr\xefble")),
-        str(tmp / "data"))[-1]),
+    ("data file not UTF-8", "train",  # line 2: "The cast is terr\xefble"
+     trainer(data=broken_data("minbert/ids-sst-train.csv", replace(b"terrible", b"terr\xefble"))),
      "ids-sst-train.csv:2: not UTF-8"),
-    ("data file is a folder", "train", trainer(data=lambda tmp, fixtures: (
-        shutil.copytree(fixtures, tmp / "data"),
-        (tmp / "data/minbert/ids-sst-train.csv").unlink(),
-        (tmp / "data/minbert/ids-sst-train.csv").mkdir(),
-        str(tmp / "data"))[-1]),
+    ("data file is a folder", "train", trainer(data=broken_data("minbert/ids-sst-train.csv", make_a_folder)),
      "ids-sst-train.csv: a folder, where sst's train file belongs"),
-    ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: (
-        (tmp / "file").write_text(""), str(tmp / "file"))[-1]),
+    ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: a_file(tmp / "file")),
      "file: is a file, not a folder"),
     ("data_dir not found", "train", trainer(data=lambda tmp, fixtures: str(tmp / "no-data")),
      "no-data: not found"),
@@ -206,36 +219,34 @@ MODEL_CASES = [
      "checkpoint.pt: model: heads.sst.bias holds 5 non-finite values"),
 ]
 
+def evaluator(*flags, trained=None, data=None):
+    """evaluate.py's argv on tmp/run; trained: the flags of a tiny run trained there first on the
+    fixtures; data: a --data_dir made as for trainer."""
+    def argv(tmp, tiny, fixtures):
+        if trained is not None:
+            train.main(trainer(*trained)(tmp, tiny, fixtures))
+        return ["--checkpoint", str(tmp / "run"), *flags, *(["--data_dir", data(tmp, fixtures)] if data else [])]
+    return argv
+
+
 # --- evaluate.py against its run (data root, fingerprints) ---
 EVALUATE_CASES = [
-    ("evaluate batch_size 0", "evaluate", lambda tmp, tiny, fixtures: [
-        "--checkpoint", str(tmp / "run"), "--batch_size", "0"],
-     "--batch_size must be at least 1, got 0"),
-    ("evaluate max_eval 0", "evaluate", lambda tmp, tiny, fixtures: [
-        "--checkpoint", str(tmp / "run"), "--max_eval", "0"],
-     "--max_eval must be at least 1, got 0"),
-    ("evaluate a folder without a checkpoint", "evaluate", lambda tmp, tiny, fixtures: (
-        (tmp / "run").mkdir(), ["--checkpoint", str(tmp / "run")])[-1],
-     "run/checkpoint.pt: not found"),
-    # a tiny run trained on the fixtures, then --knn on a copy whose training texts all differ
-    ("evaluate knn on other training examples", "evaluate", lambda tmp, tiny, fixtures: (
-        train.main(trainer("--max_train", "16")(tmp, tiny, fixtures)),
-        shutil.copytree(fixtures, tmp / "other"),
-        (tmp / "other/minbert/ids-sst-train.csv").write_text(
-            (tmp / "other/minbert/ids-sst-train.csv").read_text().replace(" .", " !")),
-        ["--checkpoint", str(tmp / "run"), "--knn", "--k", "4", "--data_dir", str(tmp / "other")])[-1],
-     "other/minbert/ids-sst-train.csv: not the sst training examples the run trained on"),
+    ("evaluate batch_size 0", "evaluate", evaluator("--batch_size", "0"), "--batch_size must be at least 1, got 0"),
+    ("evaluate max_eval 0", "evaluate", evaluator("--max_eval", "0"), "--max_eval must be at least 1, got 0"),
+    ("evaluate a folder without a checkpoint", "evaluate",
+     lambda tmp, *a: (tmp / "run").mkdir() or evaluator()(tmp, *a), "run/checkpoint.pt: not found"),
+    # a tiny run trained on the fixtures, then --knn on a copy whose training texts differ
+    ("evaluate knn on other training examples", "evaluate",
+     evaluator("--knn", "--k", "4", trained=["--max_train", "16"],
+               data=broken_data("minbert/ids-sst-train.csv", replace(b" .", b" !"))),
+     "data/minbert/ids-sst-train.csv: not the sst training examples the run trained on"),
     # a run of two tasks: the second task's training set is checked before the first task is encoded
-    ("evaluate knn on other training examples of a second task", "evaluate", lambda tmp, tiny, fixtures: (
-        train.main(trainer("--task", "multitask", "--tasks", "sst,rte", "--max_train", "16")(tmp, tiny, fixtures)),
-        shutil.copytree(fixtures, tmp / "other"),
-        (tmp / "other/glue/RTE/train.tsv").write_text((tmp / "other/glue/RTE/train.tsv").read_text().replace(".", "!")),
-        ["--checkpoint", str(tmp / "run"), "--knn", "--k", "4", "--data_dir", str(tmp / "other")])[-1],
-     "other/glue/RTE/train.tsv: not the rte training examples the run trained on"),
-    ("evaluate data_dir not found", "evaluate", lambda tmp, tiny, fixtures: (
-        train.main(trainer("--max_train", "16")(tmp, tiny, fixtures)),
-        ["--checkpoint", str(tmp / "run"), "--data_dir", str(tmp / "no-data")])[-1],
-     "no-data: not found"),
+    ("evaluate knn on other training examples of a second task", "evaluate",
+     evaluator("--knn", "--k", "4", trained=["--task", "multitask", "--tasks", "sst,rte", "--max_train", "16"],
+               data=broken_data("glue/RTE/train.tsv", replace(b".", b"!"))),
+     "data/glue/RTE/train.tsv: not the rte training examples the run trained on"),
+    ("evaluate data_dir not found", "evaluate",
+     evaluator(trained=["--max_train", "16"], data=lambda tmp, fixtures: str(tmp / "no-data")), "no-data: not found"),
 ]
 
 CASES = FLAG_CASES + DATA_CASES + MODEL_CASES + EVALUATE_CASES
