@@ -31,7 +31,7 @@ and the training set are unchanged.
 """
 import csv
 import io
-import json
+import math
 import os
 import time
 
@@ -45,6 +45,7 @@ from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, int
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
+from minknn.runs import write_json
 
 SWEEP_PHIS = [i / 10 for i in range(11)]
 SWEEP_KS = [1, 4, 16, 64, 256, 1024]
@@ -86,8 +87,9 @@ def get_args(argv=None):
     for name in ("k", "max_eval", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.temperature is not None and args.temperature <= 0:
-        p.error(f"--temperature must be positive, got {args.temperature}")
+    t = args.temperature
+    if t is not None and not (math.isfinite(t) and t > 0):
+        p.error(f"--temperature must be a finite number > 0, got {t}")
     if (args.sweep or args.knn_key or args.datastore) and not args.knn:
         p.error("--sweep, --knn_key and --datastore are kNN options; add --knn")
     return args
@@ -101,10 +103,6 @@ def write_csv(path, header, rows):
         w.writerows(rows)
         f.write(text.getvalue().encode())
     atomic_save(rows, path, writer)
-
-
-def write_json(path, obj):
-    atomic_save(obj, path, lambda obj, f: f.write(json.dumps(obj, indent=1).encode()))
 
 
 def data_dir_of(args, ckpt):
@@ -294,10 +292,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
 
 def main(argv=None):
     args = get_args(argv)
-    ckpt = load_checkpoint(args.checkpoint)
-    ckpt["file"] = args.checkpoint
-    if os.path.isdir(args.checkpoint):
-        ckpt["file"] = os.path.join(args.checkpoint, "checkpoint.pt")
+    ckpt = load_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
     args.data_dir = data_dir_of(args, ckpt)
     device = pick_device(args.device)
     model, losses, tokenizer = rebuild(ckpt)

@@ -18,8 +18,8 @@ over the first 6% of steps then linear decay to 0, gradients clipped to norm 1; 
 parameters (proxies) get --proxy_lr. A memory loss (knnbert, moco) keeps a MoCo queue or memory
 bank (minknn/moco.py), filled before the first step and written after each.
 
-Each run writes to its own folder (--out, new or empty; default runs/<task>-<loss>-seed<S>-<time>),
-which no other run may use (minknn/runs.py):
+Each run writes to its own folder (--out, a folder holding no run; default
+runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
     checkpoint.pt   the best epoch by the dev score (rebuilds model and tokenizer alone)
     metrics.jsonl   one line per epoch: training losses and dev scores
     summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
@@ -43,8 +43,8 @@ from tqdm import tqdm
 from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
-from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
-                         run_data, training_examples)
+from minknn.data import (check_every_class_present, data_root, eval_subset, load_split,
+                         require_labels, run_data, training_examples)
 from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
                            pick_device, predict, seed_everything, to_device)
 from minknn.kinds import describe_run, kind_of, overall, score
@@ -54,8 +54,9 @@ from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args
 from minknn.pcgrad import pcgrad_backward
 from minknn.proxy import has_proxies, proxy_logits
-from minknn.runs import (load_last, new_run_folder, open_run_folder, random_states, save_last,
-                         saved_args, set_random_states, write_json, write_jsonl)
+from minknn.runs import (close_run_folder, load_last, new_run_folder, open_run_folder,
+                         random_states, read_json, save_last, saved_args, set_random_states,
+                         write_json, write_jsonl)
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 
@@ -112,8 +113,9 @@ def get_args(argv=None):
     if args.resume:
         return resumed_args(p, args)
     check_args(p, args)
-    # resolved here, so that the run's args (saved in the checkpoint) say which one ran
+    # resolved here, so that the run's args (saved in the checkpoint) say which ones it used
     args.precision = args.precision or default_precision(pick_device(args.device))
+    args.data_dir = os.path.abspath(data_root(args.data_dir))
     return args
 
 
@@ -201,20 +203,22 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
 def main(argv=None):
     args = get_args(argv)
     if args.resume:  # the folder first: a run still training in it stops this one at once
-        lock = open_run_folder(args.out)
+        lock, created = open_run_folder(args.out), False
     else:
         default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
                                        f"{time.strftime('%Y%m%d-%H%M%S')}")
-        args.out, lock = new_run_folder(args.out, default)
+        args.out, lock, created = new_run_folder(args.out, default)
     try:
         return run_training(args)
     except KeyboardInterrupt:
         last = load_last(args.out)
         where = (f"the best checkpoint (epoch {last['best']['epoch']}) is "
                  f"{os.path.join(args.out, 'checkpoint.pt')}" if last else "no epoch had finished")
-        summarise(args, last, stopped="interrupted")
-        print(f"\ninterrupted: {where}; continue with: python train.py --resume {args.out}",
-              file=sys.stderr)
+        if summarise(args, last, stopped="interrupted") is None:  # before the first step
+            print("\ninterrupted before the first step; nothing was saved", file=sys.stderr)
+        else:
+            print(f"\ninterrupted: {where}; continue with: python train.py --resume {args.out}",
+                  file=sys.stderr)
         sys.exit(130)
     except Diverged as e:
         last = load_last(args.out)
@@ -223,17 +227,14 @@ def main(argv=None):
         summarise(args, last, stopped=f"diverged: {e}")
         raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
     finally:
-        lock.close()
+        close_run_folder(args.out, lock, created)
 
 
 def run_training(args):
     seed_everything(args.seed)
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
-    Tokenizer.from_folder(model_path, args.max_len)  # so do its config, vocabulary and --max_len
-    if not args.resume:
-        write_json(os.path.join(args.out, "run.json"),
-                   {"args": {k: v for k, v in vars(args).items() if k != "resume"}})
+    tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
@@ -248,7 +249,6 @@ def run_training(args):
     data = run_data(args.data_dir, train)  # the root and fingerprints, saved for evaluate.py
 
     # model: the encoder and a head per task, each task's loss, a memory loss's memory
-    tokenizer = Tokenizer.from_folder(model_path, args.max_len)
     model = Model(BertModel.from_pretrained(model_path), tasks, args.pooling, args.pair_mode,
                   args.option, args.decoupled)
     model.start_heads(train)
@@ -290,6 +290,11 @@ def run_training(args):
         set_random_states(last["random"])
         best, records = last["best"], last["records"]
         epoch_times = [r["epoch_seconds"] for r in records]
+    if args.resume:
+        check_same_data(args, data)
+    else:  # all that can fail before the first step has passed: from here on, a run to resume
+        write_json(os.path.join(args.out, "run.json"),
+                   {"args": {k: v for k, v in vars(args).items() if k != "resume"}, "data": data})
 
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
@@ -331,7 +336,7 @@ def run_training(args):
         epoch_times.append(time.time() - start)
 
         dev_scores = evaluate(model, losses, tokenizer, tasks, dev, args, device)
-        check_finite(epoch, model, losses, dev_scores)
+        check_epoch_finite(epoch, model, losses, dev_scores)
         record = {"epoch": epoch, "train_loss": {n: total / steps for n, total in totals.items()},
                   "epoch_seconds": round(epoch_times[-1], 1), "dev": dev_scores}
         if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
@@ -370,7 +375,16 @@ def run_training(args):
     return summary
 
 
-def check_finite(epoch, model, losses, dev_scores):
+def check_same_data(args, data):
+    """A resumed run must read the training examples it started with."""
+    started = read_json(os.path.join(args.out, "run.json"))["data"]
+    if data["train_fingerprint"] != started["train_fingerprint"]:
+        raise MinknnError(f"--resume {args.out}: the training examples under {data['root']} are "
+                          f"not the ones the run started with (from {started['root']}); put those "
+                          f"back, or start a new run")
+
+
+def check_epoch_finite(epoch, model, losses, dev_scores):
     """Refuses to save an epoch whose dev scores or weights are not finite."""
     bad = [f"{task} {metric}" for task, scores in dev_scores.items() if isinstance(scores, dict)
            for metric, value in scores.items() if not math.isfinite(value)]

@@ -8,7 +8,8 @@ A checkpoint is one torch.save'd dict:
     vocab, lowercase, max_len, tokenizer   the tokenizer and its options (tokenizer_config.json)
     model, loss  the state dicts of the model (encoder and heads) and of the tasks' losses
                  (proxies, when a loss has some)
-    memory       the MoCo queue (keys, labels, pointer) or memory bank, for the memory losses only
+    memory       the MoCo queue (keys, labels, example ids, pointer) or memory bank, for the
+                 memory losses only
     epoch, dev   the epoch it was saved after and its dev scores
     data         {"root", "train_fingerprint": {task: sha256}}: the data root the run read and its
                  training examples' fingerprints (data.run_data), for evaluate.py
@@ -16,6 +17,7 @@ It is written to a temporary file in the same folder, flushed to disk, then rena
 one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
 """
 import dataclasses
+import io
 import os
 import tempfile
 
@@ -32,7 +34,11 @@ FORMAT = "minknn-checkpoint-2"
 
 
 def atomic_save(obj, path, writer=torch.save):
-    """writer(obj, file) writes to a temporary file that is renamed to `path` once complete."""
+    """writer(obj, file) writes to a temporary file that is renamed to `path` once complete. It
+    writes into memory first: torch.save turns a failed write (a full disk) into a RuntimeError
+    of its own, but a plain file write raises OSError, which names the cause."""
+    buffer = io.BytesIO()
+    writer(obj, buffer)
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     try:
@@ -41,7 +47,7 @@ def atomic_save(obj, path, writer=torch.save):
         raise MinknnError(f"{path}: cannot be written ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            writer(obj, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -24,8 +24,9 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, **kwargs):
         super().__init__(formatter_class=HelpFormatter, **kwargs)
         # argparse reads -1 and -.5 as values but -1e-4 as an unknown flag; let it read that too,
-        # so that `--lr -1e-4` reaches check_args and its one-line error
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$")
+        # so that `--lr -1e-4` reaches check_args and its one-line error. (_negative_number_matcher
+        # is argparse's own, private, pattern: Python 3.10-3.13 name it so.)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.I)
 
     def error(self, message):
         print(f"error: {message}", file=sys.stderr)
@@ -60,8 +61,8 @@ def check_args(p, args):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and low <= value
                                       and (high is None or value <= high)):
-            p.error(f"--{name} must be a finite number {f'in [{low}, {high}]' if high else f'>= {low}'}"
-                    f", got {value}")
+            bounds = f"in [{low}, {high}]" if high else f">= {low}"
+            p.error(f"--{name} must be a finite number {bounds}, got {value}")
     if args.lr == 0:
         p.error("--lr 0 would train nothing; give a positive learning rate")
     if not 0 <= args.seed < 2 ** 32:  # numpy's seeds are 32-bit

@@ -4,7 +4,8 @@ resumed exactly where its last completed epoch left it.
 A run folder (train.py --out) holds:
     run.lock        held (flock) by the process training in it; the OS releases it when the
                     process ends, even by kill -9, so a lock is never stale
-    run.json        the run's arguments, written before the first step (--resume reads them)
+    run.json        the run's arguments and data (root, fingerprints), written just before the
+                    first step, once every input has been checked (--resume reads them)
     last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
                     and schedule, every random generator, the batch streams' places in their
                     passes, the memory and key encoder of a memory loss, the epochs' records.
@@ -23,6 +24,7 @@ import glob
 import json
 import os
 import random
+import tempfile
 
 import numpy as np
 import torch
@@ -37,7 +39,9 @@ RUN_FILES = ("run.json", "last.pt", "checkpoint.pt", "metrics.jsonl", "summary.j
 def new_run_folder(out, default):
     """Creates and locks the folder of a new run: `out`, which must not hold a run already, or
     with out None a fresh folder named `default` (plus -2, -3, .. if taken, created exclusively,
-    so runs started in the same second never share one). Returns (folder, lock)."""
+    so runs started in the same second never share one). Returns (folder, lock, whether this
+    process created the folder)."""
+    created = out is None or not os.path.exists(out)
     if out is None:
         folder, n = default, 1
         os.makedirs(os.path.dirname(default) or ".", exist_ok=True)
@@ -57,13 +61,24 @@ def new_run_folder(out, default):
         lock.close()
         raise MinknnError(f"--out {folder} already holds a run ({', '.join(held)}); continue it "
                           f"with --resume {folder}, or choose another --out")
-    return folder, lock
+    return folder, lock, created
+
+
+def close_run_folder(folder, lock, created):
+    """Releases the lock. A run that stopped before it wrote run.json (a bad input found while
+    loading, Ctrl-C) leaves nothing behind: its run.lock goes, and its folder if it made it."""
+    if not os.path.exists(os.path.join(folder, "run.json")):
+        os.remove(os.path.join(folder, "run.lock"))  # while still holding it
+        if created and not os.listdir(folder):
+            os.rmdir(folder)
+    lock.close()
 
 
 def saved_args(folder):
     """The arguments a run started with (its run.json), for --resume."""
     if not os.path.isfile(os.path.join(folder, "run.json")):
-        raise MinknnError(f"--resume {folder}: not a run folder (it has no run.json)")
+        raise MinknnError(f"--resume {folder}: no run to resume there (no run.json: not a run "
+                          f"folder, or a run stopped before its first step; start that again)")
     return read_json(os.path.join(folder, "run.json"))["args"]
 
 
@@ -82,8 +97,8 @@ def open_run_folder(folder):
 def make_folder(folder):
     try:
         os.makedirs(folder, exist_ok=True)
-        probe = os.path.join(folder, ".minknn-write-test")
-        open(probe, "w").close()
+        fd, probe = tempfile.mkstemp(dir=folder, suffix=".tmp")  # a name no other run shares
+        os.close(fd)
         os.remove(probe)
     except OSError as e:
         raise MinknnError(f"--out {folder}: cannot write there ({e.strerror})") from None

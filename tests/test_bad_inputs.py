@@ -102,6 +102,7 @@ FLAG_CASES = [
     ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume"),
 ]
 
+
 def broken_data(path, edit):
     """A --data_dir: a copy of the fixture datasets whose file `path` is changed by edit(file)."""
     def make(tmp, fixtures):
@@ -132,6 +133,7 @@ DATA_CASES = [
     ("data_dir not found", "train", trainer(data=lambda tmp, fixtures: str(tmp / "no-data")),
      "no-data: not found"),
 ]
+
 
 # --- model folders, tokenizers and checkpoints (minknn/bert.py, tokenizer.py, checkpoint.py) ---
 def edit_weights(change):
@@ -218,6 +220,7 @@ MODEL_CASES = [
     ("checkpoint-nan", "evaluate", broken_checkpoint(lambda c: c["model"].update(with_nan(c["model"], "heads.sst.bias"))),
      "checkpoint.pt: model: heads.sst.bias holds 5 non-finite values"),
 ]
+
 
 def evaluator(*flags, trained=None, data=None):
     """evaluate.py's argv on tmp/run; trained: the flags of a tiny run trained there first on the

@@ -84,6 +84,7 @@ def test_a_fully_padded_row_stays_finite_in_bf16(tiny_bert):
     torch.testing.assert_close(out["bf16", "explicit"][real], out["fp32", "explicit"][real], atol=0.1, rtol=0.1,
                                msg="explicit attention: bf16 hidden states far from fp32 on real tokens")
 
+
 def test_output_shapes(tiny_bert):
     ids, mask = random_batch(tiny_bert.config.vocab_size, [6, 4])
     h, pooled = tiny_bert(ids, mask, pooled=True)

@@ -226,7 +226,6 @@ def test_degenerate_batches_are_finite(name, batch):
         assert value.item() == pytest.approx(loss.l2_reg * h.detach().pow(2).sum(1).mean().item())
 
 
-
 # ---- ProxyNCA's scale: 1 leaves the softmax almost flat, ProxyNCA++'s T = 1/9 does not ----
 
 def test_proxynca_at_scale_1_has_a_floor():
@@ -488,7 +487,6 @@ def test_objective_passes_the_memory_and_runs_outside_autocast():
         assert objective(out, y, None, queue, rows)[1]["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
 
 
-
 @pytest.mark.parametrize("name", [*IN_BATCH, "mlcon", "pair_loss mnrl", "pair_loss contrastive"])
 def test_every_metric_term_runs_in_fp32_under_autocast(name):
     """Under bf16 autocast (train.py --precision bf16) each metric term is its fp32 value to float
@@ -508,6 +506,7 @@ def test_every_metric_term_runs_in_fp32_under_autocast(name):
     torch.testing.assert_close(bf16, fp32, rtol=1e-6, atol=1e-6, msg=f"{name}: the metric term under bf16 autocast")
 
 # ---- the multi-label contrastive loss (Su et al. eqs. 2-3): pairs weighted by the labels they share ----
+
 
 def mlcon_oracle(h, y, loss):
     """L_con = sum_i sum_{j != i} -beta_ij log( exp(-d_ij / tau) / sum_{k != i} exp(-d_ik / tau) ),

@@ -3,8 +3,10 @@ divergence and a full disk stop a run with one line and leave the last good file
 (The bad flags and folders are rows of test_bad_inputs.py.)"""
 import errno
 import glob
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import torch
 
 import train
 from minknn import run
-from minknn.runs import lock_folder
+from minknn.runs import close_run_folder, lock_folder, new_run_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,11 +113,12 @@ def test_kill_9_at_any_moment_loses_nothing(tiny_bert_dir, data_dir, tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed: give it more epochs"
+    (tmp_path / "killed" / "last.pt.x1y2z3.tmp").write_bytes(b"half a save")  # as a kill during a save leaves
     done = subprocess.run([sys.executable, "train.py", "--resume", str(tmp_path / "killed")], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same_run(tmp_path / "alone", tmp_path / "killed", "killed by SIGKILL, then resumed")
-    assert not glob.glob(str(tmp_path / "killed" / "*.tmp")), "a temporary file outlived the resume"
+    assert not glob.glob(str(tmp_path / "killed" / "*.tmp")), "a kill's temporary file outlived the resume"
 
 
 def test_seeds_started_together_never_share_a_folder(tiny_bert_dir, data_dir, tmp_path):
@@ -178,15 +181,25 @@ def test_a_huge_learning_rate_saves_nothing(tiny_bert_dir, data_dir, tmp_path, c
     assert not os.path.exists(out / "checkpoint.pt") and not os.path.exists(out / "last.pt")
 
 
-def test_a_full_disk_during_a_save_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
-    real, calls = os.fsync, []
+class NearlyFullDisk(io.FileIO):
+    """A file on a disk with room for 1,000 more bytes: the write that would pass them fails with ENOSPC."""
+    room = 1000
 
-    def full_after_run_json(fd):  # the disk fills up after run.json, during epoch 1's checkpoint
-        calls.append(1)
-        if len(calls) > 1:
+    def write(self, data):
+        if self.tell() + len(data) > self.room:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(fd)
-    monkeypatch.setattr(os, "fsync", full_after_run_json)
+        return super().write(data)
+
+
+def test_a_full_disk_during_a_save_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """The disk fills up after run.json, as epoch 1's checkpoint is written (torch.save's own writer turns such
+    a failure into a RuntimeError and a second traceback, so atomic_save must not hand it the file)."""
+    real, calls = os.fdopen, []
+
+    def nearly_full_after_run_json(fd, *args, **kwargs):
+        calls.append(1)
+        return real(fd, *args, **kwargs) if len(calls) == 1 else NearlyFullDisk(fd, "wb")
+    monkeypatch.setattr(os, "fdopen", nearly_full_after_run_json)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
         run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(out)]))
@@ -194,3 +207,86 @@ def test_a_full_disk_during_a_save_is_one_line(tiny_bert_dir, data_dir, tmp_path
     assert exit_.value.code == 2 and err == (f"error: {out / 'checkpoint.pt'}: cannot be written (No space left on "
                                              f"device); any earlier version of it is unchanged"), err
     assert not glob.glob(str(out / "*.tmp")), "the failed save left its temporary file"
+
+
+@pytest.mark.parametrize("what, plant, says", [
+    ("gradient norm", "gradient", "epoch 1, step 2: the gradient norm became inf"),
+    ("weight", "weight", "epoch 1: the weight sst.metric.proxies is not finite"),
+    ("dev score", "dev", "epoch 1: the dev score sst acc is not finite"),
+], ids=["gradient", "weight", "dev"])
+def test_each_non_finite_value_stops_the_run(what, plant, says, tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                             capsys):
+    """Each check in its own place: an infinite gradient with a finite loss (before the optimiser step), an
+    infinite weight the dev scores do not read (the proxies, under --lam 0.5), a dev score that is NaN."""
+    real_step, real_evaluate, calls = train.train_step, train.evaluate, []
+
+    def step(model, losses, *args, **kwargs):
+        calls.append(1)
+        if plant == "gradient" and len(calls) == 2:
+            model.heads["sst"].weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+        result = real_step(model, losses, *args, **kwargs)
+        if plant == "weight" and len(calls) == 5:
+            with torch.no_grad():
+                losses["sst"].metric.proxies.fill_(float("inf"))
+        return result
+    monkeypatch.setattr(train, "train_step", step)
+    if plant == "dev":
+        monkeypatch.setattr(train, "evaluate", lambda *a: {**real_evaluate(*a), "sst": {"acc": float("nan")}})
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir, "--loss", "proxyanchor"), "--out", str(out)]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: {says}") and "nothing was saved" in err, f"a non-finite {what}: {err}"
+    assert not os.path.exists(out / "checkpoint.pt"), f"a non-finite {what} was saved"
+
+
+def test_default_folders_never_collide(tmp_path):
+    """Runs started in the same second with the same flags get the name, then -2, -3 (exclusive creation)."""
+    default = str(tmp_path / "runs" / "sst-ce-seed0-20260101-000000")
+    folders = [new_run_folder(None, default) for _ in range(3)]
+    assert [f for f, _, _ in folders] == [default, default + "-2", default + "-3"]
+    for folder, lock, created in folders:
+        assert created
+        close_run_folder(folder, lock, created)  # nothing started in them: they go again
+    assert os.listdir(tmp_path / "runs") == []
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_nothing(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                               capsys):
+    """A bad input found while loading (here --queue_size larger than the training set) must not leave a folder
+    that then refuses the corrected command, nor a stray folder under runs/."""
+    monkeypatch.chdir(tmp_path)
+    argv = flags(tiny_bert_dir, data_dir, "--loss", "knnbert", "--epochs", "1")
+    for out in (["--out", str(tmp_path / "run")], []):
+        with pytest.raises(SystemExit):
+            run(lambda: train.main([*argv, "--queue_size", "41", *out]))
+        assert "--queue_size 41" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == [], os.listdir(tmp_path)
+    train.main([*argv, "--queue_size", "40", "--out", str(tmp_path / "run")])  # the corrected command runs
+
+
+def test_ctrl_c_before_the_first_step(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "training_examples", interrupted)
+    with pytest.raises(SystemExit):
+        train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")])
+    assert capsys.readouterr().err.strip() == "interrupted before the first step; nothing was saved"
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_resume_refuses_other_training_examples(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """The data root is saved resolved; a run resumed on changed training files stops with one line."""
+    shutil.copytree(data_dir, tmp_path / "data")
+    stop_at(monkeypatch, 7, KeyboardInterrupt)
+    with pytest.raises(SystemExit):
+        train.main([*flags(tiny_bert_dir, str(tmp_path / "data")), "--out", str(tmp_path / "run")])
+    monkeypatch.undo()
+    sst = tmp_path / "data" / "minbert" / "ids-sst-train.csv"
+    sst.write_text(sst.read_text().replace(" .", " !"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run(lambda: train.main(["--resume", str(tmp_path / "run")]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: --resume {tmp_path / 'run'}: the training examples under {tmp_path / 'data'} "
+                          f"are not the ones the run started with"), err

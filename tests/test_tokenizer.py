@@ -82,7 +82,9 @@ def folder(tmp_path, vocab, tokenizer_config=None, **config):
 def reference(vocab, do_lower_case=True, strip_accents=None, tokenize_chinese_chars=True):
     """Hugging Face's BertTokenizerFast for these tokenizer_config.json options, assembled from the
     `tokenizers` parts as transformers' converter does (its BertNormalizer reads strip_accents None
-    as "follow lowercase", as BertTokenizer does)."""
+    as "follow lowercase", as BertTokenizer does). minknn's tokenizer is built from the same
+    parts, so this checks that each option reaches the right part under the right name; the
+    by-hand test below checks what the options mean."""
     ids = {w: i for i, w in enumerate(vocab)}
     tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(ids, unk_token="[UNK]"))
     tok.normalizer = tokenizers.normalizers.BertNormalizer(
