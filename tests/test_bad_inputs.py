@@ -83,6 +83,7 @@ def finished_run(tmp, tiny, fixtures):
 # --- flags, run folders and saving (train.py, evaluate.py) ---
 FLAG_CASES = [
     ("lr negative in e-notation", "train", trainer("--lr", "-1e-4"), "--lr must be a finite number >= 0, got -0.0001"),
+    ("lr negative in E-notation", "train", trainer("--lr", "-1E-4"), "--lr must be a finite number >= 0, got -0.0001"),
     ("lr nan", "train", trainer("--lr", "nan"), "--lr must be a finite number >= 0, got nan"),
     ("lr inf", "train", trainer("--lr", "inf"), "--lr must be a finite number >= 0, got inf"),
     ("lr 0", "train", trainer("--lr", "0"), "--lr 0 would train nothing"),
@@ -236,6 +237,10 @@ def evaluator(*flags, trained=None, data=None):
 EVALUATE_CASES = [
     ("evaluate batch_size 0", "evaluate", evaluator("--batch_size", "0"), "--batch_size must be at least 1, got 0"),
     ("evaluate max_eval 0", "evaluate", evaluator("--max_eval", "0"), "--max_eval must be at least 1, got 0"),
+    ("evaluate temperature nan", "evaluate", evaluator("--knn", "--temperature", "nan"),
+     "--temperature must be a finite number > 0, got nan"),
+    ("evaluate temperature inf", "evaluate", evaluator("--knn", "--temperature", "inf"),
+     "--temperature must be a finite number > 0, got inf"),
     ("evaluate a folder without a checkpoint", "evaluate",
      lambda tmp, *a: (tmp / "run").mkdir() or evaluator()(tmp, *a), "run/checkpoint.pt: not found"),
     # a tiny run trained on the fixtures, then --knn on a copy whose training texts differ
