@@ -90,8 +90,13 @@ def get_args(argv=None):
     t = args.temperature
     if t is not None and not (math.isfinite(t) and t > 0):
         p.error(f"--temperature must be a finite number > 0, got {t}")
-    if (args.sweep or args.knn_key or args.datastore) and not args.knn:
-        p.error("--sweep, --knn_key and --datastore are kNN options; add --knn")
+    knn_only = [f"--{n}" for n in ("k", "phi", "vote", "temperature", "knn_key", "datastore",
+                                   "sweep") if getattr(args, n) not in (None, False)]
+    if knn_only and not args.knn:
+        what = "is a kNN option" if len(knn_only) == 1 else "are kNN options"
+        p.error(f"{', '.join(knn_only)} {what}; add --knn")
+    if args.out is not None and (not args.out or os.path.isdir(args.out)):
+        p.error(f"--out '{args.out}' names the predictions file (e.g. preds.csv), not a folder")
     return args
 
 
@@ -292,9 +297,9 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
 
 def main(argv=None):
     args = get_args(argv)
+    device = pick_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
     args.data_dir = data_dir_of(args, ckpt)
-    device = pick_device(args.device)
     model, losses, tokenizer = rebuild(ckpt)
     model.to(device)
     tasks = list(model.tasks.values())

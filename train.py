@@ -43,8 +43,8 @@ from tqdm import tqdm
 from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import save_checkpoint
-from minknn.data import (check_every_class_present, data_root, eval_subset, load_split,
-                         require_labels, run_data, training_examples)
+from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
+                         run_data, training_examples)
 from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
                            pick_device, predict, seed_everything, to_device)
 from minknn.kinds import describe_run, kind_of, overall, score
@@ -110,12 +110,11 @@ def get_args(argv=None):
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
                    "completed epoch, with its own flags (only --device may change)")
     args = p.parse_args(argv)
-    if args.resume:
+    if args.resume is not None:
         return resumed_args(p, args)
     check_args(p, args)
     # resolved here, so that the run's args (saved in the checkpoint) say which ones it used
     args.precision = args.precision or default_precision(pick_device(args.device))
-    args.data_dir = os.path.abspath(data_root(args.data_dir))
     return args
 
 
@@ -127,6 +126,11 @@ def resumed_args(p, args):
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
     saved = saved_args(args.resume)
+    missing = [a.dest for a in p._actions
+               if a.dest not in saved and a.dest not in ("help", "resume")]
+    if missing:
+        p.error(f"--resume {args.resume}: run.json has no {', '.join(missing)}; it was not written "
+                f"by this version of train.py")
     return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
                                  "device": args.device})
 
@@ -235,6 +239,8 @@ def run_training(args):
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
+    bert = BertModel.from_pretrained(model_path)                 # and its weights
+    last = load_last(args.out) if args.resume else None
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
@@ -249,12 +255,10 @@ def run_training(args):
     data = run_data(args.data_dir, train)  # the root and fingerprints, saved for evaluate.py
 
     # model: the encoder and a head per task, each task's loss, a memory loss's memory
-    model = Model(BertModel.from_pretrained(model_path), tasks, args.pooling, args.pair_mode,
-                  args.option, args.decoupled)
+    model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
     model.start_heads(train)
     model.to(device)
     losses = build_losses(model, vars(args)).to(device)
-    last = load_last(args.out) if args.resume else None
     moco = fill_seconds = None
     if args.loss in MEMORY_LOSSES and last:  # the memory and key encoder come from last.pt
         moco = MoCo(model, tasks[0], args.memory, len(last["memory"]["keys"]), args.momentum)
@@ -293,6 +297,7 @@ def run_training(args):
     if args.resume:
         check_same_data(args, data)
     else:  # all that can fail before the first step has passed: from here on, a run to resume
+        args.data_dir = data["root"]  # absolute: a resumed run reads the same files, from anywhere
         write_json(os.path.join(args.out, "run.json"),
                    {"args": {k: v for k, v in vars(args).items() if k != "resume"}, "data": data})
 

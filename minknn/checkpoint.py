@@ -110,6 +110,8 @@ def rebuild(ckpt):
     args = ckpt.get("args", {})
     missing = [k for k in REQUIRED if k not in ckpt] + \
               [f"args['{k}']" for k in ("pooling", "pair_mode", "decoupled") if k not in args]
+    missing += [k for k in ("args", "tasks", "bert_config", "model", "loss")
+                if k in ckpt and not isinstance(ckpt[k], dict)]  # present, but not a dict
     if missing:
         raise MinknnError(f"{name}: has no {', '.join(missing)}; it is not a whole minknn "
                           f"checkpoint (train the run again)")

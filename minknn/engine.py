@@ -25,12 +25,14 @@ def pick_device(name="auto"):
     """'auto' is CUDA when a GPU is visible, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise MinknnError(f"--device '{name}': minknn runs on auto, cpu, cuda or cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise MinknnError(f"--device {name}: no CUDA GPU is visible to PyTorch")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise MinknnError(f"--device '{name}' is not a device; use auto, cpu or cuda") from None
+    device = torch.device(name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise MinknnError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) visible")
+    return device
 
 
 PRECISIONS = ("fp32", "bf16")  # --precision

@@ -70,6 +70,9 @@ def check_args(p, args):
     if args.max_len < 8:
         p.error(f"--max_len must be at least 8 ([CLS] a [SEP] b [SEP] and a few words), "
                 f"got {args.max_len}")
+    for name in ("data_dir", "out", "model"):
+        if getattr(args, name) == "":
+            p.error(f"--{name} is empty; give a path")
     if args.loss is not None:
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)
@@ -112,7 +115,9 @@ def check_args(p, args):
 def check_tasks(p, args):
     """args.tasks: the run's task names, from --task T or --task multitask --tasks a,b,c."""
     if args.task == "multitask":
-        args.tasks = (args.tasks or DEFAULT_TASKS).split(",")
+        args.tasks = (DEFAULT_TASKS if args.tasks is None else args.tasks).split(",")
+        if "" in args.tasks:
+            p.error(f"--tasks '{','.join(args.tasks)}' has an empty name; list tasks as a,b,c")
         if "multitask" in args.tasks:
             p.error("--tasks lists registered tasks; 'multitask' is not one")
         if len(set(args.tasks)) != len(args.tasks):

@@ -76,10 +76,14 @@ def close_run_folder(folder, lock, created):
 
 def saved_args(folder):
     """The arguments a run started with (its run.json), for --resume."""
-    if not os.path.isfile(os.path.join(folder, "run.json")):
+    path = os.path.join(folder, "run.json")
+    if not folder or not os.path.isfile(path):
         raise MinknnError(f"--resume {folder}: no run to resume there (no run.json: not a run "
                           f"folder, or a run stopped before its first step; start that again)")
-    return read_json(os.path.join(folder, "run.json"))["args"]
+    saved = read_json(path)
+    if not isinstance(saved, dict) or not isinstance(saved.get("args"), dict):
+        raise MinknnError(f"{path}: not a minknn run's arguments (no \"args\" object)")
+    return saved["args"]
 
 
 def open_run_folder(folder):
@@ -89,12 +93,19 @@ def open_run_folder(folder):
     if os.path.exists(summary) and not read_json(summary).get("stopped"):
         lock.close()
         raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to resume")
+    if os.path.exists(os.path.join(folder, "last.pt")) and \
+            not os.path.exists(os.path.join(folder, "checkpoint.pt")):
+        lock.close()
+        raise MinknnError(f"--resume {folder}: checkpoint.pt, the best epoch so far, is missing; "
+                          f"the run cannot go on without it (start it again)")
     for tmp in glob.glob(os.path.join(folder, "*.tmp")):
         os.remove(tmp)
     return lock
 
 
 def make_folder(folder):
+    if not folder or (os.path.exists(folder) and not os.path.isdir(folder)):
+        raise MinknnError(f"--out '{folder}': not a folder; give a folder path for the run")
     try:
         os.makedirs(folder, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, suffix=".tmp")  # a name no other run shares

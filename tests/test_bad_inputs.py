@@ -75,6 +75,39 @@ def under_a_file(tmp, tiny, fixtures):
     return [a if a != str(tmp / "run") else a_file(tmp / "file") + "/run" for a in trainer()(tmp, tiny, fixtures)]
 
 
+def stopped_run(tmp, tiny, fixtures):
+    """tmp/run: a run stopped by Ctrl-C in its second epoch (last.pt, checkpoint.pt, run.json)."""
+    real, calls = train.train_step, []
+
+    def step_or_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    train.train_step = step_or_stop
+    try:
+        train.main(trainer("--epochs", "2")(tmp, tiny, fixtures))
+    except SystemExit:
+        pass
+    finally:
+        train.train_step = real
+    return tmp / "run"
+
+
+def resume_without_lr(tmp, tiny, fixtures):
+    run = stopped_run(tmp, tiny, fixtures)
+    saved = json.loads((run / "run.json").read_text())
+    del saved["args"]["lr"]
+    (run / "run.json").write_text(json.dumps(saved))
+    return ["--resume", str(run)]
+
+
+def resume_without_checkpoint(tmp, tiny, fixtures):
+    run = stopped_run(tmp, tiny, fixtures)
+    (run / "checkpoint.pt").unlink()
+    return ["--resume", str(run)]
+
+
 def finished_run(tmp, tiny, fixtures):
     train.main(trainer("--max_train", "10")(tmp, tiny, fixtures))
     return ["--resume", str(tmp / "run")]
@@ -101,6 +134,22 @@ FLAG_CASES = [
     ("resume a folder that is no run", "train", lambda tmp, *a: ["--resume", str(tmp)], "not a run folder"),
     ("resume with other flags", "train", lambda tmp, *a: ["--resume", str(tmp), "--lr", "1e-3"], "leave out --lr"),
     ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume"),
+    ("resume an empty path", "train", lambda tmp, *a: ["--resume", ""], "--resume : no run to resume there"),
+    ("resume a run.json without args", "train",
+     lambda tmp, *a: (tmp / "run.json").write_text("{}") and ["--resume", str(tmp)], "run.json: not a minknn run's arguments"),
+    ("resume a run.json missing a flag", "train", resume_without_lr, "run.json has no lr"),
+    ("resume without the best checkpoint", "train", resume_without_checkpoint, "checkpoint.pt, the best epoch so far, "
+                                                                                "is missing"),
+    ("device mps", "train", trainer("--device", "mps"), "--device 'mps': minknn runs on auto, cpu, cuda or cuda:N"),
+    ("device meta", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--device", "meta"], "--device 'meta'"),
+    ("empty data_dir", "train", trainer("--data_dir", ""), "--data_dir is empty"),
+    ("empty task list", "train", trainer("--task", "multitask", "--tasks", ""), "--tasks '' has an empty name"),
+    ("out is a file", "train", lambda tmp, *a: [*trainer()(tmp, *a), "--out", a_file(tmp / "file")],
+     "not a folder"),
+    ("evaluate --out a folder", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--out", str(tmp)],
+     "names the predictions file"),
+    ("evaluate --k without --knn", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--k", "5"],
+     "--k is a kNN option; add --knn"),
 ]
 
 
@@ -203,6 +252,10 @@ MODEL_CASES = [
     ("weights-missing-tensor", "train",
      trainer(model=broken_model(edit_weights(lambda s: {k: v for k, v in s.items() if k != "pooler.dense.bias"}))),
      "model.safetensors: does not fit the model built from config.json: missing ['pooler.dense.bias']"),
+    ("weights-checked-before-the-data-is-read", "train",  # the data root does not exist either
+     trainer(model=broken_model(edit_weights(lambda s: {k: v for k, v in s.items() if k != "pooler.dense.bias"})),
+             data=lambda tmp, fixtures: str(tmp / "no-data")),
+     "model.safetensors: does not fit the model built from config.json"),
     ("weights-wrong-shape", "train",
      trainer(model=broken_model(edit_weights(lambda s: {**s, "pooler.dense.bias": s["pooler.dense.bias"][:5]}))),
      "model.safetensors: 'pooler.dense.bias' has shape (5,), but the model built from config.json has (32,)"),

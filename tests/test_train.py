@@ -218,7 +218,7 @@ def test_knn_and_memory_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     ]:
         assert cli("evaluate.py", *common, *extra) == (2, message)
     code, err = cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--sweep")
-    assert code == 2 and err.endswith("--sweep, --knn_key and --datastore are kNN options; add --knn")
+    assert code == 2 and err.endswith("error: --sweep is a kNN option; add --knn")
     model = ["--model", tiny_bert_dir, "--data_dir", data_dir, "--out", str(tmp_path / "bad")]
     code, err = cli("train.py", *model, "--loss", "knnbert", "--queue_size", "41", "--max_len", "32")
     assert (code, err) == (2, "error: --queue_size 41: the queue is filled from the 40 training examples, so it must be between 1 and 40")
