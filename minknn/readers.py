@@ -121,7 +121,7 @@ def read_minbert_sentiment(paths, task, source):
         raise DataError(f"{path}: the file is empty")
     header = lines[0].split("\t")
     i_id, i_text = header_columns(header, path, ("id", "sentence"))
-    i_label = header.index("sentiment") if "sentiment" in header else None
+    i_label = label_column(header, "sentiment", path, source)
     examples = []
     for lineno, line in enumerate(lines[1:], start=2):
         row = line.split("\t")
@@ -131,6 +131,17 @@ def read_minbert_sentiment(paths, task, source):
         label = None if i_label is None else parse_class(row[i_label], task, f"{path}:{lineno}")
         examples.append(Example(text=row[i_text].strip(), label=label, id=row[i_id]))
     return examples
+
+
+def label_column(header, name, path, source):
+    """The index of the label column; None in a test file (minBERT's test-student files have no
+    labels), an error in a train or dev file."""
+    if name in header:
+        return header.index(name)
+    if source in ("train", "dev"):
+        raise DataError(f"{path}:1: the header has no '{name}' column; a {source} file needs its "
+                        f"labels")
+    return None
 
 
 def read_minbert_pairs(paths, task, source):
@@ -147,8 +158,8 @@ def read_minbert_pairs(paths, task, source):
         raise DataError(f"{path}: the file is empty")
     header = rows[0]
     i_id, i_a, i_b = header_columns(header, path, ("id", "sentence1", "sentence2"))
-    label_column = "similarity" if task.kind == "similarity" else "is_duplicate"
-    i_label = header.index(label_column) if label_column in header else None
+    column = "similarity" if task.kind == "similarity" else "is_duplicate"
+    i_label = label_column(header, column, path, source)
     examples, dropped = [], []
     # quoted fields hold no newlines: row = line
     for row_number, row in enumerate(rows[1:], start=2):
@@ -164,7 +175,7 @@ def read_minbert_pairs(paths, task, source):
         examples.append(Example(text=row[i_a].strip(), text_b=row[i_b].strip(), label=label,
                                 id=row[i_id]))
     if dropped:
-        print(f"{path}: dropped {len(dropped)} rows with an empty {label_column} label "
+        print(f"{path}: dropped {len(dropped)} rows with an empty {column} label "
               f"(lines {', '.join(dropped)})")
     return examples
 

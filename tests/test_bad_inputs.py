@@ -176,6 +176,9 @@ DATA_CASES = [
     ("data file not UTF-8", "train",  # line 2: "The cast is terr\xefble"
      trainer(data=broken_data("minbert/ids-sst-train.csv", replace(b"terrible", b"terr\xefble"))),
      "ids-sst-train.csv:2: not UTF-8"),
+    ("data file without its label column", "train",
+     trainer(data=broken_data("minbert/ids-sst-train.csv", replace(b"sentiment", b"label"))),
+     "ids-sst-train.csv:1: the header has no 'sentiment' column; a train file needs its labels"),
     ("data file is a folder", "train", trainer(data=broken_data("minbert/ids-sst-train.csv", make_a_folder)),
      "ids-sst-train.csv: a folder, where sst's train file belongs"),
     ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: a_file(tmp / "file")),
