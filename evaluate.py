@@ -45,7 +45,7 @@ from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, int
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
-from minknn.runs import write_json
+from minknn.runs import make_folder, write_json
 
 SWEEP_PHIS = [i / 10 for i in range(11)]
 SWEEP_KS = [1, 4, 16, 64, 256, 1024]
@@ -299,6 +299,9 @@ def main(argv=None):
     args = get_args(argv)
     device = pick_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
+    # the predictions' folder must take files before anything is encoded
+    make_folder(os.path.dirname(predictions_base(args, ckpt)) or ".",
+                "--out's folder" if args.out else "the run folder")
     args.data_dir = data_dir_of(args, ckpt)
     model, losses, tokenizer = rebuild(ckpt)
     model.to(device)

@@ -9,9 +9,12 @@ class MinknnError(Exception):
 
 def run(main):
     """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit
-    status 2."""
+    status 2; Ctrl-C that main() does not handle itself, `interrupted` and status 130."""
     try:
         main()
     except MinknnError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)

@@ -103,16 +103,18 @@ def open_run_folder(folder):
     return lock
 
 
-def make_folder(folder):
+def make_folder(folder, what="--out"):
+    """Creates `folder` if needed and checks that files can be written there (one line if not);
+    what: how the error names it."""
     if not folder or (os.path.exists(folder) and not os.path.isdir(folder)):
-        raise MinknnError(f"--out '{folder}': not a folder; give a folder path for the run")
+        raise MinknnError(f"{what} '{folder}': not a folder; give a folder path for the run")
     try:
         os.makedirs(folder, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, suffix=".tmp")  # a name no other run shares
         os.close(fd)
         os.remove(probe)
     except OSError as e:
-        raise MinknnError(f"--out {folder}: cannot write there ({e.strerror})") from None
+        raise MinknnError(f"{what} {folder}: cannot write there ({e.strerror})") from None
 
 
 def lock_folder(folder):

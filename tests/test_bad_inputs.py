@@ -292,6 +292,8 @@ def evaluator(*flags, trained=None, data=None):
 # --- evaluate.py against its run (data root, fingerprints) ---
 EVALUATE_CASES = [
     ("evaluate batch_size 0", "evaluate", evaluator("--batch_size", "0"), "--batch_size must be at least 1, got 0"),
+    ("evaluate --out where nothing can be written", "evaluate",
+     evaluator("--out", "/proc/minknn-test/preds.csv", trained=["--max_train", "16"]), "cannot write there"),
     ("evaluate max_eval 0", "evaluate", evaluator("--max_eval", "0"), "--max_eval must be at least 1, got 0"),
     ("evaluate temperature nan", "evaluate", evaluator("--knn", "--temperature", "nan"),
      "--temperature must be a finite number > 0, got nan"),

@@ -290,3 +290,18 @@ def test_resume_refuses_other_training_examples(tiny_bert_dir, data_dir, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: --resume {tmp_path / 'run'}: the training examples under {tmp_path / 'data'} "
                           f"are not the ones the run started with"), err
+
+
+def test_ctrl_c_in_evaluate_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C outside train.py's own handler (here in evaluate.py's prediction pass): `interrupted`, status 130."""
+    import evaluate
+    train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(tmp_path / "run")])
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(evaluate, "predict", interrupted)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: evaluate.main(["--checkpoint", str(tmp_path / "run")]))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")]
+    assert exit_.value.code == 130 and err == ["interrupted"], err
