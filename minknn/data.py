@@ -129,6 +129,12 @@ def read_source(task, source, data_dir=None):
             download(task.url + os.path.basename(path), path,
                      task.blobs.get(os.path.basename(path)))
     examples = task.reader(paths, task, source)
+    seen = set()
+    for e in examples:  # ids key the predictions files and kNN's self-exclusion: one each
+        if e.id in seen:
+            raise DataError(f"{', '.join(paths)}: the id '{e.id}' is used twice; every example "
+                            f"needs its own")
+        seen.add(e.id)
     expected = task.counts.get(source)
     if expected is not None and len(examples) != expected:
         print(f"warning: {', '.join(paths)}: read {len(examples)} examples, but the official "

@@ -179,6 +179,10 @@ DATA_CASES = [
     ("data file without its label column", "train",
      trainer(data=broken_data("minbert/ids-sst-train.csv", replace(b"sentiment", b"label"))),
      "ids-sst-train.csv:1: the header has no 'sentiment' column; a train file needs its labels"),
+    ("data file with an id twice", "train",
+     trainer(data=broken_data("minbert/ids-sst-train.csv", lambda f: f.write_text(
+         f.read_text() + f.read_text().splitlines()[1] + "\n"))),
+     "ids-sst-train.csv: the id"),
     ("data file is a folder", "train", trainer(data=broken_data("minbert/ids-sst-train.csv", make_a_folder)),
      "ids-sst-train.csv: a folder, where sst's train file belongs"),
     ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: a_file(tmp / "file")),
