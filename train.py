@@ -54,9 +54,9 @@ from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args
 from minknn.pcgrad import pcgrad_backward
 from minknn.proxy import has_proxies, proxy_logits
-from minknn.runs import (close_run_folder, load_last, new_run_folder, open_run_folder,
-                         random_states, read_json, save_last, saved_args, set_random_states,
-                         write_json, write_jsonl)
+from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
+                         open_run_folder, random_states, save_last, saved_args, set_random_states,
+                         summarise, write_json, write_jsonl)
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 
@@ -295,7 +295,7 @@ def run_training(args):
         best, records = last["best"], last["records"]
         epoch_times = [r["epoch_seconds"] for r in records]
     if args.resume:
-        check_same_data(args, data)
+        check_same_data(args.out, data)
     else:  # all that can fail before the first step has passed: from here on, a run to resume
         args.data_dir = data["root"]  # absolute: a resumed run reads the same files, from anywhere
         write_json(os.path.join(args.out, "run.json"),
@@ -380,15 +380,6 @@ def run_training(args):
     return summary
 
 
-def check_same_data(args, data):
-    """A resumed run must read the training examples it started with."""
-    started = read_json(os.path.join(args.out, "run.json"))["data"]
-    if data["train_fingerprint"] != started["train_fingerprint"]:
-        raise MinknnError(f"--resume {args.out}: the training examples under {data['root']} are "
-                          f"not the ones the run started with (from {started['root']}); put those "
-                          f"back, or start a new run")
-
-
 def check_epoch_finite(epoch, model, losses, dev_scores):
     """Refuses to save an epoch whose dev scores or weights are not finite."""
     bad = [f"{task} {metric}" for task, scores in dev_scores.items() if isinstance(scores, dict)
@@ -399,32 +390,6 @@ def check_epoch_finite(epoch, model, losses, dev_scores):
     for name, p in [*model.named_parameters(), *losses.named_parameters()]:
         if not torch.isfinite(p).all():
             raise Diverged(f"epoch {epoch}: the weight {name} is not finite")
-
-
-def summarise(args, state, stopped=None):
-    """summary.json, from the run's state (the loop's, or last.pt's; None if no epoch ended)."""
-    if not os.path.exists(os.path.join(args.out, "run.json")):
-        return None  # stopped before it started: the folder stays free for a new run
-    state = state or {"best": None, "records": []}
-    best, records = state["best"], state["records"]
-    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss or args.sts_loss,
-               "decoupled": args.decoupled, "pair_mode": args.pair_mode, "pcgrad": args.pcgrad,
-               "seed": args.seed, "epochs": len(records), "max_eval": args.max_eval,
-               "best_epoch": best and best["epoch"], "dev": best and best["dev"],
-               "seconds_per_epoch": round(sum(r["epoch_seconds"] for r in records)
-                                          / max(1, len(records)), 1), "run": args.out}
-    if "losses" in state:
-        summary.update({
-            "lam": {n: loss.lam for n, loss in state["losses"].items() if hasattr(loss, "lam")},
-            "device": str(state["device"]), "steps_per_epoch": state["steps"],
-            "train_examples": {n: len(e) for n, e in state["train"].items()},
-            "dev_examples": {n: len(e) for n, e in state["dev"].items()}})
-    if state.get("memory_fill_seconds") is not None:
-        summary["memory_fill_seconds"] = round(state["memory_fill_seconds"], 1)
-    if stopped:
-        summary["stopped"] = stopped
-    write_json(os.path.join(args.out, "summary.json"), summary)
-    return summary
 
 
 if __name__ == "__main__":

@@ -135,6 +135,44 @@ def lock_folder(folder):
     return f
 
 
+def check_same_data(folder, data):
+    """A resumed run must read the training examples it started with (data: train.py's
+    run_data, the root and the fingerprints)."""
+    started = read_json(os.path.join(folder, "run.json"))["data"]
+    if data["train_fingerprint"] != started["train_fingerprint"]:
+        raise MinknnError(f"--resume {folder}: the training examples under {data['root']} are "
+                          f"not the ones the run started with (from {started['root']}); put those "
+                          f"back, or start a new run")
+
+
+def summarise(args, state, stopped=None):
+    """Writes and returns summary.json of train.py's run, from its state (the loop's, or
+    last.pt's; None if no epoch ended); stopped: why it did not finish. None when the run never
+    started (no run.json): the folder stays free for a new run."""
+    if not os.path.exists(os.path.join(args.out, "run.json")):
+        return None
+    state = state or {"best": None, "records": []}
+    best, records = state["best"], state["records"]
+    summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss or args.sts_loss,
+               "decoupled": args.decoupled, "pair_mode": args.pair_mode, "pcgrad": args.pcgrad,
+               "seed": args.seed, "epochs": len(records), "max_eval": args.max_eval,
+               "best_epoch": best and best["epoch"], "dev": best and best["dev"],
+               "seconds_per_epoch": round(sum(r["epoch_seconds"] for r in records)
+                                          / max(1, len(records)), 1), "run": args.out}
+    if "losses" in state:
+        summary.update({
+            "lam": {n: loss.lam for n, loss in state["losses"].items() if hasattr(loss, "lam")},
+            "device": str(state["device"]), "steps_per_epoch": state["steps"],
+            "train_examples": {n: len(e) for n, e in state["train"].items()},
+            "dev_examples": {n: len(e) for n, e in state["dev"].items()}})
+    if state.get("memory_fill_seconds") is not None:
+        summary["memory_fill_seconds"] = round(state["memory_fill_seconds"], 1)
+    if stopped:
+        summary["stopped"] = stopped
+    write_json(os.path.join(args.out, "summary.json"), summary)
+    return summary
+
+
 def write_json(path, obj, indent=1):
     atomic_save(obj, path, lambda o, f: f.write(json.dumps(o, indent=indent).encode()))
 
