@@ -317,6 +317,11 @@ def main(argv=None):
         raise MinknnError("--knn votes with the training set's labels: it needs a classification "
                           "or multi-label task with one vector per example (not a similarity task, "
                           "not --pair_mode siamese)")
+    knn_tasks = [t for t in tasks if args.knn and t.kind in KNN_DEFAULTS and not model.siamese(t)]
+    if args.temperature is not None and any(knn_settings(args, t)[2] == "cosine"
+                                            for t in knn_tasks):
+        raise MinknnError("--temperature sets the distance and euclidean votes' T; the cosine vote "
+                          "has none (add --vote distance or euclidean)")
     # every task's data first: a bad file or another training set stops before any encoding
     data = {t.name: read_task_data(args, ckpt, model, t) for t in tasks}
     result = {"checkpoint": ckpt["file"], "epoch": ckpt["epoch"], "split": args.split,

@@ -372,6 +372,8 @@ def read_reuters(paths, task, source):
             bad = next(i for i in opened if i not in closed)
             raise DataError(f"{path}:{sgml.count(chr(10), 0, bad) + 1}: a <REUTERS> element that "
                             f"is never closed")
+        if not found:  # every file of the collection holds 1,000 stories (the last, 578)
+            raise DataError(f"{path}: no <REUTERS> story in it (an empty or truncated copy?)")
     return examples
 
 

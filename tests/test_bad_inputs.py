@@ -299,6 +299,8 @@ EVALUATE_CASES = [
     ("evaluate --out where nothing can be written", "evaluate",
      evaluator("--out", "/proc/minknn-test/preds.csv", trained=["--max_train", "16"]), "cannot write there"),
     ("evaluate max_eval 0", "evaluate", evaluator("--max_eval", "0"), "--max_eval must be at least 1, got 0"),
+    ("evaluate temperature with the cosine vote", "evaluate",
+     evaluator("--knn", "--temperature", "5", trained=["--max_train", "16"]), "the cosine vote has none"),
     ("evaluate temperature nan", "evaluate", evaluator("--knn", "--temperature", "nan"),
      "--temperature must be a finite number > 0, got nan"),
     ("evaluate temperature inf", "evaluate", evaluator("--knn", "--temperature", "inf"),

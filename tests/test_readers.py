@@ -411,6 +411,15 @@ def test_reuters_element_without_newid_is_named(data_dir, tmp_path):
         load_split(task, "train", root)
 
 
+def test_an_empty_reuters_file_is_named(data_dir, tmp_path):
+    """A truncated download: one file of the 22 holding no story would only shift the counts."""
+    task = fixture_task("reuters", data_dir)
+    shutil.copytree(os.path.join(data_dir, task.dataset), tmp_path / task.dataset)
+    (tmp_path / task.dataset / "reut2-000.sgm").write_bytes(b"")
+    with pytest.raises(DataError, match=r"reut2-000\.sgm: no <REUTERS> story in it"):
+        load_split(task, "train", str(tmp_path))
+
+
 # An unclosed <REUTERS> element that is not the file's last: a non-greedy match would run on to the
 # next </REUTERS>, and the element after it (line 22 here) would be blamed.
 def test_reuters_unclosed_element_names_its_own_line(data_dir, tmp_path):
