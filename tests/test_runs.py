@@ -103,7 +103,7 @@ def test_a_run_stopped_before_its_first_epoch_starts_again(tiny_bert_dir, data_d
 
 def test_kill_9_at_any_moment_loses_nothing(tiny_bert_dir, data_dir, tmp_path):
     """A real kill -9 (no handler runs), as soon as epoch 1's state is on disk, then --resume in a new process."""
-    argv = flags(tiny_bert_dir, data_dir, "--epochs", "4")
+    argv = flags(tiny_bert_dir, data_dir, "--epochs", "6")  # 5 epochs left after the first: time to kill it
     train.main([*argv, "--out", str(tmp_path / "alone")])
     p = subprocess.Popen([sys.executable, "train.py", *argv, "--out", str(tmp_path / "killed")], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
