@@ -290,7 +290,7 @@ def run_training(args):
                 moco.key_encoder.encoder.load_state_dict(last["key_encoder"])
         for name, stream in streams.items():
             stream.load_state_dict(last["streams"][name])
-        rng.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in last["rng"]))
+        rng.setstate(last["rng"])
         set_random_states(last["random"])
         best, records = last["best"], last["records"]
         epoch_times = [r["epoch_seconds"] for r in records]

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from minknn import MinknnError
+from minknn.bert import read_json
 from minknn.checkpoint import atomic_save
 
 LAST_FORMAT = "minknn-last-1"
@@ -182,14 +183,6 @@ def write_jsonl(path, records):
                 lambda rs, f: f.write("".join(json.dumps(r) + "\n" for r in rs).encode()))
 
 
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise MinknnError(f"{path}: cannot be read ({e})") from None
-
-
 def random_states():
     """Every generator a training step draws from (torch's also drives dropout)."""
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -201,7 +194,7 @@ def random_states():
 
 
 def set_random_states(state):
-    random.setstate(tuple(tuple(s) if isinstance(s, list) else s for s in state["python"]))
+    random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
