@@ -141,6 +141,7 @@ def test_a_second_writer_stops_with_one_line(tiny_bert_dir, data_dir, tmp_path, 
     try:
         with pytest.raises(SystemExit):
             run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")]))
+            pytest.fail("a second run trained in a folder whose run.lock another process holds (runs.lock_folder)")
         err = capsys.readouterr().err.strip()
         assert err == f"error: {tmp_path / 'run'} is in use by another training process (pid {os.getpid()}); " \
                       f"wait for it to finish, or choose another --out", err
