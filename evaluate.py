@@ -37,10 +37,10 @@ import time
 
 from minknn import MinknnError, run
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
-from minknn.data import (data_root, eval_subset, examples_fingerprint, load_split, source_paths,
-                         split_recipe, training_examples)
+from minknn.data import (data_root, eval_subset, examples_fingerprint, labelled, load_split,
+                         source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
-from minknn.kinds import describe, kind_of, labelled, overall, score, task_metrics
+from minknn.kinds import describe, kind_of, overall, score, task_metrics
 from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
@@ -140,15 +140,15 @@ def run_training_set(args, ckpt, task):
     return train
 
 
-def read_task_data(args, ckpt, model, task):
-    """(examples to score, a note on the --max_eval subset, the training set for --knn or None),
-    read and checked before any encoding."""
+def read_task_data(args, ckpt, task, knn):
+    """(examples to score, a note on the --max_eval subset, the training set for --knn or None;
+    knn: whether --knn applies to this task), read and checked before any encoding."""
     examples = load_split(task, args.split, args.data_dir)
     subset = ""
     if args.max_eval and args.max_eval < len(examples):
         subset = f" (a --max_eval subset of {len(examples)})"
     examples = eval_subset(examples, args.max_eval)
-    if not (args.knn and task.kind in KNN_DEFAULTS and not model.siamese(task)):
+    if not knn:
         return examples, subset, None
     if args.sweep and not labelled(examples):
         raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split "
@@ -313,17 +313,17 @@ def main(argv=None):
     if args.knn and args.knn_key == "decoupled" and model.retrieval is None:
         raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it "
                           "with --decoupled)")
-    if args.knn and not any(t.kind in KNN_DEFAULTS and not model.siamese(t) for t in tasks):
+    knn_tasks = [t for t in tasks if args.knn and t.kind in KNN_DEFAULTS and not model.siamese(t)]
+    if args.knn and not knn_tasks:
         raise MinknnError("--knn votes with the training set's labels: it needs a classification "
                           "or multi-label task with one vector per example (not a similarity task, "
                           "not --pair_mode siamese)")
-    knn_tasks = [t for t in tasks if args.knn and t.kind in KNN_DEFAULTS and not model.siamese(t)]
     if args.temperature is not None and any(knn_settings(args, t)[2] == "cosine"
                                             for t in knn_tasks):
         raise MinknnError("--temperature sets the distance and euclidean votes' T; the cosine vote "
                           "has none (add --vote distance or euclidean)")
     # every task's data first: a bad file or another training set stops before any encoding
-    data = {t.name: read_task_data(args, ckpt, model, t) for t in tasks}
+    data = {t.name: read_task_data(args, ckpt, t, t in knn_tasks) for t in tasks}
     result = {"checkpoint": ckpt["file"], "epoch": ckpt["epoch"], "split": args.split,
               "data_root": os.path.abspath(data_root(args.data_dir)), "max_eval": args.max_eval}
     for task in tasks:

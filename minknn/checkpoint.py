@@ -17,7 +17,6 @@ It is written to a temporary file in the same folder, flushed to disk, then rena
 one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
 """
 import dataclasses
-import io
 import os
 import tempfile
 
@@ -34,11 +33,9 @@ FORMAT = "minknn-checkpoint-2"
 
 
 def atomic_save(obj, path, writer=torch.save):
-    """writer(obj, file) writes to a temporary file that is renamed to `path` once complete. It
-    writes into memory first: torch.save turns a failed write (a full disk) into a RuntimeError
-    of its own, but a plain file write raises OSError, which names the cause."""
-    buffer = io.BytesIO()
-    writer(obj, buffer)
+    """writer(obj, file) writes to a temporary file that is renamed to `path` once complete. A
+    failed write (a full disk) is one line naming its cause: torch.save wraps the OSError in a
+    RuntimeError of its own, so the cause is looked for in the exception's context."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     try:
@@ -47,13 +44,16 @@ def atomic_save(obj, path, writer=torch.save):
         raise MinknnError(f"{path}: cannot be written ({e.strerror})") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(buffer.getbuffer())
+            writer(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:  # a full disk, a quota: one line, and the old file left as it was
-        raise MinknnError(f"{path}: cannot be written ({e.strerror}); any earlier version of it "
-                          f"is unchanged") from None
+    except (OSError, RuntimeError) as e:  # a full disk, a quota: the old file left as it was
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise  # not a failed write: a bug, shown whole
+        raise MinknnError(f"{path}: cannot be written ({cause.strerror}); any earlier version of "
+                          f"it is unchanged") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

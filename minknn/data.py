@@ -150,8 +150,13 @@ def eval_subset(examples, n):
     return [examples[i] for i in sorted(random.Random(0).sample(range(len(examples)), n))]
 
 
+def labelled(examples):
+    """Whether every example has its gold label (test-student and GLUE test files have none)."""
+    return all(e.label is not None for e in examples)
+
+
 def require_labels(examples, where):
-    if any(e.label is None for e in examples):
+    if not labelled(examples):
         raise DataError(f"{where}: has examples without labels; training and scoring need "
                         f"labelled data")
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from minknn.data import labelled
 from minknn.metrics import METRICS, MULTILABEL
 
 
@@ -137,11 +138,6 @@ class MultiLabel:
             return ["id", "prediction", "prediction_name"], rows
         return (["id", "prediction", "prediction_name", "gold", "gold_name"],
                 [row + names(e.label) for row, e in zip(rows, examples)])
-
-
-def labelled(examples):
-    """Whether every example has its gold label (test-student and GLUE test files have none)."""
-    return all(e.label is not None for e in examples)
 
 
 KINDS = {"classify": Classify(), "similarity": Similarity(), "multilabel": MultiLabel()}

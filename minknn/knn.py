@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from minknn import MinknnError
 from minknn.checkpoint import atomic_save, load_tagged
+from minknn.data import examples_fingerprint
 
 FORMAT = "minknn-datastore-1"
 
@@ -174,6 +175,5 @@ def fingerprint(checkpoint_path, key, examples):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     h.update(key.encode())
-    for e in examples:
-        h.update(f"\0{e.id}\0{e.label}".encode())
+    h.update(examples_fingerprint(examples).encode())  # ids, texts and labels
     return h.hexdigest()

@@ -134,8 +134,8 @@ def read_minbert_sentiment(paths, task, source):
 
 
 def label_column(header, name, path, source):
-    """The index of the label column; None in a test file (minBERT's test-student files have no
-    labels), an error in a train or dev file."""
+    """The index of the label column; None in a test file (minBERT's test-student files and
+    GLUE's test files have no labels), an error in a train or dev file."""
     if name in header:
         return header.index(name)
     if source in ("train", "dev"):
@@ -188,7 +188,7 @@ def glue_tsv(text, text_b=None, label="label", id="index", columns=None):
     on tabs), a header row naming the columns (that may start with a byte-order mark), or, for
     CoLA's headerless train and dev files, the names in `columns`. text, text_b, label: the
     columns read; id: a column, or a tuple of columns joined by "-" (MRPC's "#1 ID", "#2 ID");
-    a file without the label column (GLUE's test files) gives unlabelled examples."""
+    a test file without the label column (GLUE's test files) gives unlabelled examples."""
     def read(paths, task, source):
         path = paths[0]
         lines = read_lines(path)
@@ -199,7 +199,7 @@ def glue_tsv(text, text_b=None, label="label", id="index", columns=None):
         i_texts = header_columns(header, path, wanted)
         ids = (id,) if isinstance(id, str) else id
         i_ids = [header.index(c) for c in ids if c in header]
-        i_label = header.index(label) if label in header else None
+        i_label = label_column(header, label, path, source)
         examples = []
         for lineno, line in enumerate(lines[first - 1:], start=first):
             row = line.split("\t")

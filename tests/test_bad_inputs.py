@@ -183,6 +183,9 @@ DATA_CASES = [
      trainer(data=broken_data("minbert/ids-sst-train.csv", lambda f: f.write_text(
          f.read_text() + f.read_text().splitlines()[1] + "\n"))),
      "ids-sst-train.csv: the id"),
+    ("GLUE file without its label column", "train",
+     trainer("--task", "rte", data=broken_data("glue/RTE/train.tsv", replace(b"\tlabel", b"\tgold"))),
+     "glue/RTE/train.tsv:1: the header has no 'label' column; a train file needs its labels"),
     ("data file is a folder", "train", trainer(data=broken_data("minbert/ids-sst-train.csv", make_a_folder)),
      "ids-sst-train.csv: a folder, where sst's train file belongs"),
     ("data_dir is a file", "train", trainer(data=lambda tmp, fixtures: a_file(tmp / "file")),

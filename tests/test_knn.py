@@ -1,5 +1,7 @@
 """The kNN classifier: faiss search against brute force, each voting rule by hand, interpolation,
 self-exclusion, and the datastore's errors and reuse."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -123,6 +125,23 @@ def test_saved_datastore_is_reused_only_with_the_same_fingerprint(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a datastore")
     with pytest.raises(MinknnError, match="not a minknn datastore"):
         Datastore.load(str(tmp_path / "junk.pt"), "abc")
+
+
+def test_the_datastore_fingerprint_covers_checkpoint_key_and_every_field_of_the_examples(tmp_path):
+    """A datastore is rebuilt when the checkpoint, the key, or any training example's id, text, second text or
+    label changes: each edit below must change the fingerprint."""
+    from minknn.data import Example
+    from minknn.knn import fingerprint
+    (tmp_path / "a.pt").write_bytes(b"checkpoint a")
+    (tmp_path / "b.pt").write_bytes(b"checkpoint b")
+    examples = [Example(text="a good film", text_b="yes", label=1, id="x1"), Example(text="bad", label=0, id="x2")]
+    base = fingerprint(str(tmp_path / "a.pt"), "mean", examples)
+    edits = {"checkpoint": (str(tmp_path / "b.pt"), "mean", examples), "key": (str(tmp_path / "a.pt"), "cls", examples)}
+    for field, value in (("id", "x9"), ("text", "a good movie"), ("text_b", "no"), ("label", 0)):
+        changed = [dataclasses.replace(examples[0], **{field: value}), examples[1]]
+        edits[field] = (str(tmp_path / "a.pt"), "mean", changed)
+    for what, args in edits.items():
+        assert fingerprint(*args) != base, f"knn.fingerprint ignores the {what}: a stale datastore would be reused"
 
 
 def test_knn_defaults_by_kind():

@@ -103,7 +103,7 @@ class KNNBertLoss(nn.Module):
         self.checked = False  # the classes' sizes in memory, looked at on the first call
 
     def forward(self, h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids):
-        if not self.checked:  # the memory's labels keep their counts: once per run is enough
+        if not self.checked:  # checked once, on the memory the run starts with
             warn_if_every_positive_is_used(memory_labels, self.m_most, self.m_least)
             self.checked = True
         # batch_keys (the key encoder's view of this batch) are not used: they join the memory
