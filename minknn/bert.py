@@ -8,7 +8,15 @@ Bidirectional Transformers"; the layer itself is Vaswani et al. 2017's post-LN t
 
 Module and parameter names follow the Hugging Face checkpoints (`encoder.layer.3.attention.
 self.query.weight`, ...), so `from_pretrained` loads any BERT folder by name, with no
-renaming table to read. Shapes in comments: B batch, T tokens, H hidden, nh heads, hs = H / nh.
+renaming table to read.
+
+Padding costs nothing here. A batch padded to its longest example (B, T) holds N real tokens, and
+on short sentences N is about half of B T. Every matmul, GELU and LayerNorm works on each token
+alone, so the encoder runs them on the N real tokens only, packed into one (N, H) matrix
+(`Packing`); attention alone mixes tokens, so each layer puts Q, K and V back into the (B, T)
+layout for it and packs its output again. The result equals the padded computation on every real
+token (tests/test_bert.py checks outputs and gradients against examples run one at a time).
+Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H / nh.
 """
 import json
 import math
@@ -103,6 +111,32 @@ def attention(q, k, v, mask, dropout_p=0.0):
     return probs @ v  # (B, nh, T, hs)
 
 
+class Packing:
+    """Where the N real tokens of a (B, T) batch sit (attention_mask 1), to move tensors between
+    the padded layout (B, T, ...) and the packed one (N, ...) in the order of the rows. With no
+    padding both are views of the same memory and nothing is copied."""
+
+    def __init__(self, attention_mask):
+        self.B, self.T = attention_mask.shape
+        self.padded = not attention_mask.all()
+        # the real tokens' places in the flattened (B T) positions, (N,)
+        self.index = attention_mask.flatten().nonzero().squeeze(1) if self.padded else None
+        # (B, 1, 1, T): True at padding, broadcast over heads and query positions; None when no
+        # token is padding, which lets PyTorch pick its faster mask-free attention kernel
+        self.pad = attention_mask[:, None, None, :] == 0 if self.padded else None
+
+    def pack(self, x):
+        """(B, T, ...) -> (N, ...): the real tokens only."""
+        x = x.flatten(0, 1)
+        return x[self.index] if self.padded else x
+
+    def unpack(self, x):
+        """(N, ...) -> (B, T, ...), zeros at the padding."""
+        if self.padded:
+            x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy(0, self.index, x)
+        return x.view(self.B, self.T, *x.shape[1:])
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -113,25 +147,28 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
         self.use_fast = True  # the fused kernel; tests/test_bert.py checks it equals attention()
 
-    def forward(self, h, pad):
-        B, T, H = h.shape
+    def forward(self, h, packing):
+        """h: (N, H), the real tokens packed; returns (N, H)."""
+        B, T, H = packing.B, packing.T, h.size(-1)
         # Q, K and V in one (H -> 3H) matmul: one big matmul runs closer to peak than three
         # small ones
         w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
         b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(h, w, b).view(B, T, 3, self.num_heads, H // self.num_heads)
+        qkv = packing.unpack(F.linear(h, w, b))  # (B, T, 3H): attention needs the sequences
+        qkv = qkv.view(B, T, 3, self.num_heads, H // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs): a head per subspace
         p = self.dropout_p if self.training else 0.0
         mask = None
-        if pad is not None:  # additive, in q's dtype: bf16 under autocast, where fp32's most
-            # negative number would round to -inf
-            mask = torch.zeros(pad.shape, dtype=q.dtype, device=q.device)
-            mask = mask.masked_fill(pad, torch.finfo(q.dtype).min)
+        if packing.pad is not None:  # additive, in q's dtype: bf16 under autocast, where fp32's
+            # most negative number would round to -inf
+            mask = torch.zeros(packing.pad.shape, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(packing.pad, torch.finfo(q.dtype).min)
         if self.use_fast:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             out = attention(q, k, v, mask, p)
-        return out.transpose(1, 2).reshape(B, T, H)  # concatenate the heads again
+        # concatenate the heads again, and keep the real tokens' rows (padding queries are dropped)
+        return packing.pack(out.transpose(1, 2).reshape(B, T, H))
 
 
 class BertOutput(nn.Module):
@@ -153,8 +190,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertOutput(config, config.hidden_size)
 
-    def forward(self, h, pad):
-        return self.output(self.self(h, pad), h)
+    def forward(self, h, packing):
+        return self.output(self.self(h, packing), h)
 
 
 class BertIntermediate(nn.Module):  # the feed-forward block's first half: GELU(a W_1)
@@ -173,8 +210,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config, config.intermediate_size)
 
-    def forward(self, h, pad):
-        a = self.attention(h, pad)
+    def forward(self, h, packing):  # h: (N, H), the real tokens packed
+        a = self.attention(h, packing)
         return self.output(self.intermediate(a), a)
 
 
@@ -183,9 +220,9 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, h, pad):
+    def forward(self, h, packing):
         for layer in self.layer:
-            h = layer(h, pad)
+            h = layer(h, packing)
         return h
 
 
@@ -199,11 +236,12 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids):
-        # (T,), broadcast over B
-        positions = torch.arange(input_ids.size(1), device=input_ids.device)
-        e = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings(token_type_ids))
+    def forward(self, input_ids, token_type_ids, packing):
+        """The real tokens' embeddings, packed: (N, H)."""
+        positions = torch.arange(input_ids.size(1), device=input_ids.device).expand_as(input_ids)
+        ids, positions, types = (packing.pack(x) for x in (input_ids, positions, token_type_ids))
+        e = (self.word_embeddings(ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(types))
         return self.dropout(self.LayerNorm(e))
 
 
@@ -241,11 +279,9 @@ class BertModel(nn.Module):
                               f"{self.config.max_position_embeddings} positions; lower --max_len")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        # pad (B, 1, 1, T): True at padding, broadcast over heads and query positions; None when
-        # no token is padding, which lets PyTorch pick its faster mask-free attention kernel.
-        # Each attention layer turns it into an additive mask in its own dtype.
-        pad = None if attention_mask.all() else attention_mask[:, None, None, :] == 0
-        h = self.encoder(self.embeddings(input_ids, token_type_ids), pad)
+        packing = Packing(attention_mask)  # the layers see the real tokens only (the docstring)
+        h = self.encoder(self.embeddings(input_ids, token_type_ids, packing), packing)
+        h = packing.unpack(h)  # (B, T, H), zeros at the padding
         return (h, self.pooler(h)) if pooled else h
 
     def set_fast_attention(self, on):

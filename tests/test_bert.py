@@ -1,3 +1,4 @@
+import copy
 import json
 import os
 import re
@@ -43,6 +44,61 @@ def test_padding_does_not_change_real_tokens(tiny_bert):
         padded_mask = torch.cat([mask[:1], torch.zeros(1, 6, dtype=torch.long)], 1)
         padded = tiny_bert(padded_ids, padded_mask)
     torch.testing.assert_close(padded[:, :9], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_batch_equals_each_example_run_alone_outputs_and_gradients(tiny_bert):
+    """The encoder packs the real tokens and runs its matmuls, GELUs and LayerNorms on them alone
+    (bert.Packing). A padded batch must give every real token the hidden state, and every weight
+    the gradient, that its example gets alone with no padding at all: a wrong index, a padding
+    row let into attention, or a token packed into another row's place breaks one of the two."""
+    model = copy.deepcopy(tiny_bert).double()
+    lengths = [11, 3, 7, 1]  # the 1: a row of [CLS] alone
+    ids, mask = random_batch(model.config.vocab_size, lengths, seed=3)
+    types = (torch.arange(ids.size(1)) >= 2).long().expand_as(ids) * mask  # segment B after 2
+    probe = torch.randn(model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def loss_and_grads(ids, mask, types):
+        model.zero_grad()
+        h, pooled = model(ids, mask, types, pooled=True)
+        loss = (h * mask[..., None]).sum(1) @ probe + pooled.sum(-1)  # (B,): each example's
+        loss.sum().backward()
+        return h, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    h, grads = loss_and_grads(ids, mask, types)
+    summed = {}
+    for i, n in enumerate(lengths):
+        h_alone, g_alone = loss_and_grads(ids[i:i + 1, :n], mask[i:i + 1, :n], types[i:i + 1, :n])
+        torch.testing.assert_close(h[i, :n], h_alone[0], msg=lambda m: f"example {i} (length {n}): its hidden "
+                                   f"states in the padded batch differ from the example run alone: {m}")
+        assert (h[i, n:] == 0).all(), f"example {i}: padding positions of h should be 0"
+        for name, g in g_alone.items():
+            summed[name] = summed.get(name, 0) + g
+    assert set(grads) == set(summed), "the padded batch and the examples alone reach different weights"
+    for name in grads:
+        torch.testing.assert_close(grads[name], summed[name], msg=lambda m: f"gradient of {name}: the padded "
+                                   f"batch's differs from the sum of the examples' run alone: {m}")
+
+
+def test_no_linear_layer_sees_a_padding_token(tiny_bert):
+    """Unpadding is a speed claim: every matmul of the encoder gets N rows, the real tokens, not B T."""
+    lengths = [9, 2, 5]
+    ids, mask = random_batch(tiny_bert.config.vocab_size, lengths)
+    rows = {}
+
+    def count(module, inputs, output):
+        rows[module] = inputs[0].shape[:-1].numel()  # the rows of (..., in_features)
+    linears = {m: name for name, m in tiny_bert.encoder.named_modules() if isinstance(m, torch.nn.Linear)}
+    hooks = [m.register_forward_hook(count) for m in linears]
+    try:
+        with torch.no_grad():
+            tiny_bert(ids, mask)
+    finally:  # the model is shared with other tests
+        for h in hooks:
+            h.remove()
+    rows = {linears[m]: n for m, n in rows.items()}
+    padded = {name: n for name, n in rows.items() if n != sum(lengths)}
+    assert rows and not padded, (f"these linear layers ran on {padded} rows, not the {sum(lengths)} real "
+                                 f"tokens of a ({len(lengths)}, {max(lengths)}) batch")
 
 
 def test_explicit_and_fast_attention_agree(tiny_bert):
