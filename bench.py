@@ -1,90 +1,224 @@
-"""Throughput of the hand-written BERT: training and inference examples/s, and model FLOPs utilisation.
+"""What minknn's work costs, one subcommand each, every figure a ratio measured side by side in one run.
 
-    python bench.py                   # default weights, batch 32, lengths 64 and 128, CPU or CUDA
-    python bench.py --device cpu --steps 5
+    python bench.py model        # the hand-written BERT against Hugging Face's BertModel: examples/s, MFU
+    python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
+    python bench.py knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
+    python bench.py multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
+    python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
+    python bench.py epoch --readme README.md   # also writes the table into README.md's speed section
 
-For each sequence length it times
-    train      a full step of the classifier: forward, cross-entropy, backward, AdamW update
-    inference  a forward pass under torch.inference_mode()
-on random token ids (no padding, so every position is real work). On CUDA both run under bf16
-autocast, as train.py does; the CPU runs fp32.
+(epoch, knn and multitask read real data: MINKNN_DATA=../shared/data, or --data_dir.)
+Every subcommand prints one line saying what ran where, then one Markdown table. With --readme FILE
+that output also replaces the block between `<!-- bench.py NAME -->` and `<!-- /bench.py NAME -->`
+in FILE, so the README's speed section is this script's output, never typed by hand.
 
-MFU (model FLOPs utilisation, as nanoGPT reports it) = achieved FLOP/s / peak FLOP/s, with
-    FLOPs per token, forward  = 2 N + 4 L T H     N: weights in matmuls (embeddings excluded)
-    training                  = 3 x forward       (the backward pass costs twice the forward)
-and the peak measured here: the best of a few large square matmuls in the same dtype.
-If Hugging Face transformers is importable, the same steps run on its BertModel with the same
-weights and inputs, and the ratio ours / reference (throughput) is printed (it is not a
-dependency). The two models alternate over a few rounds and each keeps its best round: on a
-shared 2-core machine one round's timing can move by 10-20%.
+How things are timed (Timer): the contestants of a comparison alternate over --rounds rounds and
+each keeps its best round. On a shared 2-core machine one round can move by 10-20%, and a slow
+moment then hits one round, not one contestant. On CUDA the clock waits for the GPU
+(torch.cuda.synchronize) before it reads the time. CUDA runs bf16 autocast, as train.py does, the
+CPU fp32. `knn` and `multitask` step train.py's own train_step (imported from train.py, so the code
+timed is the code that trains, not a copy); `epoch` runs `python train.py` itself and reads the
+epoch time it reports. Hugging Face transformers is the reference in `model` and `epoch`; it is not
+a dependency (pip install transformers), and those comparisons are skipped without it.
 """
 import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
 import torch.nn as nn
 
-from minknn import run
+from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
-from minknn.engine import autocast, pick_device
+from minknn.data import load_split, training_examples
+from minknn.engine import TrainBatches, autocast, encode_batch, pick_device, predict, to_device
+from minknn.kinds import kind_of
 from minknn.model import Model
-from minknn.tasks import TASKS
+from minknn.pcgrad import PCGrad
+from minknn.tasks import TASKS, get_task
+from minknn.tokenizer import Tokenizer
 
 
-def sync(device):
+# ---------------------------------------------------------------------------------------------
+# the shared scaffolding: a clock, alternating rounds, the machine's peak, a Markdown table
+
+class Timer:
+    def __init__(self, device, rounds):
+        self.device, self.rounds = device, rounds
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def seconds(self, fn, repeats=1, warmup=1):
+        """Seconds per call of fn(), after `warmup` untimed calls."""
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        self.sync()
+        return (time.perf_counter() - start) / repeats
+
+    def best_of_rounds(self, contestants, repeats=1, warmup=1):
+        """{name: seconds per call}: the contestants (name -> fn) take turns, --rounds times; each
+        keeps its best round. A contestant that times itself returns its seconds (a float) and
+        gets repeats=1, warmup=0."""
+        best = dict.fromkeys(contestants, float("inf"))
+        for _ in range(self.rounds):
+            for name, fn in contestants.items():
+                if getattr(fn, "times_itself", False):
+                    seconds = fn()
+                else:
+                    seconds = self.seconds(fn, repeats, warmup)
+                best[name] = min(best[name], seconds)
+        return best
+
+
+def times_itself(fn):
+    """Marks a contestant that returns its own seconds (e.g. read from a run it started)."""
+    fn.times_itself = True
+    return fn
+
+
+def device_name(device):
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
 
 
-def timed(fn, device, repeats=1, warmup=1):
-    """Seconds per call of fn(), after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / repeats
+def precision_of(device):
+    return "bf16 autocast" if device.type == "cuda" else "fp32"
 
 
-def peak_matmul_flops(device, dtype, repeats=5):
+def peak_matmul_flops(device, repeats=5):
+    """The best FLOP/s of a large square matmul in the dtype the model runs in: MFU's denominator."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     n = 8192 if device.type == "cuda" else 2048  # large enough to reach the peak on either
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first one warms up
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        sync(device)
-        best = min(best, (time.perf_counter() - t) / 4)
-    return 2 * n ** 3 / best
+    timer = Timer(device, repeats)
+    return 2 * n ** 3 / min(timer.seconds(lambda: a @ b, repeats=4) for _ in range(repeats))
 
 
 def flops_per_token(config, T):
+    """Forward FLOPs per token of a sequence of T tokens, as nanoGPT counts them: 2 N for the
+    matmul weights N (embeddings excluded) and 4 L T H for Q K^T and (attention) V. A training
+    step costs three times this (the backward pass twice the forward)."""
     H, L, I = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    N = L * (4 * H * H + 2 * H * I)  # Q, K, V, O projections and the two feed-forward matmuls per layer
-    return 2 * N + 4 * L * T * H      # + Q K^T and (attention) V
+    N = L * (4 * H * H + 2 * H * I)  # Q, K, V, O projections and the two feed-forward matmuls
+    return 2 * N + 4 * L * T * H
 
+
+class Table:
+    """A Markdown table, printed a row at a time (so a long run shows its progress)."""
+
+    def __init__(self, out, *columns):
+        self.out, self.columns = out, columns
+        self.line("| " + " | ".join(columns) + " |")
+        self.line("|" + "|".join(" --- " for _ in columns) + "|")
+
+    def row(self, *cells):
+        self.line("| " + " | ".join(str(c) for c in cells) + " |")
+
+    def line(self, text):
+        self.out.append(text)
+        print(text, flush=True)
+
+
+def write_readme(path, name, lines):
+    """Replaces FILE's block between the markers of this subcommand with its output."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start, end = f"<!-- bench.py {name} -->", f"<!-- /bench.py {name} -->"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise MinknnError(f"--readme {path}: no block '{start}' ... '{end}' to replace; add the two "
+                          f"markers where the table goes")
+    block = "\n".join([start, *lines, end])
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(pattern.sub(lambda _: block, text))
+    os.replace(path + ".tmp", path)
+    print(f"written into {path}")
+
+
+def check_transformers():
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()  # no note about the new classifier's weights
+    transformers.logging.disable_progress_bar()
+    return transformers
+
+
+# ---------------------------------------------------------------------------------------------
+# model: the hand-written BERT against Hugging Face's, step for step, on random tokens
 
 class Reference(nn.Module):
     """Hugging Face's BertModel behind the same call signature as ours."""
-    def __init__(self, path):
+
+    def __init__(self, transformers, path):
         super().__init__()
-        import transformers
         self.hf = transformers.BertModel.from_pretrained(path, add_pooling_layer=False)
         self.config = self.hf.config
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
-        return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask,
+                       token_type_ids=token_type_ids).last_hidden_state
 
 
-def time_steps(model, batch, labels, device, steps, train):
+def bench_model(args, device, timer, out):
+    path = resolve_model_path(args.model)
+    sst = [TASKS["sst"]]  # a 5-class head, as on SST
+    torch.manual_seed(0)
+    models = {"minknn": Model(BertModel.from_pretrained(path), sst, "mean")}
+    transformers = check_transformers()
+    if transformers:
+        models["transformers"] = Model(Reference(transformers, path), sst, "mean")
+        models["transformers"].heads.load_state_dict(models["minknn"].heads.state_dict())
+    for m in models.values():
+        m.to(device)
+    peak = peak_matmul_flops(device)
+    out.append(f"`python bench.py model`: {device_name(device)}, {precision_of(device)}; batch "
+               f"{args.batch_size} of random tokens, no padding; best of {args.rounds} alternating "
+               f"rounds of {args.steps} steps; measured peak matmul {peak / 1e12:.3f} TFLOP/s"
+               f"{'' if transformers else '; transformers not installed: no reference'}\n")
+    print(out[-1])
+    table = Table(out, "length", "step", *[f"{m} examples/s" for m in models],
+                  *[f"{m} MFU" for m in models], *(["minknn / transformers"] if transformers else []))
+    config = models["minknn"].bert.config
+    for T in args.lengths:
+        g = torch.Generator().manual_seed(T)
+        batch = {"input_ids": torch.randint(1000, config.vocab_size, (args.batch_size, T), generator=g),
+                 "attention_mask": torch.ones(args.batch_size, T, dtype=torch.long),
+                 "token_type_ids": torch.zeros(args.batch_size, T, dtype=torch.long)}
+        batch = to_device(batch, device)
+        labels = torch.randint(0, 5, (args.batch_size,), generator=g).to(device)
+        for train in (True, False):
+            steps = {name: model_step(m, batch, labels, device, train) for name, m in models.items()}
+            seconds = timer.best_of_rounds(steps, args.steps, warmup=2)
+            flops = args.batch_size * T * flops_per_token(config, T) * (3 if train else 1)
+            ratio = [f"{seconds['transformers'] / seconds['minknn']:.2f}"] if transformers else []
+            table.row(T, "train" if train else "inference",
+                      *[f"{args.batch_size / s:.1f}" for s in seconds.values()],
+                      *[f"{flops / s / peak:.2f}" for s in seconds.values()], *ratio)
+
+
+def model_step(model, batch, labels, device, train):
+    """One step of the classifier: forward, cross-entropy, backward, AdamW (train); or a forward
+    under torch.inference_mode() (inference)."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
 
     def step():
+        model.train(train)
         if train:
             with autocast(device):
                 loss = nn.functional.cross_entropy(model("sst", **batch).logits.float(), labels)
@@ -94,60 +228,322 @@ def time_steps(model, batch, labels, device, steps, train):
         else:
             with torch.inference_mode(), autocast(device):
                 model("sst", **batch)
-
-    model.train(train)
-    return timed(step, device, steps, warmup=2)
+    return step
 
 
-def main():
-    p = argparse.ArgumentParser(description="throughput and MFU of the hand-written BERT")
-    p.add_argument("--model", default="minilm")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--lengths", default="64,128")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per model, alternating; the best counts")
-    p.add_argument("--no_reference", action="store_true", help="skip the Hugging Face comparison")
-    args = p.parse_args()
-    device = pick_device(args.device)
+# ---------------------------------------------------------------------------------------------
+# epoch: `python train.py` against the loop a user would write with transformers
+
+def bench_epoch(args, device, timer, out):
+    task = get_task(args.task, args.data_dir)
     path = resolve_model_path(args.model)
+    examples = training_examples(task, args.data_dir, args.examples, args.seed)
+    tokenizer = Tokenizer.from_folder(path, args.max_len)
+    config = BertModel.from_pretrained(path).config
+    # train.py's first pass: the same shuffled batches of the same examples (its rng, its seed)
+    batches = [rows for rows, _ in zip(TrainBatches(len(examples), args.batch_size,
+                                                    random.Random(args.seed)),
+                                       range(-(-len(examples) // args.batch_size)))]
+    lengths = [len(ids) for ids, _ in tokenizer.encode([e.text for e in examples])]
+    real = sum(lengths)
+    padded = sum(len(rows) * max(lengths[i] for i in rows) for rows in batches)
+    flops = 3 * sum(n * flops_per_token(config, n) for n in lengths)  # real tokens only
+    peak = peak_matmul_flops(device)
+    transformers = check_transformers()
+    contestants = {"train.py": times_itself(lambda: train_py_epoch(args, device, "."))}
+    if args.compare:
+        contestants[f"train.py of {args.compare}"] = times_itself(
+            lambda: train_py_epoch(args, device, args.compare))
+    if transformers:
+        contestants["transformers loop"] = times_itself(
+            lambda: transformers_epoch(transformers, path, task, examples, batches, args, device, timer))
+    out.append(f"`python bench.py epoch`: {device_name(device)}, {precision_of(device)}; one epoch "
+               f"of {len(examples)} {task.name} training examples (--seed {args.seed}), batches of "
+               f"{args.batch_size}; {real} real tokens, {padded / real:.2f} padded tokens per real "
+               f"one when each batch is padded to its longest; best of {args.rounds} alternating "
+               f"rounds; measured peak matmul {peak / 1e12:.3f} TFLOP/s"
+               f"{'' if transformers else '; transformers not installed: no reference'}\n")
+    print(out[-1])
+    seconds = timer.best_of_rounds(contestants)
+    reference = seconds.get("transformers loop")
+    table = Table(out, "what", "seconds per epoch", "real tokens/s", "MFU on real tokens",
+                  "time / transformers loop")
+    for name, s in seconds.items():
+        table.row(f"`{name}`", f"{s:.1f}", f"{real / s:.0f}", f"{flops / s / peak:.2f}",
+                  f"{s / reference:.2f}" if reference else "")
+
+
+def train_py_epoch(args, device, checkout):
+    """Runs `python train.py` (of the checkout: a folder holding train.py) for one epoch on
+    --examples examples and returns the epoch's seconds as it reports them (the training loop
+    alone: no model loading, dev scoring or saving)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "train.py", "--task", args.task, "--epochs", "1",
+                   "--max_train", str(args.examples), "--max_eval", "16", "--seed", str(args.seed),
+                   "--batch_size", str(args.batch_size), "--max_len", str(args.max_len),
+                   "--model", args.model, "--device", str(device), "--out", os.path.join(tmp, "run")]
+        if args.data_dir:
+            command += ["--data_dir", os.path.abspath(args.data_dir)]
+        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise MinknnError(f"{checkout}/train.py failed: {done.stderr.strip().splitlines()[-1]}")
+        with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
+            return json.loads(f.readline())["epoch_seconds"]
+
+
+def transformers_epoch(transformers, path, task, examples, batches, args, device, timer):
+    """The plain loop: Hugging Face's tokenizer and BertForSequenceClassification on the same
+    weights, each batch padded to its longest, AdamW with train.py's settings, clipping at 1, a
+    linear schedule. Returns the seconds of the loop."""
+    torch.manual_seed(args.seed)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=len(task.labels)).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01)
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(0.06 * len(batches)),
+                                                            len(batches))
+    timer.sync()
+    start = time.perf_counter()
+    for rows in batches:
+        batch = [examples[i] for i in rows]
+        inputs = hf_tokenizer([e.text for e in batch], padding=True, truncation=True,
+                              max_length=args.max_len, return_tensors="pt").to(device)
+        labels = kind_of(task).targets(task, batch, device)
+        with autocast(device):
+            loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+    timer.sync()
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# knn: KNN-BERT's step against a ce step; the kNN vote against the encoder at evaluation
+
+class Trainer:
+    """A model, its losses, optimiser and (for a memory loss) filled MoCo memory, stepping
+    train.py's own train_step on fixed batches of real examples (batches: task -> rows)."""
+
+    def __init__(self, argv, path, tasks, train, tokenizer, device):
+        import train as train_py  # the code that trains, timed as it is
+        from minknn.losses import build_losses
+        from minknn.moco import filled_memory
+        self.train_py, self.args = train_py, train_py.get_args(argv + ["--device", str(device)])
+        torch.manual_seed(0)
+        self.model = Model(BertModel.from_pretrained(path), tasks, "mean",
+                           self.args.pair_mode).to(device).train()
+        self.losses = build_losses(self.model, vars(self.args)).to(device)
+        self.params = list(self.model.parameters()) + list(self.losses.parameters())
+        self.optimizer, self.scheduler = train_py.make_optimizer(
+            list(self.model.parameters()), list(self.losses.parameters()), self.args, 10_000)
+        self.tasks, self.train, self.tokenizer, self.device = tasks, train, tokenizer, device
+        self.pcgrad = PCGrad(self.model.bert.parameters()) if self.args.pcgrad else None
+        self.moco = self.fill_seconds = None
+        if self.args.loss in ("knnbert", "moco"):
+            t = tasks[0]
+            self.moco, self.fill_seconds = filled_memory(
+                self.model, tokenizer, t, train[t.name], "queue", None, self.args.momentum, 64,
+                device, self.args.precision)
+            self.model.train()
+
+    def batches(self, rows):
+        """train.py's batches: task -> (inputs, targets, rows) for the rows of each task."""
+        out = {}
+        for t in self.tasks:
+            examples = [self.train[t.name][i] for i in rows[t.name]]
+            out[t.name] = (to_device(encode_batch(self.tokenizer, examples, self.model.siamese(t)), self.device),
+                           kind_of(t).targets(t, examples, self.device),
+                           torch.tensor(rows[t.name], device=self.device))
+        return out
+
+    def step(self, batches):
+        self.train_py.train_step(self.model, self.losses, self.optimizer, self.scheduler, self.params,
+                                 batches, self.moco, self.pcgrad, random.Random(0), self.args.precision)
+
+
+def fixed_batches(train, tasks, batch_size, steps, seed=0):
+    """`steps` steps' rows, as train.py's streams draw them: [{task: rows}]."""
+    streams = {t.name: TrainBatches(len(train[t.name]), batch_size, random.Random(seed)) for t in tasks}
+    return [{t.name: next(streams[t.name]) for t in tasks} for _ in range(steps)]
+
+
+def bench_knn(args, device, timer, out):
+    from minknn.knn import Datastore
+    task, path = get_task(args.task, args.data_dir), resolve_model_path(args.model)
+    train = {task.name: load_split(task, "train", args.data_dir)}
+    dev = load_split(task, "dev", args.data_dir)
+    tokenizer = Tokenizer.from_folder(path, 128)
+    rows = fixed_batches(train, [task], 32, args.steps)
+    trainers = {loss: Trainer(["--task", task.name, "--loss", loss], path, [task], train, tokenizer, device)
+                for loss in ("ce", "knnbert")}
+    steps = {loss: [t.batches(r) for r in rows] for loss, t in trainers.items()}
+    seconds = timer.best_of_rounds({loss: (lambda t=t, b=steps[loss]: [t.step(x) for x in b])
+                                    for loss, t in trainers.items()})
+    per_step = {loss: s / len(rows) for loss, s in seconds.items()}
+    epoch_steps = -(-len(train[task.name]) // 32)
+    knnbert = trainers["knnbert"]
+    out.append(f"`python bench.py knn`: {device_name(device)}, {precision_of(device)}; train.py's "
+               f"train_step on the same {args.steps} real {task.name} batches of 32, best of "
+               f"{args.rounds} alternating rounds; knnbert's queue holds {len(knnbert.moco.memory.keys)} "
+               f"keys; kNN at K {args.k} over the {len(train[task.name])} training examples, "
+               f"queried by the {len(dev)} dev examples\n")
+    print(out[-1])
+    table = Table(out, "what", "measured", "ratio")
+    for loss, s in per_step.items():
+        table.row(f"`{loss}` step", f"{1000 * s:.0f} ms ({s * epoch_steps:.0f} s per epoch of {epoch_steps} steps)",
+                  f"{s / per_step['ce']:.2f}x `ce`")
+    table.row("the queue fill, once per run", f"{knnbert.fill_seconds:.1f} s",
+              f"{knnbert.fill_seconds / (per_step['ce'] * epoch_steps):.2f}x one `ce` epoch")
+    for piece, s in knnbert_pieces(knnbert, steps["knnbert"][0], timer, args.steps).items():
+        table.row(f"of which {piece}", f"{1000 * s:.1f} ms", f"{s / per_step['ce']:.2f}x `ce`")
+    del trainers, steps
+
     torch.manual_seed(0)
+    model = Model(BertModel.from_pretrained(path), [task], "mean").to(device)
+    start = time.perf_counter()
+    _, keys = predict(model, tokenizer, task, train[task.name], 64, device)
+    datastore = Datastore(keys, [e.label for e in train[task.name]], [e.id for e in train[task.name]],
+                          len(task.labels))
+    for vote in ("cosine", "distance"):
+        datastore.index(vote)
+    build = time.perf_counter() - start
+    encode = timer.seconds(lambda: predict(model, tokenizer, task, dev, 64, device), warmup=0) / len(dev)
+    table.row("datastore build (a forward pass over the training set, both faiss indexes)", f"{build:.1f} s", "")
+    table.row("encoding the dev set", f"{1000 * encode:.2f} ms per query", "")
+    _, queries = predict(model, tokenizer, task, dev, 64, device)
+    for vote in ("cosine", "distance"):
+        def knn(vote=vote):
+            scores, rows = datastore.search(queries, args.k, vote)
+            datastore.vote(scores, rows, vote, 10.0)
+        s = timer.seconds(knn, 3) / len(dev)
+        table.row(f"kNN search and vote, `--vote {vote}`", f"{1000 * s:.3f} ms per query",
+                  f"+{100 * s / encode:.1f}% on the encoder")
 
-    sst = [TASKS["sst"]]  # a 5-class head, as on SST
-    models = {"minknn": Model(BertModel.from_pretrained(path), sst, "mean")}
-    if not args.no_reference:
-        try:
-            torch.manual_seed(0)
-            models["reference"] = Model(Reference(path), sst, "mean")
-            models["reference"].heads.load_state_dict(models["minknn"].heads.state_dict())
-        except ImportError:
-            print("transformers is not importable: no reference comparison")
-    for m in models.values():
-        m.to(device)
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    peak = peak_matmul_flops(device, dtype)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device: {name}; {dtype}; measured peak matmul {peak / 1e12:.3f} TFLOP/s; "
-          f"batch {args.batch_size}; best of {args.rounds} rounds of {args.steps} timed steps, each after 2 warm-up steps")
-    config = models["minknn"].bert.config
-    print(f"{'length':>6} {'mode':>9} {'model':>9} {'examples/s':>10} {'MFU':>6} {'ratio':>6}")
-    for T in [int(x) for x in args.lengths.split(",")]:
-        g = torch.Generator().manual_seed(T)
-        batch = {"input_ids": torch.randint(1000, config.vocab_size, (args.batch_size, T), generator=g).to(device),
-                 "attention_mask": torch.ones(args.batch_size, T, dtype=torch.long, device=device),
-                 "token_type_ids": torch.zeros(args.batch_size, T, dtype=torch.long, device=device)}
-        labels = torch.randint(0, 5, (args.batch_size,), generator=g).to(device)
-        for train in (True, False):
-            flops = args.batch_size * T * flops_per_token(config, T) * (3 if train else 1)
-            seconds = {label: float("inf") for label in models}
-            for _ in range(args.rounds):  # alternate the models and keep each one's best round,
-                for label, model in models.items():  # so that a noisy moment does not decide the ratio
-                    seconds[label] = min(seconds[label], time_steps(model, batch, labels, device, args.steps, train))
-            for label in models:
-                ratio = f"{seconds['reference'] / seconds['minknn']:.2f}" if label == "reference" else ""
-                print(f"{T:>6} {'train' if train else 'inference':>9} {label:>9} {args.batch_size / seconds[label]:>10.1f} "
-                      f"{flops / seconds[label] / peak:>6.2f} {ratio:>6}", flush=True)
+def knnbert_pieces(trainer, batches, timer, repeats):
+    """Seconds per step of each piece knnbert adds to a ce step."""
+    moco, model, loss = trainer.moco, trainer.model, trainer.losses[trainer.tasks[0].name]
+    inputs, labels, rows = next(iter(batches.values()))
+    with autocast(trainer.device, trainer.args.precision):
+        keys = moco.key_encoder(trainer.tasks[0].name, inputs)
+    z = torch.randn(len(labels), keys.shape[1], device=trainer.device, requires_grad=True)
+
+    def key_forward():
+        with autocast(trainer.device, trainer.args.precision):
+            moco.key_encoder(trainer.tasks[0].name, inputs)
+
+    def loss_over_queue():
+        loss.metric(z, labels, keys, moco.memory.keys, moco.memory.labels, rows, moco.memory.ids).backward()
+
+    return {"the key encoder's forward pass": timer.seconds(key_forward, repeats),
+            "the momentum update": timer.seconds(lambda: moco.key_encoder.update(model), repeats),
+            "the loss over the queue (forward and backward)": timer.seconds(loss_over_queue, repeats),
+            "the enqueue": timer.seconds(lambda: moco.memory.enqueue(keys, labels, rows), repeats)}
+
+
+# ---------------------------------------------------------------------------------------------
+# multitask: a PCGrad step against a summed-loss step, and PCGrad's pieces
+
+def bench_multitask(args, device, timer, out):
+    from minknn.pcgrad import project_conflicting
+    tasks = [get_task(name, args.data_dir) for name in args.tasks.split(",")]
+    path = resolve_model_path(args.model)
+    tokenizer = Tokenizer.from_folder(path, 64)
+    train = {t.name: load_split(t, "train", args.data_dir) for t in tasks}
+    rows = fixed_batches(train, tasks, 32, args.steps)
+    argv = ["--task", "multitask", "--tasks", args.tasks, "--pair_mode", args.pair_mode, "--max_len", "64"]
+    trainers = {pcgrad: Trainer(argv + (["--pcgrad"] if pcgrad else []), path, tasks, train, tokenizer, device)
+                for pcgrad in (False, True)}
+    steps = [trainers[False].batches(r) for r in rows]
+    seconds = timer.best_of_rounds({pcgrad: (lambda t=t: [t.step(b) for b in steps])
+                                    for pcgrad, t in trainers.items()})
+    summed, pcgrad = seconds[False] / len(steps), seconds[True] / len(steps)
+    out.append(f"`python bench.py multitask`: {device_name(device)}, {precision_of(device)}; "
+               f"train.py's train_step on the same {args.steps} steps of one real batch of 32 from "
+               f"each of {args.tasks} ({args.pair_mode} pairs, --max_len 64), from the same weights, "
+               f"best of {args.rounds} alternating rounds\n")
+    print(out[-1])
+    table = Table(out, "what", "ms per step", "ratio")
+    table.row("step, summed losses (one backward)", f"{1000 * summed:.0f}", "1.00")
+    table.row("step, `--pcgrad`", f"{1000 * pcgrad:.0f}", f"{pcgrad / summed:.2f}")
+    trainer, batches = trainers[True], steps[0]
+    shared = [p for p in trainer.model.bert.parameters() if p.requires_grad]
+
+    def losses():
+        out = []
+        for name, (inputs, targets, _) in batches.items():
+            with autocast(device, trainer.args.precision):
+                out.append(trainer.losses[name](trainer.model(name, **inputs), targets)[0])
+        return out
+
+    def per_task_backward():
+        for loss in losses():
+            loss.backward()
+    grads = torch.stack([torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)  # the pooler
+                                    for g, p in zip(torch.autograd.grad(loss, shared, allow_unused=True), shared)])
+                         for loss in losses()])
+    forward = timer.seconds(losses, args.steps)
+    pieces = {"the forward passes and losses": forward,
+              "backward of the summed loss": timer.seconds(lambda: sum(losses()).backward(), args.steps) - forward,
+              "one backward per task": timer.seconds(per_task_backward, args.steps) - forward,
+              "the projection (project_conflicting)": timer.seconds(
+                  lambda: project_conflicting(grads, random.Random(0)), args.steps)}
+    trainer.optimizer.zero_grad(set_to_none=True)
+    for piece, s in pieces.items():
+        table.row(f"of which {piece}", f"{1000 * s:.0f}", "")
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,knn,multitask,index}")
+
+    def command(name, help, rounds, **steps):
+        c = sub.add_parser(name, help=help)
+        c.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
+        c.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+        c.add_argument("--rounds", type=int, default=rounds, help="alternating rounds; the best counts")
+        c.add_argument("--readme", metavar="FILE", help="also write the table into FILE's block "
+                       f"<!-- bench.py {name} --> ... <!-- /bench.py {name} -->")
+        if steps:
+            c.add_argument("--steps", type=int, default=steps["steps"], help="timed steps per round")
+        if name != "model" and name != "index":
+            c.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
+        return c
+
+    c = command("model", "the hand-written BERT against Hugging Face's, random tokens", 3, steps=5)
+    c.add_argument("--batch_size", type=int, default=32)
+    c.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
+    c = command("epoch", "one epoch of train.py against the plain transformers loop", 2)
+    c.add_argument("--task", default="sst")
+    c.add_argument("--examples", type=int, default=1024, help="training examples (train.py --max_train)")
+    c.add_argument("--batch_size", type=int, default=32)
+    c.add_argument("--max_len", type=int, default=128)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--compare", metavar="CHECKOUT", help="also time the train.py of another minknn "
+                   "folder (e.g. a git worktree of an older commit)")
+    c = command("knn", "a knnbert step against a ce step; kNN's share of evaluation", 3, steps=10)
+    c.add_argument("--task", default="sst")
+    c.add_argument("--k", type=int, default=64)
+    c = command("multitask", "a PCGrad step against a summed-loss step", 3, steps=5)
+    c.add_argument("--tasks", default="sst,mrpc,sts")
+    c.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"])
+    args = p.parse_args(argv)
+    for name in ("rounds", "steps", "examples", "batch_size", "k"):
+        if getattr(args, name, 1) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.readme and not os.path.isfile(args.readme):
+        p.error(f"--readme {args.readme}: no such file")
+    device = pick_device(args.device)
+    out = []
+    {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn,
+     "multitask": bench_multitask}[args.command](args, device, Timer(device, args.rounds), out)
+    if args.readme:
+        write_readme(args.readme, args.command, out)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_
 from minknn.model import POOLINGS, Model
 from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args
-from minknn.pcgrad import pcgrad_backward
+from minknn.pcgrad import PCGrad
 from minknn.proxy import has_proxies, proxy_logits
 from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
                          open_run_folder, random_states, save_last, saved_args, set_random_states,
@@ -155,11 +155,11 @@ def make_optimizer(model_params, loss_params, args, total_steps):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
-def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=False,
+def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=None,
                rng=random, precision=None):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows)).
-    Returns each task's loss and parts, and with --pcgrad how many task pairs' gradients
-    conflicted. A memory loss's key encoder makes the keys first; they join the memory after.
+    Returns each task's loss and parts, and with --pcgrad (pcgrad: the run's PCGrad of the
+    shared encoder) how many task pairs' gradients conflicted. A memory loss's key encoder makes the keys first; they join the memory after.
     The forward passes run under --precision (engine.autocast); the backward follows their
     dtypes, and the weights and their gradients stay fp32."""
     task_losses, parts = {}, {}
@@ -174,9 +174,8 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
             raise Diverged(f"the {name} loss became {task_losses[name].item()}")
     optimizer.zero_grad(set_to_none=True)
     conflicts = None
-    if pcgrad:  # gradient surgery on the shared encoder only: each head is its own task's
-        shared = [p for p in model.bert.parameters() if p.requires_grad]
-        conflicts = pcgrad_backward(list(task_losses.values()), shared, rng)
+    if pcgrad is not None:  # gradient surgery on the shared encoder only: each head is its own task's
+        conflicts = pcgrad.backward(list(task_losses.values()), rng)
     else:
         sum(task_losses.values()).backward()
     norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -278,6 +277,7 @@ def run_training(args):
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
     rng = random.Random(args.seed)
     streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
+    pcgrad = PCGrad(p for p in model.bert.parameters() if p.requires_grad) if args.pcgrad else None
     best, records, epoch_times = None, [], []
     if last:  # everything a step reads, as it was after the last completed epoch
         model.load_state_dict(last["model"])
@@ -327,7 +327,7 @@ def run_training(args):
                                    torch.tensor(rows, device=device))
             try:
                 task_losses, parts, found = train_step(model, losses, optimizer, scheduler,
-                                                       params, batches, moco, args.pcgrad, rng,
+                                                       params, batches, moco, pcgrad, rng,
                                                        args.precision)
             except Diverged as e:
                 raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None

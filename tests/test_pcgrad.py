@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minknn.pcgrad import pcgrad_backward, project_conflicting
+from minknn.pcgrad import PCGrad, pcgrad_backward, pcgrad_weights, project_conflicting
 
 
 def algorithm_1(grads, rng):
@@ -73,6 +73,43 @@ def test_k_tasks_match_algorithm_1(seed):
 def test_a_zero_gradient_is_harmless():
     g = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
     assert torch.equal(project_conflicting(g, random.Random(0)), g)
+    assert torch.equal(pcgrad_weights(g @ g.T, random.Random(0)), torch.ones(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_gram_matrix_version_equals_the_literal_algorithm(seed):
+    """pcgrad_weights runs Algorithm 1 on the K x K Gram matrix; sum_j w_j g_j must be the sum of
+    the literal projections, for 2 to 5 tasks drawn with and without conflicts (a mistake in the
+    coefficient update, or a different random order, shows here)."""
+    g = torch.randn(2 + seed % 4, 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    if seed % 3 == 0:
+        g[1] = -g[0] + 0.1 * g[1]  # a strong conflict
+    literal = project_conflicting(g, random.Random(seed)).sum(0)
+    fast = pcgrad_weights(g @ g.T, random.Random(seed)) @ g
+    torch.testing.assert_close(fast, literal, atol=1e-12, rtol=1e-12,
+                               msg=lambda m: f"PCGrad from the Gram matrix differs from Algorithm 1 ({len(g)} tasks): {m}")
+
+
+def test_a_runs_pcgrad_reuses_its_buffer_and_stays_exact():
+    """The run's PCGrad keeps its (K, P) buffer: a second and third step (fresh losses, and .grad
+    set to None by zero_grad as in train.py) must give Algorithm 1's direction again, not one mixed
+    with the last step's gradients."""
+    torch.manual_seed(3)
+    model = SharedEncoder().double()
+    shared = list(model.shared.parameters())
+    pcgrad = PCGrad(shared)
+    for step in range(3):
+        xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
+        grads = separate_gradients(model, xs)
+        flat = torch.stack([torch.cat([g[id(p)].reshape(-1) for p in shared]) for g in grads])
+        expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(step)), dtype=torch.float64)
+        model.zero_grad(set_to_none=True)
+        pcgrad.backward(model.losses(xs), random.Random(step))
+        torch.testing.assert_close(torch.cat([p.grad.reshape(-1) for p in shared]), expected, atol=1e-12, rtol=0,
+                                   msg=lambda m: f"step {step}: the shared .grad is not Algorithm 1's direction: {m}")
+        if step == 0:
+            buffer = pcgrad.grads.data_ptr()
+    assert pcgrad.grads.data_ptr() == buffer, "PCGrad allocated a new gradient buffer after the first step"
 
 
 class SharedEncoder(nn.Module):

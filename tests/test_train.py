@@ -13,7 +13,7 @@ import evaluate
 import train
 from minknn.data import examples_fingerprint, training_examples
 from minknn.losses import LOSSES, MEMORY_LOSSES, loss_kind
-from minknn.pcgrad import pcgrad_backward
+from minknn.pcgrad import PCGrad
 from minknn.proxy import PROXY_LOSSES
 from minknn.tasks import TASKS
 
@@ -232,7 +232,8 @@ def run_multitask(tiny_bert_dir, data_dir, out, *extra):
 @pytest.mark.parametrize("pcgrad", [False, True])
 def test_multitask_trains_then_evaluates(tiny_bert_dir, data_dir, tmp_path, monkeypatch, pcgrad):
     calls = []
-    monkeypatch.setattr(train, "pcgrad_backward", lambda *a: calls.append(1) or pcgrad_backward(*a))
+    backward = PCGrad.backward
+    monkeypatch.setattr(PCGrad, "backward", lambda *a: calls.append(1) or backward(*a))
     summary = run_multitask(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "6", "--lr", "3e-3",
                             *(["--pcgrad"] if pcgrad else []))
     assert len(calls) == (6 * 5 if pcgrad else 0)  # 40 SST examples / batch 8 = 5 steps per epoch
