@@ -142,13 +142,15 @@ class Diverged(MinknnError):
 
 def make_optimizer(model_params, loss_params, args, total_steps):
     """AdamW; no weight decay on biases and LayerNorm weights (the usual BERT recipe); the loss's
-    parameters (proxies) get their own learning rate and no weight decay."""
+    parameters (proxies) get their own learning rate and no weight decay. fused=True: one kernel
+    updates every tensor, where the default loops over them in Python; on this project's CPU it
+    made the step of 22.7M parameters several times faster (bench.py epoch)."""
     decay = [p for p in model_params if p.ndim >= 2]
     no_decay = [p for p in model_params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0},
                              {"params": loss_params, "weight_decay": 0.0, "lr": args.proxy_lr}],
-                            lr=args.lr)
+                            lr=args.lr, fused=True)
     warmup = max(1, int(args.warmup * total_steps))
     schedule = lambda step: min((step + 1) / warmup,
                                 max(0.0, (total_steps - step) / max(1, total_steps - warmup)))
