@@ -503,6 +503,72 @@ def bench_multitask(args, device, timer, out):
 
 
 # ---------------------------------------------------------------------------------------------
+# index: flat, IVF and HNSW datastores, from SST's real keys to a million synthetic ones
+
+def clustered_keys(n, d, seed, clusters=None):
+    """n synthetic keys of dimension d with (keys, labels): a mixture of Gaussians, the stand-in for
+    encoder outputs where we have none that many. Centres of norm about 1, each key its centre plus
+    noise of norm about 0.6 (the centres are about 1.4 apart), so neighbourhoods overlap and an
+    approximate search has work to do; a key's label is its cluster's, mod 5."""
+    g = torch.Generator().manual_seed(seed)
+    clusters = clusters or max(10, n // 100)
+    centres = torch.randn(clusters, d, generator=torch.Generator().manual_seed(0)) / d ** 0.5
+    which = torch.randint(0, clusters, (n,), generator=g)
+    keys = centres[which] + 0.6 * torch.randn(n, d, generator=g) / d ** 0.5
+    return keys, which % 5
+
+
+def bench_index(args, device, timer, out):
+    import faiss
+    from minknn.knn import Datastore, index_settings, recall_at_k, describe_index
+    path = resolve_model_path(args.model)
+    tokenizer = Tokenizer.from_folder(path, 128)
+    task = get_task("sst", args.data_dir)
+    torch.manual_seed(0)
+    model = Model(BertModel.from_pretrained(path), [task], "mean").to(device)
+    dev = load_split(task, "dev", args.data_dir)
+    encode = timer.seconds(lambda: predict(model, tokenizer, task, dev, 64, device), warmup=0) / len(dev)
+    sets = [("SST train (real keys)", None)] if not args.synthetic_only else []
+    sets += [(f"{n:,} clustered synthetic", n) for n in args.sizes]
+    out.append(f"`python bench.py index`: {device_name(device)}, faiss {faiss.__version__} on "
+               f"{faiss.omp_get_max_threads()} threads; {args.queries} queries, K {args.k}, the cosine "
+               f"vote; the encoder takes {1000 * encode:.2f} ms per query (SST dev, batches of 64); "
+               f"search-and-vote time is the best of {args.rounds} rounds over all queries at once; "
+               f"recall@{args.k} against the flat (exact) search of the same keys\n")
+    print(out[-1])
+    table = Table(out, "keys", "index", "build s", "size MB", f"recall@{args.k}", "search + vote ms/query",
+                  "share of the encoder's time")
+    for name, n in sets:
+        if n is None:  # MiniLM's mean-pooled vectors of SST's training set, queried by its dev set
+            train = load_split(task, "train", args.data_dir)
+            _, keys = predict(model, tokenizer, task, train, 64, device, progress="SST train keys")
+            _, queries = predict(model, tokenizer, task, dev[:args.queries], 64, device)
+            labels = torch.tensor([e.label for e in train])
+        else:
+            keys, labels = clustered_keys(n, args.dim, seed=1)
+            queries, _ = clustered_keys(args.queries, args.dim, seed=2, clusters=max(10, n // 100))
+        exact = None
+        for index in ("flat", "ivf", "hnsw"):
+            settings = index_settings(index, len(keys))
+            store = Datastore(keys, labels, range(len(keys)), 5, settings)
+            start = time.perf_counter()
+            store.index("cosine")  # trained (IVF's k-means) and filled
+            build = time.perf_counter() - start
+            size = faiss.serialize_index(store.index("cosine")).nbytes / 2 ** 20
+
+            def search_and_vote(store=store):
+                scores, rows = store.search(queries, args.k, "cosine")
+                store.vote(scores, rows, "cosine", None)
+            seconds = timer.best_of_rounds({index: search_and_vote})[index] / len(queries)
+            rows = store.search(queries, args.k, "cosine")[1]
+            exact = rows if index == "flat" else exact
+            table.row(name, describe_index(settings) + "".join(
+                          f", {k} {v}" for k, v in settings.items() if k in ("nprobe", "ef_search")),
+                      f"{build:.1f}", f"{size:.0f}", f"{recall_at_k(rows, exact):.3f}",
+                      f"{1000 * seconds:.3f}", f"{100 * seconds / encode:.1f}%")
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -538,16 +604,24 @@ def main(argv=None):
     c = command("multitask", "a PCGrad step against a summed-loss step", 3, steps=5)
     c.add_argument("--tasks", default="sst,mrpc,sts")
     c.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"])
+    c = command("index", "flat, IVF and HNSW datastores: build, size, recall, search", 3)
+    c.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100_000, 1_000_000],
+                   help="synthetic datastore sizes (after SST's real keys)")
+    c.add_argument("--dim", type=int, default=384, help="the synthetic keys' dimension (MiniLM's)")
+    c.add_argument("--queries", type=int, default=1000)
+    c.add_argument("--k", type=int, default=64)
+    c.add_argument("--synthetic_only", action="store_true", help="skip SST's real keys")
+    c.add_argument("--data_dir", help="dataset root, for SST (default: $MINKNN_DATA, else ./data)")
     args = p.parse_args(argv)
-    for name in ("rounds", "steps", "examples", "batch_size", "k"):
+    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.readme and not os.path.isfile(args.readme):
         p.error(f"--readme {args.readme}: no such file")
     device = pick_device(args.device)
     out = []
-    {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn,
-     "multitask": bench_multitask}[args.command](args, device, Timer(device, args.rounds), out)
+    {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn, "multitask": bench_multitask,
+     "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
     if args.readme:
         write_readme(args.readme, args.command, out)
 

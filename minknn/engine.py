@@ -1,8 +1,9 @@
 """The plumbing shared by train.py and evaluate.py: seeds, device, batches, prediction.
 
-Training batches are tokenised on the fly and padded to their longest example. For prediction the
-examples are also sorted by length first, so that each batch holds examples of similar length
-and almost no padding; the outputs are put back in the original order.
+Training batches are tokenised on the fly and padded to their longest example; the encoder then
+computes on the real tokens only (minknn/bert.py), so the padding costs little but the attention.
+For prediction the examples are also sorted by length first, so that each batch holds examples of
+similar length and almost no padding; the outputs are put back in the original order.
 """
 import contextlib
 import random
