@@ -5,6 +5,7 @@
     python evaluate.py --checkpoint RUN --proxy        # and proxy inference (a proxy loss's run)
     python evaluate.py --checkpoint RUN --knn          # and kNN over the training set
     python evaluate.py --checkpoint RUN --knn --sweep  # the phi and K tables (KNN-BERT's Fig. 2)
+    python evaluate.py --checkpoint RUN --knn --index hnsw   # an approximate faiss index
 A multi-label run's --knn is Su et al.'s vote; a multi-task run's scores are every task's and
 the overall score.
 
@@ -25,9 +26,12 @@ similarity: gold). The metrics go to <run>/predictions-<split>-metrics.json (bes
 when given): the checkpoint, its epoch, the split, the data root, --max_eval, and per task its n,
 every rule's scores (acc: the model's, proxy_acc: proxy inference's, knn_acc: kNN alone's,
 mix_acc: the model mixed with kNN; likewise for each metric), proxy_alpha, the kNN settings (k,
-phi, vote, temperature, key) and timings. The kNN datastore is saved as
-<run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint, the key
-and the training set are unchanged.
+phi, vote, temperature, key, the faiss index and its parameters) and timings. The kNN datastore
+is saved as <run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint,
+the key and the training set are unchanged. An approximate index (--index ivf or hnsw) is saved
+in it once built; a datastore saved with another index (or other --nlist, --hnsw_m,
+--ef_construction) gets the asked-for one built over its saved keys, or with --datastore is
+refused. --nprobe and --ef_search only steer the search: changing them rebuilds nothing.
 """
 import csv
 import io

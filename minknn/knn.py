@@ -6,7 +6,7 @@ Nearest Neighbor Mechanism for Multi-Label Text Classification", eq. 1).
 Datastore: one forward pass over the training set gives a key per example (its representation,
 --knn_key) and a value: its label as a one-hot row y_j (C,), or, for a multi-label task, its
 multi-hot row. A query q (a dev or test example's representation) retrieves its K nearest keys
-with faiss (exact search):
+with faiss (exactly, or approximately: the index, below):
     --vote cosine     cosine similarity: inner product of unit vectors (faiss.IndexFlatIP)
     --vote distance   squared L2 distance d(k, q) = ||k - q||^2 on the raw vectors
                       (faiss.IndexFlatL2)
@@ -42,12 +42,12 @@ The index (--index, INDEX_DEFAULTS) is how faiss finds the K nearest keys:
           with a candidate list of ef_construction; a query walks the graph greedily, keeping
           the ef_search best candidates: ef_search trades recall for time. It must be at least
           the hits asked for (K, or K + 1 when the query's own entry is dropped); a smaller one
-          is raised to that, as faiss itself does.
+          is raised to that (faiss's own HNSW search does likewise).
 Both find the true scores of the keys they return (cosine similarities, squared L2), so the votes
 are unchanged; they may miss some of the K nearest: recall_at_k measures how many. When an
 approximate search finds fewer than K keys (faiss's row -1), the search is refused, naming the
 flag to raise. The built index is saved with the datastore: an IVF or HNSW build over 1M keys
-takes minutes.
+can take minutes.
 """
 import hashlib
 import math
@@ -106,7 +106,9 @@ def check_k(k, n, excluding_self=False):
 
 INDEXES = ("flat", "ivf", "hnsw")
 # The approximate indexes' defaults, chosen by measurement in `bench.py index` (recall@K against
-# flat, and time a query, up to 1M keys of dim 384): change them here and nowhere else.
+# flat and the time a query takes, up to 1M keys of dim 384): change them here and nowhere else.
+# Until it has run they are starting points: nlist and the training sample from the faiss wiki's
+# guidelines, hnsw_m within its 4 to 64, nprobe and the ef_* common choices.
 INDEX_DEFAULTS = {
     "flat": {},
     "ivf": {"nlist_per_sqrt_n": 4, "nprobe": 32, "max_train_per_cell": 64},
@@ -134,7 +136,8 @@ def default_nlist(n):
 
 def index_settings(index, n, **given):
     """{"index": index, and its parameters} for an index over n keys: each parameter the value
-    given (evaluate.py's flags, by name; None or absent: INDEX_DEFAULTS's)."""
+    given (evaluate.py's flags, by name; None or absent: INDEX_DEFAULTS's; the other indexes'
+    parameters are ignored)."""
     settings = {"index": index}
     for name in (*INDEX_FLAGS[index], *BUILT_WITH[index]):
         value = given.get(name)
