@@ -551,7 +551,8 @@ def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_
     assert saved == result and saved["split"] == "dev" and saved["epoch"] == 1 and saved["sst"]["n"] == 15
     for rule in ("", "proxy_", "knn_", "mix_"):  # every rule's scores
         assert 0 <= saved["sst"][rule + "acc"] <= 1 and 0 <= saved["sst"][rule + "macro_f1"] <= 1, rule
-    assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean"}
+    assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean",
+                                   "index": {"index": "flat"}}
     dev = list(csv.reader(open(os.path.join(data_dir, "minbert", "ids-sst-dev.csv")), delimiter="\t"))[1:]
     for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only"), ("mix_", "-knn")):
         rows = list(csv.reader(open(tmp_path / "run" / f"predictions-dev{name}.csv")))[1:]
