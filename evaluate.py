@@ -5,6 +5,7 @@
     python evaluate.py --checkpoint RUN --proxy        # and proxy inference (a proxy loss's run)
     python evaluate.py --checkpoint RUN --knn          # and kNN over the training set
     python evaluate.py --checkpoint RUN --knn --sweep  # the phi and K tables (KNN-BERT's Fig. 2)
+    python evaluate.py --checkpoint RUN --knn --index hnsw   # an approximate faiss index
 A multi-label run's --knn is Su et al.'s vote; a multi-task run's scores are every task's and
 the overall score.
 
@@ -25,9 +26,12 @@ similarity: gold). The metrics go to <run>/predictions-<split>-metrics.json (bes
 when given): the checkpoint, its epoch, the split, the data root, --max_eval, and per task its n,
 every rule's scores (acc: the model's, proxy_acc: proxy inference's, knn_acc: kNN alone's,
 mix_acc: the model mixed with kNN; likewise for each metric), proxy_alpha, the kNN settings (k,
-phi, vote, temperature, key) and timings. The kNN datastore is saved as
-<run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint, the key
-and the training set are unchanged.
+phi, vote, temperature, key, the faiss index and its parameters) and timings. The kNN datastore
+is saved as <run>/datastore-<key>.pt (datastore-<task>-<key>.pt) and reused while the checkpoint,
+the key and the training set are unchanged. An approximate index (--index ivf or hnsw) is saved
+in it once built; a datastore saved with another index (or other --nlist, --hnsw_m,
+--ef_construction) gets the asked-for one built over its saved keys, or with --datastore is
+refused. --nprobe and --ef_search only steer the search: changing them rebuilds nothing.
 """
 import csv
 import io
@@ -41,7 +45,9 @@ from minknn.data import (data_root, eval_subset, examples_fingerprint, labelled,
                          source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
-from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
+from minknn.knn import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, KNN_DEFAULTS, VOTES, Datastore,
+                        built_with, check_k, describe_index, fingerprint, index_settings,
+                        interpolate, settings)
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
@@ -80,21 +86,40 @@ def get_args(argv=None):
                    "(default: the decoupled head's, else the run's --pooling)")
     g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 4, .., 1024")
     g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
+    g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
+                   "(approximate; minknn/knn.py) (default: flat)")
+    ivf, hnsw = INDEX_DEFAULTS["ivf"], INDEX_DEFAULTS["hnsw"]
+    g.add_argument("--nlist", type=int, help="ivf: k-means cells (default: "
+                   f"{ivf['nlist_per_sqrt_n']} sqrt(N), at least 39 keys a cell)")
+    g.add_argument("--nprobe", type=int, help="ivf: cells searched per query (default: "
+                   f"{ivf['nprobe']})")
+    g.add_argument("--hnsw_m", type=int, help=f"hnsw: links per key (default: {hnsw['hnsw_m']})")
+    g.add_argument("--ef_construction", type=int, help="hnsw: candidates kept while building "
+                   f"(default: {hnsw['ef_construction']})")
+    g.add_argument("--ef_search", type=int, help="hnsw: candidates kept per query, raised to K "
+                   f"(K + 1 on --split train) when smaller (default: {hnsw['ef_search']})")
     args = p.parse_args(argv)
     for name in ("proxy_alpha", "phi"):
         if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("k", "max_eval", "batch_size"):
+    for name in ("k", "max_eval", "batch_size", *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"]):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     t = args.temperature
     if t is not None and not (math.isfinite(t) and t > 0):
         p.error(f"--temperature must be a finite number > 0, got {t}")
     knn_only = [f"--{n}" for n in ("k", "phi", "vote", "temperature", "knn_key", "datastore",
-                                   "sweep") if getattr(args, n) not in (None, False)]
+                                   "sweep", "index", *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])
+                if getattr(args, n) not in (None, False)]
     if knn_only and not args.knn:
         what = "is a kNN option" if len(knn_only) == 1 else "are kNN options"
         p.error(f"{', '.join(knn_only)} {what}; add --knn")
+    index = args.index or "flat"
+    for owner in ("ivf", "hnsw"):
+        other = [f"--{n}" for n in INDEX_FLAGS[owner] if getattr(args, n) is not None]
+        if other and index != owner:
+            p.error(f"{', '.join(other)} {'sets' if len(other) == 1 else 'set'} --index {owner}, "
+                    f"not --index {index}; add --index {owner}")
     if args.out is not None and (not args.out or os.path.isdir(args.out)):
         p.error(f"--out '{args.out}' names the predictions file (e.g. preds.csv), not a folder")
     return args
@@ -156,6 +181,7 @@ def read_task_data(args, ckpt, task, knn):
     train = run_training_set(args, ckpt, task)
     if not args.sweep:  # the sweep caps K at the datastore's size
         check_k(knn_settings(args, task)[0], len(train), excluding_self=args.split == "train")
+    knn_index(args, len(train))  # --nlist beyond the training set stops here
     return examples, subset, train
 
 
@@ -164,28 +190,60 @@ def knn_settings(args, task):
     return settings(task.kind, args.k, args.phi, args.vote, args.temperature)
 
 
+def knn_index(args, n):
+    """The faiss index's settings over n training examples: the flags, else the defaults."""
+    return index_settings(args.index or "flat", n, **{name: getattr(args, name) for flags in
+                                                      INDEX_FLAGS.values() for name in flags})
+
+
 def knn_datastore(args, ckpt, path, model, tokenizer, task, train, key, device):
-    """The training set's datastore: loaded from disk when still valid, else built and saved."""
-    stamp = fingerprint(ckpt["file"], key, train)
+    """The training set's datastore and its index for this vote: loaded from disk when still
+    valid, else built and saved. Returns (datastore, seconds encoding its keys or None, seconds
+    building its index or None)."""
+    stamp, wanted = fingerprint(ckpt["file"], key, train), knn_index(args, len(train))
+    datastore, seconds, stale = None, None, False
     if os.path.exists(path):
         datastore = Datastore.load(path, stamp)
-        if datastore is not None:
-            print(f"datastore: {len(datastore)} keys ({key}) loaded from {path}")
-            return datastore, None
-        if args.datastore:
+        if datastore is None and args.datastore:
             raise MinknnError(f"--datastore {path} was built by a different checkpoint, key or "
                               f"training set; leave out --datastore to build one for this "
                               f"checkpoint")
-        print(f"datastore: {path} is from an older checkpoint, key or training set; rebuilding it")
-    start = time.time()
-    _, keys = predict(model, tokenizer, task, train, args.batch_size, device, progress="datastore",
-                      key=key, precision=args.precision)
-    labels = kind_of(task).targets(task, train, "cpu")  # class indices, or multi-hot rows
-    datastore = Datastore(keys, labels, [e.id for e in train], len(task.labels))
-    datastore.save(path, stamp)
-    seconds = time.time() - start
-    print(f"datastore: {len(datastore)} keys ({key}) built in {seconds:.1f} s, saved to {path}")
-    return datastore, seconds
+        if datastore is None:
+            print(f"datastore: {path} is from an older checkpoint, key or training set; "
+                  f"rebuilding it")
+        elif built_with(datastore.settings) != built_with(wanted):
+            saved, asked = describe_index(datastore.settings), describe_index(wanted)
+            if args.datastore:
+                raise MinknnError(f"--datastore {path} holds index {saved}, but the flags ask for "
+                                  f"{asked}; give its flags, or leave out --datastore")
+            print(f"datastore: {path} holds index {saved}, not {asked}; building that over its "
+                  f"keys")
+            stale = True
+        else:
+            print(f"datastore: {len(datastore)} keys ({key}), index {describe_index(wanted)}, "
+                  f"loaded from {path}")
+    if datastore is None:
+        start = time.time()
+        _, keys = predict(model, tokenizer, task, train, args.batch_size, device,
+                          progress="datastore", key=key, precision=args.precision)
+        labels = kind_of(task).targets(task, train, "cpu")  # class indices, or multi-hot rows
+        datastore = Datastore(keys, labels, [e.id for e in train], len(task.labels), wanted)
+        datastore.save(path, stamp)
+        seconds = time.time() - start
+        print(f"datastore: {len(datastore)} keys ({key}) built in {seconds:.1f} s, saved to {path}")
+    datastore.use_index(wanted)  # nprobe and ef_search: the flags', whatever was saved
+    vote = knn_settings(args, task)[2]
+    index_seconds = None
+    if not datastore.has_index(vote):  # a flat index is never saved: the keys are all it holds
+        start = time.time()
+        datastore.index(vote)
+        index_seconds = time.time() - start
+        stale = stale or wanted["index"] != "flat"
+    if stale:  # the next evaluate loads this index instead of building it
+        datastore.save(path, stamp)
+        print(f"datastore: index {describe_index(wanted)} built in {index_seconds:.1f} s, saved "
+              f"to {path}")
+    return datastore, seconds, index_seconds
 
 
 def sweep(task, datastore, probabilities, queries, gold, exclude, args):
@@ -227,8 +285,9 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if knn:  # the datastore first: its errors come before the slow encoding of the split
         name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
         path = args.datastore or os.path.join(run_dir, name)
-        datastore, build_seconds = knn_datastore(args, ckpt, path, model, tokenizer, task, train,
-                                                 key, device)
+        datastore, build_seconds, index_seconds = knn_datastore(args, ckpt, path, model,
+                                                                tokenizer, task, train, key,
+                                                                device)
 
     # one pass gives the outputs and, with --knn, the queries in the datastore's representation
     start = time.time()
@@ -250,7 +309,8 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
         result["proxy_alpha"] = args.proxy_alpha
     if knn:
         k, phi, vote, temperature = knn_settings(args, task)
-        result["knn"] = {"k": k, "phi": phi, "vote": vote, "temperature": temperature, "key": key}
+        result["knn"] = {"k": k, "phi": phi, "vote": vote, "temperature": temperature, "key": key,
+                         "index": datastore.settings}
         # the queries are training examples: leave each one's own entry out of its neighbours
         exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
         start = time.time()
@@ -264,6 +324,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
         result["timing"] = {"encode_ms_per_query": 1000 * encode_seconds / len(examples),
                             "knn_ms_per_query": 1000 * knn_seconds / len(examples),
                             "datastore_build_seconds": build_seconds,
+                            "index_build_seconds": index_seconds,
                             "datastore_size": len(datastore)}
     elif args.knn:
         print(f"{task.name}: no kNN for a {task.kind} task"

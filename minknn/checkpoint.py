@@ -74,9 +74,11 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
 
 
 def load_tagged(path, format_tag, what):
-    """The dict torch.save'd at path, refused with one line unless it carries `format_tag`.
-    what: how the error names the file and its kind, e.g. ("--checkpoint x.pt", "checkpoint")."""
+    """The dict torch.save'd at path, refused with one line unless it carries `format_tag` (or one
+    of a tuple of tags, the current one first). what: how the error names the file and its kind,
+    e.g. ("--checkpoint x.pt", "checkpoint")."""
     name, kind = what
+    tags = (format_tag,) if isinstance(format_tag, str) else format_tag
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -84,8 +86,8 @@ def load_tagged(path, format_tag, what):
     if isinstance(obj, dict) and obj.get("format") == "minknn-checkpoint-1":
         raise MinknnError(f"{name}: written by an earlier minknn (format minknn-checkpoint-1, "
                           f"before every task shared one model); train it again with this version")
-    if not isinstance(obj, dict) or obj.get("format") != format_tag:
-        raise MinknnError(f"{name}: not a minknn {kind} (no '{format_tag}' format tag)")
+    if not isinstance(obj, dict) or obj.get("format") not in tags:
+        raise MinknnError(f"{name}: not a minknn {kind} (no '{tags[0]}' format tag)")
     return obj
 
 

@@ -6,7 +6,7 @@ Nearest Neighbor Mechanism for Multi-Label Text Classification", eq. 1).
 Datastore: one forward pass over the training set gives a key per example (its representation,
 --knn_key) and a value: its label as a one-hot row y_j (C,), or, for a multi-label task, its
 multi-hot row. A query q (a dev or test example's representation) retrieves its K nearest keys
-with faiss (exact search):
+with faiss (exactly, or approximately: the index, below):
     --vote cosine     cosine similarity: inner product of unit vectors (faiss.IndexFlatIP)
     --vote distance   squared L2 distance d(k, q) = ||k - q||^2 on the raw vectors
                       (faiss.IndexFlatL2)
@@ -26,8 +26,31 @@ phi = 0.5 (Su et al.'s lambda), the euclidean vote (Su et al.'s, on AAPD). T = 1
 al.'s) for the distance vote and tau = 1 (Su et al.'s) for the euclidean one.
 When the queries are training examples themselves (evaluate.py --split train), each query's own
 entry is left out of its neighbours, or every example would find itself first.
+
+The index (--index, INDEX_DEFAULTS) is how faiss finds the K nearest keys:
+    flat  exact: the query is compared with every key, N d multiply-adds a query.
+    ivf   an inverted file (faiss.IndexIVFFlat): k-means splits the keys into nlist cells, and
+          a query is compared only with the keys of the nprobe cells whose centroids are
+          nearest, about nprobe / nlist of them. A neighbour in a cell not visited is missed:
+          nprobe trades recall for time (nprobe >= nlist is exact). nlist defaults to
+          4 sqrt(N), the low end of faiss's 4 sqrt(N) to 16 sqrt(N) cells for up to 1M keys,
+          and the k-means is trained on at most 64 keys a cell (faiss asks for 30 to 256), with
+          at least 39 a cell (fewer and faiss's k-means warns) (faiss wiki, "Guidelines to
+          choose an index").
+    hnsw  a hierarchical navigable small-world graph (Malkov & Yashunin 2018;
+          faiss.IndexHNSWFlat): each key is linked to hnsw_m neighbours, found while building
+          with a candidate list of ef_construction; a query walks the graph greedily, keeping
+          the ef_search best candidates: ef_search trades recall for time. It must be at least
+          the hits asked for (K, or K + 1 when the query's own entry is dropped); a smaller one
+          is raised to that (faiss's own HNSW search does likewise).
+Both find the true scores of the keys they return (cosine similarities, squared L2), so the votes
+are unchanged; they may miss some of the K nearest: recall_at_k measures how many. When an
+approximate search finds fewer than K keys (faiss's row -1), the search is refused, naming the
+flag to raise. The built index is saved with the datastore: an IVF or HNSW build over 1M keys
+can take minutes.
 """
 import hashlib
+import math
 
 import faiss
 import numpy as np
@@ -38,7 +61,8 @@ from minknn import MinknnError
 from minknn.checkpoint import atomic_save, load_tagged
 from minknn.data import examples_fingerprint
 
-FORMAT = "minknn-datastore-1"
+FORMAT = "minknn-datastore-2"  # -2: the index's settings and the built approximate indexes
+FORMAT_1 = "minknn-datastore-1"  # flat indexes only, built on loading: still read, as flat
 
 
 def vote_cosine(scores, temperature=None):
@@ -80,6 +104,109 @@ def check_k(k, n, excluding_self=False):
                           f"use --k {n - excluding_self} or less")
 
 
+INDEXES = ("flat", "ivf", "hnsw")
+# The approximate indexes' defaults, chosen by measurement in `bench.py index` (recall@K against
+# flat and the time a query takes, up to 1M keys of dim 384): change them here and nowhere else.
+# Until it has run they are starting points: nlist and the training sample from the faiss wiki's
+# guidelines, hnsw_m within its 4 to 64, nprobe and the ef_* common choices.
+INDEX_DEFAULTS = {
+    "flat": {},
+    "ivf": {"nlist_per_sqrt_n": 4, "nprobe": 32, "max_train_per_cell": 64},
+    "hnsw": {"hnsw_m": 32, "ef_construction": 64, "ef_search": 128},
+}
+INDEX_FLAGS = {"flat": (), "ivf": ("nlist", "nprobe"),  # evaluate.py's flags of each index
+               "hnsw": ("hnsw_m", "ef_construction", "ef_search")}
+BUILT_WITH = {"flat": (), "ivf": ("nlist", "max_train_per_cell"),  # what the built index depends
+              "hnsw": ("hnsw_m", "ef_construction")}               # on; nprobe, ef_search do not
+MIN_TRAIN_PER_CELL = 39  # faiss's k-means warns with fewer training keys a centroid
+FLAT = {"cosine": faiss.IndexFlatIP, "l2": faiss.IndexFlatL2}
+FAISS_METRIC = {"cosine": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
+
+
+def metric_of(vote):
+    """cosine: inner product on unit keys; distance and euclidean share one squared-L2 search."""
+    return "cosine" if vote == "cosine" else "l2"
+
+
+def default_nlist(n):
+    """4 sqrt(N) cells, but at least 39 keys a cell (and one cell at least)."""
+    per_sqrt_n = INDEX_DEFAULTS["ivf"]["nlist_per_sqrt_n"]
+    return max(1, min(round(per_sqrt_n * math.sqrt(n)), n // MIN_TRAIN_PER_CELL))
+
+
+def index_settings(index, n, **given):
+    """{"index": index, and its parameters} for an index over n keys: each parameter the value
+    given (evaluate.py's flags, by name; None or absent: INDEX_DEFAULTS's; the other indexes'
+    parameters are ignored)."""
+    settings = {"index": index}
+    for name in (*INDEX_FLAGS[index], *BUILT_WITH[index]):
+        value = given.get(name)
+        if value is None:
+            value = default_nlist(n) if name == "nlist" else INDEX_DEFAULTS[index][name]
+        settings[name] = value
+    if index == "ivf" and settings["nlist"] > n:
+        raise MinknnError(f"--nlist {settings['nlist']}: the datastore holds {n} training examples "
+                          f"and k-means needs one a cell at least; use --nlist {n} or less "
+                          f"(default: {default_nlist(n)})")
+    return settings
+
+
+def built_with(settings):
+    """The settings the built index depends on: the index and its build parameters."""
+    return {name: settings[name] for name in ("index", *BUILT_WITH[settings["index"]])}
+
+
+def describe_index(settings):
+    """e.g. 'ivf (nlist 51, max_train_per_cell 64)': the index and its build parameters."""
+    params = ", ".join(f"{k} {v}" for k, v in built_with(settings).items() if k != "index")
+    return settings["index"] + (f" ({params})" if params else "")
+
+
+def build_index(keys, metric, settings):
+    """A faiss index over keys (N, d), trained and filled: metric "cosine" compares unit vectors
+    by inner product (the keys are normalised here), "l2" the raw vectors by squared distance;
+    settings: index_settings(...). Its search returns the same scores for either kind."""
+    keys = np.array(keys.numpy() if torch.is_tensor(keys) else keys, dtype=np.float32,
+                    order="C")  # a copy: normalised in place below
+    if metric == "cosine":
+        faiss.normalize_L2(keys)
+    d, kind = keys.shape[1], settings["index"]
+    if kind == "flat":
+        index = FLAT[metric](d)
+    elif kind == "ivf":
+        index = faiss.IndexIVFFlat(FLAT[metric](d), d, settings["nlist"], FAISS_METRIC[metric])
+        # k-means on a sample of at most max_train_per_cell keys a cell, drawn with a fixed seed
+        # (faiss's default, written out): the same keys build the same index
+        index.cp.max_points_per_centroid = settings["max_train_per_cell"]
+        index.cp.seed = 1234
+        index.train(keys)
+    else:
+        index = faiss.IndexHNSWFlat(d, settings["hnsw_m"], FAISS_METRIC[metric])
+        index.hnsw.efConstruction = settings["ef_construction"]
+    index.add(keys)
+    return index
+
+
+def search_parameters(settings, hits):
+    """faiss's per-search parameters: the cells an IVF search visits; the candidates an HNSW
+    search keeps, at least the hits asked for (a smaller ef_search is raised to that)."""
+    if settings["index"] == "ivf":
+        return faiss.SearchParametersIVF(nprobe=settings["nprobe"])
+    if settings["index"] == "hnsw":
+        return faiss.SearchParametersHNSW(efSearch=max(settings["ef_search"], hits))
+    return None
+
+
+def recall_at_k(approx_rows, exact_rows):
+    """The fraction of the exact K nearest (exact_rows (Q, K), e.g. a flat index's rows) that an
+    approximate search found (approx_rows (Q, K), -1 for no hit), averaged over the queries.
+    Keys exactly as near as the K-th can make a correct hit count as a miss; with continuous
+    keys such ties are rare."""
+    approx, exact = np.asarray(approx_rows), np.asarray(exact_rows)
+    found = [len(set(a.tolist()) & set(e.tolist())) for a, e in zip(approx, exact)]
+    return float(np.mean(found)) / exact.shape[1]
+
+
 def interpolate(probabilities, knn_probs, phi):
     """s = (1 - phi) P(q) + phi KNN(q), (Q, C)."""
     return (1 - phi) * probabilities + phi * knn_probs
@@ -88,9 +215,10 @@ def interpolate(probabilities, knn_probs, phi):
 class Datastore:
     """The training set's keys (N, d) and labels (N,) class indices, or (N, C) multi-hot rows, with
     their example ids, searchable by faiss; values (N, C) are the labels as one-hot or multi-hot
-    rows."""
+    rows. index: index_settings(...) (default: flat). Each metric's index is built on its first
+    search; the approximate ones are saved with the datastore."""
 
-    def __init__(self, keys, labels, ids, num_classes):
+    def __init__(self, keys, labels, ids, num_classes, index=None):
         if len(keys) == 0:
             raise MinknnError("the kNN datastore is empty: the training set has no examples")
         self.keys = np.ascontiguousarray(keys.numpy() if torch.is_tensor(keys) else keys,
@@ -99,23 +227,27 @@ class Datastore:
         self.values = (F.one_hot(self.labels.long(), num_classes) if self.labels.ndim == 1
                        else self.labels).double()
         self.ids, self.num_classes = list(ids), num_classes
-        self._indexes = {}
+        self.settings = index or index_settings("flat", len(self.keys))
+        self._indexes = {}  # metric ("cosine" or "l2") -> its faiss index, built or loaded
 
     def __len__(self):
         return len(self.keys)
 
+    def use_index(self, settings):
+        """Search with these settings from now on: the indexes already built are kept if they
+        were built with the same ones (nprobe or ef_search may differ), else dropped."""
+        if built_with(settings) != built_with(self.settings):
+            self._indexes = {}
+        self.settings = settings
+
+    def has_index(self, vote):
+        return metric_of(vote) in self._indexes
+
     def index(self, vote):
-        """The faiss index a vote searches: inner product on unit keys (cosine), or squared L2 on
-        raw keys."""
-        metric = "cosine" if vote == "cosine" else "l2"  # distance and euclidean share one search
+        """The faiss index a vote searches, built on first use."""
+        metric = metric_of(vote)
         if metric not in self._indexes:
-            keys = self.keys.copy()
-            if metric == "cosine":
-                faiss.normalize_L2(keys)
-            index = (faiss.IndexFlatIP(keys.shape[1]) if metric == "cosine"
-                     else faiss.IndexFlatL2(keys.shape[1]))
-            index.add(keys)
-            self._indexes[metric] = index
+            self._indexes[metric] = build_index(self.keys, metric, self.settings)
         return self._indexes[metric]
 
     def search(self, queries, k, vote, exclude=None):
@@ -128,15 +260,27 @@ class Datastore:
         if vote == "cosine":
             q = q.copy()
             faiss.normalize_L2(q)
-        extra = int(exclude is not None)
-        scores, rows = self.index(vote).search(q, k + extra)
+        hits = k + int(exclude is not None)
+        scores, rows = self.index(vote).search(q, hits, params=search_parameters(self.settings,
+                                                                                 hits))
         if exclude is not None:
-            # drop each query's own entry (or, when it is not among them, the last hit)
-            own = rows == np.asarray(exclude)[:, None]
+            # drop each query's own entry (or, when it is not among them, the last hit); an
+            # approximate index pads with row -1, which is nobody's own entry
+            own = (rows == np.asarray(exclude)[:, None]) & (rows >= 0)
             own[~own.any(1), -1] = True
             keep = ~own
             scores, rows = scores[keep].reshape(len(q), k), rows[keep].reshape(len(q), k)
+        if (rows < 0).any():  # row -1 would vote with the last key: refused instead
+            raise MinknnError(self.too_few_hits(int((rows < 0).any(1).sum()), len(q), k))
         return torch.from_numpy(scores), torch.from_numpy(rows)
+
+    def too_few_hits(self, short, queries, k):
+        """The error of an approximate search that found fewer than k keys for some queries."""
+        s = self.settings
+        raise_ = (f"--nprobe (now {s['nprobe']} of {s['nlist']} cells)" if s["index"] == "ivf"
+                  else f"--ef_search (now {s['ef_search']})")
+        return (f"--index {s['index']}: {short} of {queries} queries found fewer than {k} "
+                f"neighbours; raise {raise_}")
 
     def rows_of(self, ids):
         """Each id's datastore row, -1 for ids not in it."""
@@ -153,18 +297,30 @@ class Datastore:
         return knn
 
     def save(self, path, fingerprint):
+        """The keys, labels and ids, the index's settings and the approximate indexes built so
+        far, serialised by faiss (a flat index is the keys themselves: rebuilt on loading)."""
+        built = {} if self.settings["index"] == "flat" else \
+            {metric: torch.from_numpy(faiss.serialize_index(index))
+             for metric, index in self._indexes.items()}
         atomic_save({"format": FORMAT, "fingerprint": fingerprint,
                      "keys": torch.from_numpy(self.keys), "labels": self.labels, "ids": self.ids,
-                     "num_classes": self.num_classes}, path)
+                     "num_classes": self.num_classes, "index": built_with(self.settings),
+                     "faiss": built}, path)
 
     @classmethod
     def load(cls, path, fingerprint):
-        """The datastore saved at path, or None when it was built from another checkpoint or
-        data."""
-        saved = load_tagged(path, FORMAT, (path, "datastore"))
+        """The datastore saved at path, with its index's settings (nprobe and ef_search: the
+        defaults; use_index sets others) and its saved indexes, or None when it was built from
+        another checkpoint or data."""
+        saved = load_tagged(path, (FORMAT, FORMAT_1), (path, "datastore"))
         if saved["fingerprint"] != fingerprint:
             return None
-        return cls(saved["keys"], saved["labels"], saved["ids"], saved["num_classes"])
+        built = dict(saved.get("index", {"index": "flat"}))  # minknn-datastore-1: flat
+        datastore = cls(saved["keys"], saved["labels"], saved["ids"], saved["num_classes"],
+                        index_settings(built.pop("index"), len(saved["keys"]), **built))
+        for metric, serialized in saved.get("faiss", {}).items():
+            datastore._indexes[metric] = faiss.deserialize_index(serialized.numpy())
+        return datastore
 
 
 def fingerprint(checkpoint_path, key, examples):

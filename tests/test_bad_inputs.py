@@ -322,6 +322,16 @@ EVALUATE_CASES = [
      "data/glue/RTE/train.tsv: not the rte training examples the run trained on"),
     ("evaluate data_dir not found", "evaluate",
      evaluator(trained=["--max_train", "16"], data=lambda tmp, fixtures: str(tmp / "no-data")), "no-data: not found"),
+    # the faiss index's flags (minknn/knn.py); --nlist beyond the training set and a --datastore built with
+    # another index: test_train.py's test_evaluate_saves_the_faiss_index_...
+    ("evaluate --index without --knn", "evaluate", evaluator("--index", "hnsw"), "--index is a kNN option; add --knn"),
+    ("evaluate --nprobe with the flat index", "evaluate", evaluator("--knn", "--nprobe", "4"),
+     "--nprobe sets --index ivf, not --index flat; add --index ivf"),
+    ("evaluate hnsw flags with ivf", "evaluate", evaluator("--knn", "--index", "ivf", "--hnsw_m", "8", "--ef_search", "4"),
+     "--hnsw_m, --ef_search set --index hnsw, not --index ivf; add --index hnsw"),
+    ("evaluate nlist 0", "evaluate", evaluator("--knn", "--index", "ivf", "--nlist", "0"), "--nlist must be at least 1, got 0"),
+    ("evaluate ef_construction 0", "evaluate", evaluator("--knn", "--index", "hnsw", "--ef_construction", "0"),
+     "--ef_construction must be at least 1, got 0"),
 ]
 
 CASES = FLAG_CASES + DATA_CASES + MODEL_CASES + EVALUATE_CASES

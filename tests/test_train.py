@@ -189,6 +189,53 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert evaluate.main(common)["sst"]["timing"]["datastore_build_seconds"] is not None
 
 
+def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(tiny_bert_dir, data_dir, tmp_path,
+                                                                              monkeypatch, capsys):
+    """--index hnsw: the index built once and saved in the datastore, loaded by the next evaluate (another
+    --ef_search only changes the search); another index: an explicit --datastore is refused, the default one
+    gets the new index built over its saved keys, without encoding the training set again."""
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1")
+    common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8"]
+    path = tmp_path / "run" / "datastore-mean.pt"
+
+    def refused(extra, message):
+        """evaluate.py with these flags stops with one line, before encoding anything."""
+        with monkeypatch.context() as m:
+            m.setattr(evaluate, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
+            with pytest.raises(evaluate.MinknnError, match=message) as e:
+                evaluate.main(common + extra)
+        assert "\n" not in str(e.value)
+    refused(["--index", "ivf", "--nlist", "41"], r"^--nlist 41: the datastore holds 40 training examples and k-means "
+                                                 r"needs one a cell at least; use --nlist 40 or less \(default: 1\)$")
+    flat = evaluate.main(common)["sst"]
+    assert flat["knn"]["index"] == {"index": "flat"} and flat["timing"]["datastore_build_seconds"] is not None
+    assert torch.load(path, weights_only=True)["faiss"] == {}  # a flat index is the keys: not saved
+
+    passes = []
+    predict = evaluate.predict
+    monkeypatch.setattr(evaluate, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
+    hnsw = evaluate.main(common + ["--index", "hnsw", "--ef_search", "16"])["sst"]
+    assert hnsw["knn"]["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64, "ef_search": 16}
+    assert hnsw["timing"]["datastore_build_seconds"] is None and hnsw["timing"]["index_build_seconds"] is not None
+    assert "holds index flat, not hnsw (hnsw_m 32, ef_construction 64); building that over its keys" in capsys.readouterr().out
+    saved = torch.load(path, weights_only=True)
+    assert saved["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64} and set(saved["faiss"]) == {"cosine"}
+    again = evaluate.main(common + ["--index", "hnsw", "--ef_search", "64"])["sst"]
+    assert (again["timing"]["datastore_build_seconds"], again["timing"]["index_build_seconds"]) == (None, None)
+    assert again["knn"]["index"]["ef_search"] == 64 and again["knn_acc"] == hnsw["knn_acc"]
+    evaluate.main(common + ["--index", "hnsw", "--vote", "distance"])  # the l2 index joins the cosine one
+    assert set(torch.load(path, weights_only=True)["faiss"]) == {"cosine", "l2"}
+    assert passes == ["sst dev"] * 3, passes  # the training set was encoded once, by the flat evaluate
+
+    refused(["--index", "ivf", "--datastore", str(path)],
+            r"datastore-mean.pt holds index hnsw \(hnsw_m 32, ef_construction 64\), but the flags ask for ivf "
+            r"\(nlist 1, max_train_per_cell 64\); give its flags, or leave out --datastore$")
+    ivf = evaluate.main(common + ["--index", "ivf"])["sst"]
+    assert ivf["timing"]["datastore_build_seconds"] is None and torch.load(path, weights_only=True)["index"] == \
+        {"index": "ivf", "nlist": 1, "max_train_per_cell": 64}
+    assert (ivf["knn_acc"], ivf["mix_acc"]) == (flat["knn_acc"], flat["mix_acc"])  # one cell of 40 keys: exact
+
+
 def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "2", "--lr", "3e-3", "--decoupled")
     assert summary["decoupled"] and summary["lam"] == {"sst": 0.5}
@@ -505,7 +552,8 @@ def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_
     assert saved == result and saved["split"] == "dev" and saved["epoch"] == 1 and saved["sst"]["n"] == 15
     for rule in ("", "proxy_", "knn_", "mix_"):  # every rule's scores
         assert 0 <= saved["sst"][rule + "acc"] <= 1 and 0 <= saved["sst"][rule + "macro_f1"] <= 1, rule
-    assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean"}
+    assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean",
+                                   "index": {"index": "flat"}}
     dev = list(csv.reader(open(os.path.join(data_dir, "minbert", "ids-sst-dev.csv")), delimiter="\t"))[1:]
     for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only"), ("mix_", "-knn")):
         rows = list(csv.reader(open(tmp_path / "run" / f"predictions-dev{name}.csv")))[1:]
