@@ -8,6 +8,7 @@
     python train.py --task sst --decoupled           # 0.5 CE + 0.5 triplet on a retrieval head
     python train.py --task reuters --loss mlcon      # multi-label: BCE + 0.1 Su et al.'s loss
     python train.py --task multitask --tasks sst,mrpc,sts --pcgrad   # one BERT, three heads
+    python train.py --task sst --save none           # the dev scores only: no checkpoint (grids)
 
 A run is a list of tasks (--task T, or --task multitask --tasks a,b,c) sharing one encoder,
 each with its own head and loss as its kind says (minknn/kinds.py: classify, similarity,
@@ -20,7 +21,12 @@ bank (minknn/moco.py), filled before the first step and written after each.
 
 Each run writes to its own folder (--out, a folder holding no run; default
 runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
-    checkpoint.pt   the best epoch by the dev score (rebuilds model and tokenizer alone)
+    checkpoint.pt   the best epoch by the dev score (rebuilds model and tokenizer alone): 91 MB
+                    with the default model. With --option pretrain BERT stays the base model's,
+                    so it holds only what trained (heads, proxies) and names the base model's
+                    folder and weights' sha256, which must be there unchanged to evaluate it:
+                    0.5 MB, nearly all of it the vocabulary. --save none writes no checkpoint:
+                    the scores below are all the run keeps (a grid of runs)
     metrics.jsonl   one line per epoch: training losses and dev scores
     summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
     run.json, last.pt, run.lock   the arguments, the state after the last completed epoch, and
@@ -42,7 +48,7 @@ from tqdm import tqdm
 
 from minknn import MinknnError, run
 from minknn.bert import BertModel, resolve_model_path
-from minknn.checkpoint import save_checkpoint
+from minknn.checkpoint import base_model, save_checkpoint
 from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
                          run_data, training_examples)
 from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
@@ -107,6 +113,8 @@ def get_args(argv=None):
     g.add_argument("--steps_per_epoch", type=int, help="(default: a pass over the largest task)")
     p.add_argument("--out", help="run folder, new or empty (default: "
                    "runs/<task>-<loss>-seed<seed>-<time>)")
+    p.add_argument("--save", default="best", choices=["best", "none"], help="best: checkpoint.pt "
+                   "of the best epoch; none: no checkpoint, only the scores (grids of runs)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
                    "completed epoch, with its own flags (only --device may change)")
     args = p.parse_args(argv)
@@ -208,7 +216,7 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
 def main(argv=None):
     args = get_args(argv)
     if args.resume:  # the folder first: a run still training in it stops this one at once
-        lock, created = open_run_folder(args.out), False
+        lock, created = open_run_folder(args.out, args.save), False
     else:
         default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
                                        f"{time.strftime('%Y%m%d-%H%M%S')}")
@@ -217,8 +225,7 @@ def main(argv=None):
         return run_training(args)
     except KeyboardInterrupt:
         last = load_last(args.out)
-        where = (f"the best checkpoint (epoch {last['best']['epoch']}) is "
-                 f"{os.path.join(args.out, 'checkpoint.pt')}" if last else "no epoch had finished")
+        where = best_so_far(args, last) if last else "no epoch had finished"
         if summarise(args, last, stopped="interrupted") is None:  # before the first step
             print("\ninterrupted before the first step; nothing was saved", file=sys.stderr)
         else:
@@ -227,12 +234,20 @@ def main(argv=None):
         sys.exit(130)
     except Diverged as e:
         last = load_last(args.out)
-        kept = (f"the last good checkpoint (epoch {last['best']['epoch']}) is in {args.out}"
-                if last else "nothing was saved")
+        kept = best_so_far(args, last) if last else "nothing was saved"
         summarise(args, last, stopped=f"diverged: {e}")
         raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
     finally:
         close_run_folder(args.out, lock, created)
+
+
+def best_so_far(args, last):
+    """Where a stopped run's best epoch so far is (last: the state in last.pt)."""
+    if args.save == "best":
+        return (f"the best checkpoint (epoch {last['best']['epoch']}) is "
+                f"{os.path.join(args.out, 'checkpoint.pt')}")
+    return (f"the best epoch so far ({last['best']['epoch']}) is in "
+            f"{os.path.join(args.out, 'summary.json')} (--save none: no checkpoint)")
 
 
 def run_training(args):
@@ -241,6 +256,8 @@ def run_training(args):
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
     bert = BertModel.from_pretrained(model_path)                 # and its weights
+    # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
+    base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = load_last(args.out) if args.resume else None
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
@@ -353,8 +370,10 @@ def run_training(args):
         is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
         if is_best:
             best = {"epoch": epoch, "dev": dev_scores}
+        if is_best and args.save == "best":
             save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
-                            vars(args), epoch, dev_scores, moco.memory if moco else None, data=data)
+                            vars(args), epoch, dev_scores, moco.memory if moco else None, data=data,
+                            base=base)
         # then the state to resume from, then the records: a kill between two of these saves
         # leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records,
@@ -367,8 +386,9 @@ def run_training(args):
                      if moco and moco.key_encoder else {}))
         write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
         train_loss = ", ".join(f"{v:.4f}" for v in record["train_loss"].values())
+        saved = ", saved" if args.save == "best" else ""
         print(f"epoch {epoch}: train loss {train_loss}; dev {describe_run(tasks, dev_scores)}"
-              f"{' (best, saved)' if is_best else ''}; {epoch_times[-1]:.0f} s")
+              f"{f' (best{saved})' if is_best else ''}; {epoch_times[-1]:.0f} s")
 
     summary = summarise(args, {"best": best, "records": records, "train": train, "dev": dev,
                                "steps": steps, "losses": losses, "device": device,
@@ -377,7 +397,8 @@ def run_training(args):
     decoupled = " + decoupled" if args.decoupled else ""
     print(f"done: {','.join(args.tasks)} {summary['loss']}{decoupled}"
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
-          f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}); "
+          f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}"
+          f"{'' if args.save == 'best' else ', not saved: --save none'}); "
           f"{summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
     return summary
 

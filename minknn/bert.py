@@ -375,18 +375,24 @@ def read_json(path):
         raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
 
 
+def weights_file(path):
+    """A model folder's weights file: model.safetensors, else pytorch_model.bin."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if os.path.exists(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")
+
+
 def read_weights(path):
-    """(state dict, file) of a model folder's model.safetensors, else its pytorch_model.bin."""
-    st, pt = os.path.join(path, "model.safetensors"), os.path.join(path, "pytorch_model.bin")
-    if os.path.exists(st):
-        return load_safetensors(st), st
-    if not os.path.exists(pt):
-        raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")
+    """(state dict, file) of a model folder's weights file (weights_file)."""
+    file = weights_file(path)
+    if file.endswith(".safetensors"):
+        return load_safetensors(file), file
     try:
-        state = torch.load(pt, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise MinknnError(f"{pt}: cannot be read as a PyTorch state dict "
+        raise MinknnError(f"{file}: cannot be read as a PyTorch state dict "
                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise MinknnError(f"{pt}: not a state dict (a dict of tensors)")
-    return state, pt
+        raise MinknnError(f"{file}: not a state dict (a dict of tensors)")
+    return state, file

@@ -8,6 +8,11 @@ A checkpoint is one torch.save'd dict:
     vocab, lowercase, max_len, tokenizer   the tokenizer and its options (tokenizer_config.json)
     model, loss  the state dicts of the model (encoder and heads) and of the tasks' losses
                  (proxies, when a loss has some)
+    base_model   only when the encoder was frozen (--option pretrain): {"folder", "sha256"}, the
+                 base model's folder (absolute) and its weights file's sha256. `model` then holds
+                 only what trained (the heads, the --decoupled retrieval head), kilobytes instead
+                 of the encoder's 91 MB: rebuild loads the encoder from that folder and refuses
+                 it if its weights changed since the run.
     memory       the MoCo queue (keys, labels, example ids, pointer) or memory bank, for the
                  memory losses only
     epoch, dev   the epoch it was saved after and its dev scores
@@ -17,13 +22,14 @@ It is written to a temporary file in the same folder, flushed to disk, then rena
 one: os.replace is atomic, so a kill mid-save leaves the previous checkpoint as it was.
 """
 import dataclasses
+import hashlib
 import os
 import tempfile
 
 import torch
 
 from minknn import MinknnError
-from minknn.bert import BertConfig, check_finite, check_fits
+from minknn.bert import BertConfig, check_finite, check_fits, read_json, read_weights, weights_file
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
@@ -59,7 +65,13 @@ def atomic_save(obj, path, writer=torch.save):
             os.remove(tmp)
 
 
-def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None, data=None):
+def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None, data=None,
+                    base=None):
+    """base: for a frozen encoder, base_model() of the folder it was loaded from; the encoder's
+    weights are then left out, as that folder holds them."""
+    if base is not None and any(p.requires_grad for p in model.bert.parameters()):
+        raise ValueError("save_checkpoint: `base` leaves out the encoder, but this one trains")
+    state = model.state_dict() if base is None else without_encoder(model.state_dict())
     atomic_save({
         "format": FORMAT, "args": dict(args),
         "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair}
@@ -67,10 +79,45 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
         "tokenizer": tokenizer.options,
-        "model": model.state_dict(), "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
+        "model": state, "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
         **({"memory": memory.state_dict()} if memory is not None else {}),
         **({"data": data} if data is not None else {}),
+        **({"base_model": base} if base is not None else {}),
     }, path)
+
+
+def without_encoder(state):
+    """A model's state dict less the encoder's tensors (bert.*)."""
+    return {k: v for k, v in state.items() if not k.startswith("bert.")}
+
+
+def base_model(folder):
+    """What a checkpoint without its frozen encoder records to load it again: the model folder,
+    absolute, and its weights file's sha256."""
+    return {"folder": os.path.abspath(folder), "sha256": file_sha256(weights_file(folder))}
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def base_weights(base, name):
+    """The frozen encoder's weights from the base model's folder (read_weights), refused in one
+    line when the folder is gone or its weights are not the ones the run trained on."""
+    folder = base["folder"]
+    if not os.path.isdir(folder):
+        raise MinknnError(f"{name}: its base model {folder} is not a folder here; the run froze "
+                          f"BERT (--option pretrain), so the checkpoint holds only its heads and "
+                          f"loads the encoder from there (put the model back)")
+    now = file_sha256(weights_file(folder))
+    if now != base["sha256"]:
+        raise MinknnError(f"{name}: the base model {folder} changed since the run: its weights' "
+                          f"sha256 is {now}, not {base['sha256']}")
+    return read_weights(folder)
 
 
 def load_tagged(path, format_tag, what):
@@ -95,6 +142,11 @@ def load_checkpoint(path):
     """path: a run folder (holding checkpoint.pt) or the checkpoint file itself."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
+    folder = os.path.dirname(path) or "."
+    if not os.path.exists(path) and saved_nothing(folder):
+        raise MinknnError(f"--checkpoint {folder}: the run was trained with --save none and kept no "
+                          f"checkpoint to evaluate; its dev scores are in "
+                          f"{os.path.join(folder, 'summary.json')}")
     if not os.path.exists(path):
         raise MinknnError(f"--checkpoint {path}: not found")
     ckpt = load_tagged(path, FORMAT, (f"--checkpoint {path}", "checkpoint"))
@@ -102,18 +154,30 @@ def load_checkpoint(path):
     return ckpt
 
 
+def saved_nothing(folder):
+    """Whether the run in `folder` was trained with train.py --save none (its run.json says so)."""
+    path = os.path.join(folder, "run.json")
+    saved = read_json(path) if os.path.isfile(path) else None
+    return isinstance(saved, dict) and isinstance(saved.get("args"), dict) \
+        and saved["args"].get("save") == "none"
+
+
 REQUIRED = ("args", "tasks", "bert_config", "vocab", "lowercase", "max_len", "model", "loss")
 
 
 def rebuild(ckpt):
-    """Returns (model, losses, tokenizer) from a loaded checkpoint alone. A checkpoint missing
-    an entry, or whose weights do not fit the model its config builds, is refused in one line."""
+    """Returns (model, losses, tokenizer) from a loaded checkpoint alone (one without its frozen
+    encoder: and its base model's folder). A checkpoint missing an entry, or whose weights do not
+    fit the model its config builds, is refused in one line."""
     name = f"--checkpoint {ckpt.get('file', '')}".rstrip()
     args = ckpt.get("args", {})
     missing = [k for k in REQUIRED if k not in ckpt] + \
               [f"args['{k}']" for k in ("pooling", "pair_mode", "decoupled") if k not in args]
-    missing += [k for k in ("args", "tasks", "bert_config", "model", "loss")
+    missing += [k for k in ("args", "tasks", "bert_config", "model", "loss", "base_model")
                 if k in ckpt and not isinstance(ckpt[k], dict)]  # present, but not a dict
+    base = ckpt.get("base_model")
+    if isinstance(base, dict):
+        missing += [f"base_model['{k}']" for k in ("folder", "sha256") if k not in base]
     if missing:
         raise MinknnError(f"{name}: has no {', '.join(missing)}; it is not a whole minknn "
                           f"checkpoint (train the run again)")
@@ -123,13 +187,16 @@ def rebuild(ckpt):
     config = BertConfig.from_dict(ckpt["bert_config"], f"{name}: bert_config")
     model = Model.from_config(config, checkpoint_tasks(ckpt), args["pooling"], args["pair_mode"],
                               args["decoupled"])
+    if base is not None:  # the frozen encoder: the run's config, the base model's weights
+        model.bert.load_weights(*base_weights(base, name))
     losses = build_losses(model, args)
     for part, module in (("model", model), ("loss", losses)):
         for k, v in ckpt[part].items():
             check_finite(k, v, f"{name}: {part}")
-        check_fits(module.state_dict(), ckpt[part], f"{name}: {part}",
-                   "its bert_config, tasks and args")
-        module.load_state_dict(ckpt[part])
+        partial = part == "model" and base is not None  # all but the encoder, loaded above
+        own = without_encoder(module.state_dict()) if partial else module.state_dict()
+        check_fits(own, ckpt[part], f"{name}: {part}", "its bert_config, tasks and args")
+        module.load_state_dict(ckpt[part], strict=not partial)
     return model, losses, tokenizer
 
 

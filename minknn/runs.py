@@ -10,7 +10,8 @@ A run folder (train.py --out) holds:
                     and schedule, every random generator, the batch streams' places in their
                     passes, the memory and key encoder of a memory loss, the epochs' records.
                     Deleted when the run finishes: only a run that can still go on needs it.
-    checkpoint.pt   the best epoch (minknn/checkpoint.py), metrics.jsonl, summary.json
+    checkpoint.pt   the best epoch (minknn/checkpoint.py); none with train.py --save none
+    metrics.jsonl, summary.json   every epoch's scores, and the run's best
 Every file is written to a temporary name and renamed (checkpoint.atomic_save), so a kill leaves
 each file either old or new; the temporary files a kill leaves behind are removed when the run
 is resumed. The lock needs fcntl (Linux, macOS).
@@ -87,14 +88,15 @@ def saved_args(folder):
     return saved["args"]
 
 
-def open_run_folder(folder):
-    """Locks the folder of a run to resume and removes the temporary files a kill left."""
+def open_run_folder(folder, save="best"):
+    """Locks the folder of a run to resume and removes the temporary files a kill left. save: the
+    run's --save (a run with --save none has no checkpoint.pt to need)."""
     lock = lock_folder(folder)
     summary = os.path.join(folder, "summary.json")
     if os.path.exists(summary) and not read_json(summary).get("stopped"):
         lock.close()
         raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to resume")
-    if os.path.exists(os.path.join(folder, "last.pt")) and \
+    if save == "best" and os.path.exists(os.path.join(folder, "last.pt")) and \
             not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         lock.close()
         raise MinknnError(f"--resume {folder}: checkpoint.pt, the best epoch so far, is missing; "
@@ -157,6 +159,7 @@ def summarise(args, state, stopped=None):
     summary = {"task": args.task, "tasks": args.tasks, "loss": args.loss or args.sts_loss,
                "decoupled": args.decoupled, "pair_mode": args.pair_mode, "pcgrad": args.pcgrad,
                "seed": args.seed, "epochs": len(records), "max_eval": args.max_eval,
+               "save": args.save,
                "best_epoch": best and best["epoch"], "dev": best and best["dev"],
                "seconds_per_epoch": round(sum(r["epoch_seconds"] for r in records)
                                           / max(1, len(records)), 1), "run": args.out}
@@ -214,8 +217,9 @@ def load_last(folder):
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise MinknnError(f"{path}: cannot be read ({type(e).__name__}); the best checkpoint "
-                          f"is still in {folder}/checkpoint.pt") from None
+        best = os.path.join(folder, "checkpoint.pt")
+        kept = f"; the best checkpoint is still in {best}" if os.path.exists(best) else ""
+        raise MinknnError(f"{path}: cannot be read ({type(e).__name__}){kept}") from None
     if not isinstance(state, dict) or state.get("format") != LAST_FORMAT:
         raise MinknnError(f"{path}: not a minknn run state (no '{LAST_FORMAT}' format tag)")
     return state

@@ -140,6 +140,7 @@ FLAG_CASES = [
     ("resume a run.json missing a flag", "train", resume_without_lr, "run.json has no lr"),
     ("resume without the best checkpoint", "train", resume_without_checkpoint, "checkpoint.pt, the best epoch so far, "
                                                                                 "is missing"),
+    ("save last", "train", trainer("--save", "last"), "argument --save: invalid choice: 'last'"),
     ("device mps", "train", trainer("--device", "mps"), "--device 'mps': minknn runs on auto, cpu, cuda or cuda:N"),
     ("device meta", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--device", "meta"], "--device 'meta'"),
     ("empty data_dir", "train", trainer("--data_dir", ""), "--data_dir is empty"),
@@ -218,6 +219,17 @@ def broken_checkpoint(edit):
     return argv
 
 
+def pretrain_checkpoint(edit):
+    """evaluate.py's argv on a one-epoch --option pretrain run of a copy of the tiny model (its checkpoint loads the
+    frozen encoder from that copy), the copy then changed by edit(folder)."""
+    def argv(tmp, tiny, data):
+        train.main(trainer("--option", "pretrain", "--max_eval", "4", model=broken_model(lambda f: None))(tmp, tiny,
+                                                                                                          data))
+        edit(tmp / "model")
+        return ["--checkpoint", str(tmp / "run"), "--data_dir", data, "--device", "cpu"]
+    return argv
+
+
 def with_nan(state, name):
     return {**state, name: state[name] * float("nan")}
 
@@ -281,6 +293,11 @@ MODEL_CASES = [
      "checkpoint.pt: model: 'heads.sst.bias' has shape (2,)"),
     ("checkpoint-missing-entry", "evaluate", broken_checkpoint(lambda c: c.pop("bert_config")),
      "checkpoint.pt: has no bert_config"),
+    ("checkpoint-base-model-changed", "evaluate",
+     pretrain_checkpoint(edit_weights(lambda s: {**s, "pooler.dense.bias": s["pooler.dense.bias"] + 1})),
+     "model changed since the run: its weights' sha256 is"),
+    ("checkpoint-base-model-gone", "evaluate", pretrain_checkpoint(shutil.rmtree),
+     "model is not a folder here; the run froze BERT (--option pretrain)"),
     ("checkpoint-nan", "evaluate", broken_checkpoint(lambda c: c["model"].update(with_nan(c["model"], "heads.sst.bias"))),
      "checkpoint.pt: model: heads.sst.bias holds 5 non-finite values"),
 ]
@@ -308,6 +325,8 @@ EVALUATE_CASES = [
      "--temperature must be a finite number > 0, got nan"),
     ("evaluate temperature inf", "evaluate", evaluator("--knn", "--temperature", "inf"),
      "--temperature must be a finite number > 0, got inf"),
+    ("evaluate a --save none run", "evaluate", evaluator(trained=["--max_train", "16", "--save", "none"]),
+     "the run was trained with --save none and kept no checkpoint to evaluate; its dev scores are in"),
     ("evaluate a folder without a checkpoint", "evaluate",
      lambda tmp, *a: (tmp / "run").mkdir() or evaluator()(tmp, *a), "run/checkpoint.pt: not found"),
     # a tiny run trained on the fixtures, then --knn on a copy whose training texts differ

@@ -1,12 +1,16 @@
+import hashlib
 import os
 import re
+import shutil
 
 import pytest
 import torch
 
 from minknn import MinknnError
 from minknn.bert import BertModel
-from minknn.checkpoint import atomic_save, load_checkpoint, rebuild, save_checkpoint
+from minknn.checkpoint import atomic_save, base_model, load_checkpoint, rebuild, save_checkpoint
+from minknn.knn import fingerprint
+from minknn.safetensors import load_safetensors, save_safetensors
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS
@@ -117,3 +121,77 @@ def test_a_broken_checkpoint_is_one_line(tiny_bert_dir, tmp_path, edit, says):
     edit(ckpt)
     with pytest.raises(MinknnError, match=f"^--checkpoint {re.escape(str(tmp_path))}/{says}"):
         rebuild(ckpt)
+
+
+# --option pretrain: heads and proxies (two tasks, one of them siamese), and a head and the retrieval head
+PRETRAIN = [({**ARGS, "option": "pretrain"}, ["sst", "sts"]),
+            ({**ARGS, "option": "pretrain", "loss": "ce", "pooling": "mean", "task": "sst", "pair_mode": "cross",
+              "decoupled": True}, ["sst"])]
+
+
+def frozen_checkpoint(base, path, args, tasks):
+    """A model of the BERT in folder `base`, frozen (--option pretrain), whose trainable weights are not the ones a
+    fresh build starts from, saved as train.py saves it (base_model: without the encoder)."""
+    torch.manual_seed(0)
+    model = Model(BertModel.from_pretrained(base), [TASKS[t] for t in tasks], args["pooling"], args["pair_mode"],
+                  "pretrain", args["decoupled"])
+    for p in model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p)
+    losses = build_losses(model, args)
+    tok = Tokenizer.from_folder(base, max_len=16)
+    save_checkpoint(path, model, losses, tok, args, epoch=1, dev={}, base=base_model(base))
+    return model.eval(), losses, tok
+
+
+@pytest.mark.parametrize("args, tasks", PRETRAIN, ids=["heads-and-proxies", "decoupled"])
+def test_a_pretrain_checkpoint_holds_only_what_trained(tiny_bert_dir, tmp_path, args, tasks):
+    """No encoder tensor in it (the base model's folder has them), far smaller than the whole model's, and rebuilt
+    (the encoder from that folder) to the predictions of the model it saved."""
+    base = str(tmp_path / "base")
+    shutil.copytree(tiny_bert_dir, base)
+    model, losses, tok = frozen_checkpoint(base, tmp_path / "pretrain.pt", args, tasks)
+    save_checkpoint(tmp_path / "whole.pt", model, losses, tok, args, epoch=1, dev={})  # as --option finetune does
+    ckpt = load_checkpoint(str(tmp_path / "pretrain.pt"))
+    encoder = [k for k in ckpt["model"] if k.startswith("bert.")]
+    assert not encoder, f"the pretrain checkpoint holds {len(encoder)} tensors of the frozen encoder: {encoder[:3]}"
+    sha = hashlib.sha256(open(os.path.join(base, "model.safetensors"), "rb").read()).hexdigest()
+    assert ckpt["base_model"] == {"folder": os.path.abspath(base), "sha256": sha}, ckpt["base_model"]
+    small, whole = (os.path.getsize(tmp_path / f) for f in ("pretrain.pt", "whole.pt"))
+    assert small < whole / 4, f"the pretrain checkpoint has {small} bytes, the whole model's {whole}"
+
+    again, losses_again, tok_again = rebuild(ckpt)
+    batch = tok_again(["the film is great", "dull"])
+    for task in tasks:
+        out, out_again = model(task, **batch), again.eval()(task, **batch)
+        torch.testing.assert_close(out_again.logits, out.logits, rtol=0, atol=0,
+                                   msg=lambda m: f"{task}: the rebuilt model's outputs differ from the saved one's: {m}")
+        if args["decoupled"]:
+            torch.testing.assert_close(out_again.retrieval, out.retrieval, rtol=0, atol=0,
+                                       msg=lambda m: f"{task}: the rebuilt retrieval head differs: {m}")
+    for k, v in losses.state_dict().items():
+        torch.testing.assert_close(losses_again.state_dict()[k], v, rtol=0, atol=0,
+                                   msg=lambda m: f"rebuilt loss state {k} differs: {m}")
+    # the kNN datastore's fingerprint reads the file's bytes: the same heads on another base model differ
+    other = {**ckpt["base_model"], "sha256": "0" * 64}
+    save_checkpoint(tmp_path / "other.pt", model, losses, tok, args, epoch=1, dev={}, base=other)
+    assert fingerprint(tmp_path / "pretrain.pt", "mean", []) != fingerprint(tmp_path / "other.pt", "mean", [])
+
+
+def test_a_pretrain_checkpoint_needs_its_base_model_unchanged(tiny_bert_dir, tmp_path):
+    base = tmp_path / "base"
+    shutil.copytree(tiny_bert_dir, base)
+    frozen_checkpoint(str(base), tmp_path / "checkpoint.pt", *PRETRAIN[0])
+    before = load_checkpoint(str(tmp_path))["base_model"]["sha256"]
+    weights = load_safetensors(base / "model.safetensors")
+    weights["pooler.dense.bias"][0] += 1  # one number of the encoder
+    save_safetensors(weights, base / "model.safetensors")
+    after = hashlib.sha256(open(base / "model.safetensors", "rb").read()).hexdigest()
+    with pytest.raises(MinknnError) as e:
+        rebuild(load_checkpoint(str(tmp_path)))
+    assert str(e.value) == (f"--checkpoint {tmp_path / 'checkpoint.pt'}: the base model {base} changed since the "
+                            f"run: its weights' sha256 is {after}, not {before}"), str(e.value)
+    shutil.rmtree(base)
+    with pytest.raises(MinknnError, match=f"^--checkpoint .*checkpoint.pt: its base model {base} is not a folder "
+                                          f"here; the run froze BERT"):
+        rebuild(load_checkpoint(str(tmp_path)))

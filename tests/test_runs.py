@@ -39,10 +39,11 @@ def stop_at(monkeypatch, step, exception):
     monkeypatch.setattr(train, "train_step", step_or_stop)
 
 
-def assert_same_run(a, b, what, final=False):
-    """Two run folders hold the same best checkpoint (weights, proxies, memory) and the same records of every epoch
-    (training losses and dev figures); with final, the same state after the last step too (last.pt, kept)."""
-    files = ["checkpoint.pt", "last.pt"] if final else ["checkpoint.pt"]
+def assert_same_run(a, b, what, final=False, checkpoint=True):
+    """Two run folders hold the same best checkpoint (weights, proxies, memory; checkpoint=False: a --save none
+    run's, which has none) and the same records of every epoch (training losses and dev figures); with final, the
+    same state after the last step too (last.pt, kept)."""
+    files = ["checkpoint.pt"] * checkpoint + ["last.pt"] * final
     for file in files:
         ca, cb = (torch.load(os.path.join(f, file), weights_only=True) for f in (a, b))
         assert ca["epoch"] == cb["epoch"], f"{what}: {file}: the epoch differs"
@@ -85,6 +86,32 @@ def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(loss, tiny_bert_dir
     train.main(["--resume", str(tmp_path / "stopped")])
     assert_same_run(tmp_path / "alone", tmp_path / "stopped", f"--loss {loss} resumed after epoch 1", final=True)
     assert "stopped" not in json.load(open(tmp_path / "stopped" / "summary.json"))
+
+
+def test_save_none_keeps_the_scores_and_still_resumes(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """--save none: never a checkpoint.pt, yet last.pt while the run is unfinished, so a run stopped by Ctrl-C in
+    epoch 2 (step 7, at 5 steps an epoch) resumes and ends with the records of the run left alone. Its message
+    points at summary.json, not at a checkpoint."""
+    argv = flags(tiny_bert_dir, data_dir, "--epochs", "2", "--save", "none")
+    train.main([*argv, "--out", str(tmp_path / "alone")])
+    stopped = tmp_path / "stopped"
+    stop_at(monkeypatch, 7, KeyboardInterrupt)
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--out", str(stopped)])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")
+           and "%|" not in line]  # less the progress bars
+    assert err == [f"interrupted: the best epoch so far (1) is in {stopped / 'summary.json'} (--save none: no "
+                   f"checkpoint); continue with: python train.py --resume {stopped}"], err
+    left = sorted(os.listdir(stopped))
+    assert left == ["last.pt", "metrics.jsonl", "run.json", "run.lock", "summary.json"], f"stopped: {left}"
+    monkeypatch.undo()
+    train.main(["--resume", str(stopped)])
+    assert_same_run(tmp_path / "alone", stopped, "--save none, resumed after epoch 1", checkpoint=False)
+    for folder in (tmp_path / "alone", stopped):
+        left = sorted(os.listdir(folder))
+        assert left == ["metrics.jsonl", "run.json", "run.lock", "summary.json"], f"{folder.name}, finished: {left}"
+        summary = json.load(open(folder / "summary.json"))
+        assert summary["save"] == "none" and "stopped" not in summary and summary["dev"], summary
 
 
 def test_a_run_stopped_before_its_first_epoch_starts_again(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
@@ -149,10 +176,12 @@ def test_a_second_writer_stops_with_one_line(tiny_bert_dir, data_dir, tmp_path, 
         held.close()
 
 
-def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
-                                                                     capsys):
+@pytest.mark.parametrize("save", ["best", "none"])
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(save, tiny_bert_dir, data_dir, tmp_path,
+                                                                     monkeypatch, capsys):
     """A NaN that appears in epoch 2 (planted in a weight before step 6): one line naming the epoch, step and loss;
-    the checkpoint of epoch 1 is left as it was; nothing non-finite is saved."""
+    the checkpoint of epoch 1 is left as it was; nothing non-finite is saved. With --save none the line points at
+    summary.json, which keeps epoch 1's scores."""
     real, calls = train.train_step, []
 
     def poisoned(model, *args, **kwargs):
@@ -164,13 +193,18 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tiny_bert_d
     monkeypatch.setattr(train, "train_step", poisoned)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
-        run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(out)]))
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir, "--save", save), "--out", str(out)]))
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_.value.code == 2 and err.startswith("error: epoch 2, step 1: the sst loss became nan"), err
-    assert f"the last good checkpoint (epoch 1) is in {out}" in err, err
+    summary = json.load(open(out / "summary.json"))
+    assert summary["stopped"].startswith("diverged: epoch 2, step 1") and summary["best_epoch"] == 1, summary
+    if save == "none":
+        assert f"the best epoch so far (1) is in {out / 'summary.json'} (--save none: no checkpoint)" in err, err
+        assert not os.path.exists(out / "checkpoint.pt")
+        return
+    assert f"the best checkpoint (epoch 1) is {out / 'checkpoint.pt'}" in err, err
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 1 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
-    assert json.load(open(out / "summary.json"))["stopped"].startswith("diverged: epoch 2, step 1")
 
 
 def test_a_huge_learning_rate_saves_nothing(tiny_bert_dir, data_dir, tmp_path, capsys):

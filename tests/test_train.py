@@ -52,15 +52,32 @@ def test_train_then_evaluate(tiny_bert_dir, data_dir, tmp_path):
     assert "acc" not in test and len(rows) == 8 and rows[0] == ["id", "prediction", "prediction_name"]  # no labels
 
 
-def test_few_shot_pretrain_run_leaves_bert_untouched(tiny_bert_dir, data_dir, tmp_path):
+def test_few_shot_pretrain_run_leaves_bert_untouched(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    """BERT is exactly the base model's after training (last.pt, kept here), which is why the checkpoint can leave
+    it out and name the base model instead; evaluate.py, --knn included, rebuilds it from that folder (given
+    relative to another folder than evaluate's) and gets the run's dev scores."""
+    real = os.remove
+    monkeypatch.setattr(os, "remove", lambda path: None if str(path).endswith("last.pt") else real(path))
+    monkeypatch.chdir(os.path.dirname(tiny_bert_dir))
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--option", "pretrain",
-                        "--max_train", "10", "--pooling", "cls", "--seed", "3")
-    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+                        "--max_train", "10", "--pooling", "cls", "--seed", "3",
+                        "--model", os.path.basename(tiny_bert_dir))
+    monkeypatch.chdir(tmp_path)
+    last = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     from minknn.bert import BertModel
     original = BertModel.from_pretrained(tiny_bert_dir).state_dict()
     for k, v in original.items():
-        assert torch.equal(ckpt["model"]["bert." + k], v), k
+        assert torch.equal(last["model"]["bert." + k], v), k
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert not [k for k in ckpt["model"] if k.startswith("bert.")] and list(ckpt["model"]) == ["heads.sst.weight",
+                                                                                               "heads.sst.bias"]
+    assert ckpt["base_model"]["folder"] == os.path.abspath(tiny_bert_dir)
     assert ckpt["args"]["max_train"] == 10 and ckpt["args"]["lr"] == 1e-3 and summary["seed"] == 3
+    argv = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "4"]
+    first, again = evaluate.main(argv)["sst"], evaluate.main(argv)["sst"]
+    assert (first["acc"], first["macro_f1"]) == (summary["dev"]["sst"]["acc"], summary["dev"]["sst"]["macro_f1"])
+    assert 0 <= first["knn_acc"] <= 1 and again == {**first, "timing": again["timing"]}
+    assert again["timing"]["datastore_build_seconds"] is None, "the datastore of an unchanged checkpoint was rebuilt"
 
 
 def test_bad_flags_give_one_line_errors(tiny_bert_dir, data_dir, tmp_path):
