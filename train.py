@@ -133,7 +133,7 @@ def resumed_args(p, args):
     if given:
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
-    saved = saved_args(args.resume)
+    saved = {"save": "best", **saved_args(args.resume)}  # runs from before --save kept the best
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]
     if missing:
