@@ -10,11 +10,12 @@ Module and parameter names follow the Hugging Face checkpoints (`encoder.layer.3
 self.query.weight`, ...), so `from_pretrained` loads any BERT folder by name, with no
 renaming table to read.
 
-Padding costs nothing here. A batch padded to its longest example (B, T) holds N real tokens, and
+Padding costs little here. A batch padded to its longest example (B, T) holds N real tokens, and
 on short sentences N is about half of B T. Every matmul, GELU and LayerNorm works on each token
 alone, so the encoder runs them on the N real tokens only, packed into one (N, H) matrix
 (`Packing`); attention alone mixes tokens, so each layer puts Q, K and V back into the (B, T)
-layout for it and packs its output again. The result equals the padded computation on every real
+layout for it and packs its output again (attention is about 2% of the FLOPs at these lengths, so
+its padding is left in). The result equals the padded computation on every real
 token (tests/test_bert.py checks outputs and gradients against examples run one at a time).
 Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H / nh.
 """
