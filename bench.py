@@ -454,7 +454,7 @@ def knnbert_pieces(trainer, batches, timer, repeats):
 # multitask: a PCGrad step against a summed-loss step, and PCGrad's pieces
 
 def bench_multitask(args, device, timer, out):
-    from minknn.pcgrad import project_conflicting
+    from minknn.pcgrad import pcgrad_weights, project_conflicting
     tasks = [get_task(name, args.data_dir) for name in args.tasks.split(",")]
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(path, 64)
@@ -495,7 +495,9 @@ def bench_multitask(args, device, timer, out):
     pieces = {"the forward passes and losses": forward,
               "backward of the summed loss": timer.seconds(lambda: sum(losses()).backward(), args.steps) - forward,
               "one backward per task": timer.seconds(per_task_backward, args.steps) - forward,
-              "the projection (project_conflicting)": timer.seconds(
+              "the surgery: Gram matrix, Algorithm 1 on it, the weighted sum": timer.seconds(
+                  lambda: pcgrad_weights(grads @ grads.T, random.Random(0)).float() @ grads, args.steps),
+              "(not run in training: Algorithm 1 on the gradients, project_conflicting)": timer.seconds(
                   lambda: project_conflicting(grads, random.Random(0)), args.steps)}
     trainer.optimizer.zero_grad(set_to_none=True)
     for piece, s in pieces.items():

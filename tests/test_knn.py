@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import minknn.knn
 from minknn import MinknnError
-from minknn.knn import (Datastore, built_with, default_nlist, index_settings, interpolate, recall_at_k,
+from minknn.knn import (INDEX_DEFAULTS, Datastore, built_with, default_nlist, index_settings, interpolate, recall_at_k,
                         search_parameters, settings)
 
 
@@ -233,7 +233,7 @@ def test_too_few_hits_are_refused_not_voted_with_row_minus_one(clustered):
     hnsw = clustered_datastore("hnsw", **FAST_HNSW)
     hnsw._indexes = {"l2": PaddedIndex(hnsw.index("distance"))}  # this datastore's own
     with pytest.raises(MinknnError, match=r"--index hnsw: 100 of 100 queries found fewer than 10 neighbours; "
-                                          r"raise --ef_search \(now 128\)"):
+                                          rf"raise --ef_search \(now {INDEX_DEFAULTS['hnsw']['ef_search']}\)"):
         hnsw.search(queries, 10, "distance")
 
 
@@ -312,11 +312,11 @@ def test_index_defaults_and_limits():
     """nlist: 4 sqrt(N), at most N / 39 (faiss's k-means wants 39 keys a cell), at least 1;
     ef_search is raised to the hits asked for."""
     assert [default_nlist(n) for n in (1_000_000, 2000, 40, 5)] == [4000, 51, 1, 1]
-    assert index_settings("ivf", 2000) == {"index": "ivf", "nlist": 51, "nprobe": 32, "max_train_per_cell": 64}
+    assert index_settings("ivf", 2000) == {"index": "ivf", "nlist": 51, "nprobe": INDEX_DEFAULTS["ivf"]["nprobe"], "max_train_per_cell": 64}
     assert index_settings("hnsw", 10, ef_search=7) == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64,
                                                        "ef_search": 7}
     with pytest.raises(MinknnError, match=r"--nlist 11: the datastore holds 10 training examples .* use --nlist 10"):
         index_settings("ivf", 10, nlist=11)
     assert search_parameters(index_settings("hnsw", 10, ef_search=7), 11).efSearch == 11
-    assert search_parameters(index_settings("hnsw", 10), 11).efSearch == 128
+    assert search_parameters(index_settings("hnsw", 10), 11).efSearch == INDEX_DEFAULTS["hnsw"]["ef_search"]
     assert search_parameters(index_settings("ivf", 2000, nprobe=3), 11).nprobe == 3
