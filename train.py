@@ -216,7 +216,7 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
 def main(argv=None):
     args = get_args(argv)
     if args.resume:  # the folder first: a run still training in it stops this one at once
-        lock, created = open_run_folder(args.out, args.save), False
+        lock, created = open_run_folder(args.out, args.save), []
     else:
         default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
                                        f"{time.strftime('%Y%m%d-%H%M%S')}")
@@ -259,6 +259,11 @@ def run_training(args):
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = load_last(args.out) if args.resume else None
+    if base and last and any(not torch.equal(v, last["model"]["bert." + k])
+                             for k, v in bert.state_dict().items()):
+        raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "
+                          f"started; the run froze BERT, and its checkpoints name that folder for "
+                          f"it (put the model back, or start a new run)")
 
     # data: each task's training examples (all, or a --max_train draw) and dev examples
     tasks = [get_task(name, args.data_dir) for name in args.tasks]

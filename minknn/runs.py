@@ -41,12 +41,13 @@ RUN_FILES = ("run.json", "last.pt", "checkpoint.pt", "metrics.jsonl", "summary.j
 def new_run_folder(out, default):
     """Creates and locks the folder of a new run: `out`, which must not hold a run already, or
     with out None a fresh folder named `default` (plus -2, -3, .. if taken, created exclusively,
-    so runs started in the same second never share one). Returns (folder, lock, whether this
-    process created the folder)."""
-    created = out is None or not os.path.exists(out)
+    so runs started in the same second never share one). Returns (folder, lock, the folders this
+    process created, the run's own last)."""
     if out is None:
+        parent = os.path.dirname(default) or "."
+        created = [] if os.path.exists(parent) else [parent]
         folder, n = default, 1
-        os.makedirs(os.path.dirname(default) or ".", exist_ok=True)
+        os.makedirs(parent, exist_ok=True)
         while True:
             try:
                 os.mkdir(folder)
@@ -54,8 +55,9 @@ def new_run_folder(out, default):
             except FileExistsError:
                 n += 1
                 folder = f"{default}-{n}"
+        created.append(folder)
     else:
-        folder = out
+        folder, created = out, [] if os.path.exists(out) else [out]
         make_folder(folder)
     lock = lock_folder(folder)  # before looking: a run still starting has its lock already
     held = [name for name in RUN_FILES if os.path.exists(os.path.join(folder, name))]
@@ -68,11 +70,15 @@ def new_run_folder(out, default):
 
 def close_run_folder(folder, lock, created):
     """Releases the lock. A run that stopped before it wrote run.json (a bad input found while
-    loading, Ctrl-C) leaves nothing behind: its run.lock goes, and its folder if it made it."""
+    loading, Ctrl-C) leaves nothing behind: its run.lock goes, and the folders it made (the run's,
+    and runs/ when it made that too) if they are empty."""
     if not os.path.exists(os.path.join(folder, "run.json")):
         os.remove(os.path.join(folder, "run.lock"))  # while still holding it
-        if created and not os.listdir(folder):
-            os.rmdir(folder)
+        for made in reversed(created or []):  # the run's folder first, then its parent
+            try:
+                os.rmdir(made)  # only when empty: another run may have started in runs/
+            except OSError:
+                pass
     lock.close()
 
 

@@ -18,6 +18,7 @@ import torch
 import train
 from minknn import run
 from minknn.runs import close_run_folder, lock_folder, new_run_folder
+from tests.conftest import write_tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,6 +87,26 @@ def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(loss, tiny_bert_dir
     train.main(["--resume", str(tmp_path / "stopped")])
     assert_same_run(tmp_path / "alone", tmp_path / "stopped", f"--loss {loss} resumed after epoch 1", final=True)
     assert "stopped" not in json.load(open(tmp_path / "stopped" / "summary.json"))
+
+
+def test_a_pretrain_run_refuses_to_resume_on_a_changed_base_model(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                                  capsys):
+    """--option pretrain: the checkpoints name the base model's folder for the frozen BERT. If that folder's weights
+    change while the run is stopped, a resumed run would go on training heads for the old BERT and save checkpoints
+    naming the new one: --resume must refuse, in one line."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_bert_dir, base)
+    argv = flags(str(base), data_dir, "--option", "pretrain", "--epochs", "2")
+    stop_at(monkeypatch, 7, KeyboardInterrupt)  # in epoch 2, after epoch 1 was saved
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--out", str(tmp_path / "run")])
+    monkeypatch.undo()
+    write_tiny_bert(str(base), seed=1)  # other weights, the same names and shapes
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main(["--resume", str(tmp_path / "run")]))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and "the base model" in err and "changed since the run started" in err, err
 
 
 def test_save_none_keeps_the_scores_and_still_resumes(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
@@ -280,10 +301,13 @@ def test_default_folders_never_collide(tmp_path):
     default = str(tmp_path / "runs" / "sst-ce-seed0-20260101-000000")
     folders = [new_run_folder(None, default) for _ in range(3)]
     assert [f for f, _, _ in folders] == [default, default + "-2", default + "-3"]
-    for folder, lock, created in folders:
+    for folder, lock, created in reversed(folders):  # the first, which made runs/, goes last
         assert created
         close_run_folder(folder, lock, created)  # nothing started in them: they go again
-    assert os.listdir(tmp_path / "runs") == []
+    assert not os.path.exists(tmp_path / "runs"), "runs/ was made by the first run, which never started: it goes too"
+    os.mkdir(tmp_path / "runs")  # a runs/ that was there before stays
+    close_run_folder(*new_run_folder(None, default))
+    assert os.path.isdir(tmp_path / "runs"), "a run that never started removed a runs/ it did not make"
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_nothing(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
@@ -296,7 +320,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_nothing(tiny_bert_dir, da
         with pytest.raises(SystemExit):
             run(lambda: train.main([*argv, "--queue_size", "41", *out]))
         assert "--queue_size 41" in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path)) == ["runs"] and os.listdir(tmp_path / "runs") == [], os.listdir(tmp_path)
+    assert os.listdir(tmp_path) == [], f"a run that never started left {os.listdir(tmp_path)} (runs/ included)"
     train.main([*argv, "--queue_size", "40", "--out", str(tmp_path / "run")])  # the corrected command runs
 
 
