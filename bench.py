@@ -509,6 +509,7 @@ def bench_multitask(args, device, timer, out):
 
 NOISE = 0.5  # clustered_keys' noise
 
+
 def clustered_keys(n, d, seed, clusters=None, noise=NOISE):
     """(keys (n, d), labels (n,)): synthetic keys, the stand-in for encoder outputs where we have
     none that many. A mixture of Gaussians: n / 20 centres of norm about 1 (about 1.4 apart), each

@@ -169,7 +169,8 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
                rng=random, precision=None):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows)).
     Returns each task's loss and parts, and with --pcgrad (pcgrad: the run's PCGrad of the
-    shared encoder) how many task pairs' gradients conflicted. A memory loss's key encoder makes the keys first; they join the memory after.
+    shared encoder) how many task pairs' gradients conflicted. A memory loss's key encoder makes
+    the keys first; they join the memory after.
     The forward passes run under --precision (engine.autocast); the backward follows their
     dtypes, and the weights and their gradients stay fp32."""
     task_losses, parts = {}, {}
@@ -184,7 +185,7 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
             raise Diverged(f"the {name} loss became {task_losses[name].item()}")
     optimizer.zero_grad(set_to_none=True)
     conflicts = None
-    if pcgrad is not None:  # gradient surgery on the shared encoder only: each head is its own task's
+    if pcgrad is not None:  # surgery on the shared encoder only: each head is its own task's
         conflicts = pcgrad.backward(list(task_losses.values()), rng)
     else:
         sum(task_losses.values()).backward()

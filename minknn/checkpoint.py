@@ -144,8 +144,8 @@ def load_checkpoint(path):
         path = os.path.join(path, "checkpoint.pt")
     folder = os.path.dirname(path) or "."
     if not os.path.exists(path) and saved_nothing(folder):
-        raise MinknnError(f"--checkpoint {folder}: the run was trained with --save none and kept no "
-                          f"checkpoint to evaluate; its dev scores are in "
+        raise MinknnError(f"--checkpoint {folder}: the run was trained with --save none and kept "
+                          f"no checkpoint to evaluate; its dev scores are in "
                           f"{os.path.join(folder, 'summary.json')}")
     if not os.path.exists(path):
         raise MinknnError(f"--checkpoint {path}: not found")
