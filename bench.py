@@ -5,12 +5,12 @@
     python bench.py knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
     python bench.py multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
     python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
-    python bench.py epoch --readme README.md   # also writes the table into README.md's speed section
+    python bench.py epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
 
 (epoch, knn and multitask read real data: MINKNN_DATA=../shared/data, or --data_dir.)
-Every subcommand prints one line saying what ran where, then one Markdown table. With --readme FILE
+Every subcommand prints one line saying what ran where, then one Markdown table. With --write FILE
 that output also replaces the block between `<!-- bench.py NAME -->` and `<!-- /bench.py NAME -->`
-in FILE, so the README's speed section is this script's output, never typed by hand.
+in FILE, so the speed tables in RESULTS.md are this script's output, never typed by hand.
 
 How things are timed (Timer): the contestants of a comparison alternate over --rounds rounds and
 each keeps its best round. On a shared 2-core machine one round can move by 10-20%, and a slow
@@ -133,14 +133,14 @@ class Table:
         print(text, flush=True)
 
 
-def write_readme(path, name, lines):
+def write_block(path, name, lines):
     """Replaces FILE's block between the markers of this subcommand with its output."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     start, end = f"<!-- bench.py {name} -->", f"<!-- /bench.py {name} -->"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise MinknnError(f"--readme {path}: no block '{start}' ... '{end}' to replace; add the two "
+        raise MinknnError(f"--write {path}: no block '{start}' ... '{end}' to replace; add the two "
                           f"markers where the table goes")
     block = "\n".join([start, *lines, end])
     with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -410,10 +410,12 @@ def bench_knn(args, device, timer, out):
     for vote in ("cosine", "distance"):
         datastore.index(vote)
     build = time.perf_counter() - start
-    encode = timer.seconds(lambda: predict(model, tokenizer, task, dev, 64, device), warmup=0) / len(dev)
+    encoded = []  # the dev set's representations, the queries below: one pass, timed
+    encode = timer.seconds(lambda: encoded.append(predict(model, tokenizer, task, dev, 64, device)[1]),
+                           warmup=0) / len(dev)
     table.row("datastore build (a forward pass over the training set, both faiss indexes)", f"{build:.1f} s", "")
     table.row("encoding the dev set", f"{1000 * encode:.2f} ms per query", "")
-    _, queries = predict(model, tokenizer, task, dev, 64, device)
+    queries = encoded[0]
     for vote in ("cosine", "distance"):
         def knn(vote=vote):
             scores, rows = datastore.search(queries, args.k, vote)
@@ -608,7 +610,7 @@ def main(argv=None):
         c.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
         c.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         c.add_argument("--rounds", type=int, default=rounds, help="alternating rounds; the best counts")
-        c.add_argument("--readme", metavar="FILE", help="also write the table into FILE's block "
+        c.add_argument("--write", metavar="FILE", help="also write the table into FILE's block "
                        f"<!-- bench.py {name} --> ... <!-- /bench.py {name} -->")
         if steps:
             c.add_argument("--steps", type=int, default=steps["steps"], help="timed steps per round")
@@ -652,14 +654,14 @@ def main(argv=None):
     for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.readme and not os.path.isfile(args.readme):
-        p.error(f"--readme {args.readme}: no such file")
+    if args.write and not os.path.isfile(args.write):
+        p.error(f"--write {args.write}: no such file")
     device = pick_device(args.device)
     out = []
     {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn, "multitask": bench_multitask,
      "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
-    if args.readme:
-        write_readme(args.readme, args.command, out)
+    if args.write:
+        write_block(args.write, args.command, out)
 
 
 if __name__ == "__main__":

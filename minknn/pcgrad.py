@@ -121,7 +121,3 @@ class PCGrad:
             offset += p.numel()
         return int((gram.triu(1) < 0).sum())
 
-
-def pcgrad_backward(losses, shared, rng=random):
-    """PCGrad(shared).backward(losses, rng), for one step: a run keeps one PCGrad instead."""
-    return PCGrad(shared).backward(losses, rng)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minknn.pcgrad import PCGrad, pcgrad_backward, pcgrad_weights, project_conflicting
+from minknn.pcgrad import PCGrad, pcgrad_weights, project_conflicting
 
 
 def algorithm_1(grads, rng):
@@ -142,7 +142,7 @@ def test_heads_get_their_own_task_gradient_and_the_encoder_gets_pcgrad():
     flat = torch.stack([torch.cat([g[id(p)].reshape(-1) for p in shared]) for g in grads])
     expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(7)), dtype=torch.float64)
 
-    conflicts = pcgrad_backward(model.losses(xs), shared, random.Random(7))
+    conflicts = PCGrad(shared).backward(model.losses(xs), random.Random(7))
     assert conflicts == int(((flat @ flat.T).triu(1) < 0).sum())
     assert torch.allclose(torch.cat([p.grad.reshape(-1) for p in shared]), expected, atol=1e-12)
     for k, head in enumerate(model.heads):
@@ -157,7 +157,7 @@ def test_any_optimizer_steps_along_the_pcgrad_direction():
     xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
     shared = list(model.shared.parameters())
     before = [p.detach().clone() for p in shared]
-    pcgrad_backward(model.losses(xs), shared, random.Random(0))
+    PCGrad(shared).backward(model.losses(xs), random.Random(0))
     direction = [p.grad.clone() for p in shared]
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     for p, b, d in zip(shared, before, direction):
@@ -167,7 +167,7 @@ def test_any_optimizer_steps_along_the_pcgrad_direction():
 def test_no_shared_parameters_falls_back_to_the_summed_loss():
     model = SharedEncoder().double()
     xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
-    pcgrad_backward(model.losses(xs), [], random.Random(0))
+    PCGrad([]).backward(model.losses(xs), random.Random(0))
     assert all(p.grad is not None for p in model.heads.parameters())
 
 
@@ -177,5 +177,5 @@ def test_a_parameter_no_task_reaches_keeps_no_gradient():
     model = SharedEncoder().double()
     unused = nn.Parameter(torch.ones(3, dtype=torch.float64))
     xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
-    pcgrad_backward(model.losses(xs), [*model.shared.parameters(), unused], random.Random(0))
+    PCGrad([*model.shared.parameters(), unused]).backward(model.losses(xs), random.Random(0))
     assert unused.grad is None and model.shared.weight.grad is not None
