@@ -552,7 +552,8 @@ def real_keys(args, model, tokenizer, device):
 
 def bench_index(args, device, timer, out):
     import faiss
-    from minknn.knn import Datastore, index_settings, recall_at_k, describe_index
+    from minknn.index import describe_index, index_settings, recall_at_k
+    from minknn.knn import Datastore
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(path, 128)
     task = get_task("sst", args.data_dir)

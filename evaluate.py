@@ -45,9 +45,9 @@ from minknn.data import (data_root, eval_subset, examples_fingerprint, labelled,
                          source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
-from minknn.knn import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, KNN_DEFAULTS, VOTES, Datastore,
-                        built_with, check_k, describe_index, fingerprint, index_settings,
-                        interpolate, settings)
+from minknn.index import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, built_with, describe_index,
+                          index_settings)
+from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import minknn.knn
 from minknn import MinknnError
-from minknn.knn import (INDEX_DEFAULTS, Datastore, built_with, default_nlist, index_settings, interpolate, recall_at_k,
-                        search_parameters, settings)
+from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
+from minknn.knn import Datastore, interpolate, settings
 
 
 def random_datastore(n=200, d=16, classes=4, seed=0):
