@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from minknn.engine import TrainBatches, autocast, encode_batch, pick_device, pre
 from minknn.kinds import kind_of
 from minknn.model import Model
 from minknn.pcgrad import PCGrad
+from minknn.report import write_block
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 
@@ -131,22 +131,6 @@ class Table:
     def line(self, text):
         self.out.append(text)
         print(text, flush=True)
-
-
-def write_block(path, name, lines):
-    """Replaces FILE's block between the markers of this subcommand with its output."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    start, end = f"<!-- bench.py {name} -->", f"<!-- /bench.py {name} -->"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise MinknnError(f"--write {path}: no block '{start}' ... '{end}' to replace; add the two "
-                          f"markers where the table goes")
-    block = "\n".join([start, *lines, end])
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(pattern.sub(lambda _: block, text))
-    os.replace(path + ".tmp", path)
-    print(f"written into {path}")
 
 
 def check_transformers():
@@ -662,7 +646,7 @@ def main(argv=None):
     {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn, "multitask": bench_multitask,
      "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
     if args.write:
-        write_block(args.write, args.command, out)
+        write_block(args.write, f"bench.py {args.command}", out)
 
 
 if __name__ == "__main__":

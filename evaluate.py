@@ -150,10 +150,11 @@ def data_dir_of(args, ckpt):
 
 
 def run_training_set(args, ckpt, task):
-    """The examples the run trained on (its --max_train draw), for the kNN datastore: refused
-    when their fingerprint is not the one the checkpoint recorded (another data root, or a file
-    changed since the run read it)."""
-    train = training_examples(task, args.data_dir, ckpt["args"]["max_train"], ckpt["args"]["seed"])
+    """The examples the run trained on (its --max_train or --per_class draw), for the kNN
+    datastore: refused when their fingerprint is not the one the checkpoint recorded (another
+    data root, or a file changed since the run read it)."""
+    train = training_examples(task, args.data_dir, ckpt["args"]["max_train"], ckpt["args"]["seed"],
+                              ckpt["args"].get("per_class"))
     recorded = ckpt.get("data", {}).get("train_fingerprint", {})
     if task.name in recorded and examples_fingerprint(train) != recorded[task.name]:
         root, here = ckpt["data"]["root"], os.path.abspath(data_root(args.data_dir))

@@ -73,6 +73,7 @@ def get_args(argv=None):
     g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
     g.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
     g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept)")
+    g.add_argument("--per_class", type=int, help="train on N examples of each class")
     g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per task")
     g = p.add_argument_group("model")
     g.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
@@ -89,7 +90,7 @@ def get_args(argv=None):
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
     g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
-    g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, --max_train")
+    g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, the draw")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     g.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
                    "(default: bf16 on CUDA, fp32 on the CPU)")
@@ -133,7 +134,8 @@ def resumed_args(p, args):
     if given:
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
-    saved = {"save": "best", **saved_args(args.resume)}  # runs from before --save kept the best
+    # runs from before --save kept the best; runs from before --per_class had none
+    saved = {"save": "best", "per_class": None, **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]
     if missing:
@@ -266,11 +268,12 @@ def run_training(args):
                           f"started; the run froze BERT, and its checkpoints name that folder for "
                           f"it (put the model back, or start a new run)")
 
-    # data: each task's training examples (all, or a --max_train draw) and dev examples
+    # data: each task's training examples (all, or a --max_train or --per_class draw) and dev ones
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
     train, dev = {}, {}
     for t in tasks:
-        train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed)
+        train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
+                                            args.per_class)
         dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
         require_labels(train[t.name], f"--task {t.name} train split")
         require_labels(dev[t.name], f"--task {t.name} dev split")

@@ -237,11 +237,14 @@ def new_folders(folder):
 
 # ---------------------------------------------------------------------------------- sampling
 
-def training_examples(task, data_dir=None, max_train=None, seed=0):
+def training_examples(task, data_dir=None, max_train=None, seed=0, per_class=None):
     """The examples a run trains on: the train split, or its draw of max_train (--max_train,
-    --seed): stratified by class for a classification task, uniform for the other kinds.
+    --seed): stratified by class for a classification task, uniform for the other kinds; or
+    per_class examples of every class (--per_class, the few-shot benchmarks' "8 per class").
     evaluate.py --knn calls it again to build the run's datastore."""
     train = load_split(task, "train", data_dir)
+    if per_class:
+        return per_class_sample(train, task, per_class, seed)
     if not max_train or max_train >= len(train):
         return train
     if task.kind != "classify":
@@ -291,5 +294,24 @@ def stratified_sample(examples, n, seed):
         take[max(classes, key=lambda c: take[c])] -= 1
     rng = random.Random(seed)
     sample = [e for c in classes for e in rng.sample(by_class[c], take[c])]
+    rng.shuffle(sample)
+    return sample
+
+
+def per_class_sample(examples, task, n, seed):
+    """Draws n examples of each class (a classification task), the same draw for the same seed."""
+    if task.kind != "classify":
+        raise MinknnError(f"--per_class draws N examples of each class; --task {task.name} is a "
+                          f"{task.kind} task (use --max_train)")
+    by_class = defaultdict(list)
+    for e in examples:
+        by_class[e.label].append(e)
+    short = [f"'{task.labels[c]}' has {len(by_class[c])}" for c in range(len(task.labels))
+             if len(by_class[c]) < n]
+    if short:
+        raise MinknnError(f"--per_class {n}: the {task.name} training split has too few examples "
+                          f"of some classes ({', '.join(short)})")
+    rng = random.Random(seed)
+    sample = [e for c in range(len(task.labels)) for e in rng.sample(by_class[c], n)]
     rng.shuffle(sample)
     return sample

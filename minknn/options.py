@@ -52,8 +52,8 @@ def check_args(p, args):
         args.lr = 5e-5 if args.option == "finetune" else 1e-3
     if args.proxy_lr is None:
         args.proxy_lr = 100 * args.lr
-    for name in ("epochs", "batch_size", "max_len", "max_train", "max_eval", "steps_per_epoch",
-                 "queue_size"):
+    for name in ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",
+                 "steps_per_epoch", "queue_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     for name, low, high in (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None),
@@ -65,6 +65,8 @@ def check_args(p, args):
             p.error(f"--{name} must be a finite number {bounds}, got {value}")
     if args.lr == 0:
         p.error("--lr 0 would train nothing; give a positive learning rate")
+    if args.max_train and args.per_class:
+        p.error("--max_train and --per_class both choose the training examples; give one")
     if not 0 <= args.seed < 2 ** 32:  # numpy's seeds are 32-bit
         p.error(f"--seed must be in [0, 2**32), got {args.seed}")
     if args.max_len < 8:

@@ -1,22 +1,9 @@
-"""bench.py's scaffolding: the block it writes into RESULTS.md, and the alternating best-of-rounds timer.
-(The timings themselves are commands to run, not tests.)"""
-import pytest
+"""bench.py's scaffolding: the alternating best-of-rounds timer and the synthetic keys (the block
+it writes into RESULTS.md is report.write_block, tests/test_report.py). The timings themselves are
+commands to run, not tests."""
 import torch
 
 import bench
-from minknn import MinknnError
-
-
-def test_write_block_replaces_its_own_block_only(tmp_path):
-    path = tmp_path / "R.md"
-    path.write_text("intro\n<!-- bench.py epoch -->\nold epoch\n<!-- /bench.py epoch -->\nmiddle\n"
-                    "<!-- bench.py knn -->\nold knn\n<!-- /bench.py knn -->\nend\n")
-    bench.write_block(str(path), "epoch", ["new line 1", "", "| a |"])
-    assert path.read_text() == ("intro\n<!-- bench.py epoch -->\nnew line 1\n\n| a |\n<!-- /bench.py epoch -->\n"
-                                "middle\n<!-- bench.py knn -->\nold knn\n<!-- /bench.py knn -->\nend\n"), \
-        "write_block must replace the text between its own markers and leave every other line as it was"
-    with pytest.raises(MinknnError, match="no block '<!-- bench.py index -->'"):
-        bench.write_block(str(path), "index", ["x"])
 
 
 def test_best_of_rounds_alternates_and_keeps_each_ones_best():

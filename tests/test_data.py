@@ -10,7 +10,8 @@ import pytest
 
 from minknn import MinknnError
 from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset,
-                         examples_fingerprint, git_blob_id, load_split, run_data, stratified_sample, training_examples)
+                         examples_fingerprint, git_blob_id, load_split, per_class_sample, run_data, stratified_sample,
+                         training_examples)
 from minknn.kinds import kind_of
 from minknn.tasks import TASKS, get_task
 
@@ -127,6 +128,22 @@ def test_stratified_sample_keeps_class_shares_and_is_reproducible():
     assert len({e.text for e in stratified_sample(examples, 99, seed=0)}) == 99
     with pytest.raises(MinknnError, match="--max_train 2 is smaller than the 3 classes"):
         stratified_sample(examples, 2, seed=0)
+
+
+
+def test_per_class_sample_draws_n_of_each_class_reproducibly():
+    task = Task("t", "t", None, {}, ["a", "b", "c"])
+    examples = [Example(str(i), label=0 if i < 60 else 1 if i < 90 else 2) for i in range(100)]  # 60/30/10
+    a = per_class_sample(examples, task, 8, seed=1)
+    assert Counter(e.label for e in a) == {0: 8, 1: 8, 2: 8}, "data.per_class_sample: 8 of each class"
+    assert [e.text for e in a] == [e.text for e in per_class_sample(examples, task, 8, seed=1)], \
+        "data.per_class_sample: the same seed must draw the same examples (paired comparisons)"
+    assert [e.text for e in a] != [e.text for e in per_class_sample(examples, task, 8, seed=2)]
+    assert sorted(e.label for e in a[:6]) != [0] * 6, "the draw is shuffled, not sorted by class"
+    with pytest.raises(MinknnError, match="--per_class 11: .*'c' has 10"):
+        per_class_sample(examples, task, 11, seed=0)
+    with pytest.raises(MinknnError, match="multilabel task"):
+        per_class_sample(examples, dataclasses.replace(task, kind="multilabel"), 2, seed=0)
 
 
 # ------------------------------------------------------------------ download, against a loopback server

@@ -1,0 +1,204 @@
+"""The grid's table, from results.jsonl alone (minknn/runner.py writes it): the hyper-parameters
+chosen on the selection split, then mean +- std over seeds on the test split, with the p-value
+of a paired test against the baseline on the same seeds (minknn/stats.py).
+
+Selection, per task, size and method: every candidate (a value of each training parameter and
+each inference parameter) gets the mean over seeds of its selection score in the first --metric;
+the best candidate is the method's, and its test scores are the ones reported. The test split
+never takes part: its labels could be anything (tests/test_runner.py poisons them to check).
+"""
+import collections
+import json
+import os
+import re
+
+from minknn import MinknnError
+from minknn.metrics import METRICS
+from minknn.checkpoint import atomic_save
+from minknn.stats import mean_std, paired_t, sign_flip
+
+LOWER_IS_BETTER = {"hamming"}
+TESTS = {"t": (paired_t, "paired t-test"), "signflip": (sign_flip, "exact sign-flip test")}
+
+
+def read_results(folder):
+    path = os.path.join(folder, "results.jsonl")
+    if not os.path.exists(path):
+        raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.runner ...)")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def candidate(line, entry):
+    return (tuple(sorted(line["train_params"].items())), tuple(sorted(entry["params"].items())))
+
+
+def better(metric, a, b):
+    return a < b if metric in LOWER_IS_BETTER else a > b
+
+
+def choose(lines, metric):
+    """(task, size, method) -> {"params": the chosen candidate, "test": {seed: test scores},
+    "diverged": [seeds]}, in the order the lines first name them."""
+    groups = collections.OrderedDict()
+    for line in lines:
+        groups.setdefault((line["task"], line["size"], line["method"]), []).append(line)
+    chosen = collections.OrderedDict()
+    for key, group in groups.items():
+        diverged = sorted({ln["seed"] for ln in group if "diverged" in ln})
+        by_candidate = collections.defaultdict(dict)  # candidate -> seed -> grid entry
+        for line in group:
+            for entry in line.get("grid", []):
+                by_candidate[candidate(line, entry)][line["seed"]] = entry
+        best = None
+        for cand, seeds in by_candidate.items():  # the first of equals wins: the grid's order
+            value = sum(e["select"][metric] for e in seeds.values()) / len(seeds)
+            if best is None or better(metric, value, best[0]):
+                best = (value, cand)
+        chosen[key] = {"params": best and best[1], "diverged": diverged,
+                       "test": {s: e["test"] for s, e in by_candidate[best[1]].items()}
+                       if best else {}}
+    return chosen
+
+
+def fmt(metric, value):
+    return f"{value:.4f}" if metric in LOWER_IS_BETTER else f"{100 * value:.2f}"
+
+
+def table(lines, metrics=None, baseline=None, test="t"):
+    """The Markdown report: one table per size and metric, then the choices and the notes."""
+    if not lines:
+        return "no finished cells yet\n"
+    sizes = list(dict.fromkeys(ln["size"] for ln in lines))
+    tasks = list(dict.fromkeys(ln["task"] for ln in lines))
+    methods = list(dict.fromkeys(ln["method"] for ln in lines))
+    labels = {ln["method"]: ln["label"] for ln in lines}
+    if len(set(labels.values())) < len(labels):  # two grids of one label: show the full names
+        labels = {m: m for m in methods}
+    baseline = baseline or methods[0]
+    first = next(ln for ln in lines if "grid" in ln)
+    metrics = metrics or [next(iter(first["grid"][0]["test"]))]
+    test_fn, test_name = TESTS[test]
+    out = []
+    for size in sizes:
+        chosen = choose([ln for ln in lines if ln["size"] == size], metrics[0])
+        for metric in metrics:
+            out += size_table(size, metric, tasks, methods, labels, chosen, baseline, test_fn)
+        out += choices_note(size, tasks, methods, labels, chosen)
+    splits = {ln["task"]: (ln["test_split"], ln["n_test"], ln["n_select"]) for ln in lines
+              if "grid" in ln}
+    out += ["", f"Mean ± std over seeds on the test split, in {', '.join(METRICS[m][1] for m in metrics)}"
+            f" ({'x 100' if any(m not in LOWER_IS_BETTER for m in metrics) else ''}); best mean per "
+            f"column in bold (hamming: lowest). p: two-sided {test_name} against {labels[baseline]} "
+            f"on the same seeds; * marks p < 0.05. Mean: each seed's mean over the tasks.",
+            f"Selection ({first['select']}): the epoch and every hyper-parameter, on "
+            + "; ".join(f"{t}: {n_sel} dev examples, scored on {name} ({n_test})"
+                        for t, (name, n_test, n_sel) in splits.items()) + "."]
+    seconds = [ln["seconds"]["train"] + ln["seconds"]["evaluate"] for ln in lines
+               if "seconds" in ln and ln["method"] == cell_owner(lines, ln["cell"])]
+    out.append(f"Cells: {len({ln['cell'] for ln in lines})}, {sum(seconds) / 60:.1f} min of "
+               f"training and evaluation.")
+    return "\n".join(out) + "\n"
+
+
+def cell_owner(lines, cell):
+    """The first method reading a cell (its time is counted once)."""
+    return next(ln["method"] for ln in lines if ln["cell"] == cell)
+
+
+def size_table(size, metric, tasks, methods, labels, chosen, baseline, test_fn):
+    by_seed = {}  # (method, task) -> {seed: value}
+    for (task, _, method), c in chosen.items():
+        by_seed[method, task] = {s: v[metric] for s, v in c["test"].items()}
+    columns = tasks + (["mean"] if len(tasks) > 1 else [])
+    for method in methods:  # each seed's mean over the tasks that all have it
+        seeds = set.intersection(*(set(by_seed.get((method, t), {})) for t in tasks))
+        by_seed[method, "mean"] = {s: sum(by_seed[method, t][s] for t in tasks) / len(tasks)
+                                   for s in sorted(seeds)}
+    means = {k: mean_std(list(v.values())) for k, v in by_seed.items() if v}
+    rows = [f"| {size} examples{'' if size != 'full' else ' (all)'}, {METRICS[metric][1]} | "
+            + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    if size.endswith("pc"):
+        rows[0] = rows[0].replace(f"{size} examples", f"{size[:-2]} per class")
+    for method in methods:
+        cells = []
+        for column in columns:
+            if (method, column) not in means:
+                cells.append("–")
+                continue
+            mean, std = means[method, column]
+            best = all(not better(metric, means[m, column][0], mean)
+                       for m in methods if (m, column) in means)
+            text = f"{fmt(metric, mean)} ± {fmt(metric, std)}"
+            text = f"**{text}**" if best else text
+            base = by_seed.get((baseline, column), {})
+            paired = sorted(set(base) & set(by_seed[method, column]))
+            if method != baseline and len(paired) >= 2:
+                p = test_fn([by_seed[method, column][s] for s in paired],
+                            [base[s] for s in paired])
+                text += f" (p {p:.3f}{'*' if p < 0.05 else ''})"
+            cells.append(text)
+        rows.append(f"| {labels[method]} | " + " | ".join(cells) + " |")
+    seeds = sorted({s for (m, t), v in by_seed.items() if t != "mean" for s in v})
+    return ["", f"Seeds: {', '.join(map(str, seeds))}.", ""] + rows
+
+
+def choices_note(size, tasks, methods, labels, chosen):
+    notes = []
+    for method in methods:
+        for task in tasks:
+            c = chosen.get((task, size, method))
+            if not c:
+                continue
+            params = [f"{k}={v}" for part in (c["params"] or ()) for k, v in part]
+            if c["diverged"]:
+                notes.append(f"{labels[method]} on {task}: diverged with seed(s) "
+                             f"{', '.join(map(str, c['diverged']))} (left out)")
+            if params:
+                notes.append(f"{labels[method]} on {task}: {', '.join(params)}")
+    return ["", f"Chosen ({size}): " + "; ".join(notes) + "."] if notes else []
+
+
+def write_block(path, tag, lines):
+    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path (RESULTS.md)
+    with lines, so that its tables are a command's output, never typed by hand."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start, end = f"<!-- {tag} -->", f"<!-- /{tag} -->"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise MinknnError(f"--write {path}: no block '{start}' ... '{end}' to replace; add the two "
+                          f"markers where the table goes")
+    block = "\n".join([start, *lines, end])
+    atomic_save(pattern.sub(lambda _: block, text), path, lambda t, f: f.write(t.encode()))
+    print(f"written into {path}")
+
+
+def write_report(folder, metric=None, baseline=None, test="t", write=None):
+    """Writes <folder>/table.md and the plots, and with `write` the table into that file's block
+    `<!-- runner NAME -->` (NAME: the folder's name); returns the table's text."""
+    lines = read_results(folder)
+    metrics = metric.split(",") if metric else None
+    unknown = [m for m in metrics or [] if m not in METRICS]
+    methods = list(dict.fromkeys(ln["method"] for ln in lines))
+    if unknown or (baseline and baseline not in methods):
+        what = f"--metric {','.join(unknown)}: choose from {', '.join(METRICS)}" if unknown else \
+            f"--baseline {baseline}: not a method of this grid ({', '.join(methods)})"
+        raise MinknnError(what)
+    text = table(lines, metrics, baseline, test)
+    path = os.path.join(folder, "table.md")
+    atomic_save(text, path, lambda t, f: f.write(t.encode()))
+    print(text)
+    print(f"table in {path}")
+    if write:
+        write_block(write, f"runner {os.path.basename(os.path.normpath(folder))}",
+                    text.rstrip("\n").split("\n"))
+    try:
+        from minknn import plots
+    except ImportError as e:  # matplotlib is an optional extra
+        print(f"no plots: {e}; pip install matplotlib (or pip install .[plots])")
+        return text
+    for path in plots.draw_all(lines, os.path.join(folder, "plots"),
+                               metrics[0] if metrics else None):
+        print(f"plot: {path}")
+    return text

@@ -1,0 +1,193 @@
+"""The experiment runner (minknn/runner.py) and its table (minknn/report.py) on the tiny fixtures:
+a grid completes, its table holds the runs' own figures, a killed grid finishes without
+retraining, the choices never look at the test split."""
+import os
+import shutil
+
+import pytest
+import torch
+
+import evaluate
+import train
+from minknn import MinknnError, report, runner
+
+from conftest import DATA
+
+METHODS = "ce,proxyanchor+proxy[alpha=0,0.5,1],ce+knn[k=1,2,4;phi=0,0.5,1]"
+
+
+def grid(tiny_bert_dir, out, *extra, data_dir=DATA, tasks="mr,sst2", methods=METHODS):
+    return runner.main(["--tasks", tasks, "--methods", methods, "--sizes", "6", "--seeds", "0-1",
+                        "--out", str(out), "--model", tiny_bert_dir, "--data_dir", data_dir,
+                        "--epochs", "2", "--lr", "3e-3", "--batch_size", "4", "--max_len", "32",
+                        "--device", "cpu", *extra])
+
+
+def lines_of(out):
+    return report.read_results(str(out))
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_bert_dir, tmp_path_factory):
+    """One 2-task x 2-training x 2-seed grid, checkpoints kept."""
+    out = tmp_path_factory.mktemp("grid") / "g"
+    grid(tiny_bert_dir, out, "--keep")
+    return out
+
+
+def test_method_grammar():
+    m = runner.parse_method("proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25]")
+    assert (m.loss, m.train_grid, m.rule, m.rule_grid) == \
+        ("proxyanchor", {"lam": [0.1, 0.5]}, "proxy", {"alpha": [0.25]})
+    assert m.label == "proxyanchor+proxy"
+    assert runner.split_top("ce,knnbert+knn[k=4,16;phi=0.5],supcon", ",") == \
+        ["ce", "knnbert+knn[k=4,16;phi=0.5]", "supcon"], "commas inside [...] belong to a grid"
+    assert runner.parse_seeds("0-2,7") == [0, 1, 2, 7]
+    assert runner.parse_sizes("full,20,8pc") == ["full", "20", "8pc"]
+    for bad, where in (("ce+knnn", "unknown inference rule 'knnn'"), ("ce+knn[alpha=1]", "alpha"),
+                       ("ce[lam]", "not name=value")):
+        with pytest.raises(MinknnError, match=where):
+            runner.parse_method(bad)
+
+
+def test_cells_are_shared_by_the_methods_of_one_training():
+    methods = [runner.parse_method(m) for m in ("ce", "ce+knn", "proxyanchor[lam=0.1,0.5]+proxy")]
+    cells = runner.cells_of(["mr"], methods, ["20"], [0, 1])
+    assert len(cells) == 2 * (1 + 2), "one ce cell per seed (read by ce and ce+knn), and one " \
+                                      "proxyanchor cell per lam and seed"
+    ce = runner.Cell("mr", "20", 0, "ce", ())
+    assert [m.name for m in cells[ce]] == ["ce", "ce+knn"]
+    assert list(cells)[0].seed == 0 and list(cells)[-1].seed == 1, "whole seeds first"
+
+
+def test_grid_completes_and_the_table_holds_the_runs_figures(finished, tiny_bert_dir):
+    lines = lines_of(finished)
+    assert {(ln["task"], ln["seed"], ln["method"]) for ln in lines} == \
+        {(t, s, m) for t in ("mr", "sst2") for s in (0, 1) for m in runner.split_top(METHODS, ",")}
+    for ln in lines:  # the linear head's test figure is evaluate.py's on the kept checkpoint
+        if ln["rule"] != "linear":
+            continue
+        ckpt = finished / "runs" / ln["cell"] / "checkpoint.pt"
+        scored = evaluate.main(["--checkpoint", str(ckpt), "--split", "test", "--device", "cpu",
+                                "--out", str(finished / f"check-{ln['cell']}.csv")])
+        assert scored[ln["task"]]["acc"] == pytest.approx(ln["grid"][0]["test"]["acc"]), \
+            f"runner: {ln['cell']}'s test accuracy differs from evaluate.py's on its checkpoint"
+    text = (finished / "table.md").read_text()
+    for task in ("mr", "sst2"):  # ce's row: the mean and std of its runs' test figures
+        values = [100 * ln["grid"][0]["test"]["acc"] for ln in lines
+                  if ln["task"] == task and ln["method"] == "ce"]
+        mean = sum(values) / 2
+        std = abs(values[0] - values[1]) / 2 ** 0.5
+        assert f"{mean:.2f} ± {std:.2f}" in text.split("| ce |")[1].split("\n")[0], \
+            f"report: the ce row's {task} cell is not the mean ± std of the runs' figures"
+
+
+def test_the_table_is_redrawn_from_results_alone(finished, tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(finished / "results.jsonl", copy)  # no runs/, no checkpoints
+    runner.main(["--table", str(copy)])
+    assert (copy / "table.md").read_text() == (finished / "table.md").read_text()
+
+
+def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
+    grid(tiny_bert_dir, tmp_path / "g", tasks="mr", methods="ce")
+    runs = sorted(os.listdir(tmp_path / "g" / "runs"))
+    assert len(runs) == 2
+    for name in runs:
+        files = os.listdir(tmp_path / "g" / "runs" / name)
+        assert "cell.json" in files and "checkpoint.pt" not in files and "last.pt" not in files, \
+            f"runner: {name} should keep its scores (cell.json) and drop its checkpoint: {files}"
+
+
+def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
+    reference = tmp_path / "reference"
+    grid(tiny_bert_dir, reference, tasks="mr")
+    calls, real_main, real_step = [], train.main, train.train_step
+    steps = {"n": 0}
+
+    def counting_main(argv):
+        calls.append(argv)
+        steps["n"] = 0
+        return real_main(argv)
+
+    def step_then_kill(*a, **k):  # the third cell is killed in its second epoch
+        steps["n"] += 1
+        if len(calls) == 3 and steps["n"] > 2:
+            raise KeyboardInterrupt
+        return real_step(*a, **k)
+    monkeypatch.setattr(train, "main", counting_main)
+    monkeypatch.setattr(train, "train_step", step_then_kill)
+    out = tmp_path / "g"
+    with pytest.raises(SystemExit) as stop:
+        grid(tiny_bert_dir, out, tasks="mr")
+    assert stop.value.code == 130
+    killed = sorted(os.listdir(out / "runs"))
+    done_before = {n: (out / "runs" / n / "cell.json").read_text() for n in killed
+                   if (out / "runs" / n / "cell.json").exists()}
+    assert len(done_before) == 2, "the two cells before the kill are finished"
+
+    monkeypatch.setattr(train, "train_step", real_step)
+    calls.clear()
+    grid(tiny_bert_dir, out, tasks="mr")
+    resumed = [argv for argv in calls if argv[0] == "--resume"]
+    assert len(resumed) == 1 and len(calls) == 2, \
+        f"runner: the rerun should resume the killed cell and train the one left, not {calls}"
+    for name, text in done_before.items():
+        assert (out / "runs" / name / "cell.json").read_text() == text, f"{name} was redone"
+    strip = [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(out)]
+    assert strip == [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(reference)], \
+        "runner: a killed and resumed grid must give the uninterrupted grid's figures"
+
+
+def poisoned_copy(tmp_path):
+    """The fixtures with every sst2 test label flipped."""
+    data = tmp_path / "data"
+    shutil.copytree(DATA, data)
+    path = data / "senteval" / "SST" / "binary" / "sentiment-test"
+    rows = [line.rsplit("\t", 1) for line in path.read_text().splitlines()]
+    path.write_text("".join(f"{text}\t{1 - int(label)}\n" for text, label in rows))
+    return str(data)
+
+
+def test_choices_never_look_at_the_test_labels(tiny_bert_dir, tmp_path):
+    grid(tiny_bert_dir, tmp_path / "clean", tasks="sst2")
+    grid(tiny_bert_dir, tmp_path / "poisoned", tasks="sst2", data_dir=poisoned_copy(tmp_path))
+    clean, poisoned = lines_of(tmp_path / "clean"), lines_of(tmp_path / "poisoned")
+    assert [ln["grid"][0]["test"] for ln in clean] != [ln["grid"][0]["test"] for ln in poisoned], \
+        "the poisoning must change the test scores, or this test checks nothing"
+    for a, b in zip(clean, poisoned):
+        assert a["best_epoch"] == b["best_epoch"], f"{a['cell']}: the epoch was chosen on test"
+        assert [e["select"] for e in a["grid"]] == [e["select"] for e in b["grid"]]
+    chosen = {k: v["params"] for k, v in report.choose(clean, "acc").items()}
+    assert chosen == {k: v["params"] for k, v in report.choose(poisoned, "acc").items()}, \
+        "report.choose: the hyper-parameters chosen changed with the test labels"
+
+
+def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "g"
+    with pytest.raises(SystemExit):
+        grid(tiny_bert_dir, out, "--seed", "3")
+    assert "the runner sets it for each cell" in capsys.readouterr().err
+    with pytest.raises(MinknnError, match="proxy inference needs a proxy loss"):
+        grid(tiny_bert_dir, out, methods="ce+proxy")
+    with pytest.raises(MinknnError, match="--jobs 2"):
+        grid(tiny_bert_dir, out, "--jobs", "2")
+    with pytest.raises(MinknnError, match="--per_class 50"):
+        runner.main(["--tasks", "mr", "--sizes", "50pc", "--out", str(out), "--model",
+                     tiny_bert_dir, "--data_dir", DATA])
+    assert not out.exists(), "nothing is written before the grid is checked"
+    grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    with pytest.raises(MinknnError, match="other train_flags"):
+        grid(tiny_bert_dir, out, "--warmup", "0.1", tasks="mr", methods="ce")
+
+
+def test_jobs_run_cells_side_by_side(tiny_bert_dir, tmp_path, monkeypatch):
+    """--jobs is for a GPU; here the check is told the device is one, and the cells (in spawned
+    processes, which see the real CPU) must give the figures of a one-at-a-time grid."""
+    grid(tiny_bert_dir, tmp_path / "one", tasks="mr", methods="ce")
+    monkeypatch.setattr(runner, "pick_device", lambda name: torch.device("cuda"))
+    grid(tiny_bert_dir, tmp_path / "two", "--jobs", "2", tasks="mr", methods="ce")
+    strip = [[{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(tmp_path / name)]
+             for name in ("one", "two")]
+    assert strip[0] == strip[1], "runner --jobs 2: the cells' figures differ from --jobs 1's"
