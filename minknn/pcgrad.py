@@ -120,4 +120,3 @@ class PCGrad:
                 p.grad = update[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         return int((gram.triu(1) < 0).sum())
-

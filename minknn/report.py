@@ -87,10 +87,10 @@ def table(lines, metrics=None, baseline=None, test="t"):
         out += choices_note(size, tasks, methods, labels, chosen)
     splits = {ln["task"]: (ln["test_split"], ln["n_test"], ln["n_select"]) for ln in lines
               if "grid" in ln}
-    out += ["", f"Mean ± std over seeds on the test split, in {', '.join(METRICS[m][1] for m in metrics)}"
-            f" ({'x 100' if any(m not in LOWER_IS_BETTER for m in metrics) else ''}); best mean per "
-            f"column in bold (hamming: lowest). p: two-sided {test_name} against {labels[baseline]} "
-            f"on the same seeds; * marks p < 0.05. Mean: each seed's mean over the tasks.",
+    scale = "scores x 100" + ("; Hamming loss as is" if "hamming" in metrics else "")
+    out += ["", f"Test split, mean ± std over seeds ({scale}). Bold: the best mean of a column "
+            f"(the lowest Hamming loss). p: the two-sided {test_name} against {labels[baseline]} "
+            f"over the seeds both have; * p < 0.05. mean: each seed's mean over the tasks.",
             f"Selection ({first['select']}): the epoch and every hyper-parameter, on "
             + "; ".join(f"{t}: {n_sel} dev examples, scored on {name} ({n_test})"
                         for t, (name, n_test, n_sel) in splits.items()) + "."]
@@ -160,8 +160,8 @@ def choices_note(size, tasks, methods, labels, chosen):
 
 
 def write_block(path, tag, lines):
-    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path (RESULTS.md)
-    with lines, so that its tables are a command's output, never typed by hand."""
+    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path
+    (RESULTS.md) with lines, so that its tables are a command's output, never typed by hand."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     start, end = f"<!-- {tag} -->", f"<!-- /{tag} -->"

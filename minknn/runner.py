@@ -1,24 +1,17 @@
 """The experiment runner: a grid of trainings, every inference rule on each trained model, and the
 table the papers print (minknn/report.py) with its plots (minknn/plots.py).
 
-    python -m minknn.runner --tasks mr,cr --methods ce,supcon,proxyanchor+proxy,knnbert+knn \\
-        --sizes 20,100 --seeds 0-4 --out results/fewshot --epochs 20 --batch_size 16
-    python -m minknn.runner --table results/fewshot     # redraw table.md and the plots from
-                                                        # results.jsonl alone
+    python -m minknn.runner --tasks mr,cr --methods 'ce,supcon,proxyanchor+proxy,knnbert+knn' \\
+        --sizes 20,100 --seeds 0-4 --out grids/fewshot --epochs 10 --batch_size 16
+    python -m minknn.runner --table grids/fewshot     # redraw table.md and the plots from
+                                                      # results.jsonl alone
 
-A method is a training loss, optionally with an inference rule: `ce`, `proxyanchor+proxy`,
-`knnbert+knn`, `knnbert+knn-only`. Rules: the linear head (no rule), `proxy` (proxy inference,
-minknn/proxy.py), `knn` (the model mixed with kNN, minknn/knn.py) and `knn-only` (kNN alone).
-Either part may carry a small grid in brackets: `proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25,0.5]`,
-`knnbert+knn[k=16,64;phi=0.25,0.5]`; a training parameter is any train.py flag, an inference one
-alpha (proxy), k and phi (knn, knn-only). The value is chosen per task and size on the selection
-split (report.py), never on the test split.
-
-A cell is (task, size, loss and one value of each training parameter, seed): it is trained once,
-by train.py's own code, and every rule its methods ask for is scored on that one model, so
-`proxyanchor` and `proxyanchor+proxy` share their training. Sizes: `full`, N (N examples drawn by
-class, train.py --max_train) or Npc (N of each class, --per_class); a seed draws the same
-examples for every method, so the comparisons are paired.
+The grid (minknn/grid.py): methods (a training loss, an inference rule, either with a grid of
+values in brackets), sizes and seeds make cells, each (task, size, training, seed). A cell is
+trained once by train.py's own code, and every rule its methods ask for is scored on that one
+model (minknn/rules.py). A seed draws the same training examples for every method, so the
+comparisons are paired. Any flag the runner does not know (--epochs, --batch_size, --lr,
+--max_len, --model, ...) is train.py's and goes to every cell.
 
 Selection (--select): `sample` (default, the strict few-shot practice) picks the best epoch and
 every hyper-parameter on a fixed sample of dev as large as the training set; `dev` on the whole
@@ -28,159 +21,31 @@ refuses --select dev). --max_eval caps the test split too (a fixed draw, the sam
 
 Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/cell.json
 once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
-again skips the finished cells and resumes a killed one (train.py --resume): a sweep killed at
-any point loses at most the epoch in progress. Any other flag (--epochs, --batch_size, --lr,
---max_len, --model, ...) is train.py's and goes to every cell. Writes <out>/results.jsonl (one
-line per cell and method: every figure on both splits for each hyper-parameter value, the
-learning curve, the kNN sweep, times), <out>/table.md and <out>/plots/*.png.
+again skips the finished cells and resumes a killed one (train.py --resume): a grid killed at
+any point loses at most the epoch in progress. Writes <out>/results.jsonl (one line per cell and
+method: every figure on both splits for each value of its grid, the learning curve, the kNN
+sweep, times), <out>/table.md and <out>/plots/*.png.
 """
 import concurrent.futures
-import itertools
-import json
 import multiprocessing
 import os
-import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
-
-import torch
 
 import train
-from minknn import MinknnError, run
-from minknn.bert import BertModel, resolve_model_path
-from minknn.checkpoint import load_checkpoint, rebuild
+from minknn import MinknnError, report, run
 from minknn.data import eval_subset, labelled, load_split, split_recipe, training_examples
-from minknn.engine import pick_device, predict
-from minknn.kinds import kind_of, score
-from minknn.knn import Datastore, interpolate, settings
-from minknn.model import Model
+from minknn.engine import pick_device
+from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_flags, split_top
 from minknn.options import Parser
-from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
+from minknn.proxy import PROXY_LOSSES
+from minknn.rules import line_head, score_cell
 from minknn.runs import read_json, write_json, write_jsonl
 from minknn.tasks import get_task
 
-RULES = {"linear": (), "proxy": ("alpha",), "knn": ("k", "phi"), "knn-only": ("k",)}
-SWEEP_PHIS = [i / 10 for i in range(11)]          # KNN-BERT's Figure 2, as evaluate.py --sweep
-SWEEP_KS = [1, 4, 16, 64, 256, 1024]
-MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str         # as given, brackets and all
-    loss: str
-    train_grid: dict  # train.py flag -> values
-    rule: str         # a key of RULES
-    rule_grid: dict   # alpha, k or phi -> values
-
-    @property
-    def label(self):  # the table's row: the method without its grids
-        return self.loss + ("" if self.rule == "linear" else "+" + self.rule)
-
-
-@dataclass(frozen=True)
-class Cell:
-    task: str
-    size: str
-    seed: int
-    loss: str
-    params: tuple     # ((train.py flag, value), ...)
-
-    @property
-    def name(self):
-        params = "".join(f"-{k}{v}" for k, v in self.params)
-        return f"{self.task}-{self.size}-{self.loss}{params}-seed{self.seed}"
-
-
-def split_top(text, sep):
-    """Splits on `sep` outside brackets: 'a[x=1,2],b' -> ['a[x=1,2]', 'b']."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    return parts + [text[start:]]
-
-
-def parse_grid(text, where):
-    """'lam=0.1,0.5;k=16' -> {'lam': [0.1, 0.5], 'k': [16]} (numbers where they parse)."""
-    grid = {}
-    for item in filter(None, text.split(";")):
-        name, _, values = item.partition("=")
-        if not name or not values:
-            raise MinknnError(f"--methods {where}: '{item}' is not name=value,value")
-        grid[name.strip()] = [number(v.strip()) for v in values.split(",")]
-    return grid
-
-
-def number(text):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_method(text):
-    m = re.fullmatch(r"([\w-]+)(?:\[([^\]]*)\])?(?:\+([\w-]+)(?:\[([^\]]*)\])?)?", text.strip())
-    if not m:
-        raise MinknnError(f"--methods: cannot read '{text}'; write loss[param=v,v]+rule[param=v], "
-                          f"e.g. proxyanchor[lam=0.1,0.5]+proxy")
-    loss, train_text, rule, rule_text = m.groups()
-    rule = rule or "linear"
-    if rule not in RULES or rule == "linear" and rule_text:
-        raise MinknnError(f"--methods {text}: unknown inference rule '{rule}'; choose one of: "
-                          f"{', '.join(r for r in RULES if r != 'linear')}")
-    rule_grid = parse_grid(rule_text or "", text)
-    wrong = [p for p in rule_grid if p not in RULES[rule]]
-    if wrong:
-        raise MinknnError(f"--methods {text}: the {rule} rule has no parameter "
-                          f"{', '.join(wrong)}; it has: {', '.join(RULES[rule]) or 'none'}")
-    return Method(text.strip(), loss, parse_grid(train_text or "", text), rule, rule_grid)
-
-
-def parse_sizes(text):
-    sizes = [s.strip() for s in text.split(",")]
-    for s in sizes:
-        if not re.fullmatch(r"full|[1-9]\d*(pc)?", s):
-            raise MinknnError(f"--sizes: '{s}' is not full, N (examples) or Npc (per class)")
-    return sizes
-
-
-def parse_seeds(text):
-    seeds = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
-            raise MinknnError(f"--seeds: '{part}' is not a seed or a range like 0-4")
-        seeds += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
-    return sorted(set(seeds))
-
-
-def size_flags(size):
-    if size == "full":
-        return []
-    if size.endswith("pc"):
-        return ["--per_class", size[:-2]]
-    return ["--max_train", size]
-
-
-def cells_of(tasks, methods, sizes, seeds):
-    """Every cell of the grid in running order (size, seed, task, then method: a grid stopped
-    early holds whole seeds), and for each the methods that read it."""
-    cells = {}
-    for size, seed, task, method in itertools.product(sizes, seeds, tasks, methods):
-        names = list(method.train_grid)
-        for values in itertools.product(*method.train_grid.values()):
-            cell = Cell(task, size, seed, method.loss, tuple(zip(names, values)))
-            cells.setdefault(cell, []).append(method)
-    return cells
 
 
 def train_argv(cell, ctx, folder):
@@ -282,7 +147,7 @@ def run_cell(cell, methods, ctx):
     if str(summary.get("stopped", "")).startswith("diverged"):
         lines = [dict(line_head(cell, m, ctx), diverged=summary["stopped"]) for m in methods]
     else:
-        lines = evaluate_cell(cell, methods, ctx, folder, train_seconds)
+        lines = score_cell(cell, methods, ctx, folder, train_seconds)
     write_json(done, {"cell": cell.name, "lines": lines})
     checkpoint = os.path.join(folder, "checkpoint.pt")
     if not ctx.keep and os.path.exists(checkpoint):
@@ -303,132 +168,6 @@ def training_status(folder):
     return "new"
 
 
-def line_head(cell, method, ctx):
-    return {"task": cell.task, "size": cell.size, "seed": cell.seed, "method": method.name,
-            "label": method.label, "rule": method.rule, "cell": cell.name,
-            "train_params": dict(cell.params), "select": ctx.select}
-
-
-def evaluate_cell(cell, methods, ctx, folder, train_seconds):
-    """Every rule the methods ask for, on the selection and test examples, for each value of its
-    inference grid: one prediction pass per split (and one over the training set for kNN)."""
-    start = time.time()
-    ckpt = load_checkpoint(os.path.join(folder, "checkpoint.pt"))
-    device, precision = pick_device(ckpt["args"]["device"]), ckpt["args"]["precision"]
-    model, losses, tokenizer = rebuild(ckpt)
-    model.to(device)
-    task, loss = model.tasks[cell.task], losses[cell.task]
-    kind, batch = kind_of(task), 2 * ckpt["args"]["batch_size"]
-    train_set = ctx.train_examples(cell)
-    selection, test, test_name = ctx.splits(cell.task, len(train_set))
-    examples = {"select": selection, "test": test}
-    knn_key = "decoupled" if model.retrieval is not None else ckpt["args"]["pooling"]
-    outputs, z = {}, {}
-    for split, ex in examples.items():
-        outputs[split], z[split] = predict(model, tokenizer, task, ex, batch, device,
-                                           precision=precision)
-    gold = {split: kind.gold(task, ex) for split, ex in examples.items()}
-
-    def scores(probabilities):  # {"select": {...}, "test": {...}}
-        return {s: score(task, kind.decide(probabilities[s]), gold[s]) for s in examples}
-    base = {s: kind.probabilities(outputs[s]) for s in examples}
-    k_most = max([*SWEEP_KS, *(k for m in methods for k in m.rule_grid.get("k", []))])
-    knn = knn_tables(task, model, tokenizer, train_set, examples, knn_key, z, base, batch, device,
-                     precision, k_most) if any(m.rule.startswith("knn") for m in methods) else None
-    records = read_jsonl(os.path.join(folder, "metrics.jsonl"))
-    lines = []
-    for method in methods:
-        line = line_head(cell, method, ctx)
-        grid = []
-        if method.rule == "linear":
-            grid.append({"params": {}, **scores(base)})
-        elif method.rule == "proxy":
-            if not has_proxies(loss):
-                raise MinknnError(f"--methods {method.name}: --loss {cell.loss} has no proxies")
-            for alpha in method.rule_grid.get("alpha", [0.5]):
-                mixed = {s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
-                         for s in examples}
-                grid.append({"params": {"alpha": alpha}, **scores(mixed)})
-        else:
-            default_k, default_phi = settings(task.kind)[:2]
-            ks = method.rule_grid.get("k", [default_k])
-            phis = [1.0] if method.rule == "knn-only" else method.rule_grid.get("phi", [default_phi])
-            for k, phi in itertools.product(ks, phis):  # K capped at the datastore's size
-                grid.append({"params": {"k": min(k, len(train_set)), "phi": phi},
-                             **knn["at"](k, phi)})
-            line["sweep"] = knn["sweep"]
-        line.update(grid=grid, test_split=test_name, n_train=len(train_set),
-                    n_select=len(selection), n_test=len(test), best_epoch=ckpt["epoch"],
-                    curve=[{"epoch": r["epoch"], "train_loss": r["train_loss"][cell.task],
-                            "dev": r["dev"][cell.task]} for r in records],
-                    seconds={"train": round(train_seconds, 1),
-                             "evaluate": round(time.time() - start, 1)})
-        lines.append(line)
-    if cell.seed == ctx.seeds[0]:  # a 2-D map of the test representations, before and after
-        lines[0]["map"] = representation_map(ctx, task, ckpt, tokenizer, test, z["test"], device,
-                                             precision)
-    return lines
-
-
-def knn_tables(task, model, tokenizer, train_set, examples, key, z, base, batch, device,
-               precision, k_most):
-    """The kNN scores at any (K <= k_most, phi) from one search per split at the largest K:
-    {"at": function (k, phi) -> {"select":, "test":}, "sweep": the phi x K table}."""
-    kind = kind_of(task)
-    _, keys = predict(model, tokenizer, task, train_set, batch, device, key=key,
-                      precision=precision)
-    labels = kind.targets(task, train_set, "cpu")
-    datastore = Datastore(keys, labels, [e.id for e in train_set], len(task.labels))
-    _, _, vote, temperature = settings(task.kind)
-    queries = z if key == model.pooling else {
-        s: predict(model, tokenizer, task, ex, batch, device, key=key, precision=precision)[1]
-        for s, ex in examples.items()}
-    most = len(datastore)
-    found = {s: datastore.search(queries[s], min(most, k_most), vote) for s in examples}
-    gold = {s: kind.gold(task, ex) for s, ex in examples.items()}
-    votes = {}
-
-    def at(k, phi):
-        k = min(k, most)
-        for s in examples:
-            if (s, k) not in votes:
-                scores, rows = found[s]
-                votes[s, k] = datastore.vote(scores[:, :k], rows[:, :k], vote, temperature)
-        return {s: score(task, kind.decide(interpolate(base[s], votes[s, k], phi)), gold[s])
-                for s in examples}
-    ks = sorted({min(k, most) for k in SWEEP_KS})
-    sweep = [{"k": k, "phi": phi, **at(k, phi)} for k in ks for phi in SWEEP_PHIS]
-    return {"at": at, "sweep": sweep}
-
-
-def representation_map(ctx, task, ckpt, tokenizer, test, z_after, device, precision):
-    """PCA to 2-D (the top two principal directions, from an SVD of the centred vectors) of up to
-    MAP_POINTS test representations, from the base model and from the trained one."""
-    rows = eval_subset(list(range(len(test))), MAP_POINTS)
-    sample = [test[i] for i in rows]
-
-    def before():
-        bert = BertModel.from_pretrained(resolve_model_path(ckpt["args"]["model"]))
-        base = Model(bert, [task], ckpt["args"]["pooling"], ckpt["args"]["pair_mode"]).to(device)
-        return predict(base, tokenizer, task, sample, 64, device, precision=precision)[1]
-    z_before = ctx.cached(("before", task.name, len(test)), before)
-    gold = kind_of(task).gold(task, sample)
-    labels = [int(g) if gold.ndim == 1 else int(g.argmax()) for g in gold]
-    return {"labels": labels, "label_names": list(task.labels),
-            "before": pca_2d(z_before), "after": pca_2d(z_after[rows])}
-
-
-def pca_2d(x):
-    x = x.double() - x.double().mean(0)
-    _, _, v = torch.linalg.svd(x, full_matrices=False)
-    return [[round(a, 4), round(b, 4)] for a, b in (x @ v[:2].T).tolist()]
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 # ----------------------------------------------------------------------------------- the grid
 
 def get_args(argv=None):
@@ -437,9 +176,10 @@ def get_args(argv=None):
                            "docstring: python -c 'import minknn.runner; help(minknn.runner)'). "
                            "Any other flag is train.py's and goes to every cell.")
     p.add_argument("--tasks", help="comma-separated task names")
-    p.add_argument("--methods", default="ce", help="comma-separated: loss[param=v,v]+rule[param=v]; "
-                   "rules: proxy, knn, knn-only")
-    p.add_argument("--sizes", default="full", help="comma-separated: full, N examples, Npc per class")
+    p.add_argument("--methods", default="ce", help="comma-separated: "
+                   "loss[param=v,v]+rule[param=v]; rules: proxy, knn, knn-only")
+    p.add_argument("--sizes", default="full", help="comma-separated: full, N examples, Npc (N "
+                   "per class)")
     p.add_argument("--seeds", default="0", help="e.g. 0-4 or 0,3,7")
     p.add_argument("--out", help="the grid's folder (its cells, results.jsonl, table.md, plots/)")
     p.add_argument("--select", default="sample", choices=["sample", "dev"], help="choose the epoch "
@@ -522,16 +262,15 @@ def check_same_grid(args, train_flags):
         saved = read_json(path)
         changed = [k for k in grid if saved.get(k) != grid[k]]
         if changed:
-            raise MinknnError(f"--out {args.out} holds a grid run with other "
-                              f"{', '.join(changed)} ({', '.join(str(saved.get(k)) for k in changed)}"
-                              f"); use the same flags to go on with it, or another --out")
+            was = ", ".join(str(saved.get(k)) for k in changed)
+            raise MinknnError(f"--out {args.out} holds a grid run with other {', '.join(changed)} "
+                              f"({was}); use the same flags to go on with it, or another --out")
     else:
         os.makedirs(args.out, exist_ok=True)
         write_json(path, grid)
 
 
 def main(argv=None):
-    from minknn import report
     args, train_flags = get_args(argv)
     if args.table:
         return report.write_report(args.table, args.metric, args.baseline, args.test, args.write)
@@ -582,7 +321,8 @@ def describe_line(line):
     first = line["grid"][0]
     metric = next(iter(first["test"]))
     params = ", ".join(f"{k} {v}" for k, v in first["params"].items())
-    return f"{line['label']} {metric} {first['test'][metric]:.4f}" + (f" ({params})" if params else "")
+    text = f"{line['label']} {metric} {first['test'][metric]:.4f}"
+    return text + (f" ({params})" if params else "")
 
 
 if __name__ == "__main__":

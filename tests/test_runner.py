@@ -9,14 +9,14 @@ import torch
 
 import evaluate
 import train
-from minknn import MinknnError, report, runner
+from minknn import MinknnError, grid, report, runner
 
 from conftest import DATA
 
 METHODS = "ce,proxyanchor+proxy[alpha=0,0.5,1],ce+knn[k=1,2,4;phi=0,0.5,1]"
 
 
-def grid(tiny_bert_dir, out, *extra, data_dir=DATA, tasks="mr,sst2", methods=METHODS):
+def run_grid(tiny_bert_dir, out, *extra, data_dir=DATA, tasks="mr,sst2", methods=METHODS):
     return runner.main(["--tasks", tasks, "--methods", methods, "--sizes", "6", "--seeds", "0-1",
                         "--out", str(out), "--model", tiny_bert_dir, "--data_dir", data_dir,
                         "--epochs", "2", "--lr", "3e-3", "--batch_size", "4", "--max_len", "32",
@@ -31,39 +31,14 @@ def lines_of(out):
 def finished(tiny_bert_dir, tmp_path_factory):
     """One 2-task x 2-training x 2-seed grid, checkpoints kept."""
     out = tmp_path_factory.mktemp("grid") / "g"
-    grid(tiny_bert_dir, out, "--keep")
+    run_grid(tiny_bert_dir, out, "--keep")
     return out
-
-
-def test_method_grammar():
-    m = runner.parse_method("proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25]")
-    assert (m.loss, m.train_grid, m.rule, m.rule_grid) == \
-        ("proxyanchor", {"lam": [0.1, 0.5]}, "proxy", {"alpha": [0.25]})
-    assert m.label == "proxyanchor+proxy"
-    assert runner.split_top("ce,knnbert+knn[k=4,16;phi=0.5],supcon", ",") == \
-        ["ce", "knnbert+knn[k=4,16;phi=0.5]", "supcon"], "commas inside [...] belong to a grid"
-    assert runner.parse_seeds("0-2,7") == [0, 1, 2, 7]
-    assert runner.parse_sizes("full,20,8pc") == ["full", "20", "8pc"]
-    for bad, where in (("ce+knnn", "unknown inference rule 'knnn'"), ("ce+knn[alpha=1]", "alpha"),
-                       ("ce[lam]", "not name=value")):
-        with pytest.raises(MinknnError, match=where):
-            runner.parse_method(bad)
-
-
-def test_cells_are_shared_by_the_methods_of_one_training():
-    methods = [runner.parse_method(m) for m in ("ce", "ce+knn", "proxyanchor[lam=0.1,0.5]+proxy")]
-    cells = runner.cells_of(["mr"], methods, ["20"], [0, 1])
-    assert len(cells) == 2 * (1 + 2), "one ce cell per seed (read by ce and ce+knn), and one " \
-                                      "proxyanchor cell per lam and seed"
-    ce = runner.Cell("mr", "20", 0, "ce", ())
-    assert [m.name for m in cells[ce]] == ["ce", "ce+knn"]
-    assert list(cells)[0].seed == 0 and list(cells)[-1].seed == 1, "whole seeds first"
 
 
 def test_grid_completes_and_the_table_holds_the_runs_figures(finished, tiny_bert_dir):
     lines = lines_of(finished)
     assert {(ln["task"], ln["seed"], ln["method"]) for ln in lines} == \
-        {(t, s, m) for t in ("mr", "sst2") for s in (0, 1) for m in runner.split_top(METHODS, ",")}
+        {(t, s, m) for t in ("mr", "sst2") for s in (0, 1) for m in grid.split_top(METHODS, ",")}
     for ln in lines:  # the linear head's test figure is evaluate.py's on the kept checkpoint
         if ln["rule"] != "linear":
             continue
@@ -72,6 +47,20 @@ def test_grid_completes_and_the_table_holds_the_runs_figures(finished, tiny_bert
                                 "--out", str(finished / f"check-{ln['cell']}.csv")])
         assert scored[ln["task"]]["acc"] == pytest.approx(ln["grid"][0]["test"]["acc"]), \
             f"runner: {ln['cell']}'s test accuracy differs from evaluate.py's on its checkpoint"
+    for ln in lines:  # proxy inference and the kNN mix: evaluate.py's figures at each value
+        ckpt = str(finished / "runs" / ln["cell"] / "checkpoint.pt")
+        csv = str(finished / f"check-{ln['cell']}-{ln['rule']}.csv")
+        for entry in ln["grid"] if ln["rule"] in ("proxy", "knn") else []:
+            if ln["rule"] == "proxy":
+                flags, key = ["--proxy", "--proxy_alpha", str(entry["params"]["alpha"])], "proxy_acc"
+            elif entry["params"]["k"] == 2:
+                flags, key = ["--knn", "--k", "2", "--phi", str(entry["params"]["phi"])], "mix_acc"
+            else:
+                continue
+            scored = evaluate.main(["--checkpoint", ckpt, "--split", "test", "--device", "cpu",
+                                    "--out", csv, *flags])
+            assert scored[ln["task"]][key] == pytest.approx(entry["test"]["acc"]), \
+                f"rules: {ln['cell']}'s {ln['rule']} at {entry['params']} differs from evaluate.py"
     text = (finished / "table.md").read_text()
     for task in ("mr", "sst2"):  # ce's row: the mean and std of its runs' test figures
         values = [100 * ln["grid"][0]["test"]["acc"] for ln in lines
@@ -91,7 +80,7 @@ def test_the_table_is_redrawn_from_results_alone(finished, tmp_path):
 
 
 def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
-    grid(tiny_bert_dir, tmp_path / "g", tasks="mr", methods="ce")
+    run_grid(tiny_bert_dir, tmp_path / "g", tasks="mr", methods="ce")
     runs = sorted(os.listdir(tmp_path / "g" / "runs"))
     assert len(runs) == 2
     for name in runs:
@@ -102,7 +91,7 @@ def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
 
 def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
     reference = tmp_path / "reference"
-    grid(tiny_bert_dir, reference, tasks="mr")
+    run_grid(tiny_bert_dir, reference, tasks="mr")
     calls, real_main, real_step = [], train.main, train.train_step
     steps = {"n": 0}
 
@@ -120,7 +109,7 @@ def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monk
     monkeypatch.setattr(train, "train_step", step_then_kill)
     out = tmp_path / "g"
     with pytest.raises(SystemExit) as stop:
-        grid(tiny_bert_dir, out, tasks="mr")
+        run_grid(tiny_bert_dir, out, tasks="mr")
     assert stop.value.code == 130
     killed = sorted(os.listdir(out / "runs"))
     done_before = {n: (out / "runs" / n / "cell.json").read_text() for n in killed
@@ -129,7 +118,7 @@ def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monk
 
     monkeypatch.setattr(train, "train_step", real_step)
     calls.clear()
-    grid(tiny_bert_dir, out, tasks="mr")
+    run_grid(tiny_bert_dir, out, tasks="mr")
     resumed = [argv for argv in calls if argv[0] == "--resume"]
     assert len(resumed) == 1 and len(calls) == 2, \
         f"runner: the rerun should resume the killed cell and train the one left, not {calls}"
@@ -151,8 +140,8 @@ def poisoned_copy(tmp_path):
 
 
 def test_choices_never_look_at_the_test_labels(tiny_bert_dir, tmp_path):
-    grid(tiny_bert_dir, tmp_path / "clean", tasks="sst2")
-    grid(tiny_bert_dir, tmp_path / "poisoned", tasks="sst2", data_dir=poisoned_copy(tmp_path))
+    run_grid(tiny_bert_dir, tmp_path / "clean", tasks="sst2")
+    run_grid(tiny_bert_dir, tmp_path / "poisoned", tasks="sst2", data_dir=poisoned_copy(tmp_path))
     clean, poisoned = lines_of(tmp_path / "clean"), lines_of(tmp_path / "poisoned")
     assert [ln["grid"][0]["test"] for ln in clean] != [ln["grid"][0]["test"] for ln in poisoned], \
         "the poisoning must change the test scores, or this test checks nothing"
@@ -167,27 +156,27 @@ def test_choices_never_look_at_the_test_labels(tiny_bert_dir, tmp_path):
 def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "g"
     with pytest.raises(SystemExit):
-        grid(tiny_bert_dir, out, "--seed", "3")
+        run_grid(tiny_bert_dir, out, "--seed", "3")
     assert "the runner sets it for each cell" in capsys.readouterr().err
     with pytest.raises(MinknnError, match="proxy inference needs a proxy loss"):
-        grid(tiny_bert_dir, out, methods="ce+proxy")
+        run_grid(tiny_bert_dir, out, methods="ce+proxy")
     with pytest.raises(MinknnError, match="--jobs 2"):
-        grid(tiny_bert_dir, out, "--jobs", "2")
+        run_grid(tiny_bert_dir, out, "--jobs", "2")
     with pytest.raises(MinknnError, match="--per_class 50"):
         runner.main(["--tasks", "mr", "--sizes", "50pc", "--out", str(out), "--model",
                      tiny_bert_dir, "--data_dir", DATA])
     assert not out.exists(), "nothing is written before the grid is checked"
-    grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     with pytest.raises(MinknnError, match="other train_flags"):
-        grid(tiny_bert_dir, out, "--warmup", "0.1", tasks="mr", methods="ce")
+        run_grid(tiny_bert_dir, out, "--warmup", "0.1", tasks="mr", methods="ce")
 
 
 def test_jobs_run_cells_side_by_side(tiny_bert_dir, tmp_path, monkeypatch):
     """--jobs is for a GPU; here the check is told the device is one, and the cells (in spawned
     processes, which see the real CPU) must give the figures of a one-at-a-time grid."""
-    grid(tiny_bert_dir, tmp_path / "one", tasks="mr", methods="ce")
+    run_grid(tiny_bert_dir, tmp_path / "one", tasks="mr", methods="ce")
     monkeypatch.setattr(runner, "pick_device", lambda name: torch.device("cuda"))
-    grid(tiny_bert_dir, tmp_path / "two", "--jobs", "2", tasks="mr", methods="ce")
+    run_grid(tiny_bert_dir, tmp_path / "two", "--jobs", "2", tasks="mr", methods="ce")
     strip = [[{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(tmp_path / name)]
              for name in ("one", "two")]
     assert strip[0] == strip[1], "runner --jobs 2: the cells' figures differ from --jobs 1's"

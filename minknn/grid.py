@@ -1,0 +1,135 @@
+"""The grid's grammar: methods, sizes, seeds, and the cells they make (minknn/runner.py runs them).
+
+A method is a training loss, optionally with an inference rule: `ce`, `proxyanchor+proxy`,
+`knnbert+knn`, `knnbert+knn-only`. Rules: the linear head (no rule), `proxy` (proxy inference,
+minknn/proxy.py), `knn` (the model mixed with kNN, minknn/knn.py) and `knn-only` (kNN alone).
+Either part may carry a small grid in brackets: `proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25,0.5]`,
+`knnbert+knn[k=16,64;phi=0.25,0.5]`; a training parameter is any train.py flag, an inference one
+alpha (proxy), k and phi (knn; knn-only has phi 1).
+
+A cell is (task, size, loss and one value of each training parameter, seed): it is trained once,
+and every rule its methods ask for is scored on that one model, so `proxyanchor` and
+`proxyanchor+proxy` share their training. Sizes: `full`, N (N examples drawn by class, train.py
+--max_train) or Npc (N of each class, --per_class).
+"""
+import itertools
+import re
+from dataclasses import dataclass
+
+from minknn import MinknnError
+
+RULES = {"linear": (), "proxy": ("alpha",), "knn": ("k", "phi"), "knn-only": ("k",)}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str         # as given, brackets and all
+    loss: str
+    train_grid: dict  # train.py flag -> values
+    rule: str         # a key of RULES
+    rule_grid: dict   # alpha, k or phi -> values
+
+    @property
+    def label(self):  # the table's row: the method without its grids
+        return self.loss + ("" if self.rule == "linear" else "+" + self.rule)
+
+
+@dataclass(frozen=True)
+class Cell:
+    task: str
+    size: str
+    seed: int
+    loss: str
+    params: tuple     # ((train.py flag, value), ...)
+
+    @property
+    def name(self):
+        params = "".join(f"-{k}{v}" for k, v in self.params)
+        return f"{self.task}-{self.size}-{self.loss}{params}-seed{self.seed}"
+
+
+def split_top(text, sep):
+    """Splits on `sep` outside brackets: 'a[x=1,2],b' -> ['a[x=1,2]', 'b']."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def parse_grid(text, where):
+    """'lam=0.1,0.5;k=16' -> {'lam': [0.1, 0.5], 'k': [16]} (numbers where they parse)."""
+    grid = {}
+    for item in filter(None, text.split(";")):
+        name, _, values = item.partition("=")
+        if not name or not values:
+            raise MinknnError(f"--methods {where}: '{item}' is not name=value,value")
+        grid[name.strip()] = [number(v.strip()) for v in values.split(",")]
+    return grid
+
+
+def number(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_method(text):
+    m = re.fullmatch(r"([\w-]+)(?:\[([^\]]*)\])?(?:\+([\w-]+)(?:\[([^\]]*)\])?)?", text.strip())
+    if not m:
+        raise MinknnError(f"--methods: cannot read '{text}'; write loss[param=v,v]+rule[param=v], "
+                          f"e.g. proxyanchor[lam=0.1,0.5]+proxy")
+    loss, train_text, rule, rule_text = m.groups()
+    rule = rule or "linear"
+    if rule not in RULES or rule == "linear" and rule_text:
+        raise MinknnError(f"--methods {text}: unknown inference rule '{rule}'; choose one of: "
+                          f"{', '.join(r for r in RULES if r != 'linear')}")
+    rule_grid = parse_grid(rule_text or "", text)
+    wrong = [p for p in rule_grid if p not in RULES[rule]]
+    if wrong:
+        raise MinknnError(f"--methods {text}: the {rule} rule has no parameter "
+                          f"{', '.join(wrong)}; it has: {', '.join(RULES[rule]) or 'none'}")
+    return Method(text.strip(), loss, parse_grid(train_text or "", text), rule, rule_grid)
+
+
+def parse_sizes(text):
+    sizes = [s.strip() for s in text.split(",")]
+    for s in sizes:
+        if not re.fullmatch(r"full|[1-9]\d*(pc)?", s):
+            raise MinknnError(f"--sizes: '{s}' is not full, N (examples) or Npc (per class)")
+    return sizes
+
+
+def parse_seeds(text):
+    seeds = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise MinknnError(f"--seeds: '{part}' is not a seed or a range like 0-4")
+        seeds += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    return sorted(set(seeds))
+
+
+def size_flags(size):
+    if size == "full":
+        return []
+    if size.endswith("pc"):
+        return ["--per_class", size[:-2]]
+    return ["--max_train", size]
+
+
+def cells_of(tasks, methods, sizes, seeds):
+    """Every cell of the grid in running order (size, seed, task, then method: a grid stopped
+    early holds whole seeds), and for each the methods that read it."""
+    cells = {}
+    for size, seed, task, method in itertools.product(sizes, seeds, tasks, methods):
+        names = list(method.train_grid)
+        for values in itertools.product(*method.train_grid.values()):
+            cell = Cell(task, size, seed, method.loss, tuple(zip(names, values)))
+            cells.setdefault(cell, []).append(method)
+    return cells

@@ -1,0 +1,152 @@
+"""Every inference rule on one trained cell of a grid (minknn/runner.py), from one prediction pass
+per split: the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi).
+Each method's result line holds, for every value of its inference grid, the scores on the
+selection split and on the test split (minknn/report.py chooses on the first), plus what the
+plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
+"""
+import itertools
+import json
+import os
+import time
+
+import torch
+
+from minknn import MinknnError
+from minknn.bert import BertModel, resolve_model_path
+from minknn.checkpoint import load_checkpoint, rebuild
+from minknn.data import eval_subset
+from minknn.engine import pick_device, predict
+from minknn.kinds import kind_of, score
+from minknn.knn import Datastore, interpolate, settings
+from minknn.model import Model
+from minknn.proxy import has_proxies, proxy_logits
+
+SWEEP_PHIS = [i / 10 for i in range(11)]          # KNN-BERT's Figure 2, as evaluate.py --sweep
+SWEEP_KS = [1, 4, 16, 64, 256, 1024]
+MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
+
+
+def line_head(cell, method, ctx):
+    return {"task": cell.task, "size": cell.size, "seed": cell.seed, "method": method.name,
+            "label": method.label, "rule": method.rule, "cell": cell.name,
+            "train_params": dict(cell.params), "select": ctx.select}
+
+
+def score_cell(cell, methods, ctx, folder, train_seconds):
+    """Every rule the methods ask for, on the selection and test examples, for each value of its
+    inference grid: one prediction pass per split (and one over the training set for kNN)."""
+    start = time.time()
+    ckpt = load_checkpoint(os.path.join(folder, "checkpoint.pt"))
+    device, precision = pick_device(ckpt["args"]["device"]), ckpt["args"]["precision"]
+    model, losses, tokenizer = rebuild(ckpt)
+    model.to(device)
+    task, loss = model.tasks[cell.task], losses[cell.task]
+    kind, batch = kind_of(task), 2 * ckpt["args"]["batch_size"]
+    train_set = ctx.train_examples(cell)
+    selection, test, test_name = ctx.splits(cell.task, len(train_set))
+    examples = {"select": selection, "test": test}
+    knn_key = "decoupled" if model.retrieval is not None else ckpt["args"]["pooling"]
+    outputs, z = {}, {}
+    for split, ex in examples.items():
+        outputs[split], z[split] = predict(model, tokenizer, task, ex, batch, device,
+                                           precision=precision)
+    gold = {split: kind.gold(task, ex) for split, ex in examples.items()}
+
+    def scores(probabilities):  # {"select": {...}, "test": {...}}
+        return {s: score(task, kind.decide(probabilities[s]), gold[s]) for s in examples}
+    base = {s: kind.probabilities(outputs[s]) for s in examples}
+    k_most = max([*SWEEP_KS, *(k for m in methods for k in m.rule_grid.get("k", []))])
+    knn = knn_tables(task, model, tokenizer, train_set, examples, knn_key, z, base, batch, device,
+                     precision, k_most) if any(m.rule.startswith("knn") for m in methods) else None
+    records = read_jsonl(os.path.join(folder, "metrics.jsonl"))
+    lines = []
+    for method in methods:
+        line = line_head(cell, method, ctx)
+        grid = []
+        if method.rule == "linear":
+            grid.append({"params": {}, **scores(base)})
+        elif method.rule == "proxy":
+            if not has_proxies(loss):
+                raise MinknnError(f"--methods {method.name}: --loss {cell.loss} has no proxies")
+            for alpha in method.rule_grid.get("alpha", [0.5]):
+                mixed = {s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
+                         for s in examples}
+                grid.append({"params": {"alpha": alpha}, **scores(mixed)})
+        else:
+            default_k, default_phi = settings(task.kind)[:2]
+            ks = method.rule_grid.get("k", [default_k])
+            phis = method.rule_grid.get("phi", [default_phi]) if method.rule == "knn" else [1.0]
+            for k, phi in itertools.product(ks, phis):  # K capped at the datastore's size
+                grid.append({"params": {"k": min(k, len(train_set)), "phi": phi},
+                             **knn["at"](k, phi)})
+            line["sweep"] = knn["sweep"]
+        line.update(grid=grid, test_split=test_name, n_train=len(train_set),
+                    n_select=len(selection), n_test=len(test), best_epoch=ckpt["epoch"],
+                    curve=[{"epoch": r["epoch"], "train_loss": r["train_loss"][cell.task],
+                            "dev": r["dev"][cell.task]} for r in records],
+                    seconds={"train": round(train_seconds, 1),
+                             "evaluate": round(time.time() - start, 1)})
+        lines.append(line)
+    if cell.seed == ctx.seeds[0]:  # a 2-D map of the test representations, before and after
+        lines[0]["map"] = representation_map(ctx, task, ckpt, tokenizer, test, z["test"], device,
+                                             precision)
+    return lines
+
+
+def knn_tables(task, model, tokenizer, train_set, examples, key, z, base, batch, device,
+               precision, k_most):
+    """The kNN scores at any (K <= k_most, phi) from one search per split at the largest K:
+    {"at": function (k, phi) -> {"select":, "test":}, "sweep": the phi x K table}."""
+    kind = kind_of(task)
+    _, keys = predict(model, tokenizer, task, train_set, batch, device, key=key,
+                      precision=precision)
+    labels = kind.targets(task, train_set, "cpu")
+    datastore = Datastore(keys, labels, [e.id for e in train_set], len(task.labels))
+    _, _, vote, temperature = settings(task.kind)
+    queries = z if key == model.pooling else {
+        s: predict(model, tokenizer, task, ex, batch, device, key=key, precision=precision)[1]
+        for s, ex in examples.items()}
+    most = len(datastore)
+    found = {s: datastore.search(queries[s], min(most, k_most), vote) for s in examples}
+    gold = {s: kind.gold(task, ex) for s, ex in examples.items()}
+    votes = {}
+
+    def at(k, phi):
+        k = min(k, most)
+        for s in examples:
+            if (s, k) not in votes:
+                scores, rows = found[s]
+                votes[s, k] = datastore.vote(scores[:, :k], rows[:, :k], vote, temperature)
+        return {s: score(task, kind.decide(interpolate(base[s], votes[s, k], phi)), gold[s])
+                for s in examples}
+    ks = sorted({min(k, most) for k in SWEEP_KS})
+    sweep = [{"k": k, "phi": phi, **at(k, phi)} for k in ks for phi in SWEEP_PHIS]
+    return {"at": at, "sweep": sweep}
+
+
+def representation_map(ctx, task, ckpt, tokenizer, test, z_after, device, precision):
+    """PCA to 2-D (the top two principal directions, from an SVD of the centred vectors) of up to
+    MAP_POINTS test representations, from the base model and from the trained one."""
+    rows = eval_subset(list(range(len(test))), MAP_POINTS)
+    sample = [test[i] for i in rows]
+
+    def before():
+        bert = BertModel.from_pretrained(resolve_model_path(ckpt["args"]["model"]))
+        base = Model(bert, [task], ckpt["args"]["pooling"], ckpt["args"]["pair_mode"]).to(device)
+        return predict(base, tokenizer, task, sample, 64, device, precision=precision)[1]
+    z_before = ctx.cached(("before", task.name, len(test)), before)
+    gold = kind_of(task).gold(task, sample)
+    labels = [int(g) if gold.ndim == 1 else int(g.argmax()) for g in gold]
+    return {"labels": labels, "label_names": list(task.labels),
+            "before": pca_2d(z_before), "after": pca_2d(z_after[rows])}
+
+
+def pca_2d(x):
+    x = x.double() - x.double().mean(0)
+    _, _, v = torch.linalg.svd(x, full_matrices=False)
+    return [[round(a, 4), round(b, 4)] for a, b in (x @ v[:2].T).tolist()]
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,29 @@
+"""The grid's grammar (minknn/grid.py): methods with their grids, sizes, seeds, and the cells."""
+import pytest
+
+from minknn import MinknnError, grid
+
+
+def test_method_grammar():
+    m = grid.parse_method("proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25]")
+    assert (m.loss, m.train_grid, m.rule, m.rule_grid) == \
+        ("proxyanchor", {"lam": [0.1, 0.5]}, "proxy", {"alpha": [0.25]})
+    assert m.label == "proxyanchor+proxy"
+    assert grid.split_top("ce,knnbert+knn[k=4,16;phi=0.5],supcon", ",") == \
+        ["ce", "knnbert+knn[k=4,16;phi=0.5]", "supcon"], "commas inside [...] belong to a grid"
+    assert grid.parse_seeds("0-2,7") == [0, 1, 2, 7]
+    assert grid.parse_sizes("full,20,8pc") == ["full", "20", "8pc"]
+    for bad, where in (("ce+knnn", "unknown inference rule 'knnn'"), ("ce+knn[alpha=1]", "alpha"),
+                       ("ce[lam]", "not name=value")):
+        with pytest.raises(MinknnError, match=where):
+            grid.parse_method(bad)
+
+
+def test_cells_are_shared_by_the_methods_of_one_training():
+    methods = [grid.parse_method(m) for m in ("ce", "ce+knn", "proxyanchor[lam=0.1,0.5]+proxy")]
+    cells = grid.cells_of(["mr"], methods, ["20"], [0, 1])
+    assert len(cells) == 2 * (1 + 2), "one ce cell per seed (read by ce and ce+knn), and one " \
+                                      "proxyanchor cell per lam and seed"
+    ce = grid.Cell("mr", "20", 0, "ce", ())
+    assert [m.name for m in cells[ce]] == ["ce", "ce+knn"]
+    assert list(cells)[0].seed == 0 and list(cells)[-1].seed == 1, "whole seeds first"
