@@ -185,6 +185,11 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
         what = f"--metric {','.join(unknown)}: choose from {', '.join(METRICS)}" if unknown else \
             f"--baseline {baseline}: not a method of this grid ({', '.join(methods)})"
         raise MinknnError(what)
+    for m in metrics or []:
+        missing = next((ln for ln in lines if "grid" in ln and m not in ln["grid"][0]["test"]), None)
+        if missing:
+            raise MinknnError(f"--metric {m}: not a score of {missing['task']} (it has: "
+                              f"{', '.join(missing['grid'][0]['test'])})")
     text = table(lines, metrics, baseline, test)
     path = os.path.join(folder, "table.md")
     atomic_save(text, path, lambda t, f: f.write(t.encode()))

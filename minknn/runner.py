@@ -291,7 +291,11 @@ def main(argv=None):
         write_jsonl(results, [line for ls in finished.values() if ls for line in ls])
         done = sum(ls is not None for ls in finished.values())
         summary = "; ".join(describe_line(line) for line in lines)
-        print(f"[{done}/{len(cells)}] {cell.name}: {summary}", flush=True)
+        ran, left = done - (len(cells) - len(todo)), len(cells) - done
+        minutes = (time.time() - start) / 60
+        when = f"{minutes:.0f} min" + (f", about {minutes / ran * left:.0f} min left"
+                                       if ran and left else "")
+        print(f"[{done}/{len(cells)}, {when}] {cell.name}: {summary}", flush=True)
     try:
         for cell in cells:  # the finished ones first: results.jsonl holds them from the start
             if cell not in todo:

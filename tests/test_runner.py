@@ -77,6 +77,8 @@ def test_the_table_is_redrawn_from_results_alone(finished, tmp_path):
     shutil.copy(finished / "results.jsonl", copy)  # no runs/, no checkpoints
     runner.main(["--table", str(copy)])
     assert (copy / "table.md").read_text() == (finished / "table.md").read_text()
+    with pytest.raises(MinknnError, match="--metric hamming: not a score of mr"):
+        runner.main(["--table", str(copy), "--metric", "hamming"])
 
 
 def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
@@ -165,6 +167,8 @@ def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, cap
     with pytest.raises(MinknnError, match="--per_class 50"):
         runner.main(["--tasks", "mr", "--sizes", "50pc", "--out", str(out), "--model",
                      tiny_bert_dir, "--data_dir", DATA])
+    with pytest.raises(MinknnError, match="--select dev: sst has no labelled test split"):
+        run_grid(tiny_bert_dir, out, "--select", "dev", tasks="sst")
     assert not out.exists(), "nothing is written before the grid is checked"
     run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     with pytest.raises(MinknnError, match="other train_flags"):
