@@ -3,8 +3,9 @@ draws them after the table). One PNG per picture, scores plotted as they are, in
 
 sweep-<task>-<size>.png   KNN-BERT's Figure 2 (Li et al.): the test score of each kNN method
                           against phi, the weight of the kNN vote against the linear head's
-                          (phi = 1 is kNN alone), at K = 64; and against K (log axis) at phi = 0.25.
-                          Where the sweep lacks them: the largest K below 64, the phi nearest 0.25.
+                          (phi = 1 is kNN alone), and against K (log axis); each panel at the
+                          value the mix methods chose on the selection split (K = 64 and
+                          phi = 0.25, KNN-BERT's, when none was chosen), or the nearest swept.
 map-<task>-<size>-<name>.png   the test examples' representations in 2-D (PCA), coloured by class,
                           from the pretrained model and after fine-tuning: the clusters that the
                           contrastive and kNN papers show in their t-SNE pictures (first seed only).
@@ -19,8 +20,10 @@ Every curve and bar is the mean over seeds, with +- 1 sample std (n - 1) as a ba
 A diverged line has no scores and is left out everywhere. Each method keeps one colour throughout.
 """
 import collections
+import math
 import os
 import re
+import statistics
 
 import matplotlib
 matplotlib.use("Agg")  # files only, no display; an ImportError here means no matplotlib
@@ -29,10 +32,11 @@ from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 from minknn.checkpoint import atomic_save  # noqa: E402
 from minknn.metrics import METRICS  # noqa: E402
+from minknn.report import choose  # noqa: E402
 from minknn.stats import mean_std  # noqa: E402
 
 DPI = 120
-SWEEP_K, SWEEP_PHI = 64, 0.25  # KNN-BERT's defaults: the fixed value of each panel
+SWEEP_K, SWEEP_PHI = 64, 0.25  # KNN-BERT's defaults: each panel's fixed value when none was chosen
 LEGEND_CLASSES = 10  # more classes than this: a colour scale instead of a legend
 
 
@@ -98,8 +102,13 @@ def draw_sweep(group, task, size, metric, name, color, folder, written):
         return
     ks = sorted({p["k"] for ln in knn for p in ln["sweep"]})
     phis = sorted({p["phi"] for ln in knn for p in ln["sweep"]})
-    k = max([k for k in ks if k <= SWEEP_K] or ks[:1])
-    phi = min(phis, key=lambda p: (round(abs(p - SWEEP_PHI), 9), p))
+    # each panel at the value the mix methods chose (the median over them), else KNN-BERT's
+    chosen = [dict(c["params"][1]) for c in choose([ln for ln in knn if ln["rule"] == "knn"],
+                                                   metric).values() if c["params"]]
+    k_want = statistics.median_low([c["k"] for c in chosen]) if chosen else SWEEP_K
+    phi_want = statistics.median_low([c["phi"] for c in chosen]) if chosen else SWEEP_PHI
+    k = min(ks, key=lambda kk: (abs(math.log(kk / k_want)), kk))
+    phi = min(phis, key=lambda p: (round(abs(p - phi_want), 9), p))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for names, sweeps in per_cell(knn, "sweep", name).items():
         runs = [{(p["k"], p["phi"]): p["test"][metric] for p in sw if metric in p["test"]}
@@ -107,9 +116,9 @@ def draw_sweep(group, task, size, metric, name, color, folder, written):
         n, col = " / ".join(names), color[names[0]]
         band(left, phis, [{p: r[kk, p] for kk, p in r if kk == k} for r in runs], n, col)
         band(right, ks, [{kk: r[kk, p] for kk, p in r if p == phi} for r in runs], n, col)
-    left.set(xlabel="phi (weight of the kNN vote; 1 = kNN alone)", title=f"K = {k}")
-    right.set(xlabel="K (neighbours, log scale)", xscale="log", title=f"phi = {phi:g}"
-              + (f" (nearest {SWEEP_PHI})" if phi != SWEEP_PHI else ""))
+    how = "chosen on the selection split" if chosen else "KNN-BERT's default"
+    left.set(xlabel="phi (weight of the kNN vote; 1 = kNN alone)", title=f"K = {k} ({how})")
+    right.set(xlabel="K (neighbours, log scale)", xscale="log", title=f"phi = {phi:g} ({how})")
     right.set_xticks(ks, [str(k) for k in ks], minor=False)
     right.xaxis.set_minor_locator(NullLocator())
     left.set_ylabel(axis_label("test", metric))
@@ -170,7 +179,6 @@ def draw_curves(group, task, size, metric, name, color, folder, written):
 
 
 def draw_bars(lines, size, metric, color, folder, written):
-    from minknn.report import choose
     chosen = choose([ln for ln in lines if metric in ln["grid"][0]["test"]], metric)
     tasks = list(dict.fromkeys(t for t, _, _ in chosen))
     name = namer([dict(ln, train_params={}) for ln in lines])  # one bar per method

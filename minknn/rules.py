@@ -21,8 +21,8 @@ from minknn.knn import Datastore, interpolate, settings
 from minknn.model import Model
 from minknn.proxy import has_proxies, proxy_logits
 
-SWEEP_PHIS = [i / 10 for i in range(11)]          # KNN-BERT's Figure 2, as evaluate.py --sweep
-SWEEP_KS = [1, 4, 16, 64, 256, 1024]
+SWEEP_PHIS = sorted([i / 10 for i in range(11)] + [0.25])  # KNN-BERT's Figure 2 (and its phi)
+SWEEP_KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]         # capped at the datastore's size
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 
 
