@@ -105,8 +105,10 @@ def draw_sweep(group, task, size, metric, name, color, folder, written):
     # each panel at the value the mix methods chose (the median over them), else KNN-BERT's
     chosen = [dict(c["params"][1]) for c in choose([ln for ln in knn if ln["rule"] == "knn"],
                                                    metric).values() if c["params"]]
-    k_want = statistics.median_low([c["k"] for c in chosen]) if chosen else SWEEP_K
-    phi_want = statistics.median_low([c["phi"] for c in chosen]) if chosen else SWEEP_PHI
+    k_chosen, phi_chosen = [c["k"] for c in chosen if "k" in c], [c["phi"] for c in chosen
+                                                                    if "phi" in c]
+    k_want = statistics.median_low(k_chosen) if k_chosen else SWEEP_K
+    phi_want = statistics.median_low(phi_chosen) if phi_chosen else SWEEP_PHI
     k = min(ks, key=lambda kk: (abs(math.log(kk / k_want)), kk))
     phi = min(phis, key=lambda p: (round(abs(p - phi_want), 9), p))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -116,9 +118,12 @@ def draw_sweep(group, task, size, metric, name, color, folder, written):
         n, col = " / ".join(names), color[names[0]]
         band(left, phis, [{p: r[kk, p] for kk, p in r if kk == k} for r in runs], n, col)
         band(right, ks, [{kk: r[kk, p] for kk, p in r if p == phi} for r in runs], n, col)
-    how = "chosen on the selection split" if chosen else "KNN-BERT's default"
-    left.set(xlabel="phi (weight of the kNN vote; 1 = kNN alone)", title=f"K = {k} ({how})")
-    right.set(xlabel="K (neighbours, log scale)", xscale="log", title=f"phi = {phi:g} ({how})")
+    def how(given):
+        return "chosen on the selection split" if given else "KNN-BERT's default"
+    left.set(xlabel="phi (weight of the kNN vote; 1 = kNN alone)", title=f"K = {k} "
+             f"({how(k_chosen)})")
+    right.set(xlabel="K (neighbours, log scale)", xscale="log", title=f"phi = {phi:g} "
+              f"({how(phi_chosen)})")
     right.set_xticks(ks, [str(k) for k in ks], minor=False)
     right.xaxis.set_minor_locator(NullLocator())
     left.set_ylabel(axis_label("test", metric))
