@@ -47,14 +47,12 @@ from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
 from minknn.index import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, built_with, describe_index,
                           index_settings)
-from minknn.knn import KNN_DEFAULTS, VOTES, Datastore, check_k, fingerprint, interpolate, settings
+from minknn.knn import (KNN_DEFAULTS, SWEEP_KS, SWEEP_PHIS, VOTES, Datastore, check_k, fingerprint,
+                        interpolate, settings)
 from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 from minknn.runs import make_folder, write_json
-
-SWEEP_PHIS = [i / 10 for i in range(11)]
-SWEEP_KS = [1, 4, 16, 64, 256, 1024]
 
 
 def get_args(argv=None):
@@ -84,7 +82,7 @@ def get_args(argv=None):
                    "(default: 10 and 1)")
     g.add_argument("--knn_key", choices=KNN_KEYS, help="the representation stored and searched "
                    "(default: the decoupled head's, else the run's --pooling)")
-    g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 4, .., 1024")
+    g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 2, 4, .., 1024")
     g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
     g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
                    "(approximate; minknn/knn.py) (default: flat)")

@@ -68,6 +68,17 @@ from minknn.tokenizer import Tokenizer
 
 
 def get_args(argv=None):
+    p = make_parser()
+    args = p.parse_args(argv)
+    if args.resume is not None:
+        return resumed_args(p, args)
+    check_args(p, args)
+    # resolved here, so that the run's args (saved in the checkpoint) say which ones it used
+    args.precision = args.precision or default_precision(pick_device(args.device))
+    return args
+
+
+def make_parser():
     p = Parser(description=__doc__.split("\n")[0])
     g = p.add_argument_group("data")
     g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
@@ -118,13 +129,7 @@ def get_args(argv=None):
                    "of the best epoch; none: no checkpoint, only the scores (grids of runs)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
                    "completed epoch, with its own flags (only --device may change)")
-    args = p.parse_args(argv)
-    if args.resume is not None:
-        return resumed_args(p, args)
-    check_args(p, args)
-    # resolved here, so that the run's args (saved in the checkpoint) say which ones it used
-    args.precision = args.precision or default_precision(pick_device(args.device))
-    return args
+    return p
 
 
 def resumed_args(p, args):
@@ -273,7 +278,7 @@ def run_training(args):
     train, dev = {}, {}
     for t in tasks:
         train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
-                                            args.per_class)
+                                          args.per_class)
         dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
         require_labels(train[t.name], f"--task {t.name} train split")
         require_labels(dev[t.name], f"--task {t.name} dev split")

@@ -94,6 +94,12 @@ def parse_method(text):
     if wrong:
         raise MinknnError(f"--methods {text}: the {rule} rule has no parameter "
                           f"{', '.join(wrong)}; it has: {', '.join(RULES[rule]) or 'none'}")
+    for name, values in rule_grid.items():
+        bad = [v for v in values if not (isinstance(v, int) and v >= 1 if name == "k" else
+                                         isinstance(v, (int, float)) and 0 <= v <= 1)]
+        if bad:
+            need = "a whole number >= 1" if name == "k" else "a number in [0, 1]"
+            raise MinknnError(f"--methods {text}: {name} must be {need}, got {bad[0]}")
     return Method(text.strip(), loss, parse_grid(train_text or "", text), rule, rule_grid)
 
 

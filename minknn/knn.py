@@ -66,6 +66,8 @@ KNN_DEFAULTS = {  # the task's kind -> its default K, phi and vote
     "multilabel": {"k": 5, "phi": 0.5, "vote": "euclidean"},
 }
 TEMPERATURES = {"cosine": None, "distance": 10.0, "euclidean": 1.0}  # each vote's default T (tau)
+SWEEP_PHIS = sorted([i / 10 for i in range(11)] + [0.25])  # KNN-BERT's Figure 2 (its phi 0.25)
+SWEEP_KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]  # evaluate.py --sweep, the runner's sweep
 
 
 def settings(kind, k=None, phi=None, vote=None, temperature=None):

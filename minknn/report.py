@@ -8,14 +8,14 @@ the best candidate is the method's, and its test scores are the ones reported. T
 never takes part: its labels could be anything (tests/test_runner.py poisons them to check).
 """
 import collections
-import json
 import os
 import re
 
 from minknn import MinknnError
 from minknn.metrics import METRICS
 from minknn.checkpoint import atomic_save
-from minknn.stats import mean_std, paired_t, sign_flip
+from minknn.runs import read_jsonl
+from minknn.stats import MAX_SIGN_FLIP, mean_std, paired_t, sign_flip
 
 LOWER_IS_BETTER = {"hamming"}
 TESTS = {"t": (paired_t, "paired t-test"), "signflip": (sign_flip, "exact sign-flip test")}
@@ -25,8 +25,7 @@ def read_results(folder):
     path = os.path.join(folder, "results.jsonl")
     if not os.path.exists(path):
         raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.runner ...)")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 def candidate(line, entry):
@@ -39,25 +38,30 @@ def better(metric, a, b):
 
 def choose(lines, metric):
     """(task, size, method) -> {"params": the chosen candidate, "test": {seed: test scores},
-    "diverged": [seeds]}, in the order the lines first name them."""
+    "diverged": [seeds]}, in the order the lines first name them. metric: a score's name, or a
+    dict task -> name. Candidates are compared over the seeds they all have (a candidate that
+    diverged on a hard seed is not compared on the easy ones only)."""
     groups = collections.OrderedDict()
     for line in lines:
         groups.setdefault((line["task"], line["size"], line["method"]), []).append(line)
     chosen = collections.OrderedDict()
-    for key, group in groups.items():
+    for (task, size, method), group in groups.items():
+        name = metric if isinstance(metric, str) else metric[task]
         diverged = sorted({ln["seed"] for ln in group if "diverged" in ln})
         by_candidate = collections.defaultdict(dict)  # candidate -> seed -> grid entry
         for line in group:
             for entry in line.get("grid", []):
                 by_candidate[candidate(line, entry)][line["seed"]] = entry
+        common = set.intersection(*map(set, by_candidate.values())) if by_candidate else set()
         best = None
         for cand, seeds in by_candidate.items():  # the first of equals wins: the grid's order
-            value = sum(e["select"][metric] for e in seeds.values()) / len(seeds)
-            if best is None or better(metric, value, best[0]):
+            values = [e["select"][name] for s, e in seeds.items() if s in common or not common]
+            value = sum(values) / len(values)
+            if best is None or better(name, value, best[0]):
                 best = (value, cand)
-        chosen[key] = {"params": best and best[1], "diverged": diverged,
-                       "test": {s: e["test"] for s, e in by_candidate[best[1]].items()}
-                       if best else {}}
+        chosen[task, size, method] = {
+            "params": best and best[1], "diverged": diverged,
+            "test": {s: e["test"] for s, e in by_candidate[best[1]].items()} if best else {}}
     return chosen
 
 
@@ -76,63 +80,71 @@ def table(lines, metrics=None, baseline=None, test="t"):
     if len(set(labels.values())) < len(labels):  # two grids of one label: show the full names
         labels = {m: m for m in methods}
     baseline = baseline or methods[0]
-    first = next(ln for ln in lines if "grid" in ln)
-    metrics = metrics or [next(iter(first["grid"][0]["test"]))]
+    first_metric = {ln["task"]: next(iter(ln["grid"][0]["test"])) for ln in lines if "grid" in ln}
+    # one table per --metric, or one in each task's own first score
+    tables = [{t: m for t in tasks} for m in metrics] if metrics else [first_metric]
     test_fn, test_name = TESTS[test]
     out = []
     for size in sizes:
-        chosen = choose([ln for ln in lines if ln["size"] == size], metrics[0])
-        for metric in metrics:
-            out += size_table(size, metric, tasks, methods, labels, chosen, baseline, test_fn)
-        out += choices_note(size, tasks, methods, labels, chosen)
-    splits = {ln["task"]: (ln["test_split"], ln["n_test"], ln["n_select"]) for ln in lines
-              if "grid" in ln}
-    scale = "scores x 100" + ("; Hamming loss as is" if "hamming" in metrics else "")
+        chosen = choose([ln for ln in lines if ln["size"] == size], tables[0])
+        here = [t for t in tasks if any(k[0] == t for k in chosen)]
+        for metric_of in tables:
+            out += size_table(size, {t: metric_of[t] for t in here}, here, methods, labels,
+                              chosen, baseline, test_fn)
+        out += choices_note(size, here, methods, labels, chosen)
+    splits = {(ln["task"], ln["size"]): (ln["test_split"], ln["n_test"], ln["n_select"])
+              for ln in lines if "grid" in ln}
+    used = {m for metric_of in tables for m in metric_of.values()}
+    scale = "scores x 100" + ("; Hamming loss as is" if "hamming" in used else "")
+    select = next(ln["select"] for ln in lines)
     out += ["", f"Test split, mean ± std over seeds ({scale}). Bold: the best mean of a column "
             f"(the lowest Hamming loss). p: the two-sided {test_name} against {labels[baseline]} "
             f"over the seeds both have; * p < 0.05. mean: each seed's mean over the tasks.",
-            f"Selection ({first['select']}): the epoch and every hyper-parameter, on "
-            + "; ".join(f"{t}: {n_sel} dev examples, scored on {name} ({n_test})"
-                        for t, (name, n_test, n_sel) in splits.items()) + "."]
-    seconds = [ln["seconds"]["train"] + ln["seconds"]["evaluate"] for ln in lines
-               if "seconds" in ln and ln["method"] == cell_owner(lines, ln["cell"])]
-    out.append(f"Cells: {len({ln['cell'] for ln in lines})}, {sum(seconds) / 60:.1f} min of "
-               f"training and evaluation.")
+            f"Selection ({select}): the epoch and every hyper-parameter, on "
+            + "; ".join(f"{t} {size}: {n_sel} dev examples, scored on {name} ({n_test})"
+                        for (t, size), (name, n_test, n_sel) in splits.items()) + "."]
+    counted = {}  # a cell's time once, whichever methods read it
+    for ln in lines:
+        if "seconds" in ln:
+            counted[ln["cell"]] = ln["seconds"]["train"] + ln["seconds"]["evaluate"]
+    out.append(f"Cells: {len({ln['cell'] for ln in lines})}, "
+               f"{sum(counted.values()) / 60:.1f} min of training and evaluation.")
     return "\n".join(out) + "\n"
 
 
-def cell_owner(lines, cell):
-    """The first method reading a cell (its time is counted once)."""
-    return next(ln["method"] for ln in lines if ln["cell"] == cell)
-
-
-def size_table(size, metric, tasks, methods, labels, chosen, baseline, test_fn):
+def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test_fn):
+    """One table: rows methods, columns tasks (each in metric_of[task]) and, when they share a
+    metric, their mean."""
     by_seed = {}  # (method, task) -> {seed: value}
     for (task, _, method), c in chosen.items():
-        by_seed[method, task] = {s: v[metric] for s, v in c["test"].items()}
-    columns = tasks + (["mean"] if len(tasks) > 1 else [])
-    for method in methods:  # each seed's mean over the tasks that all have it
+        by_seed[method, task] = {s: v[metric_of[task]] for s, v in c["test"].items()}
+    shared = len(set(metric_of.values())) == 1
+    columns = tasks + (["mean"] if len(tasks) > 1 and shared else [])
+    metric_of = dict(metric_of, mean=metric_of[tasks[0]])
+    for method in methods:  # each seed's mean over the tasks, for the seeds all tasks have
         seeds = set.intersection(*(set(by_seed.get((method, t), {})) for t in tasks))
         by_seed[method, "mean"] = {s: sum(by_seed[method, t][s] for t in tasks) / len(tasks)
                                    for s in sorted(seeds)}
     means = {k: mean_std(list(v.values())) for k, v in by_seed.items() if v}
-    rows = [f"| {size} examples{'' if size != 'full' else ' (all)'}, {METRICS[metric][1]} | "
-            + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    if size.endswith("pc"):
-        rows[0] = rows[0].replace(f"{size} examples", f"{size[:-2]} per class")
+    what = f"{size[:-2]} per class" if size.endswith("pc") else \
+        "all examples" if size == "full" else f"{size} examples"
+    header = [c if shared else f"{c} ({METRICS[metric_of[c]][1]})" for c in columns]
+    score_name = METRICS[metric_of[tasks[0]]][1] if shared else "each task's first score"
+    rows = [f"| {what}, {score_name} | " + " | ".join(header) + " |",
+            "|---" * (len(columns) + 1) + "|"]
     for method in methods:
         cells = []
         for column in columns:
             if (method, column) not in means:
                 cells.append("–")
                 continue
-            mean, std = means[method, column]
+            metric, (mean, std) = metric_of[column], means[method, column]
             best = all(not better(metric, means[m, column][0], mean)
                        for m in methods if (m, column) in means)
             text = f"{fmt(metric, mean)} ± {fmt(metric, std)}"
             text = f"**{text}**" if best else text
             base = by_seed.get((baseline, column), {})
-            paired = sorted(set(base) & set(by_seed[method, column]))
+            paired = sorted(set(base) & set(by_seed[method, column]))  # by seed, not by position
             if method != baseline and len(paired) >= 2:
                 p = test_fn([by_seed[method, column][s] for s in paired],
                             [base[s] for s in paired])
@@ -174,6 +186,13 @@ def write_block(path, tag, lines):
     print(f"written into {path}")
 
 
+def check_test(test, lines):
+    seeds = {ln["seed"] for ln in lines}
+    if test == "signflip" and len(seeds) > MAX_SIGN_FLIP:
+        raise MinknnError(f"--test signflip enumerates 2^n sign patterns: {len(seeds)} seeds are "
+                          f"more than {MAX_SIGN_FLIP}; use --test t")
+
+
 def write_report(folder, metric=None, baseline=None, test="t", write=None):
     """Writes <folder>/table.md and the plots, and with `write` the table into that file's block
     `<!-- runner NAME -->` (NAME: the folder's name); returns the table's text."""
@@ -186,10 +205,12 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
             f"--baseline {baseline}: not a method of this grid ({', '.join(methods)})"
         raise MinknnError(what)
     for m in metrics or []:
-        missing = next((ln for ln in lines if "grid" in ln and m not in ln["grid"][0]["test"]), None)
+        missing = next((ln for ln in lines if "grid" in ln and m not in ln["grid"][0]["test"]),
+                       None)
         if missing:
             raise MinknnError(f"--metric {m}: not a score of {missing['task']} (it has: "
                               f"{', '.join(missing['grid'][0]['test'])})")
+    check_test(test, lines)
     text = table(lines, metrics, baseline, test)
     path = os.path.join(folder, "table.md")
     atomic_save(text, path, lambda t, f: f.write(t.encode()))

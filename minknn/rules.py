@@ -5,7 +5,6 @@ selection split and on the test split (minknn/report.py chooses on the first), p
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
 """
 import itertools
-import json
 import os
 import time
 
@@ -14,15 +13,14 @@ import torch
 from minknn import MinknnError
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import load_checkpoint, rebuild
-from minknn.data import eval_subset
+from minknn.data import eval_subset, examples_fingerprint
 from minknn.engine import pick_device, predict
 from minknn.kinds import kind_of, score
-from minknn.knn import Datastore, interpolate, settings
+from minknn.knn import SWEEP_KS, SWEEP_PHIS, Datastore, interpolate, settings
 from minknn.model import Model
-from minknn.proxy import has_proxies, proxy_logits
+from minknn.proxy import proxy_logits
+from minknn.runs import read_jsonl
 
-SWEEP_PHIS = sorted([i / 10 for i in range(11)] + [0.25])  # KNN-BERT's Figure 2 (and its phi)
-SWEEP_KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]         # capped at the datastore's size
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 
 
@@ -32,7 +30,7 @@ def line_head(cell, method, ctx):
             "train_params": dict(cell.params), "select": ctx.select}
 
 
-def score_cell(cell, methods, ctx, folder, train_seconds):
+def score_cell(cell, methods, ctx, folder):
     """Every rule the methods ask for, on the selection and test examples, for each value of its
     inference grid: one prediction pass per split (and one over the training set for kNN)."""
     start = time.time()
@@ -43,9 +41,12 @@ def score_cell(cell, methods, ctx, folder, train_seconds):
     task, loss = model.tasks[cell.task], losses[cell.task]
     kind, batch = kind_of(task), 2 * ckpt["args"]["batch_size"]
     train_set = ctx.train_examples(cell)
+    if examples_fingerprint(train_set) != ckpt["data"]["train_fingerprint"][cell.task]:
+        raise MinknnError(f"{folder}: its run trained on other {cell.task} examples than the "
+                          f"grid's draw (size {cell.size}, seed {cell.seed}); a --methods grid "
+                          f"may not set the runner's own flags")
     selection, test, test_name = ctx.splits(cell.task, len(train_set))
     examples = {"select": selection, "test": test}
-    knn_key = "decoupled" if model.retrieval is not None else ckpt["args"]["pooling"]
     outputs, z = {}, {}
     for split, ex in examples.items():
         outputs[split], z[split] = predict(model, tokenizer, task, ex, batch, device,
@@ -55,39 +56,35 @@ def score_cell(cell, methods, ctx, folder, train_seconds):
     def scores(probabilities):  # {"select": {...}, "test": {...}}
         return {s: score(task, kind.decide(probabilities[s]), gold[s]) for s in examples}
     base = {s: kind.probabilities(outputs[s]) for s in examples}
-    k_most = max([*SWEEP_KS, *(k for m in methods for k in m.rule_grid.get("k", []))])
-    knn = knn_tables(task, model, tokenizer, train_set, examples, knn_key, z, base, batch, device,
-                     precision, k_most) if any(m.rule.startswith("knn") for m in methods) else None
+    if any(m.rule.startswith("knn") for m in methods):
+        key = "decoupled" if model.retrieval is not None else ckpt["args"]["pooling"]
+        k_most = max([*SWEEP_KS, *(k for m in methods for k in m.rule_grid.get("k", []))])
+        knn = knn_tables(task, model, tokenizer, train_set, examples, key, z, base, batch,
+                         device, precision, k_most)
     records = read_jsonl(os.path.join(folder, "metrics.jsonl"))
+    common = {"test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
+              "n_test": len(test), "best_epoch": ckpt["epoch"],
+              "curve": [{"epoch": r["epoch"], "train_loss": r["train_loss"][cell.task],
+                         "dev": r["dev"][cell.task]} for r in records],
+              "seconds": {"train": round(sum(r["epoch_seconds"] for r in records), 1),
+                          "evaluate": round(time.time() - start, 1)}}
     lines = []
     for method in methods:
         line = line_head(cell, method, ctx)
-        grid = []
         if method.rule == "linear":
-            grid.append({"params": {}, **scores(base)})
-        elif method.rule == "proxy":
-            if not has_proxies(loss):
-                raise MinknnError(f"--methods {method.name}: --loss {cell.loss} has no proxies")
-            for alpha in method.rule_grid.get("alpha", [0.5]):
-                mixed = {s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
-                         for s in examples}
-                grid.append({"params": {"alpha": alpha}, **scores(mixed)})
-        else:
+            grid = [{"params": {}, **scores(base)}]
+        elif method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(h) + alpha s cos(h, P_c))
+            grid = [{"params": {"alpha": alpha}, **scores({
+                s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
+                for s in examples})} for alpha in method.rule_grid.get("alpha", [0.5])]
+        else:  # s = (1 - phi) P(q) + phi KNN(q); knn-only: phi = 1
             default_k, default_phi = settings(task.kind)[:2]
-            ks = method.rule_grid.get("k", [default_k])
             phis = method.rule_grid.get("phi", [default_phi]) if method.rule == "knn" else [1.0]
-            for k, phi in itertools.product(ks, phis):  # K capped at the datastore's size
-                grid.append({"params": {"k": min(k, len(train_set)), "phi": phi},
-                             **knn["at"](k, phi)})
+            grid = [{"params": {"k": min(k, len(train_set)), "phi": phi}, **knn["at"](k, phi)}
+                    for k, phi in itertools.product(method.rule_grid.get("k", [default_k]), phis)]
             line["sweep"] = knn["sweep"]
-        line.update(grid=grid, test_split=test_name, n_train=len(train_set),
-                    n_select=len(selection), n_test=len(test), best_epoch=ckpt["epoch"],
-                    curve=[{"epoch": r["epoch"], "train_loss": r["train_loss"][cell.task],
-                            "dev": r["dev"][cell.task]} for r in records],
-                    seconds={"train": round(train_seconds, 1),
-                             "evaluate": round(time.time() - start, 1)})
-        lines.append(line)
-    if cell.seed == ctx.seeds[0]:  # a 2-D map of the test representations, before and after
+        lines.append({**line, "grid": grid, **common})
+    if cell.seed == ctx.seeds[0] and z["test"] is not None:  # a 2-D map, before and after
         lines[0]["map"] = representation_map(ctx, task, ckpt, tokenizer, test, z["test"], device,
                                              precision)
     return lines
@@ -145,8 +142,3 @@ def pca_2d(x):
     x = x.double() - x.double().mean(0)
     _, _, v = torch.linalg.svd(x, full_matrices=False)
     return [[round(a, 4), round(b, 4)] for a, b in (x @ v[:2].T).tolist()]
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

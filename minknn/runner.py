@@ -27,6 +27,8 @@ method: every figure on both splits for each value of its grid, the learning cur
 sweep, times), <out>/table.md and <out>/plots/*.png.
 """
 import concurrent.futures
+import contextlib
+import io
 import multiprocessing
 import os
 import shutil
@@ -74,9 +76,8 @@ class Context:
     """What every cell shares: the grid's flags, and the data it reads (cached per process)."""
 
     def __init__(self, args, train_flags):
-        self.out, self.select, self.max_eval, self.keep = args.out, args.select, args.max_eval, \
-            args.keep
-        self.data_dir, self.train_flags = args.data_dir, train_flags
+        self.out, self.select, self.max_eval = args.out, args.select, args.max_eval
+        self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
         self.seeds = args.seed_list
         self._cache = {}
 
@@ -121,51 +122,71 @@ def has_labelled_test(task, data_dir):
 
 def run_cell(cell, methods, ctx):
     """Trains (or resumes) one cell, scores its methods' rules, and returns their result lines;
-    a finished cell's lines are read back from its cell.json."""
+    a finished cell's lines are read back from its cell.json (scored again, from its kept
+    checkpoint, for a method added to the grid since)."""
     folder = os.path.join(ctx.out, "runs", cell.name)
     done = os.path.join(folder, "cell.json")
     if os.path.exists(done):
-        return read_json(done)["lines"]
-    start = time.time()
-    status = training_status(folder)
-    if status == "resume":
-        train.main(["--resume", folder])
-    elif status == "new":
-        if os.path.isdir(folder):  # a run killed before its first epoch ended: start it again
-            shutil.rmtree(folder)
-        os.makedirs(os.path.dirname(folder), exist_ok=True)
-        try:
-            train.main(train_argv(cell, ctx, folder))
-        except MinknnError as e:
-            summary = os.path.join(folder, "summary.json")
-            if not os.path.exists(summary) or \
-                    not str(read_json(summary).get("stopped", "")).startswith("diverged"):
-                raise
-            print(f"{cell.name}: {e}; recorded as diverged", file=sys.stderr)
-    train_seconds = time.time() - start
-    summary = read_json(os.path.join(folder, "summary.json"))
-    if str(summary.get("stopped", "")).startswith("diverged"):
-        lines = [dict(line_head(cell, m, ctx), diverged=summary["stopped"]) for m in methods]
+        saved = {line["method"]: line for line in read_json(done)["lines"]}
+        if all(m.name in saved for m in methods):
+            drop_checkpoints(folder, ctx)  # a kill may have come between the two
+            return [saved[m.name] for m in methods]
     else:
-        lines = score_cell(cell, methods, ctx, folder, train_seconds)
-    write_json(done, {"cell": cell.name, "lines": lines})
-    checkpoint = os.path.join(folder, "checkpoint.pt")
-    if not ctx.keep and os.path.exists(checkpoint):
-        os.remove(checkpoint)
-    return lines
+        saved = {}
+        status = training_status(folder)
+        if status == "new" and os.path.isdir(folder):  # killed before its first epoch ended
+            shutil.rmtree(folder)
+        if status != "done":
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            try:  # train.py turns a divergence into one line, after saving summary.json
+                train.main(["--resume", folder] if status == "resume" else
+                           train_argv(cell, ctx, folder))
+            except MinknnError as e:
+                if training_status(folder) != "diverged":
+                    raise
+                print(f"{cell.name}: {e}; recorded as diverged", file=sys.stderr)
+    wanted = [m for m in methods if m.name not in saved]
+    if training_status(folder) == "diverged":
+        stopped = read_json(os.path.join(folder, "summary.json"))["stopped"]
+        new = [dict(line_head(cell, m, ctx), diverged=stopped) for m in wanted]
+    else:
+        new = score_cell(cell, wanted, ctx, folder)
+    lines = {**saved, **{line["method"]: line for line in new}}
+    write_json(done, {"cell": cell.name, "lines": list(lines.values())})
+    drop_checkpoints(folder, ctx)
+    return [lines[m.name] for m in methods]
 
 
 def training_status(folder):
-    """'done' (trained: summary.json, not stopped), 'resume' (last.pt after a finished epoch)
-    or 'new'."""
+    """'done' (summary.json of a finished run), 'diverged' (its summary says so), 'resume'
+    (stopped after an epoch: last.pt) or 'new'."""
     summary = os.path.join(folder, "summary.json")
-    if os.path.exists(summary) and not read_json(summary).get("stopped"):
+    stopped = read_json(summary).get("stopped") if os.path.exists(summary) else "no summary"
+    if not stopped:
         return "done"
-    if os.path.exists(summary) and str(read_json(summary)["stopped"]).startswith("diverged"):
-        return "done"
-    if os.path.exists(os.path.join(folder, "last.pt")):
-        return "resume"
-    return "new"
+    if str(stopped).startswith("diverged"):
+        return "diverged"
+    return "resume" if os.path.exists(os.path.join(folder, "last.pt")) else "new"
+
+
+def drop_checkpoints(folder, ctx):
+    """A scored cell keeps its scores, not its 91 MB checkpoint (unless --keep)."""
+    for name in ("checkpoint.pt", "last.pt"):
+        path = os.path.join(folder, name)
+        if os.path.exists(path) and (name == "last.pt" or not ctx.keep):
+            os.remove(path)
+
+
+def missing_scores(cells, ctx):
+    """Cells scored before a method was added to the grid, whose checkpoint is gone."""
+    lacking = []
+    for cell, methods in cells.items():
+        done = os.path.join(ctx.out, "runs", cell.name, "cell.json")
+        if os.path.exists(done) and not os.path.exists(os.path.join(os.path.dirname(done),
+                                                                    "checkpoint.pt")):
+            have = {line["method"] for line in read_json(done)["lines"]}
+            lacking += [f"{cell.name} {m.name}" for m in methods if m.name not in have]
+    return lacking
 
 
 # ----------------------------------------------------------------------------------- the grid
@@ -223,51 +244,93 @@ def get_args(argv=None):
 
 def check_grid(args, train_flags, cells):
     """Everything that can fail before the first cell trains: the tasks, their data and sizes,
-    each cell's train.py flags (train.py's own checks), --jobs on this device."""
+    each cell's train.py flags (train.py's own checks), the rules against the tasks, the methods
+    a finished cell lacks, --jobs on this device. Returns the Context and the train.py flags
+    given, as parsed."""
     ctx = Context(args, train_flags)
-    for name in args.task_list:
-        task = ctx.task(name)
-        if args.select == "dev" and not has_labelled_test(task, args.data_dir):
-            raise MinknnError(f"--select dev: {name} has no labelled test split, so it is scored "
-                              f"on dev, and dev cannot also choose; use --select sample")
+    for method in args.method_list:
+        owned = [name for name in method.train_grid if name in RUNNER_OWNS]
+        if owned:
+            raise MinknnError(f"--methods {method.name}: {', '.join(owned)} is the runner's to set "
+                              f"for each cell (--tasks, --sizes, --seeds, ...), not a grid's")
     seen = set()
-    for cell in cells:
+    for cell, methods in cells.items():
+        task = ctx.task(cell.task)
         if (cell.task, cell.size, cell.seed) not in seen:
             seen.add((cell.task, cell.size, cell.seed))
-            ctx.train_examples(cell)  # a size too large for a class stops here
-        argv = train_argv(cell, ctx, os.path.join(args.out, "runs", cell.name))
-        train.get_args(argv)  # train.py's one-line error on a bad flag or combination
-    for cell, methods in cells.items():
+            n_train = len(ctx.train_examples(cell))  # a size too large for a class stops here
+            check_splits(ctx, task, n_train)
+        parsed = parse_train_args(train_argv(cell, ctx, os.path.join(args.out, "runs",
+                                                                     cell.name)), methods)
+        siamese = parsed.pair_mode == "siamese" and task.pair
         for m in methods:
             if m.rule == "proxy" and m.loss not in PROXY_LOSSES:
                 raise MinknnError(f"--methods {m.name}: proxy inference needs a proxy loss "
                                   f"({', '.join(PROXY_LOSSES)}), not {m.loss}")
-            if m.rule.startswith("knn") and ctx.task(cell.task).kind not in ("classify",
-                                                                             "multilabel"):
-                raise MinknnError(f"--methods {m.name}: kNN votes with labels; {cell.task} is a "
-                                  f"{ctx.task(cell.task).kind} task")
-    device = train.get_args(train_argv(next(iter(cells)), ctx, args.out)).device
-    if args.jobs > 1 and pick_device(device).type != "cuda":
+            if m.rule != "linear" and (task.kind not in ("classify", "multilabel") or siamese):
+                raise MinknnError(f"--methods {m.name}: {m.rule} needs one vector per example of a "
+                                  f"classification or multi-label task; {cell.task} is a "
+                                  f"{'siamese pair' if siamese else task.kind} task")
+    # the flags given, as train.py reads them (in any order or spelling), for grid.json
+    p = train.make_parser()
+    given = vars(p.parse_args(train_flags))
+    shared = {k: v for k, v in given.items() if v != p.get_default(k)}
+    lacking = missing_scores(cells, ctx)
+    if lacking:
+        raise MinknnError(f"--out {args.out}: {len(lacking)} finished cells were scored before "
+                          f"some of these methods were added, and their checkpoints are gone "
+                          f"(e.g. {lacking[0]}); run them with another --out (or --keep next time)")
+    if args.jobs > 1 and pick_device(parsed.device).type != "cuda":
         raise MinknnError(f"--jobs {args.jobs}: cells run side by side on a GPU; on the CPU one "
                           f"cell already uses every core (leave out --jobs)")
-    return ctx
+    return ctx, shared
 
 
-def check_same_grid(args, train_flags):
+def parse_train_args(argv, methods):
+    """train.py's parsed arguments for a cell; its one-line error names the methods at fault."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return train.get_args(argv)
+    except SystemExit:
+        message = captured.getvalue().strip().removeprefix("error: ")
+        raise MinknnError(f"--methods {','.join(m.name for m in methods)}: {message}") from None
+
+
+def check_splits(ctx, task, n_train):
+    """A task scored on dev less the selection sample must keep at least as many to score."""
+    if has_labelled_test(task, ctx.data_dir):
+        return
+    if ctx.select == "dev":
+        raise MinknnError(f"--select dev: {task.name} has no labelled test split, so it is scored "
+                          f"on dev, and dev cannot also choose; use --select sample")
+    n_dev = len(load_split(task, "dev", ctx.data_dir))
+    n_select = min(selection_size(ctx, n_train) or n_dev, n_dev)
+    if 2 * n_select > n_dev:
+        raise MinknnError(f"{task.name} has no labelled test split: it is scored on dev less the "
+                          f"selection sample, and {n_select} of its {n_dev} dev examples would "
+                          f"leave too few to score; use a smaller --sizes or --max_eval")
+
+
+def check_same_grid(args, shared, train_flags):
     """A grid folder's cells must all come from the same train.py flags and selection."""
     path = os.path.join(args.out, "grid.json")
-    grid = {"train_flags": train_flags, "select": args.select, "max_eval": args.max_eval,
-            "data_dir": args.data_dir}
-    if os.path.exists(path):
-        saved = read_json(path)
-        changed = [k for k in grid if saved.get(k) != grid[k]]
-        if changed:
-            was = ", ".join(str(saved.get(k)) for k in changed)
-            raise MinknnError(f"--out {args.out} holds a grid run with other {', '.join(changed)} "
-                              f"({was}); use the same flags to go on with it, or another --out")
-    else:
+    grid = {"train_args": shared, "select": args.select, "max_eval": args.max_eval}
+    if not os.path.exists(path):
         os.makedirs(args.out, exist_ok=True)
         write_json(path, grid)
+        return
+    saved = read_json(path)
+    if "train_args" not in saved:  # a grid.json written before train_args: the flags as typed
+        same = saved.get("train_flags") == train_flags
+        saved["train_args"] = shared if same else {"flags": " ".join(saved.get("train_flags", []))}
+    was = saved["train_args"]
+    changed = [f"--{k} {was.get(k, '(not given)')}" for k in sorted(set(was) | set(shared))
+               if was.get(k) != shared.get(k)]
+    changed += [f"--{k} {saved.get(k)}" for k in ("select", "max_eval") if saved.get(k) != grid[k]]
+    if changed:
+        raise MinknnError(f"--out {args.out} holds a grid run with {', '.join(changed)}; use the "
+                          f"same flags to go on with it, or another --out")
 
 
 def main(argv=None):
@@ -275,8 +338,8 @@ def main(argv=None):
     if args.table:
         return report.write_report(args.table, args.metric, args.baseline, args.test, args.write)
     cells = cells_of(args.task_list, args.method_list, args.size_list, args.seed_list)
-    ctx = check_grid(args, train_flags, cells)
-    check_same_grid(args, train_flags)
+    ctx, shared = check_grid(args, train_flags, cells)
+    check_same_grid(args, shared, train_flags)
     finished = {c: None for c in cells}
     start, todo = time.time(), [c for c in cells
                                 if not os.path.exists(os.path.join(args.out, "runs", c.name,
@@ -307,10 +370,14 @@ def main(argv=None):
             spawn = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
                 futures = {pool.submit(run_cell, c, cells[c], ctx): c for c in todo}
-                for future in concurrent.futures.as_completed(futures):
-                    record(futures[future], future.result())
+                try:
+                    for future in concurrent.futures.as_completed(futures):
+                        record(futures[future], future.result())
+                except BaseException:  # a failed cell stops the grid, not after the queue
+                    pool.shutdown(cancel_futures=True)
+                    raise
     except (KeyboardInterrupt, SystemExit) as e:
-        if isinstance(e, SystemExit) and e.code not in (130, None):
+        if isinstance(e, SystemExit) and e.code != 130:  # train.py turns Ctrl-C into exit 130
             raise
         print(f"\ninterrupted; run the same command again to go on (finished cells are kept "
               f"in {args.out}/runs)", file=sys.stderr)

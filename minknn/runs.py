@@ -187,6 +187,12 @@ def write_json(path, obj, indent=1):
     atomic_save(obj, path, lambda o, f: f.write(json.dumps(o, indent=indent).encode()))
 
 
+def read_jsonl(path):
+    """The records of a JSON Lines file (metrics.jsonl, results.jsonl)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def write_jsonl(path, records):
     atomic_save(records, path,
                 lambda rs, f: f.write("".join(json.dumps(r) + "\n" for r in rs).encode()))

@@ -14,7 +14,9 @@ def test_method_grammar():
     assert grid.parse_seeds("0-2,7") == [0, 1, 2, 7]
     assert grid.parse_sizes("full,20,8pc") == ["full", "20", "8pc"]
     for bad, where in (("ce+knnn", "unknown inference rule 'knnn'"), ("ce+knn[alpha=1]", "alpha"),
-                       ("ce[lam]", "not name=value")):
+                       ("ce[lam]", "not name=value"), ("ce+knn[k=0]", "k must be a whole number"),
+                       ("ce+knn[k=2.5]", "k must be"), ("ce+knn[phi=2]", r"phi must be a number in \[0, 1\]"),
+                       ("proxyanchor+proxy[alpha=abc]", "alpha must be")):
         with pytest.raises(MinknnError, match=where):
             grid.parse_method(bad)
 

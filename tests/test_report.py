@@ -3,6 +3,7 @@ blocks."""
 import pytest
 
 from minknn import MinknnError, report
+from minknn.stats import paired_t
 
 
 def test_choose_follows_the_selection_split_not_the_test_split():
@@ -11,6 +12,13 @@ def test_choose_follows_the_selection_split_not_the_test_split():
                 "cell": f"c{seed}", "train_params": {},
                 "grid": [{"params": {"alpha": a}, "select": {"acc": s}, "test": {"acc": t}}
                          for a, (s, t) in scores.items()]}
+    # alpha 0.25: selection 0.9 and 0.4 (mean 0.65, best seed 0.9); 0.5: 0.7 and 0.7 (mean 0.7)
+    lines = [line(0, {0.25: (0.9, 0.1), 0.5: (0.7, 0.9)}),
+             line(1, {0.25: (0.4, 0.2), 0.5: (0.7, 0.8)})]
+    c = report.choose(lines, "acc")["mr", "20", "pa+proxy"]
+    assert c["params"] == ((), (("alpha", 0.5),)), \
+        "report.choose: alpha 0.5 has the better mean selection score (0.7 against 0.65)"
+    assert c["test"] == {0: {"acc": 0.9}, 1: {"acc": 0.8}}, "and its test scores are reported"
     lines = [line(0, {0.25: (0.9, 0.1), 0.5: (0.5, 0.9)}),
              line(1, {0.25: (0.7, 0.2), 0.5: (0.6, 0.8)})]
     c = report.choose(lines, "acc")["mr", "20", "pa+proxy"]
@@ -34,3 +42,53 @@ def test_write_block_replaces_its_own_block_only(tmp_path):
         "write_block must replace the text between its own markers and leave every other line as it was"
     with pytest.raises(MinknnError, match="no block '<!-- bench.py index -->'"):
         report.write_block(str(path), "bench.py index", ["x"])
+
+
+def result(task, method, seed, acc, size="20", metric="acc"):
+    return {"task": task, "size": size, "seed": seed, "method": method, "label": method,
+            "rule": "linear", "cell": f"{task}-{size}-{method}-{seed}", "train_params": {},
+            "select": "sample", "test_split": "test", "n_test": 100, "n_select": 20,
+            "grid": [{"params": {}, "select": {metric: acc}, "test": {metric: acc}}],
+            "seconds": {"train": 1.0, "evaluate": 1.0}}
+
+
+def row(text, method, size="20 examples"):
+    block = text.split(f"| {size},")[1]
+    return next(r for r in block.splitlines() if r.startswith(f"| {method} |"))
+
+
+def test_the_table_pairs_seeds_and_marks_significance():
+    base = [0.60, 0.62, 0.58, 0.61, 0.59]
+    better = [0.66, 0.67, 0.63, 0.66, 0.65]  # d = 6, 5, 5, 5, 6 points: p = 1.2e-5
+    lines = [result("mr", "ce", s, a) for s, a in enumerate(base)]
+    lines += [result("mr", "supcon", s, a) for s, a in enumerate(better)]
+    lines += [result("mr", "noisy", s, a) for s, a in enumerate([0.65, 0.61, 0.62, 0.63, 0.57])]
+    text = report.table(lines)
+    p = paired_t(better, base)
+    assert f"(p {p:.3f}*)" in row(text, "supcon"), \
+        f"report: supcon's p ({p:.4f} < 0.05) must be shown and starred: {row(text, 'supcon')}"
+    assert "**65.40 ± 1.52**" in row(text, "supcon"), "the best mean of the column in bold"
+    p = paired_t([0.65, 0.61, 0.62, 0.63, 0.57], base)
+    assert f"(p {p:.3f})" in row(text, "noisy") and "*" not in row(text, "noisy"), \
+        f"report: p = {p:.3f} is not < 0.05: no star"
+    # seed 2 missing for supcon: pairs by seed (0, 1, 3, 4), not by position
+    lines = [ln for ln in lines if not (ln["method"] == "supcon" and ln["seed"] == 2)]
+    p = paired_t([0.66, 0.67, 0.66, 0.65], [0.60, 0.62, 0.61, 0.59])
+    assert f"(p {p:.3f}*)" in row(report.table(lines), "supcon"), \
+        "report: the p-value must pair the seeds both methods have, by seed"
+
+
+def test_each_task_in_its_own_first_score_unless_told():
+    lines = [result("mr", m, s, 0.6 + 0.01 * s) for m in ("ce", "supcon") for s in range(2)]
+    lines += [result("cola", m, s, 0.3 + 0.01 * s, metric="mcc") for m in ("ce", "supcon")
+              for s in range(2)]
+    lines += [result("mr", "ce", s, 0.7, size="100") for s in range(2)]
+    text = report.table(lines)
+    assert "| 20 examples, each task's first score | mr (accuracy) | cola (MCC) |" in text, \
+        "report: tasks with different first scores get one column each, named, and no mean"
+    assert "| 100 examples, accuracy | mr |" in text
+    assert "mr 20: 20 dev examples" in text and "mr 100: 20 dev examples" in text, \
+        "report: the selection note names each task and size"
+    with pytest.raises(MinknnError, match="--test signflip enumerates"):
+        many = [result("mr", "ce", s, 0.5) for s in range(21)]
+        report.check_test("signflip", many)

@@ -61,6 +61,12 @@ def test_grid_completes_and_the_table_holds_the_runs_figures(finished, tiny_bert
                                     "--out", csv, *flags])
             assert scored[ln["task"]][key] == pytest.approx(entry["test"]["acc"]), \
                 f"rules: {ln['cell']}'s {ln['rule']} at {entry['params']} differs from evaluate.py"
+        if ln["rule"] == "knn":  # the sweep's deepest K (the whole datastore) too
+            top = next(e for e in ln["sweep"] if e["k"] == ln["n_train"] and e["phi"] == 0.5)
+            scored = evaluate.main(["--checkpoint", ckpt, "--split", "test", "--device", "cpu",
+                                    "--out", csv, "--knn", "--k", str(ln["n_train"]), "--phi", "0.5"])
+            assert scored[ln["task"]]["mix_acc"] == pytest.approx(top["test"]["acc"]), \
+                f"rules: {ln['cell']}'s sweep at K {ln['n_train']} differs from evaluate.py"
     text = (finished / "table.md").read_text()
     for task in ("mr", "sst2"):  # ce's row: the mean and std of its runs' test figures
         values = [100 * ln["grid"][0]["test"]["acc"] for ln in lines
@@ -170,9 +176,19 @@ def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, cap
     with pytest.raises(MinknnError, match="--select dev: sst has no labelled test split"):
         run_grid(tiny_bert_dir, out, "--select", "dev", tasks="sst")
     assert not out.exists(), "nothing is written before the grid is checked"
+    with pytest.raises(MinknnError, match=r"--methods ce\[seed=7\]: seed is the runner's"):
+        run_grid(tiny_bert_dir, out, methods="ce[seed=7]")
+    with pytest.raises(MinknnError, match=r"--methods ce\[lr=abc\]: argument --lr: invalid float"):
+        run_grid(tiny_bert_dir, out, methods="ce[lr=abc]")
+    with pytest.raises(MinknnError, match="knn needs one vector per example .* siamese pair"):
+        runner.main(["--tasks", "mrpc", "--methods", "ce+knn", "--sizes", "4", "--out", str(out),
+                     "--model", tiny_bert_dir, "--data_dir", DATA, "--pair_mode", "siamese"])
     run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
-    with pytest.raises(MinknnError, match="other train_flags"):
+    with pytest.raises(MinknnError, match=r"holds a grid run with --warmup \(not given\)"):
         run_grid(tiny_bert_dir, out, "--warmup", "0.1", tasks="mr", methods="ce")
+    runner.main(["--tasks", "mr", "--methods", "ce", "--sizes", "6", "--seeds", "0-1", "--out",
+                 str(out), "--device=cpu", "--max_len", "32", "--batch_size", "4", "--lr", "3e-3",
+                 "--epochs", "2", "--data_dir", DATA, "--model", tiny_bert_dir])  # reordered
 
 
 def test_jobs_run_cells_side_by_side(tiny_bert_dir, tmp_path, monkeypatch):
@@ -184,3 +200,82 @@ def test_jobs_run_cells_side_by_side(tiny_bert_dir, tmp_path, monkeypatch):
     strip = [[{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(tmp_path / name)]
              for name in ("one", "two")]
     assert strip[0] == strip[1], "runner --jobs 2: the cells' figures differ from --jobs 1's"
+
+
+def test_a_task_without_test_labels_is_scored_on_the_rest_of_dev(tiny_bert_dir, tmp_path):
+    """sst's test split has no labels: the selection sample (as large as the training set) and
+    the examples scored are disjoint parts of dev."""
+    args, flags = runner.get_args(["--tasks", "sst", "--sizes", "6", "--out", str(tmp_path / "g"),
+                                   "--data_dir", DATA])
+    ctx = runner.Context(args, flags)
+    dev = runner.load_split(ctx.task("sst"), "dev", DATA)
+    selection, test, name = ctx.splits("sst", 6)
+    assert len(selection) == 6, "--select sample: a dev sample as large as the training set"
+    assert not {e.id for e in selection} & {e.id for e in test}, \
+        "runner: the examples scored must not include the ones that chose"
+    assert len(test) == len(dev) - 6 and name == "dev less the selection sample"
+    with pytest.raises(MinknnError, match="sst has no labelled test split: .* leave too few"):
+        runner.check_splits(ctx, ctx.task("sst"), 10)
+
+
+def test_a_diverged_cell_is_recorded_and_left_out(tiny_bert_dir, tmp_path, monkeypatch):
+    real = train.check_epoch_finite
+
+    def diverge_proxyanchor(epoch, model, losses, dev_scores):
+        if getattr(losses["mr"], "metric", None) is not None:  # the proxyanchor cells
+            raise train.Diverged(f"epoch {epoch}: the dev score mr acc is not finite")
+        return real(epoch, model, losses, dev_scores)
+    monkeypatch.setattr(train, "check_epoch_finite", diverge_proxyanchor)
+    out = tmp_path / "g"
+    run_grid(tiny_bert_dir, out, tasks="mr", methods="ce,proxyanchor+proxy")
+    lines = lines_of(out)
+    assert [ln["method"] for ln in lines if "diverged" in ln] == ["proxyanchor+proxy"] * 2
+    text = (out / "table.md").read_text()
+    assert "diverged with seed(s) 0, 1" in text and "| proxyanchor+proxy | – |" in text
+    monkeypatch.setattr(train, "check_epoch_finite", real)
+    monkeypatch.setattr(train, "main", lambda argv: pytest.fail(f"retrained: {argv}"))
+    run_grid(tiny_bert_dir, out, tasks="mr", methods="ce,proxyanchor+proxy")  # nothing to redo
+
+
+def test_a_kill_while_scoring_resumes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
+    real = runner.score_cell
+    monkeypatch.setattr(runner, "score_cell", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    out = tmp_path / "g"
+    with pytest.raises(SystemExit):
+        run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    monkeypatch.setattr(runner, "score_cell", real)
+    calls = []
+    real_main = train.main
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
+    run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    assert len(calls) == 1, "the cell killed while scoring is scored, not retrained; the other " \
+                            f"one trains: {calls}"
+    assert len(lines_of(out)) == 2
+
+
+def test_a_method_added_later_is_scored_from_kept_checkpoints(tiny_bert_dir, tmp_path,
+                                                              monkeypatch):
+    kept, dropped = tmp_path / "kept", tmp_path / "dropped"
+    run_grid(tiny_bert_dir, kept, "--keep", tasks="mr", methods="ce")
+    run_grid(tiny_bert_dir, dropped, tasks="mr", methods="ce")
+    monkeypatch.setattr(train, "main", lambda argv: pytest.fail(f"retrained: {argv}"))
+    run_grid(tiny_bert_dir, kept, "--keep", tasks="mr", methods="ce,ce+knn[k=2]")
+    assert [ln["method"] for ln in lines_of(kept)] == ["ce", "ce+knn[k=2]"] * 2
+    with pytest.raises(MinknnError, match="scored before some of these methods were added"):
+        run_grid(tiny_bert_dir, dropped, tasks="mr", methods="ce,ce+knn[k=2]")
+
+
+def test_a_multilabel_grid_votes_and_scores_its_own_way(tiny_bert_dir, tmp_path):
+    out = tmp_path / "g"
+    runner.main(["--tasks", "goemotions", "--methods", "bce,bce+knn[k=2;phi=0.5]", "--sizes", "20",
+                 "--seeds", "0", "--out", str(out), "--model", tiny_bert_dir, "--data_dir", DATA,
+                 "--epochs", "2", "--lr", "3e-3", "--batch_size", "8", "--max_len", "32",
+                 "--device", "cpu", "--keep", "--metric", "micro_f1,hamming"])
+    knn = next(ln for ln in lines_of(out) if ln["rule"] == "knn")
+    scored = evaluate.main(["--checkpoint", str(out / "runs" / knn["cell"]), "--split", "test",
+                            "--device", "cpu", "--knn", "--k", "2", "--phi", "0.5",
+                            "--out", str(tmp_path / "p.csv")])
+    for metric in ("micro_f1", "hamming"):
+        assert scored["goemotions"][f"mix_{metric}"] == pytest.approx(knn["grid"][0]["test"][metric]), \
+            f"rules: the multi-label kNN mix's {metric} differs from evaluate.py's"
+    assert "Hamming loss" in (out / "table.md").read_text()

@@ -43,3 +43,14 @@ def test_sign_flip_counts_every_sign_pattern():
     assert sign_flip([1, -2, 3], [0, 0, 0]) == pytest.approx(6 / 8)
     with pytest.raises(ValueError):
         sign_flip(list(range(21)), [0] * 21)
+
+
+def test_paired_t_stays_a_probability_for_huge_t():
+    # 5 seeds each 4 or 5 test examples (of 1000) better: |t| is large, p tiny but never negative
+    a = [0.712, 0.705, 0.731, 0.698, 0.720]
+    b = [x - d for x, d in zip(a, [0.004, 0.005, 0.004, 0.005, 0.004])]
+    p = paired_t(a, b)
+    assert 0 <= p < 1e-4, f"stats.paired_t: d = 4 or 5 examples on every seed must give a tiny p, got {p}"
+    # t = 1e4 with 4 degrees of freedom: p = 2 (1 - F(t)) ~ 3 / t^4 ~ 3e-16 (the tail of t_4)
+    assert 0 <= 2 * (1 - t_cdf(1e4, 4)) < 1e-12, "stats.t_cdf: the tail at t = 1e4 must be ~0"
+    assert paired_t([0.3, 0.4], [0.2, 0.3]) == 0.0, "a constant non-zero difference: p = 0"

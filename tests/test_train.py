@@ -189,11 +189,11 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     monkeypatch.undo()
 
     swept = evaluate.main(common + ["--sweep"])["sst"]["sweep"]
-    assert [r["phi"] for r in swept["phi"]] == [i / 10 for i in range(11)]
-    assert [r["k"] for r in swept["k"]] == [1, 4, 16, 40]  # capped at the datastore's 40 keys
+    assert [r["phi"] for r in swept["phi"]] == sorted([i / 10 for i in range(11)] + [0.25])
+    assert [r["k"] for r in swept["k"]] == [1, 2, 4, 8, 16, 32, 40]  # capped at the 40 keys
     assert swept["phi"][0]["acc"] == first["acc"]
     at_8 = evaluate.main(common + ["--phi", "0.5"])["sst"]
-    assert swept["phi"][5]["acc"] == at_8["mix_acc"]
+    assert next(r for r in swept["phi"] if r["phi"] == 0.5)["acc"] == at_8["mix_acc"]
     assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-cosine-mean.json")
 
     # the checkpoint changes: the default datastore is rebuilt, an explicit one is refused
@@ -370,8 +370,9 @@ def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_di
     alone = evaluate.main(common + ["--phi", "1"])["goemotions"]  # lam = 1: the vote alone, thresholded at 0.5
     assert (alone["mix_micro_f1"], alone["mix_hamming"]) == (alone["knn_micro_f1"], alone["knn_hamming"])
     swept = evaluate.main(common + ["--sweep"])["goemotions"]["sweep"]
-    assert [r["k"] for r in swept["k"]] == [1, 4, 16, 40] and swept["phi"][0]["micro_f1"] == result["micro_f1"]
-    assert swept["phi"][5]["micro_f1"] == result["mix_micro_f1"]  # the defaults: K 5, lam 0.5
+    assert [r["k"] for r in swept["k"]] == [1, 2, 4, 8, 16, 32, 40] and swept["phi"][0]["micro_f1"] == result["micro_f1"]
+    at_half = next(r for r in swept["phi"] if r["phi"] == 0.5)
+    assert at_half["micro_f1"] == result["mix_micro_f1"]  # the defaults: K 5, lam 0.5
     assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-euclidean-mean.json")
 
 
