@@ -194,7 +194,7 @@ def check_test(test, lines):
 
 
 def write_report(folder, metric=None, baseline=None, test="t", write=None):
-    """Writes <folder>/table.md and the plots, and with `write` the table into that file's block
+    """Writes <folder>/table.md, and with `write` the table into that file's block
     `<!-- runner NAME -->` (NAME: the folder's name); returns the table's text."""
     lines = read_results(folder)
     metrics = metric.split(",") if metric else None
@@ -219,12 +219,4 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
     if write:
         write_block(write, f"runner {os.path.basename(os.path.normpath(folder))}",
                     text.rstrip("\n").split("\n"))
-    try:
-        from minknn import plots
-    except ImportError as e:  # matplotlib is an optional extra
-        print(f"no plots: {e}; pip install matplotlib (or pip install .[plots])")
-        return text
-    for path in plots.draw_all(lines, os.path.join(folder, "plots"),
-                               metrics[0] if metrics else None):
-        print(f"plot: {path}")
     return text

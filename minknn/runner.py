@@ -336,7 +336,7 @@ def check_same_grid(args, shared, train_flags):
 def main(argv=None):
     args, train_flags = get_args(argv)
     if args.table:
-        return report.write_report(args.table, args.metric, args.baseline, args.test, args.write)
+        return table_and_plots(args.table, args)
     cells = cells_of(args.task_list, args.method_list, args.size_list, args.seed_list)
     ctx, shared = check_grid(args, train_flags, cells)
     check_same_grid(args, shared, train_flags)
@@ -383,7 +383,21 @@ def main(argv=None):
               f"in {args.out}/runs)", file=sys.stderr)
         sys.exit(130)
     print(f"grid done in {(time.time() - start) / 60:.1f} min; results in {results}")
-    return report.write_report(args.out, args.metric, args.baseline, args.test, args.write)
+    return table_and_plots(args.out, args)
+
+
+def table_and_plots(folder, args):
+    """table.md (minknn/report.py), then plots/ (minknn/plots.py, when matplotlib is there)."""
+    text = report.write_report(folder, args.metric, args.baseline, args.test, args.write)
+    try:
+        from minknn import plots
+    except ImportError as e:  # matplotlib is an optional extra
+        print(f"no plots: {e}; pip install matplotlib==3.11.2 (or pip install .[plots])")
+        return text
+    metric = args.metric.split(",")[0] if args.metric else None
+    for path in plots.draw_all(report.read_results(folder), os.path.join(folder, "plots"), metric):
+        print(f"plot: {path}")
+    return text
 
 
 def describe_line(line):
