@@ -77,6 +77,13 @@ def test_grid_completes_and_the_table_holds_the_runs_figures(finished, tiny_bert
             f"report: the ce row's {task} cell is not the mean ± std of the runs' figures"
 
 
+def test_the_grid_draws_its_plots(finished):
+    pytest.importorskip("matplotlib")
+    drawn = sorted(os.listdir(finished / "plots"))
+    for kind in ("sweep-mr-6", "map-mr-6-ce", "curves-mr-6", "bars-6"):
+        assert f"{kind}.png" in drawn, f"runner: no {kind}.png among the grid's plots {drawn}"
+
+
 def test_the_table_is_redrawn_from_results_alone(finished, tmp_path):
     copy = tmp_path / "copy"
     copy.mkdir()
