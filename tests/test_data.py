@@ -138,7 +138,8 @@ def test_per_class_sample_draws_n_of_each_class_reproducibly():
     assert Counter(e.label for e in a) == {0: 8, 1: 8, 2: 8}, "data.per_class_sample: 8 of each class"
     assert [e.text for e in a] == [e.text for e in per_class_sample(examples, task, 8, seed=1)], \
         "data.per_class_sample: the same seed must draw the same examples (paired comparisons)"
-    assert [e.text for e in a] != [e.text for e in per_class_sample(examples, task, 8, seed=2)]
+    assert [e.text for e in a] != [e.text for e in per_class_sample(examples, task, 8, seed=2)], \
+        "data.per_class_sample: another seed must draw other examples (it seeds the draw)"
     assert sorted(e.label for e in a[:6]) != [0] * 6, "the draw is shuffled, not sorted by class"
     with pytest.raises(MinknnError, match="--per_class 11: .*'c' has 10"):
         per_class_sample(examples, task, 11, seed=0)

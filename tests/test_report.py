@@ -12,19 +12,18 @@ def test_choose_follows_the_selection_split_not_the_test_split():
                 "cell": f"c{seed}", "train_params": {},
                 "grid": [{"params": {"alpha": a}, "select": {"acc": s}, "test": {"acc": t}}
                          for a, (s, t) in scores.items()]}
-    # alpha 0.25: selection 0.9 and 0.4 (mean 0.65, best seed 0.9); 0.5: 0.7 and 0.7 (mean 0.7)
-    lines = [line(0, {0.25: (0.9, 0.1), 0.5: (0.7, 0.9)}),
-             line(1, {0.25: (0.4, 0.2), 0.5: (0.7, 0.8)})]
-    c = report.choose(lines, "acc")["mr", "20", "pa+proxy"]
-    assert c["params"] == ((), (("alpha", 0.5),)), \
-        "report.choose: alpha 0.5 has the better mean selection score (0.7 against 0.65)"
-    assert c["test"] == {0: {"acc": 0.9}, 1: {"acc": 0.8}}, "and its test scores are reported"
-    lines = [line(0, {0.25: (0.9, 0.1), 0.5: (0.5, 0.9)}),
-             line(1, {0.25: (0.7, 0.2), 0.5: (0.6, 0.8)})]
-    c = report.choose(lines, "acc")["mr", "20", "pa+proxy"]
-    assert c["params"] == ((), (("alpha", 0.25),)), \
-        "report.choose: alpha 0.25 has the better mean selection score (0.8 against 0.55)"
-    assert c["test"] == {0: {"acc": 0.1}, 1: {"acc": 0.2}}, "and its test scores are reported"
+    cases = [  # (per-seed alpha -> (select, test), the alpha to choose, why)
+        # 0.25: selection 0.9 and 0.4 (mean 0.65, best seed 0.9); 0.5: 0.7 and 0.7 (mean 0.7)
+        ([{0.25: (0.9, 0.1), 0.5: (0.7, 0.9)}, {0.25: (0.4, 0.2), 0.5: (0.7, 0.8)}], 0.5,
+         "the better mean selection score (0.7 against 0.65), not the best single seed"),
+        ([{0.25: (0.9, 0.1), 0.5: (0.5, 0.9)}, {0.25: (0.7, 0.2), 0.5: (0.6, 0.8)}], 0.25,
+         "the better mean selection score (0.8 against 0.55), whatever the test scores")]
+    for seeds, alpha, why in cases:
+        lines = [line(seed, scores) for seed, scores in enumerate(seeds)]
+        c = report.choose(lines, "acc")["mr", "20", "pa+proxy"]
+        assert c["params"] == ((), (("alpha", alpha),)), f"report.choose: alpha {alpha} has {why}"
+        assert c["test"] == {s: {"acc": scores[alpha][1]} for s, scores in enumerate(seeds)}, \
+            "report.choose: the chosen value's test scores are the ones reported"
     for ln in lines:  # a loss-like metric: the lowest selection score wins
         for e in ln["grid"]:
             e["select"]["hamming"] = e["select"]["acc"]
