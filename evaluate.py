@@ -40,6 +40,7 @@ import os
 import time
 
 from minknn import MinknnError, run
+from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import (data_root, eval_subset, examples_fingerprint, labelled, load_split,
                          source_paths, split_recipe, training_examples)
@@ -64,6 +65,8 @@ def get_args(argv=None):
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     p.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
                    "(default: bf16 on CUDA, fp32 on the CPU)")
+    p.add_argument("--attention", default=ATTENTION, choices=ATTENTIONS,
+                   help="attention() as written in minknn/bert.py, or PyTorch's fused kernel")
     p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else the run's, "
                    "else ./data)")
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
@@ -364,6 +367,7 @@ def main(argv=None):
                 "--out's folder" if args.out else "the run folder")
     args.data_dir = data_dir_of(args, ckpt)
     model, losses, tokenizer = rebuild(ckpt)
+    model.bert.set_attention(args.attention)
     model.to(device)
     tasks = list(model.tasks.values())
     if args.proxy and not any(has_proxies(losses[t.name]) for t in tasks):

@@ -47,7 +47,7 @@ import torch
 from tqdm import tqdm
 
 from minknn import MinknnError, run
-from minknn.bert import BertModel, resolve_model_path
+from minknn.bert import ATTENTION, ATTENTIONS, BertModel, resolve_model_path
 from minknn.checkpoint import base_model, save_checkpoint
 from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
                          run_data, training_examples)
@@ -92,6 +92,8 @@ def make_parser():
                    help="finetune trains everything; pretrain freezes BERT, trains the heads")
     g.add_argument("--pooling", default="mean", choices=POOLINGS, help="z from the hidden states")
     g.add_argument("--max_len", type=int, default=128, help="longer texts are truncated")
+    g.add_argument("--attention", default=ATTENTION, choices=ATTENTIONS,
+                   help="attention() as written in minknn/bert.py, or PyTorch's fused kernel")
     g.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"],
                    help="pair tasks: [CLS] a [SEP] b [SEP] as one sequence, or each text alone")
     g = p.add_argument_group("optimisation")
@@ -263,7 +265,7 @@ def run_training(args):
     device = pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
-    bert = BertModel.from_pretrained(model_path)                 # and its weights
+    bert = BertModel.from_pretrained(model_path).set_attention(args.attention)  # and its weights
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = load_last(args.out) if args.resume else None

@@ -44,6 +44,12 @@ NOT_IMPLEMENTED = {
     "pruned_heads": ({}, "pruned attention heads"),
 }
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
+# --attention: "explicit" runs attention() below, as written; "fused" runs PyTorch's
+# F.scaled_dot_product_attention, which computes the same thing in one kernel (tests/test_bert.py
+# checks they agree, dropout included). The student edition (minknn/assignment.py) writes
+# "explicit" here, so that the attention a student writes is the one that trains.
+ATTENTIONS = ("explicit", "fused")
+ATTENTION = "fused"
 
 
 @dataclass
@@ -104,12 +110,17 @@ def attention(q, k, v, mask, dropout_p=0.0):
     softmax(-inf, ..) = 0/0 = NaN; with a finite number its weights are uniform and finite.
         Attention(Q, K, V) = softmax(Q K^T / sqrt(hs) + mask) V
     """
+    # The scores (B, nh, T, T): one per query and key. Add the mask before the softmax, over the
+    # keys (the last dimension). Dropout acts on the weights (F.dropout(probs, p=dropout_p)),
+    # as BERT's does, not on the scores or the output.
+    # BEGIN part attention
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, T)
     if mask is not None:
         scores = scores + mask
     probs = F.softmax(scores, dim=-1)
     probs = F.dropout(probs, p=dropout_p)  # BERT drops attention weights, not just outputs
     return probs @ v  # (B, nh, T, hs)
+    # END part attention
 
 
 class Packing:
@@ -146,7 +157,7 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
-        self.use_fast = True  # the fused kernel; tests/test_bert.py checks it equals attention()
+        self.kernel = ATTENTION  # "explicit" or "fused" (ATTENTIONS): BertModel.set_attention
 
     def forward(self, h, packing):
         """h: (N, H), the real tokens packed; returns (N, H)."""
@@ -164,7 +175,7 @@ class BertSelfAttention(nn.Module):
             # most negative number would round to -inf
             mask = torch.zeros(packing.pad.shape, dtype=q.dtype, device=q.device)
             mask = mask.masked_fill(packing.pad, torch.finfo(q.dtype).min)
-        if self.use_fast:
+        if self.kernel == "fused":
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             out = attention(q, k, v, mask, p)
@@ -285,9 +296,13 @@ class BertModel(nn.Module):
         h = packing.unpack(h)  # (B, T, H), zeros at the padding
         return (h, self.pooler(h)) if pooled else h
 
-    def set_fast_attention(self, on):
+    def set_attention(self, how):
+        """Every layer's attention: "explicit" (attention() above) or "fused" (ATTENTIONS)."""
+        if how not in ATTENTIONS:
+            raise MinknnError(f"--attention '{how}'; choose one of: {', '.join(ATTENTIONS)}")
         for layer in self.encoder.layer:
-            layer.attention.self.use_fast = on
+            layer.attention.self.kernel = how
+        return self
 
     @classmethod
     def from_pretrained(cls, path):

@@ -28,7 +28,7 @@ def test_parity_with_reference_bert_on_default_weights():
     model = BertModel.from_pretrained("minilm").eval()
     assert golden["attention_mask"].min() == 0 and golden["token_type_ids"].max() == 1  # padding and pairs
     for fast in (True, False):
-        model.set_fast_attention(fast)
+        model.set_attention("fused" if fast else "explicit")
         with torch.no_grad():
             h, pooled = model(golden["input_ids"], golden["attention_mask"], golden["token_type_ids"], pooled=True)
         real = golden["attention_mask"].bool()
@@ -105,10 +105,10 @@ def test_explicit_and_fast_attention_agree(tiny_bert):
     ids, mask = random_batch(tiny_bert.config.vocab_size, [12, 7, 3])
     outs = []
     for fast in (True, False):
-        tiny_bert.set_fast_attention(fast)
+        tiny_bert.set_attention("fused" if fast else "explicit")
         with torch.no_grad():
             outs.append(tiny_bert(ids, mask))
-    tiny_bert.set_fast_attention(True)
+    tiny_bert.set_attention("fused")
     real = mask.bool()
     torch.testing.assert_close(outs[0][real], outs[1][real], atol=1e-5, rtol=1e-4)
     # and the written-out function against PyTorch's kernel directly, with a padding mask
@@ -128,11 +128,11 @@ def test_a_fully_padded_row_stays_finite_in_bf16(tiny_bert):
     out = {}
     for precision in ("fp32", "bf16"):
         for path in ("fast", "explicit"):
-            tiny_bert.set_fast_attention(path == "fast")
+            tiny_bert.set_attention("fused" if path == "fast" else "explicit")
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 out[precision, path] = tiny_bert(ids, mask)
             assert torch.isfinite(out[precision, path]).all(), f"{path} attention in {precision}: non-finite h"
-    tiny_bert.set_fast_attention(True)
+    tiny_bert.set_attention("fused")
     for precision in ("fp32", "bf16"):
         torch.testing.assert_close(out[precision, "explicit"], out[precision, "fast"], atol=1e-2, rtol=1e-2,
                                    msg=f"{precision}: explicit and fast attention differ (padded rows included)")

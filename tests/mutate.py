@@ -1,0 +1,146 @@
+"""Mutation testing: plant each mistake of tests/mutations.py in a copy of the repository and run
+the part's own test command (minknn/assignment.py, PARTS). A mutation is caught when that command
+fails with a message naming the part (`part 2 attention: ...`) within the time limit; one that
+passes is a missing test. The standard library only.
+
+    python tests/mutate.py                      every mutation, 2 at a time
+    python tests/mutate.py --part attention     one part's
+    python tests/mutate.py --check              only check the list (each mistake applies once,
+                                                inside a solution block of its part)
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from minknn.assignment import BY_NAME, find_blocks, label, read_lines, repository_files  # noqa
+from mutations import MUTATIONS  # noqa: E402
+
+LIMIT = 10.0  # seconds: a part's test command must catch a mistake within this
+
+
+def check_list(mutations, root=ROOT):
+    """Problems with the list, one line each: an unknown part, a mistake that is not one
+    replacement inside a solution block of its part, a duplicate."""
+    problems, seen = [], set()
+    for i, (part, file, old, new, what) in enumerate(mutations):
+        where = f"tests/mutations.py, mutation {i + 1} ({what})"
+        if part not in BY_NAME:
+            problems.append(f"{where}: unknown part '{part}'")
+            continue
+        if file != BY_NAME[part].file:
+            problems.append(f"{where}: part {part} lives in {BY_NAME[part].file}, not {file}")
+            continue
+        text = "".join(read_lines(os.path.join(root, file)))
+        if text.count(old) != 1:
+            problems.append(f"{where}: the text to replace occurs {text.count(old)} times in "
+                            f"{file}; it must occur once")
+            continue
+        lines = text.splitlines(keepends=True)
+        start = text.index(old)
+        first, last = text.count("\n", 0, start), text.count("\n", 0, start + len(old))
+        inside = any(name == part and begin < first and last < end
+                     for name, begin, end in find_blocks(lines, file))
+        if not inside:
+            problems.append(f"{where}: the text is not inside a '# BEGIN part {part}' block")
+        if old == new or (part, file, old, new) in seen:
+            problems.append(f"{where}: a duplicate or a no-op")
+        seen.add((part, file, old, new))
+    return problems
+
+
+def copy_repository(dest):
+    for f in repository_files(ROOT):
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))
+
+
+def run_one(copy, mutation, timeout):
+    """(verdict, seconds, the output's last lines) for one mutation planted in `copy`."""
+    part, file, old, new, _ = mutation
+    path = os.path.join(copy, file)
+    original = open(path, encoding="utf-8").read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(original.replace(old, new, 1))
+    command = BY_NAME[part].test.split() + ["-x", "-p", "no:cacheprovider"]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
+    start = time.perf_counter()
+    try:
+        r = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        seconds, out = time.perf_counter() - start, r.stdout + r.stderr
+        if r.returncode == 0:
+            verdict = "SURVIVED"
+        elif r.returncode != 1:  # 2: interrupted or a collection error, 5: no tests ran
+            verdict = f"ERROR (pytest exit {r.returncode})"
+        elif label(part) not in out:
+            verdict = f"UNNAMED (no '{label(part)}' in the failure)"
+        elif seconds > LIMIT:
+            verdict = f"SLOW (over {LIMIT:.0f} s)"
+        else:
+            verdict = "caught"
+    except subprocess.TimeoutExpired as e:
+        seconds, out, verdict = timeout, str(e.stdout or ""), "TIMEOUT"
+    finally:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(original)
+    tail = [line for line in out.splitlines() if label(part) in line][:1] or out.splitlines()[-3:]
+    return verdict, seconds, tail
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", help="only this part's mutations (a name from PARTS)")
+    p.add_argument("--jobs", type=int, default=2, help="mutations run at once, each in its copy")
+    p.add_argument("--check", action="store_true", help="only check the list")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a run is stopped")
+    args = p.parse_args(argv)
+    problems = check_list(MUTATIONS)
+    if problems:
+        sys.exit("\n".join(problems))
+    mutations = [m for m in MUTATIONS if args.part in (None, m[0])]
+    if args.part and not mutations:
+        sys.exit(f"--part {args.part}: no mutations; parts: {', '.join(BY_NAME)}")
+    print(f"{len(MUTATIONS)} mutations over {len({m[0] for m in MUTATIONS})} parts: the list is "
+          f"well formed")
+    if args.check:
+        return
+    copies = [tempfile.mkdtemp(prefix="minknn-mutant-") for _ in range(args.jobs)]
+    try:
+        for c in copies:
+            copy_repository(c)
+        free = list(copies)
+
+        def job(m):
+            copy = free.pop()
+            try:
+                return m, run_one(copy, m, args.timeout)
+            finally:
+                free.append(copy)
+
+        caught = 0
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for i, (m, (verdict, seconds, tail)) in enumerate(pool.map(job, mutations), 1):
+                caught += verdict == "caught"
+                print(f"[{i}/{len(mutations)}] {verdict:8s} {seconds:5.1f} s  {label(m[0])}: "
+                      f"{m[4]}")
+                if verdict != "caught":
+                    print("        " + "\n        ".join(tail))
+                else:
+                    print(f"        {tail[0].strip()[:150]}")
+    finally:
+        for c in copies:
+            shutil.rmtree(c, ignore_errors=True)
+    print(f"mutation score: {caught}/{len(mutations)} caught ({100 * caught / len(mutations):.0f}%)")
+    sys.exit(0 if caught == len(mutations) else 1)
+
+
+if __name__ == "__main__":
+    main()
