@@ -2,8 +2,8 @@
 is off, never only a tensor dump.
 
     close("attention", actual, expected, "the output for an unpadded batch")
-        -> part 2 attention: the output for an unpadded batch differs from the oracle
-           (Mismatched elements: 3 / 96, greatest absolute difference 0.12 at index (0, 1, 4, 2) ...)
+        -> part 2 attention: the output for an unpadded batch differs from the expected value
+           (Mismatched elements: 3 / 96, greatest absolute difference 0.12 at index (0, 1, 4) ...)
     check("pooling", ok, "max pooling must ignore padding; got 0.0 at example 1, dim 3")
     matches_reference("attention", "padded", out)   the sanity check against the stored outputs
 

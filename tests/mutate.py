@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from minknn.assignment import BY_NAME, find_blocks, label, read_lines, repository_files  # noqa
+from minknn.assignment import (BY_NAME, find_blocks, label, read_lines,  # noqa: E402
+                               repository_files)
 from mutations import MUTATIONS  # noqa: E402
 
 LIMIT = 10.0  # seconds: a part's test command must catch a mistake within this
@@ -138,7 +139,8 @@ def main(argv=None):
     finally:
         for c in copies:
             shutil.rmtree(c, ignore_errors=True)
-    print(f"mutation score: {caught}/{len(mutations)} caught ({100 * caught / len(mutations):.0f}%)")
+    print(f"mutation score: {caught}/{len(mutations)} caught "
+          f"({100 * caught / len(mutations):.0f}%)")
     sys.exit(0 if caught == len(mutations) else 1)
 
 

@@ -124,6 +124,7 @@ FLAG_CASES = [
     ("weight_decay -1", "train", trainer("--weight_decay", "-1"), "--weight_decay must be a finite number >= 0"),
     ("warmup 5", "train", trainer("--warmup", "5"), "--warmup must be a finite number in [0, 1], got 5.0"),
     ("proxy_lr -1", "train", trainer("--loss", "proxyanchor", "--proxy_lr", "-1"), "--proxy_lr must be a finite"),
+    ("attention bogus", "train", trainer("--attention", "flash"), "--attention: invalid choice: 'flash'"),
     ("max_len 1", "train", trainer("--max_len", "1"), "--max_len must be at least 8"),
     ("momentum nan", "train", trainer("--loss", "knnbert", "--momentum", "nan"), "--momentum must be in [0, 1]"),
     ("out holds a run", "train", lambda tmp, *a: run_folder(tmp) and trainer()(tmp, *a), "already holds a run"),

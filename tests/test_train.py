@@ -52,6 +52,30 @@ def test_train_then_evaluate(tiny_bert_dir, data_dir, tmp_path):
     assert "acc" not in test and len(rows) == 8 and rows[0] == ["id", "prediction", "prediction_name"]  # no labels
 
 
+def test_attention_flag_picks_the_attention_that_trains(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    """--attention explicit trains and evaluates with bert.attention(), the function a student
+    writes; the default (fused) never calls it."""
+    import minknn.bert
+    calls = []
+    written = minknn.bert.attention
+
+    def counted(q, k, v, mask, dropout_p=0.0):
+        calls.append(dropout_p)
+        return written(q, k, v, mask, dropout_p)
+
+    monkeypatch.setattr(minknn.bert, "attention", counted)
+    run_train(tiny_bert_dir, data_dir, tmp_path / "fused", "--epochs", "1", "--steps_per_epoch", "1")
+    assert calls == [], "--attention fused (the default) must not call attention()"
+    run_train(tiny_bert_dir, data_dir, tmp_path / "explicit", "--epochs", "1", "--steps_per_epoch", "1",
+              "--attention", "explicit")
+    assert 0.1 in calls, "--attention explicit must train with attention(), its dropout on"
+    assert 0.0 in calls, "--attention explicit must also score dev with attention(), no dropout"
+    calls.clear()
+    evaluate.main(["--checkpoint", str(tmp_path / "fused"), "--data_dir", data_dir, "--device", "cpu",
+                   "--attention", "explicit"])
+    assert calls and set(calls) == {0.0}, "evaluate.py --attention explicit must call attention()"
+
+
 def test_few_shot_pretrain_run_leaves_bert_untouched(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     """BERT is exactly the base model's after training (last.pt, kept here), which is why the checkpoint can leave
     it out and name the base model instead; evaluate.py, --knn included, rebuilds it from that folder (given
