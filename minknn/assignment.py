@@ -12,16 +12,17 @@ PARTS below lists the parts in the order to do them, each with its number, a one
 the equation it implements and the command that grades it. A part may have several blocks (the
 transformer layer's add-and-norm and its feed-forward) but lives in one file.
 
-    python -m minknn.assignment OUT                     every part
-    python -m minknn.assignment OUT --parts 2,attention  a smaller assignment (numbers or names)
-    python -m minknn.assignment --solve OUT             puts this repository's blocks back
+    python -m minknn.assignment OUT                           every part
+    python -m minknn.assignment OUT --parts 1,attention,4     a smaller one (numbers or names)
+    python -m minknn.assignment --solve OUT                   puts this repository's blocks back
 
-write a complete copy of the repository in which each block of the chosen parts is replaced by
+The first two write a complete copy of the repository in which each block of the chosen parts is replaced by
 `raise NotImplementedError("part 2 attention: ...")` (the markers stay, to show where to write),
 with HANDOUT.md beside it, and in which --attention defaults to the explicit attention() the
-student writes. The rest runs unchanged. Left out of the copy: tests/mutations.py, whose
-mutations quote the solution. --solve is the round trip: it rewrites an edition's blocks from
-this repository, and gives back this repository's files byte for byte (tests/test_assignment.py).
+student writes. The rest runs unchanged. Left out of the copy (NOT_COPIED): the mutation testing,
+whose mutations quote the solution, and the tests of the edition itself. --solve is the round
+trip: run from this repository, it rewrites an edition's blocks from this repository's, which
+gives back this repository's files byte for byte (tests/test_assignment.py).
 """
 import argparse
 import os
@@ -34,7 +35,8 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>BEGIN|END) part (?P<name>[a-z0-9-]+)\s*$")
-NOT_COPIED = ("tests/mutations.py",)  # the solution, quoted
+# the solution, quoted (the mutations), and the instructor's tests of the edition itself
+NOT_COPIED = ("tests/mutations.py", "tests/mutate.py", "tests/test_assignment.py")
 ATTENTION_LINE = ("minknn/bert.py", 'ATTENTION = "fused"\n', 'ATTENTION = "explicit"\n')
 # the end-to-end figure a finished assignment should reach (README, Results: 3 seeds, 2-core CPU)
 REFERENCE = ("python train.py --task sst", "SST dev accuracy 0.480 ± 0.003 (3 epochs, 3 seeds, "
