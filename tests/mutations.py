@@ -93,6 +93,26 @@ MUTATIONS = [
      "the feed-forward block's residual is the layer's input h"),
     ("layer", "minknn/bert.py", "        return self.output(self.intermediate(a), a)",
      "        return self.output(self.intermediate(h), a)", "the feed-forward block reads h"),
+    ("pooling", "minknn/model.py", "        return h[:, 0]", "        return h[:, -1]",
+     "cls pooling takes the last position"),
+    ("pooling", "minknn/model.py", "        return h[:, 0]", "        return h[0]",
+     "cls pooling takes the first example, not the first token"),
+    ("pooling", "minknn/model.py", "        return (h * m).sum(1) / m.sum(1).clamp(min=1)",
+     "        return h.mean(1)", "mean over all positions, padding included"),
+    ("pooling", "minknn/model.py", "        return (h * m).sum(1) / m.sum(1).clamp(min=1)",
+     "        return (h * m).sum(1) / h.size(1)", "mean divided by T"),
+    ("pooling", "minknn/model.py", "        return (h * m).sum(1) / m.sum(1).clamp(min=1)",
+     "        return (h * m).sum(1) / m.sum()", "mean divided by the batch's count of tokens"),
+    ("pooling", "minknn/model.py", "        return (h * m).sum(1) / m.sum(1).clamp(min=1)",
+     "        return (h * m).sum(1) / m.sum(1)", "mean without the clamp: 0/0 on an empty row"),
+    ("pooling", "minknn/model.py", "        return h.masked_fill(m == 0, torch.finfo(h.dtype).min)"
+     ".max(1).values", "        return h.max(1).values", "max over padding too"),
+    ("pooling", "minknn/model.py", "        return h.masked_fill(m == 0, torch.finfo(h.dtype).min)"
+     ".max(1).values", "        return (h * m).max(1).values",
+     "max with padding zeroed (beats all-negative real values)"),
+    ("pooling", "minknn/model.py", "    m = attention_mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)",
+     "    m = attention_mask.unsqueeze(-1).float()  # (B, T, 1)",
+     "the mask cast to float32 (bf16 hidden states pool to float32)"),
 
     # --- training: the optimiser and the step ---
 
