@@ -193,7 +193,14 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, residual):
-        return self.LayerNorm(residual + self.dropout(self.dense(x)))  # post-LN: norm after the add
+        """x: the sub-layer's output (N, in_features); residual: the sub-layer's input (N, H).
+        Returns (N, H)."""
+        # Post-LN, as BERT and Vaswani et al.: the norm comes after the residual add,
+        #     LayerNorm(residual + Dropout(x W^T + b))
+        # self.dense, self.dropout (active in training only) and self.LayerNorm are built above.
+        # BEGIN part layer
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+        # END part layer
 
 
 class BertAttention(nn.Module):
@@ -203,7 +210,12 @@ class BertAttention(nn.Module):
         self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, h, packing):
+        """h: (N, H), the real tokens packed; returns a (N, H)."""
+        # The attention block: a = LayerNorm(h + Dropout(Attention(h) W_o)). self.self is the
+        # multi-head self-attention (given), self.output the add-and-norm above with W_o.
+        # BEGIN part layer
         return self.output(self.self(h, packing), h)
+        # END part layer
 
 
 class BertIntermediate(nn.Module):  # the feed-forward block's first half: GELU(a W_1)
@@ -212,7 +224,12 @@ class BertIntermediate(nn.Module):  # the feed-forward block's first half: GELU(
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
 
     def forward(self, a):
-        return F.gelu(self.dense(a))  # the exact (erf) GELU, as BERT's "gelu"
+        """a: (N, H); returns GELU(a W_1^T + b_1), (N, intermediate_size)."""
+        # BERT's "gelu" is the exact one, GELU(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))), which
+        # is F.gelu's default; not the tanh approximation (approximate="tanh"), nor ReLU.
+        # BEGIN part layer
+        return F.gelu(self.dense(a))
+        # END part layer
 
 
 class BertLayer(nn.Module):
@@ -222,9 +239,15 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config, config.intermediate_size)
 
-    def forward(self, h, packing):  # h: (N, H), the real tokens packed
+    def forward(self, h, packing):
+        """h: (N, H), the real tokens packed; returns the layer's output, (N, H)."""
+        # The attention block (self.attention), then the feed-forward block on its output a:
+        #     LayerNorm(a + Dropout(GELU(a W_1) W_2))     self.intermediate, then self.output
+        # Each block's residual is that block's own input.
+        # BEGIN part layer
         a = self.attention(h, packing)
         return self.output(self.intermediate(a), a)
+        # END part layer
 
 
 class BertEncoder(nn.Module):
@@ -249,12 +272,19 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids, packing):
-        """The real tokens' embeddings, packed: (N, H)."""
+        """input_ids, token_type_ids: (B, T). Returns the real tokens' embeddings, packed: (N, H).
+            E = Dropout(LayerNorm(word[x] + position[i] + token_type[t]))"""
+        # A token's position i is its index in its own row, 0 to T - 1: build the positions in
+        # the padded (B, T) layout, then keep the real tokens of ids, positions and types with
+        # packing.pack ((B, T) -> (N,)). Sum the three embeddings (N, H), LayerNorm the sum, and
+        # dropout last (self.dropout: active in training only).
+        # BEGIN part embeddings
         positions = torch.arange(input_ids.size(1), device=input_ids.device).expand_as(input_ids)
         ids, positions, types = (packing.pack(x) for x in (input_ids, positions, token_type_ids))
         e = (self.word_embeddings(ids) + self.position_embeddings(positions)
              + self.token_type_embeddings(types))
         return self.dropout(self.LayerNorm(e))
+        # END part embeddings
 
 
 class BertPooler(nn.Module):

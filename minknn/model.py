@@ -42,6 +42,14 @@ class Output:
 
 
 def pool(h, attention_mask, how):
+    """h: (B, T, H) last hidden states; attention_mask: (B, T), 1 for real tokens, 0 for padding.
+    Returns z, (B, H) in h's dtype, pooled as `how` says (POOLINGS; the module docstring)."""
+    # Padding positions of h hold anything (BertModel writes zeros there): no pooling may read them.
+    # mean: divide by each row's count of real tokens, clamped at 1, so that a row without one
+    # gives 0, not 0/0. max: fill the padding with torch.finfo(h.dtype).min first (a padding 0
+    # would beat real values that are all negative). Cast the mask to h.dtype, not to float:
+    # under bf16 autocast z stays bf16.
+    # BEGIN part pooling
     if how == "cls":
         return h[:, 0]
     m = attention_mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
@@ -49,6 +57,7 @@ def pool(h, attention_mask, how):
         return (h * m).sum(1) / m.sum(1).clamp(min=1)
     if how == "max":
         return h.masked_fill(m == 0, torch.finfo(h.dtype).min).max(1).values
+    # END part pooling
     raise ValueError(f"unknown pooling '{how}'; choose one of: {', '.join(POOLINGS)}")
 
 

@@ -1,17 +1,449 @@
+"""Tests of the hand-written BERT (minknn/bert.py).
+
+The assignment's parts come first (minknn/assignment.py, PARTS): part 1 embeddings, part 2
+attention, part 3 layer, each graded by `python -m pytest -q tests/test_bert.py -k NAME`. Each
+part is tested alone, on a small module whose weights come from a formula (no random generator:
+the stored reference outputs of the sanity checks stay the same on any machine), so that one
+part's tests never run another part's code. Each part's tests look for the usual mistakes first,
+to name them, then compare with an oracle written out from the equation, then with the stored
+reference outputs (tests/fixtures/references/, tests/grading.py). The whole model's tests follow.
+"""
+import contextlib
 import copy
+import dataclasses
 import json
+import math
 import os
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from grading import check, close, matches_reference
 from minknn import MinknnError
-from minknn.bert import NOT_IMPLEMENTED, BertConfig, BertModel, attention
+from minknn.assignment import label
+from minknn.bert import (NOT_IMPLEMENTED, BertConfig, BertEmbeddings, BertIntermediate, BertLayer,
+                         BertModel, BertOutput, Packing, attention)
 from minknn.safetensors import load_safetensors, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
+SMALL = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                   intermediate_size=16, max_position_embeddings=16)
+# a padded batch for the small modules: 3 rows of 6, 11 real tokens; pad id 0
+IDS = torch.tensor([[2, 7, 11, 5, 7, 3], [2, 9, 3, 0, 0, 0], [2, 7, 11, 5, 3, 0]])
+TYPES = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0]])
+MASK = (IDS != 0).long()
 
+
+def wave(*shape, phase=0.0, scale=1.0):
+    """A fixed tensor of the shape, from a formula: scale sin(1.3 n + phase), n = 0, 1, ..."""
+    n = torch.arange(math.prod(shape), dtype=torch.float64)
+    return (scale * torch.sin(1.3 * n + phase)).view(shape).float()
+
+
+def fixed(module):
+    """The module in eval mode, every parameter set by wave(): LayerNorm weights near 1."""
+    with torch.no_grad():
+        for i, (name, p) in enumerate(module.named_parameters()):
+            w = wave(*p.shape, phase=0.7 * i)
+            p.copy_(1 + 0.2 * w if name.endswith("LayerNorm.weight") else 0.5 * w)
+    return module.eval()
+
+
+def layer_norm(x, norm):
+    """nn.LayerNorm `norm` written out: (x - mean) / sqrt(var + eps) weight + bias, over the last
+    dimension, the variance biased (divided by H)."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def linear(x, dense):
+    return x @ dense.weight.T + dense.bias
+
+
+def seeded(f, seed=0):
+    """f() with the global random generator seeded, which is restored afterwards: two calls draw
+    the same dropout masks if they drop tensors of the same shapes in the same order."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return f()
+
+
+def no_known_mistake(part, actual, mistakes, what):
+    """Names the first mistake whose output `actual` equals: mistakes maps a description to what
+    that mistake computes."""
+    for mistake, wrong in mistakes.items():
+        if actual.shape == wrong.shape and torch.allclose(actual, wrong, atol=1e-5, rtol=1e-4):
+            check(part, False, f"{what}: {mistake}")
+
+
+def where(index, names):
+    return ", ".join(f"{n} {i}" for n, i in zip(names, index))
+
+
+# --- part 1 embeddings: E = Dropout(LayerNorm(word[x] + position[i] + token_type[t])) ---
+
+def embeddings_oracle(emb, ids, types, mask):
+    """Each real token's embedding, in row order, one token at a time."""
+    rows = []
+    for b in range(ids.size(0)):
+        for i in range(ids.size(1)):
+            if mask[b, i]:
+                e = (emb.word_embeddings.weight[ids[b, i]] + emb.position_embeddings.weight[i]
+                     + emb.token_type_embeddings.weight[types[b, i]])
+                rows.append(layer_norm(e, emb.LayerNorm))
+    return torch.stack(rows)
+
+
+def embed(emb, ids=IDS, types=TYPES, mask=MASK):
+    with torch.no_grad():
+        return emb(ids, types, Packing(mask))
+
+
+def test_embeddings_are_the_real_tokens_packed():
+    emb = fixed(BertEmbeddings(SMALL))
+    out = embed(emb)
+    N, H = int(MASK.sum()), SMALL.hidden_size
+    check("embeddings", out.shape == (N, H), f"a (3, 6) batch with {N} real tokens must give "
+          f"their embeddings packed, (N, H) = {(N, H)}; got {tuple(out.shape)} (pack ids, "
+          f"positions and types with packing.pack)")
+    check("embeddings", torch.equal(out, embed(emb)), "two calls in eval mode differ: dropout "
+          "must act in training only (self.dropout)")
+
+
+def test_embeddings_positions_count_from_0_in_each_row():
+    emb = fixed(BertEmbeddings(SMALL))
+    ids = torch.tensor([[2, 7, 7, 3], [2, 7, 7, 0]])  # row 1: row 0's first 3 tokens, then padding
+    out = embed(emb, ids, torch.zeros_like(ids), (ids != 0).long())
+    check("embeddings", not torch.allclose(out[1], out[2]), "token 7 at positions 1 and 2 of row 0 "
+          "got the same embedding: the position embeddings are missing")
+    for i in range(3):
+        check("embeddings", torch.allclose(out[i], out[4 + i], atol=1e-6),
+              f"the same token at position {i} of rows 0 and 1 got different embeddings: a token's "
+              f"position is its index in its own row (0 to T - 1, built before packing), not its "
+              f"place among the packed tokens (0 to N - 1)")
+
+
+def test_embeddings_use_the_token_types():
+    emb = fixed(BertEmbeddings(SMALL))
+    zeros, ones = embed(emb, types=torch.zeros_like(IDS)), embed(emb, types=MASK)
+    check("embeddings", not torch.allclose(zeros, ones), "token_type_ids 0 and 1 gave the same "
+          "embeddings: the token-type embeddings are missing")
+
+
+def test_embeddings_are_normalised_after_the_sum():
+    emb = fixed(BertEmbeddings(SMALL))
+    out = embed(emb)
+    z = (out - emb.LayerNorm.bias) / emb.LayerNorm.weight  # LayerNorm's own scale and shift undone
+    mean, var = z.mean(-1), z.var(-1, unbiased=False)
+    normed = (mean.abs() < 1e-4) & ((var - 1).abs() < 1e-3)
+    if not normed.all():
+        t = int((~normed).nonzero()[0, 0])
+        check("embeddings", False, f"the output must be LayerNorm of the three embeddings' sum "
+              f"(then dropout): with LayerNorm's weight and bias undone, packed token {t} has mean "
+              f"{mean[t]:.3g} and variance {var[t]:.3g}, not 0 and 1")
+
+
+def test_embeddings_match_the_formula():
+    emb = fixed(BertEmbeddings(SMALL))
+    out = embed(emb)
+    with torch.no_grad():
+        expected = embeddings_oracle(emb, IDS, TYPES, MASK)
+        word = emb.word_embeddings.weight[IDS[MASK.bool()]]
+        pos = emb.position_embeddings.weight[torch.arange(6).expand(3, 6)[MASK.bool()]]
+        types = emb.token_type_embeddings.weight[TYPES[MASK.bool()]]
+        norm = emb.LayerNorm
+        mistakes = {
+            "LayerNorm is applied to the word embeddings alone, before adding the position and "
+            "token-type embeddings; it normalises their sum": layer_norm(word, norm) + pos + types,
+            "LayerNorm is applied to the word embeddings alone, then to the sum; only the sum is "
+            "normalised": layer_norm(layer_norm(word, norm) + pos + types, norm),
+            "the positions start at 1; they are 0 to T - 1":
+                layer_norm(word + emb.position_embeddings.weight[
+                    torch.arange(1, 7).expand(3, 6)[MASK.bool()]] + types, norm),
+        }
+    no_known_mistake("embeddings", out, mistakes, "the embeddings of a padded batch")
+    close("embeddings", out, expected, "the embeddings of a padded batch (real tokens, row order; "
+          "eval mode)")
+
+
+def test_embeddings_dropout_comes_last_and_only_in_training():
+    emb = fixed(BertEmbeddings(dataclasses.replace(SMALL, hidden_dropout_prob=0.5)))
+    plain = embed(emb)
+    dropped = seeded(lambda: embed(emb.train()))
+    zero = dropped == 0
+    check("embeddings", zero.any(), "in training mode no value was dropped (set to 0): "
+          "self.dropout is missing, or applied before LayerNorm (which fills the zeros again)")
+    share = zero.float().mean().item()
+    check("embeddings", 0.3 < share < 0.7, f"with hidden_dropout_prob 0.5, {share:.0%} of the "
+          f"values were dropped")
+    close("embeddings", dropped[~zero], (plain / 0.5)[~zero], "in training mode, the values kept "
+          "by dropout (LayerNorm's output scaled by 1 / (1 - p); dropout is the last step)")
+
+
+def test_embeddings_sanity_check():
+    emb = fixed(BertEmbeddings(SMALL))
+    matches_reference("embeddings", "padded", embed(emb))
+
+
+# --- part 2 attention: softmax(Q K^T / sqrt(hs) + mask) V, dropout on the weights ---
+
+def attention_inputs(B=2, nh=2, T=5, hs=4):
+    """q, k, v (B, nh, T, hs) and the additive mask (B, 1, 1, T): the last 2 keys of example 1 are
+    padding."""
+    q, k, v = (wave(B, nh, T, hs, phase=p) for p in (0.0, 1.0, 2.0))
+    mask = torch.zeros(B, 1, 1, T)
+    mask[1, ..., T - 2:] = torch.finfo(torch.float32).min
+    return q, k, v, mask
+
+
+def attention_oracle(q, k, v, mask):
+    """Attention(Q, K, V) for each example, head and query, in Python loops, in float64."""
+    B, nh, T, hs = q.shape
+    out = torch.zeros(B, nh, T, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(nh):
+            for i in range(T):
+                scores = [float(q[b, h, i] @ k[b, h, j]) / math.sqrt(hs)
+                          + (float(mask[b, 0, 0, j]) if mask is not None else 0.0)
+                          for j in range(T)]
+                e = [math.exp(s - max(scores)) for s in scores]
+                for j in range(T):
+                    out[b, h, i] += e[j] / sum(e) * v[b, h, j].double()
+    return out
+
+
+def weights(q, k, mask, dropout_p=0.0):
+    """attention()'s weights: with V the identity (T, T), softmax(...) V is the weights."""
+    eye = torch.eye(q.size(2), dtype=q.dtype).expand(*q.shape[:2], -1, -1)
+    return attention(q, k, eye, mask, dropout_p)
+
+
+def test_attention_weights_are_a_softmax_over_the_real_keys():
+    q, k, _, mask = attention_inputs()
+    w = weights(q, k, mask)
+    check("attention", w.shape == (2, 2, 5, 5), f"attention(q, k, v) with q, k (2, 2, 5, 4) and v "
+          f"(2, 2, 5, 5) must return (2, 2, 5, 5), one row per query; got {tuple(w.shape)}")
+    sums = w.sum(-1)
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
+        i = tuple(int(x) for x in ((sums - 1).abs() > 1e-5).nonzero()[0])
+        check("attention", False, f"each query's weights must sum to 1 over the keys (add the "
+              f"mask to the scores, then softmax over the last dimension, the keys); at "
+              f"{where(i, ('example', 'head', 'query'))} they sum to {sums[i]:.4g}")
+    padded = w[1, ..., 3:]
+    if padded.abs().max() > 1e-6:
+        i = tuple(int(x) for x in (padded.abs() > 1e-6).nonzero()[0])
+        check("attention", False, f"padded keys must get weight 0 (add the mask to the scores, "
+              f"before the softmax); got {padded[i]:.3g} at example 1, "
+              f"{where(i, ('head', 'query'))}, key {3 + i[2]}")
+    s = q @ k.transpose(-2, -1)
+    no_known_mistake("attention", w, {
+        "the scores are not scaled; divide Q K^T by sqrt(hs), hs = q.size(-1)":
+            F.softmax(s + mask, -1),
+        "the scores are divided by hs; divide them by sqrt(hs)": F.softmax(s / 4 + mask, -1),
+        "the scores are K Q^T (score[i, j] = k_i . q_j); they are Q K^T, query i against key j":
+            F.softmax(s.transpose(-2, -1) / 2 + mask, -1),
+    }, "the attention weights")
+    close("attention", w, F.softmax(s / 2 + mask, -1), "the attention weights "
+          "softmax(Q K^T / sqrt(hs) + mask)")
+
+
+def test_attention_matches_the_formula():
+    q, k, v, mask = attention_inputs()
+    close("attention", attention(q, k, v, mask).double(), attention_oracle(q, k, v, mask),
+          "the output for a padded batch", atol=1e-5, rtol=1e-4)
+    close("attention", attention(q, k, v, None).double(), attention_oracle(q, k, v, None),
+          "the output with mask None (nothing padded)", atol=1e-5, rtol=1e-4)
+
+
+def test_attention_matches_pytorchs_kernel():
+    q, k, v = (wave(2, 4, 5, 8, phase=p, scale=2.0) for p in (0.5, 1.5, 2.5))
+    m = torch.zeros(2, 1, 1, 5)
+    m[1, ..., 3:] = torch.finfo(torch.float32).min
+    close("attention", attention(q, k, v, m), F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+          "the output for a padded batch, against F.scaled_dot_product_attention,",
+          atol=1e-6, rtol=1e-5)
+    close("attention", attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v),
+          "the output with mask None, against F.scaled_dot_product_attention,")
+
+
+def test_attention_of_a_query_whose_keys_are_all_padding_stays_finite():
+    """A row of padding only (an empty example) has every key masked by the dtype's most
+    negative number, not -inf: its weights are uniform, not 0/0."""
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, _, _ = attention_inputs()
+        mask = torch.zeros(2, 1, 1, 5, dtype=dtype)
+        mask[1] = torch.finfo(dtype).min
+        w = weights(q.to(dtype), k.to(dtype), mask)
+        check("attention", bool(torch.isfinite(w).all()), f"in {dtype}, example 1, whose keys are "
+              f"all padding, got non-finite weights {w[1, 0, 0].tolist()}: add the mask as given "
+              f"(its most negative finite number), do not turn it into -inf")
+        close("attention", w[1].float(), torch.full((2, 5, 5), 0.2), f"in {dtype}, the weights "
+              f"of a query whose keys are all padding (uniform: 1/5 each)", atol=1e-2, rtol=0)
+
+
+def test_attention_dropout_drops_the_weights():
+    q, k, _, _ = attention_inputs(T=12)
+    plain = weights(q, k, None)
+    ones = torch.ones(2, 2, 12, 3)
+    out = seeded(lambda: attention(q, k, ones, None, dropout_p=0.5))
+    check("attention", torch.allclose(out, out[..., :1].expand_as(out)), "with V all ones, the "
+          "3 outputs of a query must be equal, each the sum of its kept weights: dropout acts on "
+          "the weights, before multiplying by V, not on the output")
+    w = seeded(lambda: weights(q, k, None, dropout_p=0.5))
+    zero = w == 0
+    check("attention", zero.any(), "with dropout_p=0.5 no weight was dropped (set to 0): apply "
+          "F.dropout(probs, p=dropout_p) to the weights after the softmax (not to the scores)")
+    share = zero.float().mean().item()
+    check("attention", 0.35 < share < 0.65, f"with dropout_p=0.5, {share:.0%} of the weights were "
+          f"dropped")
+    close("attention", w[~zero], (plain / 0.5)[~zero], "with dropout_p=0.5, the weights kept "
+          "(scaled by 1 / (1 - p), as F.dropout does)")
+
+
+def test_attention_sanity_check():
+    q, k, v, mask = attention_inputs()
+    matches_reference("attention", "padded", attention(q, k, v, mask))
+    matches_reference("attention", "unpadded", attention(q, k, v, None))
+
+
+# --- part 3 layer: a = LayerNorm(h + Dropout(Attention(h) W_o)),
+#                   LayerNorm(a + Dropout(GELU(a W_1) W_2)) ---
+
+def small_layer(config=SMALL):
+    """A fixed BertLayer whose self-attention is PyTorch's kernel: part 3 runs without part 2."""
+    layer = fixed(BertLayer(config))
+    layer.attention.self.kernel = "fused"
+    return layer
+
+
+def gelu(x):
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def layer_oracle(layer, h, packing):
+    """(a, the layer's output) written out; the dropouts as F.dropout in training mode, in the
+    order the layer draws them."""
+    p = layer.output.dropout.p
+
+    def drop(x):
+        return F.dropout(x, p, training=layer.training)
+    attn = layer.attention.self(h, packing)  # the multi-head self-attention, given
+    o = layer.attention.output
+    a = layer_norm(h + drop(linear(attn, o.dense)), o.LayerNorm)
+    f = linear(gelu(linear(a, layer.intermediate.dense)), layer.output.dense)
+    return a, layer_norm(a + drop(f), layer.output.LayerNorm)
+
+
+def layer_inputs():
+    packing = Packing(MASK)
+    return wave(int(MASK.sum()), SMALL.hidden_size, phase=0.3), packing
+
+
+def test_layer_add_and_norm_is_post_ln():
+    out = fixed(BertOutput(SMALL, SMALL.hidden_size))
+    x, r = wave(7, 8, phase=0.2), wave(7, 8, phase=1.1, scale=2.0)
+    with torch.no_grad():
+        got = out(x, r)
+        check("layer", torch.equal(got, out(x, r)), "BertOutput: two calls in eval mode differ: "
+              "dropout must act in training only (self.dropout)")
+        y, norm = linear(x, out.dense), out.LayerNorm
+        no_known_mistake("layer", got, {
+            "the residual is missing; add the sub-layer's input": layer_norm(y, norm),
+            "the norm comes before the add (pre-LN); BERT's is after it, post-LN":
+                r + layer_norm(y, norm),
+            "the residual alone is normed; the norm takes the sum": layer_norm(r, norm) + y,
+            "LayerNorm is missing": r + y,
+            "x is not projected by self.dense": layer_norm(r + x, norm),
+        }, "BertOutput(x, residual)")
+        close("layer", got, layer_norm(r + y, norm), "BertOutput(x, residual) = "
+              "LayerNorm(residual + x W^T + b) in eval mode")
+
+
+def test_layer_add_and_norm_drops_the_projection_in_training():
+    out = fixed(BertOutput(dataclasses.replace(SMALL, hidden_dropout_prob=0.5), SMALL.hidden_size))
+    x, r = wave(7, 8, phase=0.2), wave(7, 8, phase=1.1, scale=2.0)
+    with torch.no_grad():
+        plain = out(x, r)
+        got = seeded(lambda: out.train()(x, r))
+        check("layer", not torch.allclose(got, plain), "BertOutput in training mode gives eval "
+              "mode's output: Dropout on x W^T + b is missing")
+        y, norm = linear(x, out.dense), out.LayerNorm
+        no_known_mistake("layer", got, {
+            "dropout comes after LayerNorm; it acts on x W^T + b, before the add":
+                seeded(lambda: F.dropout(layer_norm(r + y, norm), 0.5)),
+            "dropout acts on the sum with the residual; it acts on x W^T + b alone":
+                seeded(lambda: layer_norm(F.dropout(r + y, 0.5), norm)),
+        }, "BertOutput(x, residual) in training mode")
+        close("layer", got, seeded(lambda: layer_norm(r + F.dropout(y, 0.5), norm)),
+              "BertOutput(x, residual) = LayerNorm(residual + Dropout(x W^T + b)) in training mode")
+
+
+def test_layer_feed_forward_is_the_exact_gelu():
+    ff = fixed(BertIntermediate(SMALL))
+    a = wave(7, 8, phase=0.4, scale=3.0)
+    with torch.no_grad():
+        got, x = ff(a), linear(a, ff.dense)
+        check("layer", got.shape == (7, 16), f"BertIntermediate of (N, H) = (7, 8) must give "
+              f"(N, intermediate_size) = (7, 16); got {tuple(got.shape)}")
+        no_known_mistake("layer", got, {
+            "this is the tanh approximation of GELU; BERT's is the exact erf form":
+                0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+            "this is ReLU; BERT's activation is GELU": F.relu(x),
+            "the activation is missing": x,
+        }, "BertIntermediate")
+        close("layer", got, gelu(x), "BertIntermediate: GELU(a W_1^T + b_1), GELU(x) = 0.5 x "
+              "(1 + erf(x / sqrt(2))),", atol=1e-6, rtol=1e-5)
+
+
+def test_layer_blocks_match_the_formula():
+    layer = small_layer()
+    h, packing = layer_inputs()
+    with torch.no_grad():
+        a, expected = layer_oracle(layer, h, packing)
+        got_a, got = layer.attention(h, packing), layer(h, packing)
+        attn, o = layer.attention.self(h, packing), layer.attention.output
+        no_known_mistake("layer", got_a, {
+            "its residual is the attention's output; it is the block's input h":
+                layer_norm(attn + linear(attn, o.dense), o.LayerNorm),
+        }, "the attention block (BertAttention)")
+        close("layer", got_a, a, "the attention block (BertAttention) a = "
+              "LayerNorm(h + Attention(h) W_o^T + b_o)")
+        f = linear(gelu(linear(a, layer.intermediate.dense)), layer.output.dense)
+        fh = linear(gelu(linear(h, layer.intermediate.dense)), layer.output.dense)
+        norm = layer.output.LayerNorm
+        no_known_mistake("layer", got, {
+            "the feed-forward block's residual is h, the layer's input; it is a, the attention "
+            "block's output": layer_norm(h + f, norm),
+            "the feed-forward block reads h, the layer's input; it reads a, the attention "
+            "block's output": layer_norm(a + fh, norm),
+            "the feed-forward block is missing: the layer returns a": a,
+        }, "the layer (BertLayer)")
+        close("layer", got, expected, "the layer's output LayerNorm(a + GELU(a W_1) W_2) in "
+              "eval mode")
+
+
+def test_layer_drops_out_in_both_blocks_in_training():
+    layer = small_layer(dataclasses.replace(SMALL, hidden_dropout_prob=0.5,
+                                            attention_probs_dropout_prob=0.0)).train()
+    h, packing = layer_inputs()
+    with torch.no_grad():
+        got = seeded(lambda: layer(h, packing))
+        _, expected = seeded(lambda: layer_oracle(layer, h, packing))
+    close("layer", got, expected, "the layer's output in training mode (dropout on each "
+          "block's projection, before its add and norm: first the attention block's, then the "
+          "feed-forward block's)")
+
+
+def test_layer_sanity_check():
+    h, packing = layer_inputs()
+    with torch.no_grad():
+        matches_reference("layer", "padded", small_layer()(h, packing))
+
+
+# --- the whole model ---
 
 def random_batch(vocab_size, lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -21,19 +453,37 @@ def random_batch(vocab_size, lengths, seed=0):
     return ids * mask, mask  # pad id 0 at the padded positions
 
 
+@contextlib.contextmanager
+def kernel(model, how):
+    """The model with every layer's attention set to `how` ("explicit" or "fused"), put back as
+    it was afterwards: the model is shared between tests."""
+    before = [layer.attention.self.kernel for layer in model.encoder.layer]
+    model.set_attention(how)
+    try:
+        yield model
+    finally:
+        for layer, k in zip(model.encoder.layer, before):
+            layer.attention.self.kernel = k
+
+
 def test_parity_with_reference_bert_on_default_weights():
     """The hand-written BERT on all-MiniLM-L6-v2 against Hugging Face transformers' outputs
     (stored in the fixture by tests/fixtures/make_golden.py), on a padded batch of sentence pairs."""
     golden = torch.load(GOLDEN, weights_only=True)
     model = BertModel.from_pretrained("minilm").eval()
     assert golden["attention_mask"].min() == 0 and golden["token_type_ids"].max() == 1  # padding and pairs
-    for fast in (True, False):
-        model.set_attention("fused" if fast else "explicit")
+    parts = ", ".join(label(n) for n in ("embeddings", "attention", "layer"))
+    for how in ("fused", "explicit"):
+        model.set_attention(how)
         with torch.no_grad():
             h, pooled = model(golden["input_ids"], golden["attention_mask"], golden["token_type_ids"], pooled=True)
         real = golden["attention_mask"].bool()
-        assert (h - golden["last_hidden_state"])[real].abs().max() < 1e-4
-        assert (pooled - golden["pooler_output"]).abs().max() < 1e-4
+        for what, got, want in (("last hidden states", h[real], golden["last_hidden_state"][real]),
+                                ("pooled outputs", pooled, golden["pooler_output"])):
+            diff = (got - want).abs().max().item()
+            assert diff < 1e-4, (f"BERT ({parts}): with {how} attention, all-MiniLM-L6-v2's {what} "
+                                 f"differ from Hugging Face's by up to {diff:.3g} (1e-4 allowed); "
+                                 f"each part's own tests say which is off")
 
 
 def test_padding_does_not_change_real_tokens(tiny_bert):
@@ -79,7 +529,7 @@ def test_padded_batch_equals_each_example_run_alone_outputs_and_gradients(tiny_b
                                    f"batch's differs from the sum of the examples' run alone: {m}")
 
 
-def test_no_linear_layer_sees_a_padding_token(tiny_bert):
+def test_no_matmul_sees_a_padding_token(tiny_bert):
     """Unpadding is a speed claim: every matmul of the encoder gets N rows, the real tokens, not B T."""
     lengths = [9, 2, 5]
     ids, mask = random_batch(tiny_bert.config.vocab_size, lengths)
@@ -101,23 +551,29 @@ def test_no_linear_layer_sees_a_padding_token(tiny_bert):
                                  f"tokens of a ({len(lengths)}, {max(lengths)}) batch")
 
 
-def test_explicit_and_fast_attention_agree(tiny_bert):
+def test_explicit_and_fused_kernels_agree_in_the_model(tiny_bert):
+    """The model's two --attention kernels agree (attention() itself against PyTorch's kernel:
+    test_attention_matches_pytorchs_kernel)."""
     ids, mask = random_batch(tiny_bert.config.vocab_size, [12, 7, 3])
-    outs = []
-    for fast in (True, False):
-        tiny_bert.set_attention("fused" if fast else "explicit")
-        with torch.no_grad():
-            outs.append(tiny_bert(ids, mask))
-    tiny_bert.set_attention("fused")
+    outs = {}
+    for how in ("fused", "explicit"):
+        with kernel(tiny_bert, how), torch.no_grad():
+            outs[how] = tiny_bert(ids, mask)
     real = mask.bool()
-    torch.testing.assert_close(outs[0][real], outs[1][real], atol=1e-5, rtol=1e-4)
-    # and the written-out function against PyTorch's kernel directly, with a padding mask
-    q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
-    m = torch.zeros(2, 1, 1, 5)
-    m[1, ..., 3:] = torch.finfo(torch.float32).min
-    fast = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
-    torch.testing.assert_close(attention(q, k, v, m), fast, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(attention(q, k, v, None), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    close("attention", outs["explicit"][real], outs["fused"][real], "the tiny BERT's hidden "
+          "states with --attention explicit (against fused)", atol=1e-5, rtol=1e-4)
+
+
+def test_fused_kernel_drops_the_weights_too():
+    """--attention fused and explicit agree with dropout too: both drop attention weights and scale
+    the kept ones by 1 / (1 - p) (test_attention_dropout_drops_the_weights, for attention())."""
+    q, k, _, _ = attention_inputs(T=12)
+    eye = torch.eye(12).expand(2, 2, 12, 12)
+    plain = F.scaled_dot_product_attention(q, k, eye)
+    w = seeded(lambda: F.scaled_dot_product_attention(q, k, eye, dropout_p=0.5))
+    kept = w != 0
+    assert 0.35 < kept.float().mean() < 0.65
+    torch.testing.assert_close(w[kept], plain[kept] / 0.5)
 
 
 def test_a_fully_padded_row_stays_finite_in_bf16(tiny_bert):
@@ -128,11 +584,10 @@ def test_a_fully_padded_row_stays_finite_in_bf16(tiny_bert):
     out = {}
     for precision in ("fp32", "bf16"):
         for path in ("fast", "explicit"):
-            tiny_bert.set_attention("fused" if path == "fast" else "explicit")
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with kernel(tiny_bert, "fused" if path == "fast" else "explicit"), torch.no_grad(), \
+                    torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 out[precision, path] = tiny_bert(ids, mask)
             assert torch.isfinite(out[precision, path]).all(), f"{path} attention in {precision}: non-finite h"
-    tiny_bert.set_attention("fused")
     for precision in ("fp32", "bf16"):
         torch.testing.assert_close(out[precision, "explicit"], out[precision, "fast"], atol=1e-2, rtol=1e-2,
                                    msg=f"{precision}: explicit and fast attention differ (padded rows included)")
@@ -210,7 +665,8 @@ def test_config_options_the_model_does_not_implement_are_refused(tiny_bert_dir):
     ("pad_token_id", -1, "pad_token_id is -1; it must be a whole number >= 0, or null"),
     ("pad_token_id", 10 ** 6, "pad_token_id 1000000 is not a row of the"),
     ("num_attention_heads", 5, "hidden_size 32 is not a multiple of num_attention_heads 5"),
-])
+], ids=["string", "float", "bool", "zero", "above-1", "null", "eps-0", "negative", "beyond-vocab",
+        "not-a-divisor"])  # short ids: -k attention, -k layer select the parts' tests alone
 def test_config_values_are_checked(tiny_bert_dir, key, value, says):
     config = json.load(open(os.path.join(tiny_bert_dir, "config.json")))
     with pytest.raises(MinknnError, match="^config.json: " + says):

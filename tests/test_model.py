@@ -1,19 +1,118 @@
+"""Tests of minknn/model.py. Part 4 pooling (minknn/assignment.py, PARTS) comes first: pool() on
+fixed hidden states, the usual mistakes named, then each example against its formula, then the
+stored reference outputs (tests/fixtures/references/pooling.pt, tests/grading.py)."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minknn.model import Model, pool
+from grading import check, close, matches_reference
+from minknn.model import POOLINGS, Model, pool
 from minknn.tasks import TASKS
 
 
+def wave(*shape, phase=0.0):
+    """A fixed tensor of the shape, from a formula: sin(1.3 n + phase), n = 0, 1, ..."""
+    return torch.sin(1.3 * torch.arange(math.prod(shape), dtype=torch.float64) + phase).view(
+        shape).float()
+
+
+def hidden_states():
+    """h (3, 4, 5) and its mask: example 0 has 4 real tokens; example 1 has 2, then padding that
+    holds 100 (pool must not read it); example 2 has 2 whose values are all negative, then
+    padding that holds 0, as BertModel writes."""
+    h = wave(3, 4, 5)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]])
+    h[1, 2:] = 100.0
+    h[2, :2] = -h[2, :2].abs() - 0.1
+    h[2, 2:] = 0.0
+    return h, mask
+
+
+def pooling_oracle(h, mask, how):
+    """Each example's z from the formula, over its real tokens only."""
+    z = []
+    for b in range(h.size(0)):
+        real = [h[b, t] for t in range(h.size(1)) if mask[b, t]]
+        if how == "cls":
+            z.append(h[b, 0])
+        elif how == "mean":
+            z.append(sum(real) / len(real))
+        else:
+            z.append(torch.stack([torch.tensor(max(x[d].item() for x in real))
+                                  for d in range(h.size(2))]))
+    return torch.stack(z)
+
+
+def test_pooling_shapes():
+    h, mask = hidden_states()
+    for how in POOLINGS:
+        z = pool(h, mask, how)
+        check("pooling", z.shape == (3, 5), f"{how} pooling of h (B, T, H) = (3, 4, 5) must give "
+              f"one vector per example, (B, H) = (3, 5); got {tuple(z.shape)}")
+
+
+def test_pooling_reads_the_real_tokens_only():
+    h, mask = hidden_states()
+    m = mask[..., None].float()
+    mistakes = {
+        "cls": {"it takes the last position; [CLS] is the first, h[:, 0]": h[:, -1]},
+        "mean": {
+            "it averages over all T positions, padding included": h.mean(1),
+            "it divides the sum over real tokens by T; divide by each row's count of real tokens":
+                (h * m).sum(1) / h.size(1),
+            "it divides by the whole batch's count of real tokens; divide by each row's":
+                (h * m).sum(1) / m.sum(),
+        },
+        "max": {
+            "padding is included in the max": h.max(1).values,
+            "padding is filled with 0 before the max, which beats real values that are all "
+            "negative (example 2); fill it with torch.finfo(h.dtype).min":
+                h.masked_fill(m == 0, 0).max(1).values,
+        },
+    }
+    for how in POOLINGS:
+        z = pool(h, mask, how)
+        for mistake, wrong in mistakes[how].items():
+            check("pooling", not torch.allclose(z, wrong), f"{how} pooling: {mistake}")
+        expected = pooling_oracle(h, mask, how)
+        for b in range(3):
+            close("pooling", z[b], expected[b], f"{how} pooling of example {b} "
+                  f"({int(mask[b].sum())} real tokens of 4)")
+
+
+def test_pooling_keeps_the_dtype():
+    h, mask = hidden_states()
+    for how in POOLINGS:
+        z = pool(h.bfloat16(), mask, how)
+        check("pooling", z.dtype == torch.bfloat16, f"{how} pooling of bfloat16 hidden states "
+              f"(bf16 autocast) must stay bfloat16; got {z.dtype} (cast the mask to h.dtype)")
+
+
+def test_pooling_mean_of_a_row_without_real_tokens_is_0():
+    h, mask = hidden_states()
+    mask[1] = 0
+    z = pool(h, mask, "mean")
+    check("pooling", bool(torch.isfinite(z).all()) and bool((z[1] == 0).all()), f"mean pooling of "
+          f"an example with no real token must give 0 (its count clamped at 1), not 0/0; got "
+          f"{z[1].tolist()}")
+
+
 def test_pooling_ignores_padding():
-    h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])  # (1, 3, 2), the last token is padding
+    h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])  # (1, 3, 2), the last: padding
     mask = torch.tensor([[1, 1, 0]])
-    assert pool(h, mask, "cls").tolist() == [[1.0, 5.0]]
-    assert pool(h, mask, "mean").tolist() == [[2.0, 2.0]]
-    assert pool(h, mask, "max").tolist() == [[3.0, 5.0]]
+    for how, expected in (("cls", [[1.0, 5.0]]), ("mean", [[2.0, 2.0]]), ("max", [[3.0, 5.0]])):
+        close("pooling", pool(h, mask, how), torch.tensor(expected), f"{how} pooling of "
+              f"[[1, 5], [3, -1], padding]")
     with pytest.raises(ValueError, match="unknown pooling 'sum'"):
         pool(h, mask, "sum")
+
+
+def test_pooling_sanity_check():
+    h, mask = wave(3, 4, 5, phase=0.5), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    for how in POOLINGS:
+        matches_reference("pooling", how, pool(h, mask, how))
 
 
 def test_classifier_shapes_and_pretrain_freezes_bert(tiny_bert):
