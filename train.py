@@ -162,15 +162,17 @@ def make_optimizer(model_params, loss_params, args, total_steps):
     parameters (proxies) get their own learning rate and no weight decay. fused=True: one kernel
     updates every tensor, where the default loops over them in Python; on this project's CPU it
     made the step of 22.7M parameters several times faster (bench.py epoch)."""
-    # Three groups: the weight matrices decay (weight_decay=args.weight_decay); biases and
-    # LayerNorm weights do not (0.0), and the parameters come without their names: those are the
-    # ones with p.ndim < 2; loss_params (the proxies) neither decay nor share the encoder's lr:
-    # their group's own "lr" is args.proxy_lr. torch.optim.AdamW(groups, lr=args.lr, fused=True).
-    # The schedule multiplies every group's lr by, at step s (0 for the first optimizer.step()),
+    # Three parameter groups, as BERT's released fine-tuning code makes them:
+    #   the weight matrices (p.ndim >= 2)     weight_decay args.weight_decay
+    #   biases and LayerNorm weights          weight_decay 0.0; the parameters come without their
+    #                                         names: these are the ones with p.ndim < 2
+    #   loss_params (the proxies)             weight_decay 0.0, and their own "lr": args.proxy_lr
+    # in torch.optim.AdamW(groups, lr=args.lr, fused=True), the decay apart from the adaptive step.
+    # The schedule multiplies every group's lr at step s (0 for the first optimizer.step()) by
     #     min((s + 1) / warmup, max(0, (total_steps - s) / max(1, total_steps - warmup)))
     # with warmup = max(1, int(args.warmup * total_steps)) steps (a share of the steps, not of the
-    # epochs): up from lr / warmup to lr, then linearly down to 0 at total_steps. LambdaLR takes
-    # that factor as a function of s. Return (the optimiser, the scheduler).
+    # epochs): from lr / warmup up to lr, then linearly down to 0 at total_steps. LambdaLR(opt, f)
+    # calls f(s). Return (the optimiser, the scheduler).
     # BEGIN part training
     decay = [p for p in model_params if p.ndim >= 2]
     no_decay = [p for p in model_params if p.ndim < 2]
@@ -206,13 +208,13 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
             task_losses[name], parts[name] = losses[name](output, targets, *memory_args)
         if not torch.isfinite(task_losses[name]):
             raise Diverged(f"the {name} loss became {task_losses[name].item()}")
-    # The step: clear the last step's gradients (optimizer.zero_grad(set_to_none=True)), then
-    # backpropagate the sum of the task losses; with --pcgrad, conflicts =
-    # pcgrad.backward(list(task_losses.values()), rng) instead (it fills .grad itself; else
-    # conflicts is None). Clip the gradients of `params`, the proxies' included, to a total norm
-    # of 1: torch.nn.utils.clip_grad_norm_ returns the norm before clipping, and one that is not
-    # finite raises Diverged before the step, so the weights stay finite. Then optimizer.step(),
-    # and scheduler.step() after it: the schedule moves once per step.
+    # The step, in this order: (1) optimizer.zero_grad(set_to_none=True), so that the last step's
+    # gradients go; (2) backpropagate the sum of the task losses, or with --pcgrad call
+    # conflicts = pcgrad.backward(list(task_losses.values()), rng) instead (it fills .grad itself;
+    # without --pcgrad conflicts is None); (3) clip the gradients of `params`, the proxies'
+    # included, to a total norm of 1 (torch.nn.utils.clip_grad_norm_, which returns the norm
+    # before clipping: one that is not finite raises Diverged here, before the step, so that the
+    # weights stay finite); (4) optimizer.step(); (5) scheduler.step(): once per step, after it.
     # BEGIN part training
     optimizer.zero_grad(set_to_none=True)
     conflicts = None

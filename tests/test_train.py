@@ -618,10 +618,12 @@ class Tiny(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embeddings = torch.nn.Embedding(10, 6)
-        self.dense = torch.nn.Linear(6, 6)
-        self.LayerNorm = torch.nn.LayerNorm(6)
-        self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(6, 3), "b": torch.nn.Linear(6, 2)})
+        with torch.random.fork_rng():  # the layers' own init draws from the global generator
+            self.embeddings = torch.nn.Embedding(10, 6)
+            self.dense = torch.nn.Linear(6, 6)
+            self.LayerNorm = torch.nn.LayerNorm(6)
+            self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(6, 3),
+                                              "b": torch.nn.Linear(6, 2)})
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in self.parameters():
