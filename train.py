@@ -162,6 +162,18 @@ def make_optimizer(model_params, loss_params, args, total_steps):
     parameters (proxies) get their own learning rate and no weight decay. fused=True: one kernel
     updates every tensor, where the default loops over them in Python; on this project's CPU it
     made the step of 22.7M parameters several times faster (bench.py epoch)."""
+    # Three parameter groups, as BERT's released fine-tuning code makes them:
+    #   the weight matrices (p.ndim >= 2)     weight_decay args.weight_decay
+    #   biases and LayerNorm weights          weight_decay 0.0; the parameters come without their
+    #                                         names: these are the ones with p.ndim < 2
+    #   loss_params (the proxies)             weight_decay 0.0, and their own "lr": args.proxy_lr
+    # in torch.optim.AdamW(groups, lr=args.lr, fused=True), the decay apart from the adaptive step.
+    # The schedule multiplies every group's lr at step s (0 for the first optimizer.step()) by
+    #     min((s + 1) / warmup, max(0, (total_steps - s) / max(1, total_steps - warmup)))
+    # with warmup = max(1, int(args.warmup * total_steps)) steps (a share of the steps, not of the
+    # epochs): from lr / warmup up to lr, then linearly down to 0 at total_steps. LambdaLR(opt, f)
+    # calls f(s). Return (the optimiser, the scheduler).
+    # BEGIN part training
     decay = [p for p in model_params if p.ndim >= 2]
     no_decay = [p for p in model_params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -169,9 +181,13 @@ def make_optimizer(model_params, loss_params, args, total_steps):
                              {"params": loss_params, "weight_decay": 0.0, "lr": args.proxy_lr}],
                             lr=args.lr, fused=True)
     warmup = max(1, int(args.warmup * total_steps))
-    schedule = lambda step: min((step + 1) / warmup,
-                                max(0.0, (total_steps - step) / max(1, total_steps - warmup)))
+
+    def schedule(step):  # the factor on every group's lr: up over `warmup` steps, down to 0
+        up, down = (step + 1) / warmup, (total_steps - step) / max(1, total_steps - warmup)
+        return min(up, max(0.0, down))
+
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    # END part training
 
 
 def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=None,
@@ -192,6 +208,14 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
             task_losses[name], parts[name] = losses[name](output, targets, *memory_args)
         if not torch.isfinite(task_losses[name]):
             raise Diverged(f"the {name} loss became {task_losses[name].item()}")
+    # The step, in this order: (1) optimizer.zero_grad(set_to_none=True), so that the last step's
+    # gradients go; (2) backpropagate the sum of the task losses, or with --pcgrad call
+    # conflicts = pcgrad.backward(list(task_losses.values()), rng) instead (it fills .grad itself;
+    # without --pcgrad conflicts is None); (3) clip the gradients of `params`, the proxies'
+    # included, to a total norm of 1 (torch.nn.utils.clip_grad_norm_, which returns the norm
+    # before clipping: one that is not finite raises Diverged here, before the step, so that the
+    # weights stay finite); (4) optimizer.step(); (5) scheduler.step(): once per step, after it.
+    # BEGIN part training
     optimizer.zero_grad(set_to_none=True)
     conflicts = None
     if pcgrad is not None:  # surgery on the shared encoder only: each head is its own task's
@@ -203,6 +227,7 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
         raise Diverged(f"the gradient norm became {norm.item()}")
     optimizer.step()
     scheduler.step()
+    # END part training
     if moco:
         moco.after_step(keys, targets, rows, output.embeddings)
     return task_losses, parts, conflicts
