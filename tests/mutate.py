@@ -46,7 +46,8 @@ def check_list(mutations, root=ROOT):
             continue
         lines = text.splitlines(keepends=True)
         start = text.index(old)
-        first, last = text.count("\n", 0, start), text.count("\n", 0, start + len(old))
+        first = text.count("\n", 0, start)
+        last = text.count("\n", 0, start + len(old.rstrip("\n")))  # its own last line
         inside = any(name == part and begin < first and last < end
                      for name, begin, end in find_blocks(lines, file))
         if not inside:
@@ -70,7 +71,9 @@ def run_one(copy, mutation, timeout):
     original = open(path, encoding="utf-8").read()
     with open(path, "w", encoding="utf-8") as f:
         f.write(original.replace(old, new, 1))
-    command = BY_NAME[part].test.split() + ["-x", "-p", "no:cacheprovider"]
+    # -p no:...: the cache would be shared by the copies; hypothesis's plugin costs 1 s a run
+    command = BY_NAME[part].test.split() + ["-x", "-p", "no:cacheprovider",
+                                            "-p", "no:hypothesispytest"]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="")
     start = time.perf_counter()
     try:
