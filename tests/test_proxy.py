@@ -49,6 +49,6 @@ def test_softtriple_scores_a_class_by_its_centres():
 
 def test_the_proxy_losses_are_those_with_class_logits():
     """PROXY_LOSSES is derived from the registry: a new proxy loss with class_logits joins it."""
-    assert PROXY_LOSSES == ("softtriple", "proxynca", "proxyanchor")
+    assert {"softtriple", "proxynca", "proxyanchor"} <= set(PROXY_LOSSES)
     for name in ("ce", *METRIC_LOSSES):
         assert has_proxies(Objective(name, C, D)) == (name in PROXY_LOSSES), name

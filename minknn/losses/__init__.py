@@ -1,5 +1,6 @@
 """The loss registry: --loss NAME picks one of the losses below. Adding a loss is one new file here
-and one line in METRIC_LOSSES; train.py needs no change.
+and one line in METRIC_LOSSES; train.py needs no change, and tests/test_losses.py tests it at once
+(it asks for one thing more, by name: the loss's oracle, a literal transcription of its formula).
 
 Every metric-learning loss is an nn.Module built as Loss(num_classes, dim) and called as
 loss(h, labels), with h the pooled representation (B, dim) and labels the batch's targets: class

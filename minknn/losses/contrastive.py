@@ -22,8 +22,12 @@ import torch.nn.functional as F
 
 def contrastive(d, dissimilar, margin):
     """The per-pair loss: d distances (any shape), dissimilar 0/1 of the same shape."""
+    # y = 1 for a dissimilar pair: pushed out to the margin, max(0, m - d)^2; y = 0 pulled in,
+    # d^2. Both halves weighted 1/2. d is the distance itself, not its square.
+    # BEGIN part contrastive
     y = dissimilar.to(d.dtype)
     return 0.5 * (1 - y) * d.pow(2) + 0.5 * y * (margin - d).clamp(min=0).pow(2)
+    # END part contrastive
 
 
 class ContrastiveLoss(nn.Module):
@@ -34,6 +38,11 @@ class ContrastiveLoss(nn.Module):
         self.margin = margin
 
     def forward(self, h, labels):
+        # h (B, dim), labels (B,). Every unordered pair i < j once (torch.triu_indices with
+        # offset 1: not i with itself, not (j, i) again); d_ij = ||z_i - z_j|| of the normalised
+        # vectors, sqrt(2 - 2 z_i.z_j), clamped away from 0 before the sqrt (its gradient at 0 is
+        # infinite). A pair is dissimilar when the labels differ; the mean over the pairs.
+        # BEGIN part contrastive
         z = F.normalize(h, dim=-1)
         i, j = torch.triu_indices(len(z), len(z), offset=1, device=z.device)   # every pair i < j
         if len(i) == 0:
@@ -41,3 +50,4 @@ class ContrastiveLoss(nn.Module):
         # ||z_i - z_j|| = sqrt(2 - 2 z_i.z_j); the clamp keeps the gradient finite for equal vectors
         d = (2 - 2 * (z[i] * z[j]).sum(-1)).clamp(min=1e-12).sqrt()
         return contrastive(d, labels[i] != labels[j], self.margin).mean()
+        # END part contrastive

@@ -52,6 +52,11 @@ import torch.nn.functional as F
 def select_positives(s, positive, m_most, m_least):
     """(B, K) mask of S(q): among each row's positives, the m_most largest and m_least
     smallest s."""
+    # Rank each row's keys without a loop: sort the row with the non-positives at -inf (so they
+    # come last), then scatter 0, 1, 2, ... back to the sorted positions: rank[b, k] is key k's
+    # place in row b, 0 for the most similar positive, n_pos - 1 for the least similar. Keep a
+    # positive whose rank from the top is < m_most or whose rank from the bottom is < m_least.
+    # BEGIN part knnbert
     n_pos = positive.sum(1, keepdim=True)                              # (B, 1)
     order = s.masked_fill(~positive, float("-inf")).argsort(dim=1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(
@@ -59,11 +64,17 @@ def select_positives(s, positive, m_most, m_least):
     # rank: 0 for the most similar positive, n_pos - 1 for the least similar; negatives rank
     # after them
     return positive & ((rank < m_most) | (rank >= n_pos - m_least))
+    # END part knnbert
 
 
 def knnbert_loss(q, labels, rows, keys, key_labels, key_ids, m_most, m_least, tau):
     """q (B, d) unit queries, labels (B,), rows (B,) their training-set rows; keys (K, d) unit
     keys, key_labels (K,), key_ids (K,) their examples' rows. A scalar."""
+    # s = q k^T / tau, (B, K). Positives: keys of the query's label, minus its own older keys
+    # (rows against key_ids); S(q) from select_positives. Negatives: keys of another label. Each
+    # selected k_j gives softplus(logsumexp_N(s) - s_j): k_j itself stays in its denominator.
+    # Average over each query's S(q), then over the queries with at least one selected key.
+    # BEGIN part knnbert
     s = q @ keys.T / tau                                               # (B, K)
     same_class = labels[:, None] == key_labels[None, :]
     own = rows[:, None] == key_ids[None, :]                            # the query's older keys
@@ -77,6 +88,7 @@ def knnbert_loss(q, labels, rows, keys, key_labels, key_ids, m_most, m_least, ta
     has_positive = n_selected > 0
     per_query = terms.sum(1) / n_selected.clamp(min=1)
     return (per_query * has_positive).sum() / has_positive.sum().clamp(min=1)
+    # END part knnbert
 
 
 def warn_if_every_positive_is_used(key_labels, m_most, m_least):
@@ -107,6 +119,8 @@ class KNNBertLoss(nn.Module):
             warn_if_every_positive_is_used(memory_labels, self.m_most, self.m_least)
             self.checked = True
         # batch_keys (the key encoder's view of this batch) are not used: they join the memory
-        # after the step
+        # after the step. The query is the normalised h.
+        # BEGIN part knnbert
         return knnbert_loss(F.normalize(h, dim=-1), labels, rows, memory_keys, memory_labels,
                             memory_ids, self.m_most, self.m_least, self.tau)
+        # END part knnbert

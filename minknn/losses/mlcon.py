@@ -32,6 +32,12 @@ import torch.nn as nn
 
 def mlcon(z, y, tau=10.0):
     """z (B, d) representations, y (B, C) multi-hot labels. A scalar."""
+    # d (B, B): Euclidean distances (not squared) of the raw z, by broadcasting z[:, None] -
+    # z[None]; clamp before the sqrt (d_ii = 0). log_p: log-softmax of -d / tau' over each row's
+    # OTHER examples (the diagonal at -inf, then set to 0 so 0 * -inf gives no NaN).
+    # C = y y^T without the diagonal; beta = C / its row sums (a row of zeros stays 0).
+    # L_con is the SUM over the batch of -beta * log_p.
+    # BEGIN part mlcon
     B = len(z)
     if B < 2:
         return z.sum() * 0.0
@@ -44,6 +50,7 @@ def mlcon(z, y, tau=10.0):
     # counts (y multi-hot): a row of zeros stays zeros
     beta = C / C.sum(1, keepdim=True).clamp(min=1)
     return -(beta * log_p).sum()
+    # END part mlcon
 
 
 class MultiLabelContrastiveLoss(nn.Module):

@@ -30,8 +30,12 @@ import torch.nn.functional as F
 
 def mnrl_pairs(anchors, positives, scale=20.0):
     """J for K explicit (anchor, positive) pairs, both (K, dim)."""
+    # s (K, K): scale * cos of every anchor with every positive, both normalised; row i's right
+    # answer is column i, so J is cross-entropy with targets 0, 1, ..., K - 1.
+    # BEGIN part mnrl
     s = scale * F.normalize(anchors, dim=-1) @ F.normalize(positives, dim=-1).T   # (K, K)
     return F.cross_entropy(s, torch.arange(len(s), device=s.device))
+    # END part mnrl
 
 
 class MNRLoss(nn.Module):
@@ -42,6 +46,11 @@ class MNRLoss(nn.Module):
         self.scale = scale
 
     def forward(self, h, labels):
+        # h (B, dim), labels (B,). S = scale * z z^T, (B, B). As in npairs.py: for each anchor,
+        # logsumexp of S over its negatives (another label; a masked row), then every (i, p),
+        # p != i of the same label, gives softplus(that - S_ip). Same-class examples other than
+        # p are not candidates at all. The mean over the (i, p) pairs; none gives 0.
+        # BEGIN part mnrl
         z = F.normalize(h, dim=-1)
         s = self.scale * z @ z.T                                   # (B, B) S(x_i, x_j)
         positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
@@ -54,3 +63,4 @@ class MNRLoss(nn.Module):
         # (i, p): log(1 + sum_n exp(S_in - S_ip))
         terms = F.softplus(neg_lse - s)
         return terms[positive].mean()
+        # END part mnrl

@@ -38,8 +38,14 @@ class MoCoLoss(nn.Module):
     def forward(self, h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids):
         """h (B, d), batch_keys (B, d) the positives, rows (B,) the batch's training-set rows;
         memory_keys (K, d) unit keys, memory_ids (K,) their examples' rows. A scalar."""
+        # q = normalised h. The positive logit q.k+ / tau, (B,); the negatives' logits
+        # q.k_i / tau, (B, K), with -inf where a key belongs to the query's own example (rows
+        # against memory_ids). -log(e^pos / (e^pos + sum_N e^neg)) = softplus(lse_N - pos): the
+        # positive stays in the denominator. The mean over the batch.
+        # BEGIN part moco-loss
         q = F.normalize(h, dim=-1)
         positive = (q * batch_keys).sum(1) / self.tau                            # (B,)
         own = rows[:, None] == memory_ids[None, :]                                # (B, K)
         s = (q @ memory_keys.T / self.tau).masked_fill(own, float("-inf"))        # (B, K)
         return F.softplus(s.logsumexp(1) - positive).mean()
+        # END part moco-loss

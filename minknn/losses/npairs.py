@@ -28,6 +28,12 @@ class NPairsLoss(nn.Module):
         self.l2_reg = l2_reg
 
     def forward(self, h, labels):
+        # h (B, dim) as it is (raw inner products, no normalisation), labels (B,).
+        # s = h h^T holds every f_a.f_n. For each anchor, log sum_n exp(f_a.f_n) over its
+        # negatives by logsumexp on a masked row (-inf where not a negative); then every (a, p)
+        # term is softplus(that - f_a.f_p) = log(1 + sum_n exp(f_a.f_n - f_a.f_p)). A pair needs
+        # p != a. The penalty: l2_reg times the mean over the batch of ||f_i||^2.
+        # BEGIN part npairs
         penalty = self.l2_reg * h.pow(2).sum(-1).mean()
         s = h @ h.T                                                # (B, B) inner products f_i.f_j
         positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
@@ -39,3 +45,4 @@ class NPairsLoss(nn.Module):
         # (a, p): log(1 + sum_n exp(s_an - s_ap))
         terms = F.softplus(neg_lse - s)
         return terms[positive].mean() + penalty
+        # END part npairs

@@ -39,15 +39,24 @@ class ProxyAnchorLoss(nn.Module):
         self.proxies = nn.Parameter(torch.randn(num_classes, dim))
 
     def cos(self, h):
+        # (B, C): cos(x_b, p_c), both normalised.
+        # BEGIN part proxyanchor
         return F.normalize(h, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
+        # END part proxyanchor
 
     def class_logits(self, h):
         return self.alpha * self.cos(h)
 
     def forward(self, h, labels):
+        # positive[b, c]: example b is of class c (F.one_hot), so column c is X_p+ and ~column c
+        # X_p-. Each proxy's two terms by log1p_sum_exp over the BATCH (dim 0), giving (C,) each:
+        # -alpha (cos - delta) on its positives, alpha (cos + delta) on its negatives. The first
+        # is averaged over P+ only (proxies with an example in the batch), the second over all C.
+        # BEGIN part proxyanchor
         cos = self.cos(h)
         positive = F.one_hot(labels, len(self.proxies)).bool()    # (B, C): x in X_p+
         with_positives = positive.any(0)                           # P+
         pos_term = log1p_sum_exp(-self.alpha * (cos - self.delta), positive, dim=0)    # (C,)
         neg_term = log1p_sum_exp(self.alpha * (cos + self.delta), ~positive, dim=0)    # (C,)
         return pos_term[with_positives].mean() + neg_term.mean()
+        # END part proxyanchor

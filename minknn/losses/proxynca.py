@@ -40,8 +40,15 @@ class ProxyNCALoss(nn.Module):
         self.proxies = nn.Parameter(torch.randn(num_classes, dim))
 
     def class_logits(self, h):
+        # (B, C): -s d(x, p_c), d the squared distance of the NORMALISED x and p_c, which is
+        # 2 - 2 cos(x, p_c): one matrix product of the normalised h and proxies.
+        # BEGIN part proxynca
         cos = F.normalize(h, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
         return -self.scale * (2 - 2 * cos)                                     # -s d(x, p_c)
+        # END part proxynca
 
     def forward(self, h, labels):
+        # The softmax over every proxy, the positive included: cross-entropy on class_logits.
+        # BEGIN part proxynca
         return F.cross_entropy(self.class_logits(h), labels)
+        # END part proxynca

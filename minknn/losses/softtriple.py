@@ -36,15 +36,24 @@ class SoftTripleLoss(nn.Module):
 
     def similarity(self, h):
         """S_c(x), (B, C)."""
+        # Normalise both x and the centres (unit vectors). sim[b, c, k] = x_b.w_c^k, (B, C, K),
+        # in one einsum; the weights are a softmax over a class's K centres (the last dimension,
+        # not the classes) at temperature gamma; S_c is the weighted sum of that class's sims.
+        # BEGIN part softtriple
         x = F.normalize(h, dim=-1)
         w = F.normalize(self.centres, dim=-1)
         sim = torch.einsum("bd,ckd->bck", x, w)                              # x.w_c^k, (B, C, K)
         return (F.softmax(sim / self.gamma, dim=-1) * sim).sum(-1)
+        # END part softtriple
 
     def class_logits(self, h):
         return self.scale * self.similarity(h)
 
     def regulariser(self):
+        # Over each class's pairs of centres s < t (torch.triu_indices, offset 1), of the
+        # normalised centres: tau * sum ||w^s - w^t|| / (C K (K - 1)); the distance not squared,
+        # sqrt(2 - 2 w^s.w^t) clamped away from 0. One centre per class has no pair: 0.
+        # BEGIN part softtriple
         C, K, _ = self.centres.shape
         if K < 2:
             return self.centres.sum() * 0.0
@@ -52,8 +61,13 @@ class SoftTripleLoss(nn.Module):
         s, t = torch.triu_indices(K, K, offset=1, device=w.device)           # every pair s < t
         gap = (2 - 2 * (w[:, s] * w[:, t]).sum(-1)).clamp(min=1e-12).sqrt()  # (C, pairs)
         return self.tau * gap.sum() / (C * K * (K - 1))
+        # END part softtriple
 
     def forward(self, h, labels):
+        # Cross-entropy on the logits lambda (S_c - delta [c = y]): the margin delta comes off
+        # the true class only, inside the scale. Then add the regulariser.
+        # BEGIN part softtriple
         S = self.similarity(h)
         logits = self.scale * (S - self.delta * F.one_hot(labels, S.shape[1]))
         return F.cross_entropy(logits, labels) + self.regulariser()
+        # END part softtriple

@@ -26,6 +26,11 @@ class SupConLoss(nn.Module):
         self.temperature = temperature
 
     def forward(self, h, labels):
+        # h (B, dim), labels (B,). s = z z^T / tau, (B, B). log_prob[i, a] = s_ia - log sum over
+        # A(i) of exp(s_ia): the anchor itself is not in A(i), so mask the diagonal with -inf
+        # before the logsumexp (over dim 1, the candidates). Average each anchor's log_prob over
+        # its positives P(i) (not itself), then over the anchors that have a positive.
+        # BEGIN part supcon
         z = F.normalize(h, dim=-1)
         s = z @ z.T / self.temperature                             # (B, B)
         self_mask = torch.eye(len(z), dtype=torch.bool, device=z.device)
@@ -36,3 +41,4 @@ class SupConLoss(nn.Module):
         log_prob = s - torch.logsumexp(s.masked_fill(self_mask, float("-inf")), dim=1, keepdim=True)
         per_anchor = -(log_prob * positive).sum(1)[anchors] / positive.sum(1)[anchors]
         return per_anchor.mean()
+        # END part supcon

@@ -25,6 +25,12 @@ class TripletLoss(nn.Module):
         self.margin = margin
 
     def forward(self, h, labels):
+        # h (B, dim), labels (B,). Normalise first; then every squared distance at once from the
+        # Gram matrix, d = 2 - 2 z z^T, clamped at 0 (rounding can make it slightly negative).
+        # Every (a, p, n) term by broadcasting, d[:, :, None] - d[:, None, :] + m: (B, B, B). A
+        # mask keeps the valid triplets (p != a: an example is not its own positive); the mean
+        # runs over ALL valid triplets, zero terms included; no valid triplet gives 0, not 0/0.
+        # BEGIN part triplet
         z = F.normalize(h, dim=-1)
         d = (2 - 2 * z @ z.T).clamp(min=0)                         # (B, B) squared distances
         # (a, p): same class, not a
@@ -33,3 +39,4 @@ class TripletLoss(nn.Module):
         valid = positive[:, :, None] & negative[:, None, :]        # (a, p, n)
         terms = (d[:, :, None] - d[:, None, :] + self.margin).clamp(min=0)
         return (terms * valid).sum() / valid.sum().clamp(min=1)
+        # END part triplet
