@@ -55,6 +55,8 @@ def matches_reference(part, name, actual, atol=1e-5, rtol=1e-3):
         torch.save(stored, path + ".tmp")
         os.replace(path + ".tmp", path)
         return
+    check(part, os.path.exists(path), f"no stored reference outputs: {os.path.relpath(path)} is "
+          f"missing (tests/grading.py says how to write them)")
     stored = torch.load(path)
     check(part, name in stored, f"no stored reference '{name}' in {path}; write it with "
           f"MINKNN_WRITE_REFERENCES=1 (tests/grading.py)")

@@ -122,7 +122,7 @@ def test_the_edition_refuses_an_existing_folder_and_bad_parts(tmp_path):
 def run_part(out, part):
     """The part's test command in an edition where it alone is stubbed."""
     write_edition(out, part.name)
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     r = subprocess.run(part.test.split() + ["-x", "-p", "no:cacheprovider"], cwd=out, env=env,
                        capture_output=True, text=True, timeout=300)
     return part, r.returncode, r.stdout + r.stderr
