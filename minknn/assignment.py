@@ -117,7 +117,8 @@ PARTS = (
          "the multi-label contrastive loss, each pair weighted by the labels it shares",
          "Su et al. 2022, eqs. 2 and 3"),
     Part("pcgrad", "minknn/pcgrad.py", pytest("tests/test_pcgrad.py"),
-         "PCGrad: project each task's gradient off the gradients it conflicts with",
+         "PCGrad: project each task's gradient off the gradients it conflicts with, on the "
+         "gradients and on their Gram matrix",
          "Yu et al. 2020, Algorithm 1"),
 )
 NUMBER = {p.name: i + 1 for i, p in enumerate(PARTS)}
