@@ -13,6 +13,23 @@ MUTATIONS = [
     # --- the losses ---
 
     # --- proxy inference, the MoCo memory, the kNN vote, PCGrad ---
+    ("proxy-inference", "minknn/proxy.py",
+     "return (1 - alpha) * logits + alpha * objective.metric.class_logits(embeddings)",
+     "return alpha * logits + (1 - alpha) * objective.metric.class_logits(embeddings)",
+     "alpha swapped: alpha weighs the linear head, 1 - alpha the proxies"),
+    ("proxy-inference", "minknn/proxy.py",
+     "return (1 - alpha) * logits + alpha * objective.metric.class_logits(embeddings)",
+     "return logits + alpha * objective.metric.class_logits(embeddings)",
+     "the linear head's logits not weighted by 1 - alpha"),
+    ("proxy-inference", "minknn/proxy.py",
+     "return (1 - alpha) * logits + alpha * objective.metric.class_logits(embeddings)",
+     "return (1 - alpha) * logits + objective.metric.class_logits(embeddings)",
+     "the proxies' logits not weighted by alpha"),
+    ("proxy-inference", "minknn/proxy.py",
+     "return (1 - alpha) * logits + alpha * objective.metric.class_logits(embeddings)",
+     "return ((1 - alpha) * logits.softmax(-1)\n"
+     "            + alpha * objective.metric.class_logits(embeddings).softmax(-1))",
+     "probabilities mixed instead of logits"),
     ("knn", "minknn/knn.py",
      "return torch.full(scores.shape, 1 / scores.shape[1], dtype=torch.float64)",
      "return torch.softmax(scores.double(), dim=1)",
