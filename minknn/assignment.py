@@ -107,8 +107,8 @@ PARTS = (
          "the MoCo contrastive loss: one positive key against the memory's negatives",
          "He et al. 2020, eq. 1"),
     Part("memory", "minknn/moco.py", pytest("tests/test_moco.py"),
-         "the MoCo memory: the key encoder's momentum update, the queue's enqueue, the memory "
-         "bank's update",
+         "the MoCo memory: the key encoder's momentum update and the batch's keys after it, the "
+         "queue's enqueue, the memory bank's update",
          "He et al. 2020, eq. 2 and Algorithm 1; Wu et al. 2018 (memory bank)"),
     Part("knn", "minknn/knn.py", pytest("tests/test_knn.py"),
          "the kNN vote (cosine, distance, euclidean weights) and its mix with the model",
