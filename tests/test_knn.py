@@ -166,7 +166,8 @@ def test_vote_sums_each_neighbours_label_by_hand():
 def test_multilabel_vote_by_hand():
     """Su et al. eq. 1: y_kNN = sum_i alpha_i y_i over multi-hot rows, alpha = softmax(-d / tau)
     with d the Euclidean distance (the root of faiss's squared one), tau = 1."""
-    neighbours = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float)  # three label sets
+    # three label sets
+    neighbours = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float)
     squared = torch.tensor([[1.0, 4.0, 9.0]])  # d = 1, 2, 3
     a = np.exp([-1.0, -2.0, -3.0]) / np.exp([-1.0, -2.0, -3.0]).sum()
     expected = torch.tensor([[a[0] + a[1], a[0], a[2]]])
@@ -185,7 +186,8 @@ def test_multilabel_vote_by_hand():
 
 def test_the_mix_by_hand():
     """s = (1 - phi) P + phi KNN: phi = 0 is the model alone, phi = 1 kNN alone."""
-    probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64), 1)
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    probabilities = torch.softmax(logits, 1)
     knn = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
     for phi, expected, what in ((0.0, probabilities, "with phi = 0, the model alone: the mix"),
                                 (1.0, knn, "with phi = 1, kNN alone: the mix"),
