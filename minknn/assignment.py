@@ -109,8 +109,8 @@ PARTS = (
          "the MoCo contrastive loss: one positive key against the memory's negatives",
          "He et al. 2020, eq. 1"),
     Part("memory", "minknn/moco.py", pytest("tests/test_moco.py"),
-         "the MoCo memory: the key encoder's momentum update, the queue's enqueue, the memory "
-         "bank's update",
+         "the MoCo memory: the key encoder's momentum update and the batch's keys after it, the "
+         "queue's enqueue, the memory bank's update",
          "He et al. 2020, eq. 2 and Algorithm 1; Wu et al. 2018 (memory bank)"),
     Part("knn", "minknn/knn.py", pytest("tests/test_knn.py"),
          "the kNN vote (cosine, distance, euclidean weights) and its mix with the model",
@@ -119,7 +119,8 @@ PARTS = (
          "the multi-label contrastive loss, each pair weighted by the labels it shares",
          "Su et al. 2022, eqs. 2 and 3"),
     Part("pcgrad", "minknn/pcgrad.py", pytest("tests/test_pcgrad.py"),
-         "PCGrad: project each task's gradient off the gradients it conflicts with",
+         "PCGrad: project each task's gradient off the gradients it conflicts with, on the "
+         "gradients and on their Gram matrix",
          "Yu et al. 2020, Algorithm 1"),
 )
 NUMBER = {p.name: i + 1 for i, p in enumerate(PARTS)}

@@ -47,17 +47,29 @@ FORMAT_1 = "minknn-datastore-1"  # flat indexes only, built on loading: still re
 
 def vote_cosine(scores, temperature=None):
     """One vote each, whatever the similarity: alpha_j = 1/K."""
+    # scores (Q, K): each query's K cosine similarities, nearest first. They chose the neighbours;
+    # they do not weigh them (KNN-BERT counts votes). The weights (Q, K), in float64.
+    # BEGIN part knn
     return torch.full(scores.shape, 1 / scores.shape[1], dtype=torch.float64)
+    # END part knn
 
 
 def vote_distance(scores, temperature=10.0):
     """alpha = softmax_j(-d_j / T); the scores are the squared L2 distances d_j."""
+    # scores (Q, K): squared distances, nearest first. The softmax runs over each query's K
+    # neighbours (dim 1), and the minus gives the nearest the largest weight. In float64.
+    # BEGIN part knn
     return torch.softmax(-scores.double() / temperature, dim=1)
+    # END part knn
 
 
 def vote_euclidean(scores, temperature=1.0):
     """alpha = softmax_j(-d_j / tau) with d_j = ||k_j - q||, the root of the squared distances."""
+    # faiss's scores are squared distances (Q, K): take the root first. Rounding can leave a
+    # squared distance a hair below 0, so clamp it at 0 before the root (else NaN).
+    # BEGIN part knn
     return torch.softmax(-scores.double().clamp(min=0).sqrt() / temperature, dim=1)
+    # END part knn
 
 
 VOTES = {"cosine": vote_cosine, "distance": vote_distance, "euclidean": vote_euclidean}
@@ -88,7 +100,10 @@ def check_k(k, n, excluding_self=False):
 
 def interpolate(probabilities, knn_probs, phi):
     """s = (1 - phi) P(q) + phi KNN(q), (Q, C)."""
+    # phi is the kNN vote's share: phi = 0 is the model alone, phi = 1 kNN alone.
+    # BEGIN part knn
     return (1 - phi) * probabilities + phi * knn_probs
+    # END part knn
 
 
 class Datastore:
@@ -169,10 +184,15 @@ class Datastore:
     def vote(self, scores, rows, vote, temperature):
         """KNN(q) = sum_j alpha_j y_j (Q, C), summed one neighbour rank at a time: gathering every
         neighbour's row at once, (Q, K, C), would not fit for K = 1024 and 90 classes."""
-        alpha = VOTES[vote](scores, temperature)
+        alpha = VOTES[vote](scores, temperature)  # (Q, K)
         knn = torch.zeros(len(rows), self.num_classes, dtype=torch.float64)
+        # rows (Q, K): each query's neighbours as rows of the datastore, whose values (N, C) are
+        # the one-hot (or multi-hot) labels y. For each rank j, add alpha_j y_j to every query's
+        # row: self.values[rows[:, j]] is (Q, C), and alpha[:, j] must broadcast over C.
+        # BEGIN part knn
         for j in range(rows.shape[1]):
             knn += alpha[:, j, None] * self.values[rows[:, j]]
+        # END part knn
         return knn
 
     def save(self, path, fingerprint):

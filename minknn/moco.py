@@ -47,8 +47,12 @@ class KeyEncoder:
     @torch.no_grad()
     def update(self, model):
         """theta_k <- m theta_k + (1 - m) theta_q."""
+        # The key encoder is a copy of the model: their parameters pair up in order. Change each
+        # key parameter in place (mul_, add_): a new tensor bound to a local name changes nothing.
+        # BEGIN part memory
         for k, q in zip(self.encoder.parameters(), model.parameters()):
             k.mul_(self.m).add_(q.detach(), alpha=1 - self.m)
+        # END part memory
 
     @torch.no_grad()
     def __call__(self, task, batch):
@@ -80,14 +84,20 @@ class Queue(Memory):
 
     @torch.no_grad()
     def enqueue(self, keys, labels, ids):
+        """Writes a batch's keys (B, dim), labels (B,) and example ids (B,) over the oldest."""
         size = len(self.keys)
-        # a batch larger than the queue keeps its last keys
+        # The batch goes to slots ptr, ptr + 1, ... taken modulo size, so that it wraps round
+        # the end onto the oldest keys; each key is normalised to unit length (dim 1). Then ptr
+        # moves past the batch, modulo size too. A batch larger than the queue keeps its last
+        # `size` keys.
+        # BEGIN part memory
         keys, labels, ids = keys[-size:], labels[-size:], ids[-size:]
         slots = (self.ptr + torch.arange(len(keys), device=self.keys.device)) % size
         self.keys[slots] = F.normalize(keys.float(), dim=1)
         self.labels[slots] = labels
         self.ids[slots] = ids
         self.ptr.copy_((self.ptr + len(keys)) % size)
+        # END part memory
 
 
 class MemoryBank(Memory):
@@ -96,8 +106,12 @@ class MemoryBank(Memory):
     @torch.no_grad()
     def update(self, rows, queries, m=BANK_MOMENTUM):
         """Moves the entries of training examples `rows` towards their queries (B, dim)."""
-        self.keys[rows] = F.normalize(m * self.keys[rows]
-                                      + (1 - m) * F.normalize(queries.float(), dim=1), dim=1)
+        # v_i <- (m v_i + (1 - m) f_i) / ||.||, with f_i the query as a unit vector: m is the
+        # share the old entry keeps. Normalise each row (dim 1).
+        # BEGIN part memory
+        queries = F.normalize(queries.float(), dim=1)  # f_i
+        self.keys[rows] = F.normalize(m * self.keys[rows] + (1 - m) * queries, dim=1)
+        # END part memory
 
 
 class MoCo:
@@ -126,15 +140,26 @@ class MoCo:
         """The positives' side of this batch: the key encoder's keys after its momentum step
         (queue), or the batch's own memory-bank entries (bank)."""
         if self.kind == "queue":
+            # MoCo's Algorithm 1 moves the key encoder after each optimiser step; here that move
+            # comes at the start of the next step, so it must come before this batch's keys:
+            # they are the keys of an encoder that has followed the model's last step.
+            # BEGIN part memory
             self.key_encoder.update(model)
             return self.key_encoder(self.task.name, batch)
+            # END part memory
         return self.memory.keys[rows]  # already float32 unit vectors
 
     def after_step(self, batch_keys, labels, rows, queries):
+        """The memory after the step: the batch's keys (B, dim) join the queue, with their
+        labels and rows; or the batch's bank entries move towards its queries (B, dim)."""
+        # The queue takes the key encoder's keys, never the queries (the model's, with gradients
+        # and dropout); the bank moves towards the queries, detached from the graph.
+        # BEGIN part memory
         if self.kind == "queue":
             self.memory.enqueue(batch_keys, labels, rows)
         else:
             self.memory.update(rows, queries.detach())
+        # END part memory
 
 
 def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_size, device,

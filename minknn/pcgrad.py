@@ -51,11 +51,16 @@ def project_conflicting(grads, rng=random):
     adjusted = grads.clone()
     for i in range(len(grads)):
         others = [j for j in range(len(grads)) if j != i]
-        rng.shuffle(others)
+        rng.shuffle(others)  # the other tasks in a random order (the tests draw the same one)
+        # For each j in that order: if g_i^PC . g_j < 0 (a conflict; a dot of exactly 0 is none),
+        # remove from g_i^PC = adjusted[i] its component along g_j, the ORIGINAL gradient
+        # grads[j], not adjusted[j]:  g_i^PC <- g_i^PC - (g_i^PC . g_j / ||g_j||^2) g_j.
+        # BEGIN part pcgrad
         for j in others:
             dot = adjusted[i] @ grads[j]
             if dot < 0:  # a zero g_j has dot 0, so the division never meets ||g_j|| = 0
                 adjusted[i] -= dot / (grads[j] @ grads[j]) * grads[j]
+        # END part pcgrad
     return adjusted
 
 
@@ -67,10 +72,15 @@ def pcgrad_weights(gram, rng=random):
     for i in range(len(G)):
         others = [j for j in range(len(G)) if j != i]
         rng.shuffle(others)
+        # project_conflicting's loop on the coefficients: with g_i^PC = sum_l C_il g_l,
+        # g_i^PC . g_j = sum_l C_il G_lj and ||g_j||^2 = G_jj; subtracting c g_j from g_i^PC
+        # subtracts c from C_ij alone.
+        # BEGIN part pcgrad
         for j in others:
             dot = C[i] @ G[:, j]  # g_i^PC . g_j
             if dot < 0:  # g_i^PC <- g_i^PC - (g_i^PC . g_j / ||g_j||^2) g_j
                 C[i, j] -= dot / G[j, j]
+        # END part pcgrad
     return C.sum(0)  # sum_i g_i^PC = sum_j (sum_i C_ij) g_j
 
 

@@ -1,6 +1,7 @@
 """The kNN classifier: faiss search against brute force, each voting rule by hand, interpolation,
 self-exclusion, the datastore's errors and reuse, and the approximate indexes (IVF, HNSW) against
-the exact one."""
+the exact one. Part knn (minknn/assignment.py): its sanity check is
+test_sanity_check_the_votes_and_the_mix; the tests after it diagnose each vote and the mix."""
 import dataclasses
 
 import faiss
@@ -12,7 +13,10 @@ import torch.nn.functional as F
 import minknn.knn
 from minknn import MinknnError
 from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
-from minknn.knn import Datastore, interpolate, settings
+from minknn.assignment import label
+from minknn.knn import TEMPERATURES, VOTES, Datastore, interpolate, settings
+
+from grading import check, close, matches_reference
 
 
 def random_datastore(n=200, d=16, classes=4, seed=0):
@@ -39,56 +43,157 @@ def test_faiss_search_equals_brute_force_top_k(vote):
                                msg=f"--vote {vote}: the search's scores")
 
 
-def vote_of(vote, scores, neighbour_labels, num_classes, temperature=None, labels=None):
-    """The vote of a datastore whose row j has label neighbour_labels' j-th entry (one query row)."""
-    labels = neighbour_labels[0] if labels is None else labels
-    datastore = Datastore(torch.zeros(len(labels), 2), labels, [str(j) for j in range(len(labels))], num_classes)
-    return datastore.vote(scores, torch.arange(len(labels))[None].expand(len(scores), -1), vote, temperature)
+# --- part knn: the vote weights, the vote and the mix, on fixed inputs and by hand ---
+PART = "knn"
 
 
-def test_cosine_vote_by_hand():
-    votes = torch.cat([vote_of("cosine", torch.zeros(1, 4), torch.tensor([[0, 2, 2, 1]]), 3),
-                       vote_of("cosine", torch.zeros(1, 4), torch.tensor([[1, 1, 1, 1]]), 3)])
-    assert votes.tolist() == [[0.25, 0.25, 0.5], [0.0, 1.0, 0.0]]
-    # one vote each, whatever the similarity: a test with equal scores could not tell
-    assert vote_of("cosine", torch.tensor([[0.9, 0.1, 0.0, -0.5]]), torch.tensor([[0, 2, 2, 1]]), 3).tolist() == \
-        [[0.25, 0.25, 0.5]]
+def fmt(t):
+    return "[" + ", ".join(f"{x:.3g}" for x in t.tolist()) + "]"
+
+
+def named(what, fn, *args):
+    """fn(*args), an exception in it turned into a failure naming the part."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{label(PART)}: {what} raised {type(e).__name__}: {e}") from e
+
+
+def datastore_of(labels, num_classes):
+    """A datastore whose row j has label labels[j] (a class, or a multi-hot row); the keys do not
+    matter to a vote."""
+    ids = [str(j) for j in range(len(labels))]
+    return Datastore(torch.zeros(len(labels), 2), labels, ids, num_classes)
+
+
+def check_weights(vote, scores, temperature, expected, rule):
+    weights = named(f"vote_{vote}", VOTES[vote], scores, temperature)
+    check(PART, tuple(weights.shape) == tuple(scores.shape),
+          f"vote_{vote} gives weights of shape {tuple(weights.shape)} for scores of shape "
+          f"{tuple(scores.shape)}: one weight per query and neighbour")
+    for q in range(len(scores)):
+        check(PART, torch.allclose(weights[q].double(), expected[q].double(), atol=1e-6),
+              f"the {vote} vote: {rule}; got weights {fmt(weights[q])} for query {q} "
+              f"(scores {fmt(scores[q])}), expected {fmt(expected[q])}")
+
+
+def check_vote(datastore, vote, scores, rows, temperature, expected, rule):
+    got = named("Datastore.vote", datastore.vote, scores, rows, vote, temperature)
+    check(PART, tuple(got.shape) == tuple(expected.shape),
+          f"Datastore.vote gives shape {tuple(got.shape)}, expected (Q, C) = "
+          f"{tuple(expected.shape)}")
+    for q in range(len(rows)):
+        check(PART, torch.allclose(got[q].double(), expected[q].double(), atol=1e-6),
+              f"the {vote} vote KNN(q) = sum_j alpha_j y_j: {rule}; got {fmt(got[q])} for "
+              f"query {q} (its neighbours: datastore rows {rows[q].tolist()}), expected "
+              f"{fmt(expected[q])}")
+
+
+def test_sanity_check_the_votes_and_the_mix():
+    """The sanity check: each vote and the mix on fixed inputs, against the solution's stored
+    outputs (tests/fixtures/references/knn.pt): 3 queries, 5 neighbours each, 8 rows of 4
+    classes."""
+    g = torch.Generator().manual_seed(0)
+    datastore = datastore_of(torch.tensor([0, 1, 2, 3, 1, 2, 0, 1]), 4)
+    rows = torch.stack([torch.randperm(8, generator=g)[:5] for _ in range(3)])  # (3, 5)
+    similarities = (torch.rand(3, 5, generator=g) * 2 - 1).sort(dim=1, descending=True).values
+    distances = (torch.rand(3, 5, generator=g) * 20).sort(dim=1).values
+    for vote, scores in (("cosine", similarities), ("distance", distances),
+                         ("euclidean", distances)):
+        knn = named(f"the {vote} vote", datastore.vote, scores, rows, vote, TEMPERATURES[vote])
+        matches_reference(PART, f"{vote} vote", knn)
+    probabilities = torch.softmax(torch.randn(3, 4, generator=g, dtype=torch.float64), dim=1)
+    mixed = named("interpolate", interpolate, probabilities, knn, 0.25)
+    matches_reference(PART, "mix with phi 0.25", mixed)
+
+
+def test_cosine_vote_is_one_vote_each():
+    """KNN-BERT: alpha_j = 1/K. A test whose similarities were all equal could not tell this from a
+    softmax or a share of the similarities."""
+    scores = torch.tensor([[0.9, 0.5, 0.1, -0.3], [0.8, 0.8, 0.2, 0.1]])  # 2 queries, K = 4
+    check_weights("cosine", scores, None, torch.full((2, 4), 0.25),
+                  "it gives each of the K neighbours weight 1/K whatever its similarity")
 
 
 def test_distance_vote_by_hand():
-    d = torch.tensor([[0.0, 10.0, 20.0]])
-    w = np.exp([0.0, -1.0, -2.0])  # exp(-d / T) with T = 10
-    expected = [w[1] / w.sum(), (w[0] + w[2]) / w.sum()]
-    assert vote_of("distance", d, torch.tensor([[1, 0, 1]]), 2, 10.0)[0].tolist() == pytest.approx(expected)
-    # a small temperature hands the vote to the nearest neighbour
-    assert vote_of("distance", d, torch.tensor([[1, 0, 1]]), 2, 0.01)[0].tolist() == pytest.approx([0.0, 1.0])
+    d = torch.tensor([[0.0, 10.0, 20.0], [5.0, 5.0, 35.0]])
+    w = np.exp(-d.double().numpy() / 10)  # exp(-d / T) with T = 10
+    check_weights("distance", d, 10.0, torch.from_numpy(w / w.sum(1, keepdims=True)),
+                  "alpha_j = softmax_j(-d_j / T) over each query's K neighbours, T = 10: the "
+                  "nearest weighs most")
+    # a small temperature hands the vote to the nearest neighbours
+    check_weights("distance", d, 0.01, torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]),
+                  "with T = 0.01 the nearest neighbours take the whole vote (T divides the "
+                  "distances)")
+
+
+def test_euclidean_vote_by_hand():
+    """Su et al. eq. 1: alpha = softmax(-d / tau) with d the Euclidean distance, the root of
+    faiss's squared one; tau = 1, their default, and tau = 2."""
+    squared = torch.tensor([[1.0, 4.0, 9.0], [0.0, 16.0, 16.0]])  # d = 1, 2, 3 and 0, 4, 4
+    d = squared.double().sqrt()
+    for tau in (1.0, 2.0):
+        check_weights("euclidean", squared, tau, torch.softmax(-d / tau, dim=1),
+                      f"alpha_j = softmax_j(-||k_j - q|| / tau), the root of the squared "
+                      f"distances, tau = {tau}")
+    # rounding can leave a squared distance a hair below 0: it is a distance of 0, not NaN
+    check_weights("euclidean", torch.tensor([[-1e-7, 1.0]]), 1.0,
+                  torch.softmax(torch.tensor([[0.0, -1.0]]), dim=1),
+                  "a squared distance of -1e-7 (rounding) is a distance of 0: clamp before the "
+                  "root")
+
+
+def test_vote_sums_each_neighbours_label_by_hand():
+    """KNN(q) = sum_j alpha_j y_j, y_j the one-hot label of the datastore row of q's j-th
+    neighbour (rows (Q, K), any rows, not 0 .. K - 1)."""
+    datastore = datastore_of(torch.tensor([0, 2, 2, 1, 0]), 3)
+    rows = torch.tensor([[3, 1, 2, 0], [4, 0, 1, 3]])  # labels 1 2 2 0 and 0 0 2 1
+    similarities = torch.tensor([[0.9, 0.5, 0.1, -0.3], [0.8, 0.8, 0.2, 0.1]])
+    check_vote(datastore, "cosine", similarities, rows, None,
+               torch.tensor([[0.25, 0.25, 0.5], [0.5, 0.25, 0.25]]), "one vote each")
+    d = torch.tensor([[0.0, 10.0, 20.0, 30.0], [0.0, 0.0, 10.0, 10.0]])
+    w = torch.softmax(-d.double() / 10, dim=1)
+    expected = torch.zeros(2, 3, dtype=torch.float64)
+    for q in range(2):  # the sum, written out
+        for j in range(4):
+            expected[q, datastore.labels[rows[q, j]]] += w[q, j]
+    check_vote(datastore, "distance", d, rows, 10.0, expected,
+               "each neighbour adds its weight to its own class")
 
 
 def test_multilabel_vote_by_hand():
-    """Su et al. eq. 1: y_kNN = sum_i alpha_i y_i, alpha = softmax(-d / tau) with d the Euclidean
-    distance (the root of faiss's squared one), tau = 1."""
-    neighbours = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float)  # three label sets
+    """Su et al. eq. 1: y_kNN = sum_i alpha_i y_i over multi-hot rows, alpha = softmax(-d / tau)
+    with d the Euclidean distance (the root of faiss's squared one), tau = 1."""
+    # three label sets
+    neighbours = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float)
     squared = torch.tensor([[1.0, 4.0, 9.0]])  # d = 1, 2, 3
     a = np.exp([-1.0, -2.0, -3.0]) / np.exp([-1.0, -2.0, -3.0]).sum()
-    expected = [a[0] + a[1], a[0], a[2]]
-    got = vote_of("euclidean", squared, None, 3, 1.0, labels=neighbours)
-    assert got[0].tolist() == pytest.approx(expected)
+    expected = torch.tensor([[a[0] + a[1], a[0], a[2]]])
+    datastore = datastore_of(neighbours, 3)
+    check_vote(datastore, "euclidean", squared, torch.tensor([[0, 1, 2]]), 1.0, expected,
+               "each neighbour adds its weight to each of its labels")
     # mixed with the model's sigmoids (lam = 0.5), then each class kept where the mix is > 0.5
     model = torch.tensor([[0.2, 0.9, 0.4]], dtype=torch.float64)
-    mixed = interpolate(model, got, 0.5)
-    assert mixed[0].tolist() == pytest.approx([0.5 * 0.2 + 0.5 * expected[0], 0.5 * 0.9 + 0.5 * expected[1],
-                                                0.5 * 0.4 + 0.5 * expected[2]])
-    assert (mixed > 0.5).tolist() == [[True, True, False]]  # 0.1 + 0.45, 0.45 + 0.33, 0.2 + 0.045
+    mixed = named("interpolate", interpolate, model, expected, 0.5)
+    close(PART, mixed, 0.5 * model + 0.5 * expected,
+          "the mix of the sigmoids and the kNN vote with phi 0.5")
+    # 0.1 + 0.45, 0.45 + 0.33, 0.2 + 0.045
+    check(PART, (mixed > 0.5).tolist() == [[True, True, False]],
+          f"the mix {fmt(mixed[0])} should keep classes 0 and 1 (> 0.5)")
 
 
-def test_interpolation_ends():
-    probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64), 1)
+def test_the_mix_by_hand():
+    """s = (1 - phi) P + phi KNN: phi = 0 is the model alone, phi = 1 kNN alone."""
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    probabilities = torch.softmax(logits, 1)
     knn = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
-    torch.testing.assert_close(interpolate(probabilities, knn, 0.0), probabilities, rtol=0, atol=0,
-                               msg="phi = 0 must be the model alone")
-    torch.testing.assert_close(interpolate(probabilities, knn, 1.0), knn, rtol=0, atol=0,
-                               msg="phi = 1 must be kNN alone")
-    torch.testing.assert_close(interpolate(probabilities, knn, 0.25), 0.75 * probabilities + 0.25 * knn)
+    for phi, expected, what in ((0.0, probabilities, "with phi = 0, the model alone: the mix"),
+                                (1.0, knn, "with phi = 1, kNN alone: the mix"),
+                                (0.25, 0.75 * probabilities + 0.25 * knn, "with phi = 0.25, "
+                                 "0.75 P + 0.25 KNN (phi is the kNN vote's share): the mix")):
+        close(PART, named("interpolate", interpolate, probabilities, knn, phi), expected, what)
 
 
 @pytest.mark.parametrize("vote", ["cosine", "distance"])

@@ -1,17 +1,25 @@
 """PCGrad (minknn/pcgrad.py) on hand-made gradients, against the paper's Algorithm 1 and the
-two-task closed form, and on a small shared-encoder model with one head per task."""
+two-task closed form, and on a small shared-encoder model with one head per task. Part pcgrad
+(minknn/assignment.py): its sanity check is test_sanity_check_the_projections; the tests after it
+diagnose the projection (project_conflicting) and its Gram-matrix form (pcgrad_weights)."""
 import random
 
 import pytest
 import torch
 import torch.nn as nn
 
+from minknn.assignment import label
 from minknn.pcgrad import PCGrad, pcgrad_weights, project_conflicting
+
+from grading import check, close, matches_reference
+
+PART = "pcgrad"
 
 
 def algorithm_1(grads, rng):
     """A literal transcription of Yu et al.'s Algorithm 1, on lists of floats: the oracle."""
-    dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+    def dot(a, b):
+        return sum(x * y for x, y in zip(a, b))
     g = [list(map(float, row)) for row in grads]
     g_pc = [list(row) for row in g]
     for i in range(len(g)):
@@ -24,6 +32,44 @@ def algorithm_1(grads, rng):
     return [sum(col) for col in zip(*g_pc)]
 
 
+def named(what, fn, *args):
+    """fn(*args), an exception in it turned into a failure naming the part."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{label(PART)}: {what} raised {type(e).__name__}: {e}") from e
+
+
+def projected(grads, seed):
+    """project_conflicting's adjusted gradients, the other tasks' order drawn from seed."""
+    return named("project_conflicting", project_conflicting, grads, random.Random(seed))
+
+
+def from_gram(grads, seed):
+    """The update direction sum_j w_j g_j from pcgrad_weights on the Gram matrix."""
+    weights = named("pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(seed))
+    return weights.to(grads.dtype) @ grads
+
+
+def conflicting(seed, K=4, P=6):
+    """K gradients in which task 0 conflicts with tasks 1 and 2 (a negative dot product)."""
+    g = torch.randn(K, P, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    g[1] = -g[0] + 0.5 * g[1]
+    g[2] = -0.5 * g[0] + 0.5 * g[2]
+    return g
+
+
+def test_sanity_check_the_projections():
+    """The sanity check: both forms on 4 fixed gradients with conflicts, against the solution's
+    stored outputs (tests/fixtures/references/pcgrad.pt)."""
+    g = conflicting(0)
+    matches_reference(PART, "project_conflicting", projected(g, 0))
+    matches_reference(PART, "pcgrad_weights",
+                      named("pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)))
+
+
 def conflicting_pair(seed, P=50):
     g = torch.randn(2, P, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return g if g[0] @ g[1] < 0 else torch.stack([g[0], -g[1]])
@@ -32,10 +78,13 @@ def conflicting_pair(seed, P=50):
 @pytest.mark.parametrize("seed", range(5))
 def test_two_conflicting_gradients_stop_conflicting(seed):
     g = conflicting_pair(seed)
-    assert g[0] @ g[1] < 0
-    adjusted = project_conflicting(g, random.Random(seed))
-    assert adjusted[0] @ g[1] >= -1e-12 and adjusted[1] @ g[0] >= -1e-12
-    assert (adjusted[0] @ g[1]).abs() < 1e-10  # the projection leaves exactly the orthogonal part
+    adjusted = projected(g, seed)
+    for i, j in ((0, 1), (1, 0)):
+        dot = (adjusted[i] @ g[j]).item()
+        check(PART, abs(dot) < 1e-10,
+              f"two conflicting gradients (g_1 . g_2 = {(g[0] @ g[1]).item():.3g}): after the "
+              f"projection g_{i + 1}^PC . g_{j + 1} = {dot:.3g}, but removing g_{i + 1}'s "
+              f"component along g_{j + 1} leaves a vector orthogonal to g_{j + 1}")
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -43,51 +92,68 @@ def test_two_tasks_equal_the_closed_form(seed):
     g1, g2 = conflicting_pair(seed)
     d = g1 @ g2
     expected = g1 - d / (g2 @ g2) * g2 + g2 - d / (g1 @ g1) * g1
-    got = project_conflicting(torch.stack([g1, g2]), random.Random(seed)).sum(0)
-    assert torch.allclose(got, expected, atol=1e-12)
+    g = torch.stack([g1, g2])
+    what = ("direction for two conflicting tasks (the closed form g_1 - (g_1.g_2 / ||g_2||^2) g_2 "
+            "+ g_2 - (g_1.g_2 / ||g_1||^2) g_1)")
+    close(PART, projected(g, seed).sum(0), expected, f"project_conflicting's {what}",
+          atol=1e-12, rtol=0)
+    close(PART, from_gram(g, seed), expected, f"pcgrad_weights' {what}", atol=1e-12, rtol=0)
 
 
 def test_gradients_without_conflict_pass_through_unchanged():
-    g = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 3.0], [0.0, 1.0, 1.0]], dtype=torch.float64)  # all dots >= 0
-    assert torch.equal(project_conflicting(g, random.Random(0)), g)
+    g = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 3.0], [0.0, 1.0, 1.0]], dtype=torch.float64)
     orthogonal = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # a dot of exactly 0 is not a conflict
-    assert torch.equal(project_conflicting(orthogonal, random.Random(0)), orthogonal)
+    for grads, what in ((g, "three gradients whose dot products are all positive"),
+                        (orthogonal, "two orthogonal gradients (a dot of 0 is no conflict)")):
+        close(PART, projected(grads, 0), grads, f"project_conflicting's output on {what}, which "
+              f"must be its input unchanged,", atol=0, rtol=0)
+        close(PART, from_gram(grads, 0), grads.sum(0),
+              f"pcgrad_weights' direction on {what}, which must be the plain sum,",
+              atol=1e-12, rtol=0)
 
 
 def test_one_task_is_the_identity():
     g = torch.randn(1, 20, dtype=torch.float64)
-    assert torch.equal(project_conflicting(g, random.Random(0)), g)
+    close(PART, projected(g, 0), g, "project_conflicting's output for one task, which must be its "
+          "input unchanged,", atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_k_tasks_match_algorithm_1(seed):
-    """Three and four tasks, random orders: the vectorised code against the transcription, with
-    the same random order of the other tasks (both draw it from the same seeded rng)."""
+    """Three and four tasks, random orders: the code against the transcription, with the same
+    random order of the other tasks (both draw it from the same seeded rng). Projecting onto the
+    other task's already adjusted gradient, or restarting from the original g_i, shows here."""
     K = 3 + seed % 2
     g = torch.randn(K, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    expected = algorithm_1(g.tolist(), random.Random(seed))
-    got = project_conflicting(g, random.Random(seed)).sum(0)
-    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
+    if seed % 2:
+        g = conflicting(seed, K, 8)
+    expected = torch.tensor(algorithm_1(g.tolist(), random.Random(seed)), dtype=torch.float64)
+    conflicts = int(((g @ g.T).triu(1) < 0).sum())
+    close(PART, projected(g, seed).sum(0), expected, f"the sum of project_conflicting's gradients "
+          f"({K} tasks, {conflicts} conflicting pairs; the oracle: Algorithm 1 written out)",
+          atol=1e-12, rtol=0)
 
 
 def test_a_zero_gradient_is_harmless():
     g = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
-    assert torch.equal(project_conflicting(g, random.Random(0)), g)
-    assert torch.equal(pcgrad_weights(g @ g.T, random.Random(0)), torch.ones(2, dtype=torch.float64))
+    close(PART, projected(g, 0), g, "project_conflicting's output with a zero gradient (its dot "
+          "is 0, no conflict, and nothing divides by its norm 0)", atol=0, rtol=0)
+    close(PART, named("pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)),
+          torch.ones(2, dtype=torch.float64), "pcgrad_weights with a zero gradient", atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_the_gram_matrix_version_equals_the_literal_algorithm(seed):
-    """pcgrad_weights runs Algorithm 1 on the K x K Gram matrix; sum_j w_j g_j must be the sum of
-    the literal projections, for 2 to 5 tasks drawn with and without conflicts (a mistake in the
+def test_the_gram_matrix_version_equals_algorithm_1(seed):
+    """pcgrad_weights runs Algorithm 1 on the K x K Gram matrix; sum_j w_j g_j must be the
+    transcription's direction, for 2 to 5 tasks drawn with and without conflicts (a mistake in the
     coefficient update, or a different random order, shows here)."""
-    g = torch.randn(2 + seed % 4, 16, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    g = torch.randn(2 + seed % 4, 16, generator=torch.Generator().manual_seed(seed),
+                    dtype=torch.float64)
     if seed % 3 == 0:
         g[1] = -g[0] + 0.1 * g[1]  # a strong conflict
-    literal = project_conflicting(g, random.Random(seed)).sum(0)
-    fast = pcgrad_weights(g @ g.T, random.Random(seed)) @ g
-    torch.testing.assert_close(fast, literal, atol=1e-12, rtol=1e-12,
-                               msg=lambda m: f"PCGrad from the Gram matrix differs from Algorithm 1 ({len(g)} tasks): {m}")
+    expected = torch.tensor(algorithm_1(g.tolist(), random.Random(seed)), dtype=torch.float64)
+    close(PART, from_gram(g, seed), expected, f"PCGrad's direction from the Gram matrix "
+          f"({len(g)} tasks; the oracle: Algorithm 1 written out)", atol=1e-12, rtol=1e-12)
 
 
 def test_a_runs_pcgrad_reuses_its_buffer_and_stays_exact():
@@ -102,14 +168,16 @@ def test_a_runs_pcgrad_reuses_its_buffer_and_stays_exact():
         xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
         grads = separate_gradients(model, xs)
         flat = torch.stack([torch.cat([g[id(p)].reshape(-1) for p in shared]) for g in grads])
-        expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(step)), dtype=torch.float64)
+        expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(step)),
+                                dtype=torch.float64)
         model.zero_grad(set_to_none=True)
-        pcgrad.backward(model.losses(xs), random.Random(step))
-        torch.testing.assert_close(torch.cat([p.grad.reshape(-1) for p in shared]), expected, atol=1e-12, rtol=0,
-                                   msg=lambda m: f"step {step}: the shared .grad is not Algorithm 1's direction: {m}")
+        named("PCGrad.backward", pcgrad.backward, model.losses(xs), random.Random(step))
+        close(PART, torch.cat([p.grad.reshape(-1) for p in shared]), expected,
+              f"step {step}: the shared .grad (Algorithm 1's direction)", atol=1e-12, rtol=0)
         if step == 0:
             buffer = pcgrad.grads.data_ptr()
-    assert pcgrad.grads.data_ptr() == buffer, "PCGrad allocated a new gradient buffer after the first step"
+    assert pcgrad.grads.data_ptr() == buffer, \
+        "PCGrad allocated a new gradient buffer after the first step"
 
 
 class SharedEncoder(nn.Module):
@@ -121,7 +189,8 @@ class SharedEncoder(nn.Module):
         self.heads = nn.ModuleList([nn.Linear(6, 1) for _ in range(3)])
 
     def losses(self, xs):
-        return [(self.heads[k](torch.tanh(self.shared(x))) ** 2).mean() * (k + 1) for k, x in enumerate(xs)]
+        return [(self.heads[k](torch.tanh(self.shared(x))) ** 2).mean() * (k + 1)
+                for k, x in enumerate(xs)]
 
 
 def separate_gradients(model, xs):
@@ -129,7 +198,8 @@ def separate_gradients(model, xs):
     grads = []
     for loss in model.losses(xs):
         params = list(model.parameters())
-        grads.append(dict(zip([id(p) for p in params], torch.autograd.grad(loss, params, allow_unused=True))))
+        grad = torch.autograd.grad(loss, params, allow_unused=True)
+        grads.append(dict(zip([id(p) for p in params], grad)))
     return grads
 
 
@@ -142,12 +212,15 @@ def test_heads_get_their_own_task_gradient_and_the_encoder_gets_pcgrad():
     flat = torch.stack([torch.cat([g[id(p)].reshape(-1) for p in shared]) for g in grads])
     expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(7)), dtype=torch.float64)
 
-    conflicts = PCGrad(shared).backward(model.losses(xs), random.Random(7))
+    conflicts = named("PCGrad.backward", PCGrad(shared).backward, model.losses(xs),
+                      random.Random(7))
     assert conflicts == int(((flat @ flat.T).triu(1) < 0).sum())
-    assert torch.allclose(torch.cat([p.grad.reshape(-1) for p in shared]), expected, atol=1e-12)
+    close(PART, torch.cat([p.grad.reshape(-1) for p in shared]), expected,
+          "the shared encoder's .grad (Algorithm 1's direction)", atol=1e-12, rtol=0)
     for k, head in enumerate(model.heads):
         for p in head.parameters():
-            assert torch.allclose(p.grad, grads[k][id(p)], atol=1e-14)  # its task's gradient, untouched
+            # its task's gradient, untouched
+            assert torch.allclose(p.grad, grads[k][id(p)], atol=1e-14)
 
 
 def test_any_optimizer_steps_along_the_pcgrad_direction():

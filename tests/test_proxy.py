@@ -1,15 +1,69 @@
-"""Proxy inference (minknn/proxy.py): alpha = 0 is the linear head, alpha = 1 the nearest proxy."""
+"""Proxy inference (minknn/proxy.py): alpha = 0 is the linear head, alpha = 1 the nearest proxy.
+Part proxy-inference (minknn/assignment.py): its sanity check is test_sanity_check_the_mix; the
+tests after it diagnose the mix, first with a stand-in for the proxy loss (its class_logits a
+known scaled cosine), then with the proxy losses themselves."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from minknn.assignment import label
 from minknn.losses import METRIC_LOSSES, Objective
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 
+from grading import check, close, matches_reference
+
+PART = "proxy-inference"
 C, D = 5, 16
 
 
+def mixed(objective, logits, h, alpha):
+    """proxy_logits, an exception in it turned into a failure naming the part."""
+    try:
+        return proxy_logits(objective, logits, h, alpha)
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        raise AssertionError(f"{label(PART)}: proxy_logits raised {type(e).__name__}: {e}") from e
+
+
+def stand_in(seed=0, B=6, scale=10.0):
+    """An objective whose proxy loss scores class c by scale * cos(h, P_c), the head's logits and
+    the embeddings: (objective, logits (B, C), h (B, D), the proxies' logits (B, C))."""
+    g = torch.Generator().manual_seed(seed)
+    proxies = torch.randn(C, D, generator=g)
+
+    def class_logits(h):
+        return scale * F.normalize(h, dim=-1) @ F.normalize(proxies, dim=-1).T
+
+    objective = SimpleNamespace(metric=SimpleNamespace(class_logits=class_logits))
+    logits, h = torch.randn(B, C, generator=g), torch.randn(B, D, generator=g)
+    return objective, logits, h, class_logits(h)
+
+
+def test_sanity_check_the_mix():
+    """The sanity check: the mix on fixed logits and cosines, against the solution's stored outputs
+    (tests/fixtures/references/proxy-inference.pt)."""
+    objective, logits, h, _ = stand_in()
+    matches_reference(PART, "mix with alpha 0.3", mixed(objective, logits, h, 0.3))
+
+
+def test_the_mix_by_hand():
+    """(1 - alpha) F(h) + alpha s cos(h, P_c), on logits (the softmax comes after): alpha = 0 is the
+    head alone, alpha = 1 the proxies alone, alpha = 0.3 gives the proxies 30 %."""
+    objective, logits, h, proxies = stand_in()
+    for alpha, expected, what in (
+            (0.0, logits, "with alpha = 0, the linear head's logits alone: the mix"),
+            (1.0, proxies, "with alpha = 1, the proxies' scaled cosines alone: the mix"),
+            (0.3, 0.7 * logits + 0.3 * proxies,
+             "with alpha = 0.3, 0.7 F(h) + 0.3 s cos(h, P_c) (alpha is the proxies' share, and the "
+             "logits are mixed, not probabilities): the mix")):
+        close(PART, mixed(objective, logits, h, alpha), expected, what)
+
+
 def setup(name):
+    """A proxy loss's objective, as trained, with 40 examples' logits and embeddings."""
     torch.manual_seed(0)
     return Objective(name, C, D), torch.randn(40, C), torch.randn(40, D)
 
@@ -17,24 +71,30 @@ def setup(name):
 @pytest.mark.parametrize("name", PROXY_LOSSES)
 def test_alpha_zero_is_the_linear_head(name):
     objective, logits, h = setup(name)
-    assert torch.equal(proxy_logits(objective, logits, h, 0.0), logits)
+    close(PART, mixed(objective, logits, h, 0.0), logits,
+          f"with --loss {name} and alpha = 0, the mix (it must be the linear head's logits)")
 
 
 @pytest.mark.parametrize("name", ["proxyanchor", "proxynca"])
 def test_alpha_one_predicts_the_nearest_proxy(name):
     objective, logits, h = setup(name)
-    cos = F.cosine_similarity(h[:, None, :], objective.metric.proxies[None, :, :], dim=-1)   # (N, C)
-    nearest = (F.normalize(h, dim=-1)[:, None, :] - F.normalize(objective.metric.proxies, dim=-1)).norm(dim=-1).argmin(1)
+    proxies = objective.metric.proxies
+    cos = F.cosine_similarity(h[:, None, :], proxies[None, :, :], dim=-1)   # (N, C)
+    distances = (F.normalize(h, dim=-1)[:, None, :] - F.normalize(proxies, dim=-1)).norm(dim=-1)
+    nearest = distances.argmin(1)
     assert torch.equal(cos.argmax(1), nearest)
-    assert torch.equal(proxy_logits(objective, logits, h, 1.0).argmax(1), nearest)
     assert len(set(nearest.tolist())) > 1  # the test is not trivial
+    predicted = mixed(objective, logits, h, 1.0).argmax(1)
+    wrong = (predicted != nearest).nonzero().flatten().tolist()
+    check(PART, not wrong, f"with --loss {name} and alpha = 1, the prediction must be the nearest "
+          f"proxy; {len(wrong)} of {len(h)} examples are not, the first: example {wrong[:1]}")
 
 
 def test_proxyanchor_mix_is_the_formula():
     objective, logits, h = setup("proxyanchor")
     cos = F.cosine_similarity(h[:, None, :], objective.metric.proxies[None, :, :], dim=-1)
-    expected = 0.7 * logits + 0.3 * 32 * cos
-    assert torch.allclose(proxy_logits(objective, logits, h, 0.3), expected, atol=1e-5)
+    close(PART, mixed(objective, logits, h, 0.3), 0.7 * logits + 0.3 * 32 * cos,
+          "with --loss proxyanchor (s = 32) and alpha = 0.3, the mix", atol=1e-5, rtol=1e-4)
 
 
 def test_softtriple_scores_a_class_by_its_centres():
@@ -42,9 +102,12 @@ def test_softtriple_scores_a_class_by_its_centres():
     x, w = F.normalize(h, dim=-1), F.normalize(objective.metric.centres, dim=-1)
     sim = torch.einsum("nd,ckd->nck", x, w)
     S = (torch.softmax(sim / 0.1, -1) * sim).sum(-1)       # SoftTriple S_c
-    assert torch.equal(proxy_logits(objective, logits, h, 1.0).argmax(1), S.argmax(1))
     # S_c is a weighted mean of the class's similarities, so never above the largest
     assert torch.all(S <= sim.max(-1).values + 1e-6)
+    predicted = mixed(objective, logits, h, 1.0).argmax(1)
+    check(PART, torch.equal(predicted, S.argmax(1)), "with --loss softtriple and alpha = 1, the "
+          "prediction must be the class of the largest S_c (the softmax-weighted similarity to "
+          "its centres)")
 
 
 def test_the_proxy_losses_are_those_with_class_logits():
