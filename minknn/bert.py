@@ -210,7 +210,7 @@ class BertAttention(nn.Module):
         self.output = BertOutput(config, config.hidden_size)
 
     def forward(self, h, packing):
-        """h: (N, H), the real tokens packed; returns a (N, H)."""
+        """h: (N, H), the real tokens packed; returns a, (N, H)."""
         # The attention block: a = LayerNorm(h + Dropout(Attention(h) W_o)). self.self is the
         # multi-head self-attention (given), self.output the add-and-norm above with W_o.
         # BEGIN part layer

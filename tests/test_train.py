@@ -59,7 +59,7 @@ def test_train_then_evaluate(tiny_bert_dir, data_dir, tmp_path):
 
 def test_attention_flag_picks_the_attention_that_trains(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     """--attention explicit trains and evaluates with bert.attention(), the function a student
-    writes; the default (fused) never calls it."""
+    writes; --attention fused never calls it."""
     import minknn.bert
     calls = []
     written = minknn.bert.attention
@@ -69,8 +69,9 @@ def test_attention_flag_picks_the_attention_that_trains(tiny_bert_dir, data_dir,
         return written(q, k, v, mask, dropout_p)
 
     monkeypatch.setattr(minknn.bert, "attention", counted)
-    run_train(tiny_bert_dir, data_dir, tmp_path / "fused", "--epochs", "1", "--steps_per_epoch", "1")
-    assert calls == [], "--attention fused (the default) must not call attention()"
+    run_train(tiny_bert_dir, data_dir, tmp_path / "fused", "--epochs", "1", "--steps_per_epoch", "1",
+              "--attention", "fused")
+    assert calls == [], "--attention fused must not call attention()"
     run_train(tiny_bert_dir, data_dir, tmp_path / "explicit", "--epochs", "1", "--steps_per_epoch", "1",
               "--attention", "explicit")
     assert 0.1 in calls, "--attention explicit must train with attention(), its dropout on"
