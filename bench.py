@@ -164,6 +164,10 @@ def bench_model(args, device, timer, out):
     sst = [TASKS["sst"]]  # a 5-class head, as on SST
     torch.manual_seed(0)
     models = {"minknn": Model(BertModel.from_pretrained(path), sst, "mean")}
+    # --attention explicit, the student edition's default: attention() as written, same weights
+    models["minknn explicit"] = Model(BertModel.from_pretrained(path).set_attention("explicit"),
+                                      sst, "mean")
+    models["minknn explicit"].heads.load_state_dict(models["minknn"].heads.state_dict())
     transformers = check_transformers()
     if transformers:
         models["transformers"] = Model(Reference(transformers, path), sst, "mean")
@@ -177,7 +181,8 @@ def bench_model(args, device, timer, out):
                f"{'' if transformers else '; transformers not installed: no reference'}\n")
     print(out[-1])
     table = Table(out, "length", "step", *[f"{m} examples/s" for m in models],
-                  *[f"{m} MFU" for m in models], *(["minknn / transformers"] if transformers else []))
+                  *[f"{m} MFU" for m in models], "explicit / fused attention",
+                  *(["minknn / transformers"] if transformers else []))
     config = models["minknn"].bert.config
     for T in args.lengths:
         g = torch.Generator().manual_seed(T)
@@ -193,7 +198,8 @@ def bench_model(args, device, timer, out):
             ratio = [f"{seconds['transformers'] / seconds['minknn']:.2f}"] if transformers else []
             table.row(T, "train" if train else "inference",
                       *[f"{args.batch_size / s:.1f}" for s in seconds.values()],
-                      *[f"{flops / s / peak:.2f}" for s in seconds.values()], *ratio)
+                      *[f"{flops / s / peak:.2f}" for s in seconds.values()],
+                      f"{seconds['minknn explicit'] / seconds['minknn']:.2f}", *ratio)
 
 
 def model_step(model, batch, labels, device, train):

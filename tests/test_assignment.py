@@ -141,6 +141,32 @@ def test_each_part_alone_fails_its_own_test_naming_the_part(tmp_path):
             f"{label(part.name)}: the failure does not show the part's stub:\n{out[-800:]}"
 
 
+def run_after(out, k):
+    """Part k's test command in an edition where the parts after it are still stubs: what a
+    student who works in the handout's order runs."""
+    part = PARTS[k]
+    later = [p.name for p in PARTS[k + 1:]]
+    write_edition(out, ",".join(later) if later else None)
+    if not later:  # write_edition(None) stubs every part: put them all back
+        solve(out)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    r = subprocess.run(part.test.split() + ["-p", "no:cacheprovider"], cwd=out, env=env,
+                       capture_output=True, text=True, timeout=300)
+    return part, r.returncode, r.stdout + r.stderr
+
+
+def test_in_the_handout_order_each_part_passes_once_written(tmp_path):
+    """Parts 1 to k written, the later ones stubs: part k's tests pass (none of them needs a
+    later part)."""
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda k: run_after(str(tmp_path / str(k)), k),
+                                range(len(PARTS))))
+    for part, rc, out in results:
+        assert rc == 0, (f"{label(part.name)}: `{part.test}` fails with the parts before it "
+                         f"written and the later ones stubs; its tests must not need a later "
+                         f"part:\n{out[-800:]}")
+
+
 def test_the_mutation_list_is_well_formed():
     """Each mistake applies once, inside a solution block of its part (tests/mutate.py runs them:
     the README gives the score)."""
