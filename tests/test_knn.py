@@ -91,24 +91,6 @@ def check_vote(datastore, vote, scores, rows, temperature, expected, rule):
               f"{fmt(expected[q])}")
 
 
-def test_sanity_check_the_votes_and_the_mix():
-    """The sanity check: each vote and the mix on fixed inputs, against the solution's stored
-    outputs (tests/fixtures/references/knn.pt): 3 queries, 5 neighbours each, 8 rows of 4
-    classes."""
-    g = torch.Generator().manual_seed(0)
-    datastore = datastore_of(torch.tensor([0, 1, 2, 3, 1, 2, 0, 1]), 4)
-    rows = torch.stack([torch.randperm(8, generator=g)[:5] for _ in range(3)])  # (3, 5)
-    similarities = (torch.rand(3, 5, generator=g) * 2 - 1).sort(dim=1, descending=True).values
-    distances = (torch.rand(3, 5, generator=g) * 20).sort(dim=1).values
-    for vote, scores in (("cosine", similarities), ("distance", distances),
-                         ("euclidean", distances)):
-        knn = named(f"the {vote} vote", datastore.vote, scores, rows, vote, TEMPERATURES[vote])
-        matches_reference(PART, f"{vote} vote", knn)
-    probabilities = torch.softmax(torch.randn(3, 4, generator=g, dtype=torch.float64), dim=1)
-    mixed = named("interpolate", interpolate, probabilities, knn, 0.25)
-    matches_reference(PART, "mix with phi 0.25", mixed)
-
-
 def test_cosine_vote_is_one_vote_each():
     """KNN-BERT: alpha_j = 1/K. A test whose similarities were all equal could not tell this from a
     softmax or a share of the similarities."""
@@ -194,6 +176,24 @@ def test_the_mix_by_hand():
                                 (0.25, 0.75 * probabilities + 0.25 * knn, "with phi = 0.25, "
                                  "0.75 P + 0.25 KNN (phi is the kNN vote's share): the mix")):
         close(PART, named("interpolate", interpolate, probabilities, knn, phi), expected, what)
+
+
+def test_sanity_check_the_votes_and_the_mix():
+    """The sanity check: each vote and the mix on fixed inputs, against the solution's stored
+    outputs (tests/fixtures/references/knn.pt): 3 queries, 5 neighbours each, 8 rows of 4
+    classes."""
+    g = torch.Generator().manual_seed(0)
+    datastore = datastore_of(torch.tensor([0, 1, 2, 3, 1, 2, 0, 1]), 4)
+    rows = torch.stack([torch.randperm(8, generator=g)[:5] for _ in range(3)])  # (3, 5)
+    similarities = (torch.rand(3, 5, generator=g) * 2 - 1).sort(dim=1, descending=True).values
+    distances = (torch.rand(3, 5, generator=g) * 20).sort(dim=1).values
+    for vote, scores in (("cosine", similarities), ("distance", distances),
+                         ("euclidean", distances)):
+        knn = named(f"the {vote} vote", datastore.vote, scores, rows, vote, TEMPERATURES[vote])
+        matches_reference(PART, f"{vote} vote", knn)
+    probabilities = torch.softmax(torch.randn(3, 4, generator=g, dtype=torch.float64), dim=1)
+    mixed = named("interpolate", interpolate, probabilities, knn, 0.25)
+    matches_reference(PART, "mix with phi 0.25", mixed)
 
 
 @pytest.mark.parametrize("vote", ["cosine", "distance"])

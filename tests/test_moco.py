@@ -72,35 +72,6 @@ def flat(module):
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
-def test_sanity_check_the_memory():
-    """The sanity check: the momentum update, the queue, the bank and the batch keys on fixed
-    inputs, against the solution's stored outputs (tests/fixtures/references/memory.pt)."""
-    g = torch.Generator().manual_seed(0)
-    model = StandIn()
-    key_encoder = KeyEncoder(model, m=0.9)
-    trained(model)
-    for _ in range(2):
-        named("KeyEncoder.update", key_encoder.update, model)
-    matches_reference(PART, "key encoder after two steps with m 0.9", flat(key_encoder.encoder))
-    queue = Queue(5, 3)
-    for step, n in enumerate((3, 4, 2)):  # 9 keys: the pointer passes the end once
-        labels = 10 * step + torch.arange(n)
-        named("Queue.enqueue", queue.enqueue, torch.randn(n, 3, generator=g), labels, 100 + labels)
-    for name in ("keys", "labels", "ids", "ptr"):
-        matches_reference(PART, f"queue {name}", getattr(queue, name))
-    bank = MemoryBank(6, 3)
-    bank.fill(torch.randn(6, 3, generator=g), torch.arange(6), torch.arange(6))
-    named("MemoryBank.update", bank.update, torch.tensor([4, 1]), torch.randn(2, 3, generator=g),
-          0.7)
-    matches_reference(PART, "bank keys after an update with m 0.7", bank.keys)
-    model = StandIn()
-    moco = MoCo(model, SimpleNamespace(name="sst"), "queue", 8, momentum=0.6)
-    trained(model)
-    keys = named("MoCo.batch_keys", moco.batch_keys, model, {"x": torch.randn(3, 6, generator=g)},
-                 torch.arange(3))
-    matches_reference(PART, "batch keys with m 0.6", keys)
-
-
 def test_momentum_update_by_hand():
     """theta_k <- m theta_k + (1 - m) theta_q, in place, twice, with m = 0.9 and m = 0.6."""
     for m in (0.9, 0.6):
@@ -237,6 +208,35 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
                                  dim=1)
     close(PART, moco.memory.keys, expected, "the bank after a step (the batch's entries moved "
           "towards its queries, m = 0.5)")
+
+
+def test_sanity_check_the_memory():
+    """The sanity check: the momentum update, the queue, the bank and the batch keys on fixed
+    inputs, against the solution's stored outputs (tests/fixtures/references/memory.pt)."""
+    g = torch.Generator().manual_seed(0)
+    model = StandIn()
+    key_encoder = KeyEncoder(model, m=0.9)
+    trained(model)
+    for _ in range(2):
+        named("KeyEncoder.update", key_encoder.update, model)
+    matches_reference(PART, "key encoder after two steps with m 0.9", flat(key_encoder.encoder))
+    queue = Queue(5, 3)
+    for step, n in enumerate((3, 4, 2)):  # 9 keys: the pointer passes the end once
+        labels = 10 * step + torch.arange(n)
+        named("Queue.enqueue", queue.enqueue, torch.randn(n, 3, generator=g), labels, 100 + labels)
+    for name in ("keys", "labels", "ids", "ptr"):
+        matches_reference(PART, f"queue {name}", getattr(queue, name))
+    bank = MemoryBank(6, 3)
+    bank.fill(torch.randn(6, 3, generator=g), torch.arange(6), torch.arange(6))
+    named("MemoryBank.update", bank.update, torch.tensor([4, 1]), torch.randn(2, 3, generator=g),
+          0.7)
+    matches_reference(PART, "bank keys after an update with m 0.7", bank.keys)
+    model = StandIn()
+    moco = MoCo(model, SimpleNamespace(name="sst"), "queue", 8, momentum=0.6)
+    trained(model)
+    keys = named("MoCo.batch_keys", moco.batch_keys, model, {"x": torch.randn(3, 6, generator=g)},
+                 torch.arange(3))
+    matches_reference(PART, "batch keys with m 0.6", keys)
 
 
 @pytest.fixture

@@ -61,15 +61,6 @@ def conflicting(seed, K=4, P=6):
     return g
 
 
-def test_sanity_check_the_projections():
-    """The sanity check: both forms on 4 fixed gradients with conflicts, against the solution's
-    stored outputs (tests/fixtures/references/pcgrad.pt)."""
-    g = conflicting(0)
-    matches_reference(PART, "project_conflicting", projected(g, 0))
-    matches_reference(PART, "pcgrad_weights",
-                      named("pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)))
-
-
 def conflicting_pair(seed, P=50):
     g = torch.randn(2, P, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return g if g[0] @ g[1] < 0 else torch.stack([g[0], -g[1]])
@@ -252,3 +243,12 @@ def test_a_parameter_no_task_reaches_keeps_no_gradient():
     xs = [torch.randn(5, 4, dtype=torch.float64) for _ in range(3)]
     PCGrad([*model.shared.parameters(), unused]).backward(model.losses(xs), random.Random(0))
     assert unused.grad is None and model.shared.weight.grad is not None
+
+
+def test_sanity_check_the_projections():
+    """The sanity check: both forms on 4 fixed gradients with conflicts, against the solution's
+    stored outputs (tests/fixtures/references/pcgrad.pt)."""
+    g = conflicting(0)
+    matches_reference(PART, "project_conflicting", projected(g, 0))
+    matches_reference(PART, "pcgrad_weights",
+                      named("pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)))

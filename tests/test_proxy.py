@@ -42,13 +42,6 @@ def stand_in(seed=0, B=6, scale=10.0):
     return objective, logits, h, class_logits(h)
 
 
-def test_sanity_check_the_mix():
-    """The sanity check: the mix on fixed logits and cosines, against the solution's stored outputs
-    (tests/fixtures/references/proxy-inference.pt)."""
-    objective, logits, h, _ = stand_in()
-    matches_reference(PART, "mix with alpha 0.3", mixed(objective, logits, h, 0.3))
-
-
 def test_the_mix_by_hand():
     """(1 - alpha) F(h) + alpha s cos(h, P_c), on logits (the softmax comes after): alpha = 0 is the
     head alone, alpha = 1 the proxies alone, alpha = 0.3 gives the proxies 30 %."""
@@ -115,3 +108,10 @@ def test_the_proxy_losses_are_those_with_class_logits():
     assert {"softtriple", "proxynca", "proxyanchor"} <= set(PROXY_LOSSES)
     for name in ("ce", *METRIC_LOSSES):
         assert has_proxies(Objective(name, C, D)) == (name in PROXY_LOSSES), name
+
+
+def test_sanity_check_the_mix():
+    """The sanity check: the mix on fixed logits and cosines, against the solution's stored outputs
+    (tests/fixtures/references/proxy-inference.pt)."""
+    objective, logits, h, _ = stand_in()
+    matches_reference(PART, "mix with alpha 0.3", mixed(objective, logits, h, 0.3))
