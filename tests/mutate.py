@@ -64,7 +64,7 @@ def copy_repository(dest):
         shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))
 
 
-def run_one(copy, mutation, timeout):
+def run_one(copy, mutation, timeout, threads=1):
     """(verdict, seconds, the output's last lines) for one mutation planted in `copy`."""
     part, file, old, new, _ = mutation
     path = os.path.join(copy, file)
@@ -73,8 +73,10 @@ def run_one(copy, mutation, timeout):
         f.write(original.replace(old, new, 1))
     command = BY_NAME[part].test.split() + ["-x", "-p", "no:cacheprovider"]
     # no stale bytecode between mutants; no third-party pytest plugins (2.5 s a run, none used)
+    # and one share of the cores per job, so that two mutants' torch threads do not fight
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-               CUDA_VISIBLE_DEVICES="")
+               CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(threads))
+    env.pop("MINKNN_WRITE_REFERENCES", None)  # it would rewrite the references and pass
     start = time.perf_counter()
     try:
         r = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
@@ -117,6 +119,7 @@ def main(argv=None):
     if args.check:
         return
     copies = [tempfile.mkdtemp(prefix="minknn-mutant-") for _ in range(args.jobs)]
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     try:
         for c in copies:
             copy_repository(c)
@@ -125,7 +128,7 @@ def main(argv=None):
         def job(m):
             copy = free.pop()
             try:
-                return m, run_one(copy, m, args.timeout)
+                return m, run_one(copy, m, args.timeout, threads)
             finally:
                 free.append(copy)
 

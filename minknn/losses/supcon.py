@@ -26,8 +26,8 @@ class SupConLoss(nn.Module):
         self.temperature = temperature
 
     def forward(self, h, labels):
-        # h (B, dim), labels (B,). s = z z^T / tau, (B, B). log_prob[i, a] = s_ia - log sum over
-        # A(i) of exp(s_ia): the anchor itself is not in A(i), so mask the diagonal with -inf
+        # h (B, dim), labels (B,). s = z z^T / tau, (B, B). log_prob[i, p] = s_ip - log sum over
+        # a in A(i) of exp(s_ia): the anchor itself is not in A(i), so mask the diagonal with -inf
         # before the logsumexp (over dim 1, the candidates). Average each anchor's log_prob over
         # its positives P(i) (not itself), then over the anchors that have a positive.
         # BEGIN part supcon
