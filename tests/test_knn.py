@@ -127,6 +127,17 @@ def test_euclidean_vote_by_hand():
                   "root")
 
 
+def test_each_vote_weighs_in_float64():
+    """The weights (Q, K) are float64 whatever the scores' dtype (faiss gives float32): the vote
+    sums them into float64 rows."""
+    scores = torch.tensor([[0.9, 0.5, 0.1], [0.8, 0.8, 0.2]])  # float32, as faiss returns them
+    for vote, temperature in TEMPERATURES.items():
+        weights = named(f"vote_{vote}", VOTES[vote], scores, temperature)
+        check(PART, weights.dtype == torch.float64, f"vote_{vote} gives weights in "
+              f"{weights.dtype} for float32 scores; the weights are float64 (dtype=torch.float64, "
+              f"or scores.double())")
+
+
 def test_vote_sums_each_neighbours_label_by_hand():
     """KNN(q) = sum_j alpha_j y_j, y_j the one-hot label of the datastore row of q's j-th
     neighbour (rows (Q, K), any rows, not 0 .. K - 1)."""

@@ -531,6 +531,21 @@ def test_contrastive_by_hand():
        f"dissimilar one, d the distance (not squared), the mean over the 3 pairs i < j")
 
 
+def test_contrastive_gradient_of_two_equal_vectors_is_finite():
+    """Two equal rows (a sentence twice in a batch) are at distance 0, where the sqrt's gradient
+    is infinite: d = sqrt(2 - 2 z_i.z_j) clamped away from 0 (1e-12), not at 0."""
+    h = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]],
+                     dtype=torch.float64, requires_grad=True)
+    for labels in ([0, 0, 1], [0, 1, 1]):  # the equal pair similar, then dissimilar
+        h.grad = None
+        value = run("contrastive", make("contrastive"), h, torch.tensor(labels))
+        value.backward()
+        ok("contrastive", bool(torch.isfinite(value)) and bool(torch.isfinite(h.grad).all()),
+           f"two equal vectors (labels {labels}): the loss {value.item():.6g} and the gradient "
+           f"{h.grad.tolist()} must be finite; clamp 2 - 2 z_i.z_j away from 0 (min=1e-12), not "
+           f"at 0, before the sqrt (its gradient at 0 is infinite)")
+
+
 def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
     a, p = randn(5, D, seed=0), randn(5, D, seed=1)
     S = [[20 * F.cosine_similarity(ai, pj, dim=0) for pj in p] for ai in a]
@@ -539,6 +554,23 @@ def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
     got = run("mnrl", mnrl_pairs, a, p)
     ok("mnrl", near(got, expected), f"mnrl_pairs on 5 (anchor, positive) pairs: got "
        f"{got.item():.8g}, expected {expected.item():.8g} (J of Henderson et al., S = 20 cos)")
+
+
+def test_softtriple_gradient_with_two_coinciding_centres_is_finite():
+    """Two centres of a class at the same point (as the regulariser pulls them) are at distance 0,
+    where the sqrt's gradient is infinite: the gap clamped away from 0 (1e-12), not at 0."""
+    loss = make("softtriple")  # 3 centres per class
+    with torch.no_grad():
+        loss.centres[0, 0] = loss.centres[0, 1] = torch.eye(D, dtype=torch.float64)[0]
+    h = randn(6, D, seed=0).requires_grad_()
+    value = run("softtriple", loss, h, torch.tensor([0, 1, 2, 3, 0, 1]))
+    value.backward()
+    grad = loss.centres.grad
+    ok("softtriple", bool(torch.isfinite(value)) and bool(torch.isfinite(grad).all())
+       and bool(torch.isfinite(h.grad).all()), f"with centres 0 and 1 of class 0 equal, the loss "
+       f"{value.item():.6g} and its gradient (that of those centres: {grad[0, :2, 0].tolist()} "
+       f"in dimension 0) must be finite; clamp the regulariser's 2 - 2 w^s.w^t away from 0 "
+       f"(min=1e-12), not at 0, before the sqrt (its gradient at 0 is infinite)")
 
 
 def test_proxynca_at_scale_1_has_a_floor():

@@ -99,6 +99,15 @@ def test_pooling_mean_of_a_row_without_real_tokens_is_0():
           f"{z[1].tolist()}")
 
 
+def test_pooling_max_of_a_row_without_real_tokens_is_finite():
+    h, mask = hidden_states()
+    mask[1] = 0
+    z = pool(h, mask, "max")
+    check("pooling", bool(torch.isfinite(z).all()), f"max pooling of an example with no real "
+          f"token must stay finite (fill the padding with torch.finfo(h.dtype).min, not -inf); "
+          f"got {z[1].tolist()}")
+
+
 def test_pooling_ignores_padding():
     h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])  # (1, 3, 2), the last: padding
     mask = torch.tensor([[1, 1, 0]])

@@ -663,20 +663,24 @@ class Tiny(torch.nn.Module):
 class ProxyLoss(torch.nn.Module):
     """A loss with parameters of its own, as the proxy losses: cross-entropy on the logits and on
     their products with the proxies, times `scale` (which puts the gradient norm over 1 or under).
-    `poison` adds sqrt(0 x proxies): a loss of 0 whose gradient is NaN."""
+    `poison` "nan" adds sqrt(0 x proxies), a loss of 0 whose gradient is NaN; "inf" adds
+    sqrt(p - p) with p the proxies' sum, a loss of 0 whose gradient is infinite."""
 
     def __init__(self, classes, seed):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.proxies = torch.nn.Parameter(torch.randn(classes, classes, generator=g))
-        self.scale, self.poison = 1.0, False
+        self.scale, self.poison = 1.0, None
 
     def forward(self, output, targets):
         ce = F.cross_entropy(output, targets)
         metric = F.cross_entropy(output @ self.proxies.T, targets)
         loss = self.scale * (ce + metric)
-        if self.poison:
+        if self.poison == "nan":
             loss = loss + torch.sqrt(0 * self.proxies.sum())
+        elif self.poison == "inf":
+            p = self.proxies.sum()
+            loss = loss + torch.sqrt(p - p.detach())
         return loss, {"ce": ce.detach(), "metric": metric.detach()}
 
 
@@ -831,8 +835,10 @@ def test_part_training_parameter_groups():
 
 def test_part_training_schedule():
     """The lr at each optimizer.step(), every group alike: up from lr / warmup to lr over the
-    warm-up steps, then down to 0 at total_steps; warmup is a share of the steps, at least one."""
-    for total, warmup in ((20, 0.25), (10, 0.06)):  # 5 warm-up steps of 20; int(0.6) = 0: 1 step
+    warm-up steps, then down to 0 at total_steps; warmup is a share of the steps, at least one,
+    truncated (int), not rounded."""
+    # 5 warm-up steps of 20; int(0.6) = 0: 1 step; int(3.6) = 3 steps of 20, not 4
+    for total, warmup in ((20, 0.25), (10, 0.06), (20, 0.18)):
         _, _, optimizer, scheduler, params, names, args = tiny_run(total, warmup)
         w = max(1, int(warmup * total))
         lrs = []
@@ -848,12 +854,14 @@ def test_part_training_schedule():
                 continue
             s = bad[0]
             rise = next((k for k in range(1, total) if f[k] <= f[k - 1] + 1e-9), total)
+            truncated = (f"; int() truncates {warmup} x {total} = {warmup * total:.3g} to {w}, "
+                         f"not rounded" if rise == round(warmup * total) != w else "")
             hint = ("the lr never changes: there is no schedule" if max(f) - min(f) < 1e-9 else
                     "the first step trains at lr / warmup, not 0: the warm-up factor is "
                     "(s + 1) / warmup" if s == 0 and f[0] == 0 else
                     f"the lr rises over {rise} steps; the warm-up lasts warmup = max(1, "
                     f"int(args.warmup x total_steps)) = {w} steps (a share of the steps, not of "
-                    f"the epochs)" if rise != w else
+                    f"the epochs){truncated}" if rise != w else
                     "after the warm-up the lr falls linearly to 0 at total_steps")
             check(PART, False, f"the learning rate at step {s} of {total} (--warmup {warmup}, the "
                   f"group holding {name}) is {f[s]:.4g} x its lr, expected "
@@ -951,10 +959,12 @@ def test_part_training_step_passes_pcgrad_the_losses():
           f"returned {conflicts}")
 
 
-def test_part_training_step_stops_on_a_gradient_that_is_not_finite():
-    """A NaN gradient raises Diverged before optimizer.step(): the weights stay as they were."""
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+def test_part_training_step_stops_on_a_gradient_that_is_not_finite(poison):
+    """A NaN or infinite gradient raises Diverged before optimizer.step(): the weights stay as
+    they were."""
     model, losses, optimizer, scheduler, params, names, _ = tiny_run()
-    losses["a"].poison = True
+    losses["a"].poison = poison
     before = [p.detach().clone() for p in params]
     stopped = None
     try:
@@ -965,8 +975,10 @@ def test_part_training_step_stops_on_a_gradient_that_is_not_finite():
         raise
     except Exception as e:
         check(PART, False, f"train_step raised {type(e).__name__}: {e}")
-    check(PART, stopped is not None, "a gradient norm that is not finite (here NaN) must raise "
-          "Diverged before optimizer.step(); train_step went on")
+    hint = "" if poison == "nan" else ": test torch.isfinite(norm), not only torch.isnan"
+    check(PART, stopped is not None, f"a gradient norm that is not finite (here "
+          f"{'NaN' if poison == 'nan' else 'infinite'}) must raise Diverged before "
+          f"optimizer.step(); train_step went on{hint}")
     changed = [n for n, p, b in zip(names, params, before) if not torch.equal(p.detach(), b)]
     check(PART, not changed, f"train_step raised Diverged, but after changing "
           f"{', '.join(changed)}: check the norm before optimizer.step(), so that the weights "
