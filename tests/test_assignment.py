@@ -90,12 +90,30 @@ def test_the_edition_stubs_every_block_and_keeps_the_rest(edition):
                     assert line not in text.splitlines(keepends=True) or \
                         ours.count(line) > 1, f"{f}: a line of {label(name)}'s solution " \
                         f"is still in the edition: {line.strip()}"
+    # nor elsewhere in the edition (the tests hold oracles, not copies: the README says so)
+    solution = {line.strip() for p in PARTS for line in block_lines(p.file)
+                if len(line.strip()) > 30 and not line.strip().startswith("#")}
+    solution -= {"optimizer.zero_grad(set_to_none=True)"}  # any training loop has it (bench.py)
+    for f in repository_files():
+        if f in assignment.NOT_COPIED or f.startswith("tests/") or f in {p.file for p in PARTS}:
+            continue
+        try:
+            text = open(os.path.join(edition, f), encoding="utf-8").read()
+        except UnicodeDecodeError:
+            continue
+        quoted = [line for line in solution if line in text]
+        assert not quoted, f"{f} quotes a solution line in the edition: {quoted[0]}"
     handout = open(os.path.join(edition, "HANDOUT.md"), encoding="utf-8").read()
     for part in PARTS:
         assert f"| {assignment.NUMBER[part.name]} | {part.name} |" in handout, part.name
         assert part.test in handout, part.name
     bert = "".join(read_lines(os.path.join(edition, "minknn/bert.py")))
     assert 'ATTENTION = "explicit"' in bert, "the student edition must train with attention()"
+
+
+def block_lines(file):
+    lines = read_lines(os.path.join(ROOT, file))
+    return [line for _, begin, end in find_blocks(lines, file) for line in lines[begin + 1:end]]
 
 
 def test_putting_the_solution_back_gives_this_repository(edition, tmp_path):
