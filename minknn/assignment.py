@@ -248,12 +248,14 @@ def choose(spec):
 
 
 def handout(parts):
-    needed = [f"{label(n)} runs {', '.join(label(m) for m in NEEDS[n])}" for n in parts
-              if any(m in parts for m in NEEDS.get(n, ()))]
+    """HANDOUT.md for an edition of these parts: what to write, in order, and how it is graded;
+    the dependencies (NEEDS) and the attention note only where the chosen parts have them."""
+    notes = ["; ".join(f"{label(n)} runs {', '.join(label(m) for m in NEEDS[n])}" for n in parts
+                       if any(m in parts for m in NEEDS.get(n, ())))]
     trains = [label(n) for n in TRAINS if n in parts]
-    needs = "".join(f" {s[0].upper()}{s[1:]}." for s in (
-        *([f"{'; '.join(needed)}"] if needed else []),
-        *([f"`train.py` trains nothing until {', '.join(trains)} are written"] if trains else [])))
+    if trains:
+        notes.append(f"`train.py` trains nothing until {', '.join(trains)} are written")
+    needs = "".join(f" {n[0].upper()}{n[1:]}." for n in notes if n)
     attention = "" if "attention" not in parts else """
 **The attention you write is the attention that trains**: in this edition `--attention` defaults
 to `explicit` (your `attention()`); `--attention fused` runs PyTorch's kernel instead. On a 2-core

@@ -14,10 +14,10 @@ from minknn.assignment import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, c
                                find_blocks, label, read_lines, repository_files, solve,
                                write_edition)
 
+from mutate import check_list  # tests/ is on sys.path, as for conftest
+from mutations import MUTATIONS
+
 ROOT = assignment.ROOT
-sys.path.insert(0, os.path.dirname(__file__))
-from mutate import check_list  # noqa: E402
-from mutations import MUTATIONS  # noqa: E402
 
 
 def test_every_part_has_a_solution_block_in_its_file():
