@@ -128,6 +128,24 @@ def test_putting_the_solution_back_gives_this_repository(edition, tmp_path):
                 open(os.path.join(ROOT, f), "rb").read(), f"{f} differs after --solve"
 
 
+def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
+    """The handout's promise: every part written (the solution put back), the edition's default
+    explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
+    the fused kernel this repository defaults to."""
+    import shutil
+    copy = str(tmp_path / "finished")
+    shutil.copytree(edition, copy)
+    solve(copy)
+    bert = os.path.join(copy, assignment.ATTENTION_LINE[0])
+    text = open(bert, encoding="utf-8").read()
+    with open(bert, "w", encoding="utf-8") as f:
+        f.write(text.replace(*assignment.ATTENTION_LINE[1:]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+                       cwd=copy, env=edition_env(), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, ("the finished student edition (explicit attention) fails its own "
+                               f"suite:\n{(r.stdout + r.stderr)[-1500:]}")
+
+
 def test_the_edition_refuses_an_existing_folder_and_bad_parts(tmp_path):
     run = [sys.executable, "-m", "minknn.assignment"]
     r = subprocess.run(run + [str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
