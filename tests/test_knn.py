@@ -13,10 +13,9 @@ import torch.nn.functional as F
 import minknn.knn
 from minknn import MinknnError
 from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
-from minknn.assignment import label
 from minknn.knn import TEMPERATURES, VOTES, Datastore, interpolate, settings
 
-from grading import check, close, matches_reference
+from grading import check, close, graded, matches_reference
 
 
 def random_datastore(n=200, d=16, classes=4, seed=0):
@@ -51,16 +50,6 @@ def fmt(t):
     return "[" + ", ".join(f"{x:.3g}" for x in t.tolist()) + "]"
 
 
-def named(what, fn, *args):
-    """fn(*args), an exception in it turned into a failure naming the part."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        raise AssertionError(f"{label(PART)}: {what} raised {type(e).__name__}: {e}") from e
-
-
 def datastore_of(labels, num_classes):
     """A datastore whose row j has label labels[j] (a class, or a multi-hot row); the keys do not
     matter to a vote."""
@@ -69,7 +58,7 @@ def datastore_of(labels, num_classes):
 
 
 def check_weights(vote, scores, temperature, expected, rule):
-    weights = named(f"vote_{vote}", VOTES[vote], scores, temperature)
+    weights = graded(PART, f"vote_{vote}", VOTES[vote], scores, temperature)
     check(PART, tuple(weights.shape) == tuple(scores.shape),
           f"vote_{vote} gives weights of shape {tuple(weights.shape)} for scores of shape "
           f"{tuple(scores.shape)}: one weight per query and neighbour")
@@ -80,7 +69,7 @@ def check_weights(vote, scores, temperature, expected, rule):
 
 
 def check_vote(datastore, vote, scores, rows, temperature, expected, rule):
-    got = named("Datastore.vote", datastore.vote, scores, rows, vote, temperature)
+    got = graded(PART, "Datastore.vote", datastore.vote, scores, rows, vote, temperature)
     check(PART, tuple(got.shape) == tuple(expected.shape),
           f"Datastore.vote gives shape {tuple(got.shape)}, expected (Q, C) = "
           f"{tuple(expected.shape)}")
@@ -132,7 +121,7 @@ def test_each_vote_weighs_in_float64():
     sums them into float64 rows."""
     scores = torch.tensor([[0.9, 0.5, 0.1], [0.8, 0.8, 0.2]])  # float32, as faiss returns them
     for vote, temperature in TEMPERATURES.items():
-        weights = named(f"vote_{vote}", VOTES[vote], scores, temperature)
+        weights = graded(PART, f"vote_{vote}", VOTES[vote], scores, temperature)
         check(PART, weights.dtype == torch.float64, f"vote_{vote} gives weights in "
               f"{weights.dtype} for float32 scores; the weights are float64 (dtype=torch.float64, "
               f"or scores.double())")
@@ -169,7 +158,7 @@ def test_multilabel_vote_by_hand():
                "each neighbour adds its weight to each of its labels")
     # mixed with the model's sigmoids (lam = 0.5), then each class kept where the mix is > 0.5
     model = torch.tensor([[0.2, 0.9, 0.4]], dtype=torch.float64)
-    mixed = named("interpolate", interpolate, model, expected, 0.5)
+    mixed = graded(PART, "interpolate", interpolate, model, expected, 0.5)
     close(PART, mixed, 0.5 * model + 0.5 * expected,
           "the mix of the sigmoids and the kNN vote with phi 0.5")
     # 0.1 + 0.45, 0.45 + 0.33, 0.2 + 0.045
@@ -186,7 +175,8 @@ def test_the_mix_by_hand():
                                 (1.0, knn, "with phi = 1, kNN alone: the mix"),
                                 (0.25, 0.75 * probabilities + 0.25 * knn, "with phi = 0.25, "
                                  "0.75 P + 0.25 KNN (phi is the kNN vote's share): the mix")):
-        close(PART, named("interpolate", interpolate, probabilities, knn, phi), expected, what)
+        mixed = graded(PART, "interpolate", interpolate, probabilities, knn, phi)
+        close(PART, mixed, expected, what)
 
 
 def test_sanity_check_the_votes_and_the_mix():
@@ -200,10 +190,11 @@ def test_sanity_check_the_votes_and_the_mix():
     distances = (torch.rand(3, 5, generator=g) * 20).sort(dim=1).values
     for vote, scores in (("cosine", similarities), ("distance", distances),
                          ("euclidean", distances)):
-        knn = named(f"the {vote} vote", datastore.vote, scores, rows, vote, TEMPERATURES[vote])
+        knn = graded(PART, f"the {vote} vote", datastore.vote, scores, rows, vote,
+                     TEMPERATURES[vote])
         matches_reference(PART, f"{vote} vote", knn)
     probabilities = torch.softmax(torch.randn(3, 4, generator=g, dtype=torch.float64), dim=1)
-    mixed = named("interpolate", interpolate, probabilities, knn, 0.25)
+    mixed = graded(PART, "interpolate", interpolate, probabilities, knn, 0.25)
     matches_reference(PART, "mix with phi 0.25", mixed)
 
 

@@ -21,7 +21,7 @@ from minknn.moco import KeyEncoder, MemoryBank, MoCo, Queue
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
-from grading import check, close, matches_reference
+from grading import check, close, graded, matches_reference
 
 PART = "memory"
 SST = get_task("sst")
@@ -29,16 +29,6 @@ SST = get_task("sst")
 
 def labels_of(examples):
     return torch.tensor([e.label for e in examples])
-
-
-def named(what, fn, *args):
-    """fn(*args), an exception in it turned into a failure naming the part."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        raise AssertionError(f"{label(PART)}: {what} raised {type(e).__name__}: {e}") from e
 
 
 class StandIn(nn.Module):
@@ -81,7 +71,7 @@ def test_momentum_update_by_hand():
         for step in (1, 2):
             trained(model, seed=step)
             theta_q = flat(model)
-            named("KeyEncoder.update", key_encoder.update, model)
+            graded(PART, "KeyEncoder.update", key_encoder.update, model)
             got = flat(key_encoder.encoder)
             check(PART, not torch.equal(got, theta_k), "KeyEncoder.update left the key encoder's "
                   "parameters unchanged: change them in place (k.mul_(...).add_(...)); a new "
@@ -108,7 +98,7 @@ def test_batch_keys_come_after_the_momentum_step():
         expected = F.normalize(after.linear(x), dim=1)
         stale = F.normalize(before.linear(x), dim=1)
         fresh = F.normalize(model.linear(x), dim=1)
-    keys = named("MoCo.batch_keys", moco.batch_keys, model, {"x": x}, torch.arange(3))
+    keys = graded(PART, "MoCo.batch_keys", moco.batch_keys, model, {"x": x}, torch.arange(3))
     close(PART, flat(moco.key_encoder.encoder), flat(after), "the key encoder after batch_keys "
           "(one momentum step towards the model, m = 0.5)")
     check(PART, not torch.allclose(keys, stale, atol=1e-5), "the batch keys were computed before "
@@ -122,7 +112,7 @@ def test_batch_keys_come_after_the_momentum_step():
 
 
 def enqueue(queue, keys, labels, ids):
-    named("Queue.enqueue", queue.enqueue, keys, labels, ids)
+    graded(PART, "Queue.enqueue", queue.enqueue, keys, labels, ids)
 
 
 def test_queue_wraps_around_first_in_first_out():
@@ -175,8 +165,8 @@ def test_memory_bank_update_is_wu_et_al_momentum():
         bank.fill(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]]), torch.arange(4),
                   torch.arange(4))
         before = bank.keys.clone()
-        named("MemoryBank.update", bank.update, torch.tensor([1, 3]),
-              torch.tensor([[2.0, 0.0], [0.0, -3.0]]), m)
+        graded(PART, "MemoryBank.update", bank.update, torch.tensor([1, 3]),
+               torch.tensor([[2.0, 0.0], [0.0, -3.0]]), m)
         expected = before.clone()
         expected[1] = F.normalize(m * before[1] + (1 - m) * torch.tensor([1.0, 0.0]), dim=0)
         expected[3] = F.normalize(m * before[3] + (1 - m) * torch.tensor([0.0, -1.0]), dim=0)
@@ -193,7 +183,7 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
     queries = torch.randn(3, 4, generator=g, requires_grad=True)
     labels, rows = torch.tensor([2, 0, 1]), torch.tensor([5, 1, 4])
     moco = MoCo(model, SimpleNamespace(name="sst"), "queue", 8)
-    named("MoCo.after_step", moco.after_step, keys, labels, rows, queries)
+    graded(PART, "MoCo.after_step", moco.after_step, keys, labels, rows, queries)
     close(PART, moco.memory.keys[:3], keys, "the queue's first slots after the first step (the "
           "batch's keys; the queries never enter the queue)")
     check(PART, moco.memory.labels[:3].tolist() == [2, 0, 1] and moco.memory.ids[:3].tolist()
@@ -202,7 +192,7 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
     moco.memory.fill(F.normalize(torch.randn(6, 4, generator=g), dim=1), torch.arange(6),
                      torch.arange(6))
     before = moco.memory.keys.clone()
-    named("MoCo.after_step", moco.after_step, before[rows], labels, rows, queries)
+    graded(PART, "MoCo.after_step", moco.after_step, before[rows], labels, rows, queries)
     expected = before.clone()
     expected[rows] = F.normalize(0.5 * before[rows] + 0.5 * F.normalize(queries.detach(), dim=1),
                                  dim=1)
@@ -218,24 +208,25 @@ def test_sanity_check_the_memory():
     key_encoder = KeyEncoder(model, m=0.9)
     trained(model)
     for _ in range(2):
-        named("KeyEncoder.update", key_encoder.update, model)
+        graded(PART, "KeyEncoder.update", key_encoder.update, model)
     matches_reference(PART, "key encoder after two steps with m 0.9", flat(key_encoder.encoder))
     queue = Queue(5, 3)
     for step, n in enumerate((3, 4, 2)):  # 9 keys: the pointer passes the end once
         labels = 10 * step + torch.arange(n)
-        named("Queue.enqueue", queue.enqueue, torch.randn(n, 3, generator=g), labels, 100 + labels)
+        graded(PART, "Queue.enqueue", queue.enqueue, torch.randn(n, 3, generator=g), labels,
+               100 + labels)
     for name in ("keys", "labels", "ids", "ptr"):
         matches_reference(PART, f"queue {name}", getattr(queue, name))
     bank = MemoryBank(6, 3)
     bank.fill(torch.randn(6, 3, generator=g), torch.arange(6), torch.arange(6))
-    named("MemoryBank.update", bank.update, torch.tensor([4, 1]), torch.randn(2, 3, generator=g),
-          0.7)
+    graded(PART, "MemoryBank.update", bank.update, torch.tensor([4, 1]),
+           torch.randn(2, 3, generator=g), 0.7)
     matches_reference(PART, "bank keys after an update with m 0.7", bank.keys)
     model = StandIn()
     moco = MoCo(model, SimpleNamespace(name="sst"), "queue", 8, momentum=0.6)
     trained(model)
-    keys = named("MoCo.batch_keys", moco.batch_keys, model, {"x": torch.randn(3, 6, generator=g)},
-                 torch.arange(3))
+    x = torch.randn(3, 6, generator=g)
+    keys = graded(PART, "MoCo.batch_keys", moco.batch_keys, model, {"x": x}, torch.arange(3))
     matches_reference(PART, "batch keys with m 0.6", keys)
 
 
@@ -250,7 +241,7 @@ def test_momentum_update_of_the_bert_model(model):
     key_encoder = KeyEncoder(model, m=0.9)
     theta_k = flat(key_encoder.encoder)
     trained(model)
-    named("KeyEncoder.update", key_encoder.update, model)
+    graded(PART, "KeyEncoder.update", key_encoder.update, model)
     close(PART, flat(key_encoder.encoder), 0.9 * theta_k + 0.1 * flat(model),
           "the BERT key encoder's parameters after a momentum step with m = 0.9")
 
@@ -265,7 +256,7 @@ def test_key_encoder_gets_no_gradient_and_moves_only_by_momentum(model, tiny_ber
     batch = train[:8]
     inputs, labels = encode_batch(tokenizer, batch), labels_of(batch)
     rows = torch.arange(8)
-    keys = named("MoCo.batch_keys", moco.batch_keys, model, inputs, rows)
+    keys = graded(PART, "MoCo.batch_keys", moco.batch_keys, model, inputs, rows)
     before = [p.clone() for p in moco.key_encoder.encoder.parameters()]
     loss, _ = objective(model("sst", **inputs), labels, keys, moco.memory, rows)
     loss.backward()
@@ -276,7 +267,7 @@ def test_key_encoder_gets_no_gradient_and_moves_only_by_momentum(model, tiny_ber
     assert any(p.grad is not None for p in model.parameters())
     for k, k0 in zip(encoder.parameters(), before):  # the optimiser step left it alone
         assert torch.equal(k, k0)
-    named("MoCo.after_step", moco.after_step, keys, labels, rows + 100, None)
+    graded(PART, "MoCo.after_step", moco.after_step, keys, labels, rows + 100, None)
     check(PART, moco.memory.ptr.item() == 8, f"a queue of 16 after its first batch of 8: ptr is "
           f"{moco.memory.ptr.item()}, expected 8")
     check(PART, torch.equal(moco.memory.labels[:8], labels)
@@ -308,7 +299,7 @@ def test_bank_gives_each_example_its_own_entry(model, tiny_bert_dir, data_dir):
     assert torch.equal(moco.batch_keys(model, None, rows), moco.memory.keys[rows])
     queries = torch.randn(3, 32)
     expected = F.normalize(0.5 * moco.memory.keys[rows] + 0.5 * F.normalize(queries, dim=1), dim=1)
-    named("MoCo.after_step", moco.after_step, None, None, rows, queries)
+    graded(PART, "MoCo.after_step", moco.after_step, None, None, rows, queries)
     close(PART, moco.memory.keys[rows], expected,
           "the bank entries of a step's rows (moved towards its queries, m = 0.5)")
 

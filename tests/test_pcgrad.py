@@ -8,10 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minknn.assignment import label
 from minknn.pcgrad import PCGrad, pcgrad_weights, project_conflicting
 
-from grading import check, close, matches_reference
+from grading import check, close, graded, matches_reference
 
 PART = "pcgrad"
 
@@ -32,24 +31,14 @@ def algorithm_1(grads, rng):
     return [sum(col) for col in zip(*g_pc)]
 
 
-def named(what, fn, *args):
-    """fn(*args), an exception in it turned into a failure naming the part."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        raise AssertionError(f"{label(PART)}: {what} raised {type(e).__name__}: {e}") from e
-
-
 def projected(grads, seed):
     """project_conflicting's adjusted gradients, the other tasks' order drawn from seed."""
-    return named("project_conflicting", project_conflicting, grads, random.Random(seed))
+    return graded(PART, "project_conflicting", project_conflicting, grads, random.Random(seed))
 
 
 def from_gram(grads, seed):
     """The update direction sum_j w_j g_j from pcgrad_weights on the Gram matrix."""
-    weights = named("pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(seed))
+    weights = graded(PART, "pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(seed))
     return weights.to(grads.dtype) @ grads
 
 
@@ -129,7 +118,7 @@ def test_a_zero_gradient_is_harmless():
     g = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
     close(PART, projected(g, 0), g, "project_conflicting's output with a zero gradient (its dot "
           "is 0, no conflict, and nothing divides by its norm 0)", atol=0, rtol=0)
-    close(PART, named("pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)),
+    close(PART, graded(PART, "pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)),
           torch.ones(2, dtype=torch.float64), "pcgrad_weights with a zero gradient", atol=0, rtol=0)
 
 
@@ -162,7 +151,7 @@ def test_a_runs_pcgrad_reuses_its_buffer_and_stays_exact():
         expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(step)),
                                 dtype=torch.float64)
         model.zero_grad(set_to_none=True)
-        named("PCGrad.backward", pcgrad.backward, model.losses(xs), random.Random(step))
+        graded(PART, "PCGrad.backward", pcgrad.backward, model.losses(xs), random.Random(step))
         close(PART, torch.cat([p.grad.reshape(-1) for p in shared]), expected,
               f"step {step}: the shared .grad (Algorithm 1's direction)", atol=1e-12, rtol=0)
         if step == 0:
@@ -203,8 +192,8 @@ def test_heads_get_their_own_task_gradient_and_the_encoder_gets_pcgrad():
     flat = torch.stack([torch.cat([g[id(p)].reshape(-1) for p in shared]) for g in grads])
     expected = torch.tensor(algorithm_1(flat.tolist(), random.Random(7)), dtype=torch.float64)
 
-    conflicts = named("PCGrad.backward", PCGrad(shared).backward, model.losses(xs),
-                      random.Random(7))
+    conflicts = graded(PART, "PCGrad.backward", PCGrad(shared).backward, model.losses(xs),
+                       random.Random(7))
     assert conflicts == int(((flat @ flat.T).triu(1) < 0).sum())
     close(PART, torch.cat([p.grad.reshape(-1) for p in shared]), expected,
           "the shared encoder's .grad (Algorithm 1's direction)", atol=1e-12, rtol=0)
@@ -251,4 +240,4 @@ def test_sanity_check_the_projections():
     g = conflicting(0)
     matches_reference(PART, "project_conflicting", projected(g, 0))
     matches_reference(PART, "pcgrad_weights",
-                      named("pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)))
+                      graded(PART, "pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import evaluate
 import train
-from grading import check, close, matches_reference
+from grading import check, close, graded, matches_reference
 from minknn.bert import BertConfig, BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
@@ -625,17 +625,6 @@ TOTAL, WARMUP = 8, 0.25  # the step tests' schedule: 2 warm-up steps of 8, so ea
 SCALES = (30.0, 0.01, 30.0)  # the losses' scale at each step: gradient norm over 1, under, over
 
 
-def student(what, fn, *args, **kwargs):
-    """Calls the part's code; an error other than the stub's NotImplementedError fails naming the
-    part."""
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        check(PART, False, f"{what} raised {type(e).__name__}: {e}")
-
-
 class Tiny(torch.nn.Module):
     """A stand-in for minknn.model.Model in train_step: model(task, input_ids=...) -> the task's
     logits, through an embedding, a dense layer and a LayerNorm (a BERT in miniature) and a head per
@@ -705,9 +694,9 @@ def tiny_run(total=TOTAL, warmup=WARMUP):
     args = tiny_args(warmup)
     names = [n for n, _ in model.named_parameters()]
     names += [f"losses.{n}" for n, _ in losses.named_parameters()]
-    optimizer, scheduler = student(
-        f"make_optimizer(..., total_steps={total}) with --warmup {warmup}", train.make_optimizer,
-        list(model.parameters()), list(losses.parameters()), args, total)
+    optimizer, scheduler = graded(
+        PART, f"make_optimizer(..., total_steps={total}) with --warmup {warmup}",
+        train.make_optimizer, list(model.parameters()), list(losses.parameters()), args, total)
     params = list(model.parameters()) + list(losses.parameters())
     return model, losses, optimizer, scheduler, params, names, args
 
@@ -801,8 +790,8 @@ def test_part_training_parameter_groups():
     args = tiny_args()
     named = list(model.named_parameters())
     named += [(f"losses.{n}", p) for n, p in losses.named_parameters()]
-    optimizer, _ = student("make_optimizer", train.make_optimizer, list(model.parameters()),
-                           list(losses.parameters()), args, 100)
+    optimizer, _ = graded(PART, "make_optimizer", train.make_optimizer, list(model.parameters()),
+                          list(losses.parameters()), args, 100)
     check(PART, isinstance(optimizer, torch.optim.AdamW), f"make_optimizer must build "
           f"torch.optim.AdamW (the weight decay apart from the adaptive step, Loshchilov and "
           f"Hutter 2019); it built {type(optimizer).__name__}")
@@ -905,8 +894,8 @@ def test_part_training_step_order():
         expected, raw_norm = clipped_gradients(model, losses, tiny_batches(s))
         assert (raw_norm > 1) == (scale > 1), "the scales no longer put the norm over and under 1"
         before = len(calls)
-        student(f"train_step (call {s + 1})", train.train_step, model, losses, optimizer,
-                scheduler, params, tiny_batches(s))
+        graded(PART, f"train_step (call {s + 1})", train.train_step, model, losses, optimizer,
+               scheduler, params, tiny_batches(s))
         call = f"train_step call {s + 1}"
         check(PART, len(calls) == before + 1, f"{call} called optimizer.step() "
               f"{len(calls) - before} times; once per call")
@@ -947,14 +936,14 @@ def test_part_training_step_passes_pcgrad_the_losses():
 
     model, losses, optimizer, scheduler, params, _, _ = tiny_run()
     rng, pcgrad = random.Random(0), FakePCGrad()
-    _, _, conflicts = student("train_step with pcgrad", train.train_step, model, losses, optimizer,
-                              scheduler, params, tiny_batches(0), pcgrad=pcgrad, rng=rng)
+    _, _, conflicts = graded(PART, "train_step with pcgrad", train.train_step, model, losses,
+                             optimizer, scheduler, params, tiny_batches(0), pcgrad=pcgrad, rng=rng)
     check(PART, pcgrad.calls == [(2, rng)] and conflicts == 7, f"with --pcgrad, train_step calls "
           f"pcgrad.backward(list(task_losses.values()), rng) once in place of the sum's backward, "
           f"and returns what it returns (7 here); it made the calls {pcgrad.calls} (the number of "
           f"losses, the rng) and returned {conflicts}")
-    _, _, conflicts = student("train_step", train.train_step, model, losses, optimizer, scheduler,
-                              params, tiny_batches(1))
+    _, _, conflicts = graded(PART, "train_step", train.train_step, model, losses, optimizer,
+                             scheduler, params, tiny_batches(1))
     check(PART, conflicts is None, f"without --pcgrad, train_step returns conflicts None; it "
           f"returned {conflicts}")
 
@@ -991,8 +980,8 @@ def three_steps():
     expected = oracle(model, losses, args)
     for s, scale in enumerate(SCALES):
         set_scale(losses, scale)
-        student(f"train_step (call {s + 1})", train.train_step, model, losses, optimizer,
-                scheduler, params, tiny_batches(s))
+        graded(PART, f"train_step (call {s + 1})", train.train_step, model, losses, optimizer,
+               scheduler, params, tiny_batches(s))
     return dict(zip(names, (p.detach() for p in params))), expected
 
 
