@@ -169,18 +169,25 @@ def test_embeddings_match_the_formula():
           "eval mode)")
 
 
+def check_dropout_at_half(part, dropped, plain, none_dropped, kept):
+    """dropped: `plain` through dropout with p = 0.5: about half the values 0, the others
+    plain / (1 - p). none_dropped: the hint when nothing was dropped; kept: what the others are."""
+    zero = dropped == 0
+    check(part, zero.any(), none_dropped)
+    share = zero.float().mean().item()
+    check(part, 0.35 < share < 0.65, f"with dropout p 0.5, {share:.0%} of the values were dropped")
+    close(part, dropped[~zero], (plain / 0.5)[~zero], kept)
+
+
 def test_embeddings_dropout_comes_last_and_only_in_training():
     emb = fixed(BertEmbeddings(dataclasses.replace(SMALL, hidden_dropout_prob=0.5)))
     plain = embed(emb)
     dropped = seeded(lambda: embed(emb.train()))
-    zero = dropped == 0
-    check("embeddings", zero.any(), "in training mode no value was dropped (set to 0): "
-          "self.dropout is missing, or applied before LayerNorm (which fills the zeros again)")
-    share = zero.float().mean().item()
-    check("embeddings", 0.3 < share < 0.7, f"with hidden_dropout_prob 0.5, {share:.0%} of the "
-          f"values were dropped")
-    close("embeddings", dropped[~zero], (plain / 0.5)[~zero], "in training mode, the values kept "
-          "by dropout (LayerNorm's output scaled by 1 / (1 - p); dropout is the last step)")
+    check_dropout_at_half("embeddings", dropped, plain, "in training mode no value was dropped "
+                          "(set to 0): self.dropout is missing, or applied before LayerNorm "
+                          "(which fills the zeros again)", "in training mode, the values kept by "
+                          "dropout (LayerNorm's output scaled by 1 / (1 - p); dropout is the last "
+                          "step)")
 
 
 def test_embeddings_sanity_check():
@@ -293,14 +300,10 @@ def test_attention_dropout_drops_the_weights():
           "3 outputs of a query must be equal, each the sum of its kept weights: dropout acts on "
           "the weights, before multiplying by V, not on the output")
     w = seeded(lambda: weights(q, k, None, dropout_p=0.5))
-    zero = w == 0
-    check("attention", zero.any(), "with dropout_p=0.5 no weight was dropped (set to 0): apply "
-          "F.dropout(probs, p=dropout_p) to the weights after the softmax (not to the scores)")
-    share = zero.float().mean().item()
-    check("attention", 0.35 < share < 0.65, f"with dropout_p=0.5, {share:.0%} of the weights were "
-          f"dropped")
-    close("attention", w[~zero], (plain / 0.5)[~zero], "with dropout_p=0.5, the weights kept "
-          "(scaled by 1 / (1 - p), as F.dropout does)")
+    check_dropout_at_half("attention", w, plain, "with dropout_p=0.5 no weight was dropped (set to "
+                          "0): apply F.dropout(probs, p=dropout_p) to the weights after the "
+                          "softmax (not to the scores)", "with dropout_p=0.5, the weights kept "
+                          "(scaled by 1 / (1 - p), as F.dropout does)")
 
 
 def test_attention_sanity_check():
