@@ -131,6 +131,7 @@ NEEDS = {"pooling": TRAINS[:3],  # a tiny BERT
          "memory": (*TRAINS, "knnbert", "moco-loss")}  # tiny training runs of the memory losses
 NUMBER = {p.name: i + 1 for i, p in enumerate(PARTS)}
 BY_NAME = {p.name: p for p in PARTS}
+PART_FILES = sorted({p.file for p in PARTS})
 
 
 def label(name):
@@ -220,9 +221,9 @@ def blocks_by_part(root=ROOT, parts=None):
     """{part name: [its blocks' lines, in order]} from the repository's marked files; each part
     of `parts` (default: all) must have one."""
     found = {}
-    for p in sorted({p.file for p in PARTS}):
-        lines = read_lines(os.path.join(root, p))
-        for name, begin, end in find_blocks(lines, p):
+    for f in PART_FILES:
+        lines = read_lines(os.path.join(root, f))
+        for name, begin, end in find_blocks(lines, f):
             found.setdefault(name, []).append(lines[begin + 1:end])
     missing = [n for n in (BY_NAME if parts is None else parts) if n not in found]
     if missing:
@@ -306,7 +307,7 @@ def write_edition(out, spec=None, root=ROOT):
             if f in NOT_COPIED:
                 continue
             os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)
-            if f not in {p.file for p in PARTS}:  # the only files with solution blocks
+            if f not in PART_FILES:  # the only files with solution blocks
                 shutil.copy2(os.path.join(root, f), os.path.join(tmp, f))
                 continue
             lines = rewrite(read_lines(os.path.join(root, f)), f, parts,
@@ -330,12 +331,11 @@ def solve(edition, root=ROOT):
     """Puts this repository's solution blocks back into an edition (every part), and its
     explicit-attention default back to this repository's."""
     blocks = blocks_by_part(root, [])
-    files = sorted({p.file for p in PARTS})
-    missing = [f for f in files if not os.path.isfile(os.path.join(edition, f))]
+    missing = [f for f in PART_FILES if not os.path.isfile(os.path.join(edition, f))]
     if missing:
         raise AssignmentError(f"{edition}: not a student edition (no {', '.join(missing[:3])})")
     edited = {}
-    for f in files:  # every file checked before any is written
+    for f in PART_FILES:  # every file checked before any is written
         path = os.path.join(edition, f)
         lines = read_lines(path)
         counts = {}

@@ -3,6 +3,7 @@ has its solution block, the edition fails part by part with the part's name, put
 solution back gives this repository byte for byte, and the mutation list is well formed."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ def test_every_part_has_a_solution_block_in_its_file():
 
 def test_no_markers_outside_the_parts_files():
     """A marker in a file PARTS does not name would stay in the edition with its solution."""
-    files = {p.file for p in PARTS}
+    files = set(assignment.PART_FILES)
     for f in repository_files():
         if f.endswith(".py") and f not in files and f != "minknn/assignment.py":
             marked = [i + 1 for i, line in enumerate(read_lines(os.path.join(ROOT, f)))
@@ -76,7 +77,7 @@ def test_the_edition_stubs_every_block_and_keeps_the_rest(edition):
             assert not os.path.exists(theirs), f"{f} quotes the solution; it must not be copied"
             continue
         ours = read_lines(os.path.join(ROOT, f)) if f.endswith((".py", ".md")) else None
-        if f not in {p.file for p in PARTS}:
+        if f not in assignment.PART_FILES:
             assert open(theirs, "rb").read() == open(os.path.join(ROOT, f), "rb").read(), \
                 f"{f} has no part; the edition must copy it unchanged"
             continue
@@ -95,7 +96,7 @@ def test_the_edition_stubs_every_block_and_keeps_the_rest(edition):
                 if len(line.strip()) > 30 and not line.strip().startswith("#")}
     solution -= {"optimizer.zero_grad(set_to_none=True)"}  # any training loop has it (bench.py)
     for f in repository_files():
-        if f in assignment.NOT_COPIED or f.startswith("tests/") or f in {p.file for p in PARTS}:
+        if f in assignment.NOT_COPIED or f.startswith("tests/") or f in assignment.PART_FILES:
             continue
         try:
             text = open(os.path.join(edition, f), encoding="utf-8").read()
@@ -118,7 +119,6 @@ def block_lines(file):
 
 def test_putting_the_solution_back_gives_this_repository(edition, tmp_path):
     """The round trip: every stub replaced by this repository's block, byte for byte."""
-    import shutil
     copy = str(tmp_path / "solved")
     shutil.copytree(edition, copy)
     solve(copy)
@@ -132,7 +132,6 @@ def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     """The handout's promise: every part written (the solution put back), the edition's default
     explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
     the fused kernel this repository defaults to."""
-    import shutil
     copy = str(tmp_path / "finished")
     shutil.copytree(edition, copy)
     solve(copy)
