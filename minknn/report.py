@@ -28,7 +28,8 @@ def read_results(folder):
     path = os.path.join(folder, "results.jsonl")
     if not os.path.exists(path):
         raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.runner ...)")
-    return read_jsonl(path)
+    return read_jsonl(path, fix="run the grid's command again: it rewrites results.jsonl from "
+                                "the cells' own runs/*/cell.json, retraining none")
 
 
 def candidate(line, entry):
@@ -198,17 +199,37 @@ def choices_note(size, tasks, methods, labels, chosen):
     return ["", f"Chosen ({size}): " + "; ".join(notes) + "."] if notes else []
 
 
-def write_block(path, tag, lines):
-    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path
-    (RESULTS.md) with lines, so that its tables are a command's output, never typed by hand."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+def block_file(path, tag):
+    """The text of the file a table goes into (RESULTS.md) and the pattern of its block, checked
+    before any table is written: the file is there, readable, writable, and holds the block."""
     start, end = f"<!-- {tag} -->", f"<!-- /{tag} -->"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise MinknnError(f"--write {path}: not found; create it with the two markers '{start}' "
+                          f"and '{end}' where the table goes") from None
+    except UnicodeDecodeError:
+        raise MinknnError(f"--write {path}: not UTF-8 text; give the Markdown file the table "
+                          f"goes into") from None
+    except OSError as e:  # a folder, no permission
+        raise MinknnError(f"--write {path}: cannot be read ({e.strerror}); give the Markdown "
+                          f"file the table goes into") from None
+    if not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        raise MinknnError(f"--write {path}: its folder cannot be written (the file is replaced "
+                          f"by a renamed copy)")
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         raise MinknnError(f"--write {path}: no block '{start}' ... '{end}' to replace; add the two "
                           f"markers where the table goes")
-    block = "\n".join([start, *lines, end])
+    return text, pattern
+
+
+def write_block(path, tag, lines):
+    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path
+    (RESULTS.md) with lines, so that its tables are a command's output, never typed by hand."""
+    text, pattern = block_file(path, tag)
+    block = "\n".join([f"<!-- {tag} -->", *lines, f"<!-- /{tag} -->"])
     atomic_save(pattern.sub(lambda _: block, text), path, lambda t, f: f.write(t.encode()))
     print(f"written into {path}")
 
@@ -218,6 +239,11 @@ def check_test(test, lines):
     if test == "signflip" and len(seeds) > MAX_SIGN_FLIP:
         raise MinknnError(f"--test signflip enumerates 2^n sign patterns: {len(seeds)} seeds are "
                           f"more than {MAX_SIGN_FLIP}; use --test t")
+
+
+def runner_tag(folder):
+    """The name of a grid's block in a --write file: `runner NAME`, NAME the folder's name."""
+    return f"runner {os.path.basename(os.path.normpath(folder))}"
 
 
 def write_report(folder, metric=None, baseline=None, test="t", write=None):
@@ -238,12 +264,14 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
             raise MinknnError(f"--metric {m}: not a score of {missing['task']} (it has: "
                               f"{', '.join(missing['grid'][0]['test'])})")
     check_test(test, lines)
+    tag = runner_tag(folder)
+    if write:
+        block_file(write, tag)  # before table.md: a bad --write leaves nothing half done
     text = table(lines, metrics, baseline, test)
     path = os.path.join(folder, "table.md")
     atomic_save(text, path, lambda t, f: f.write(t.encode()))
     print(text)
     print(f"table in {path}")
     if write:
-        write_block(write, f"runner {os.path.basename(os.path.normpath(folder))}",
-                    text.rstrip("\n").split("\n"))
+        write_block(write, tag, text.rstrip("\n").split("\n"))
     return text

@@ -1,5 +1,7 @@
 """The grid's table (minknn/report.py): the choice of hyper-parameters and the results-file
 blocks."""
+import json
+
 import pytest
 
 from minknn import MinknnError, report
@@ -115,3 +117,22 @@ def test_no_p_and_no_star_where_the_t_test_is_undefined():
     assert row(text, "supcon").endswith("(p 0.500) |"), row(text, "supcon")
     assert "smallest p with 2 paired seeds is 0.5: no star is possible below 6 seeds" in text, \
         "report: a sign-flip table with too few seeds to reach 0.05 must say so"
+
+
+def test_a_bad_write_file_stops_before_the_table_is_written(tmp_path):
+    folder = tmp_path / "g"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("".join(
+        json.dumps(result("mr", m, s, 0.6)) + "\n" for m in ("ce", "supcon") for s in range(3)))
+    for write, says in ((tmp_path / "missing.md", "missing.md: not found"),
+                        (tmp_path, "cannot be read"),  # a folder
+                        (tmp_path / "R.md", "no block '<!-- runner g -->'")):
+        if write.name == "R.md":
+            write.write_text("no markers here\n")
+        with pytest.raises(MinknnError, match=says):
+            report.write_report(str(folder), write=str(write))
+        assert not (folder / "table.md").exists(), \
+            f"report.write_report: --write {write.name} is refused before table.md is written"
+    (tmp_path / "R.md").write_text("a\n<!-- runner g -->\nold\n<!-- /runner g -->\nb\n")
+    report.write_report(str(folder), write=str(tmp_path / "R.md"))
+    assert "| supcon |" in (tmp_path / "R.md").read_text() and (folder / "table.md").exists()
