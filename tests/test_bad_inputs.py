@@ -1,11 +1,12 @@
 """Bad input stops with one line, before any slow work: the README's promise, walked as a table.
 
 Each case builds its bad input in a temporary folder and runs train.py, evaluate.py or the runner
-in-process through minknn.run, as the scripts' __main__ does. It must exit with status 2 and print exactly
-one line on stderr, `error: ...`, containing the case's `says` text (the flag, file or value at
-fault). Any other exception is a traceback a user would have seen, and fails the case. "Before
-any slow work": the first training step and the first prediction pass are replaced by a function
-that fails the test, so an error found only after an epoch (or after encoding a split) fails too.
+in-process through minknn.run, as the scripts' __main__ does. It must exit with status 2 and print
+exactly one line on stderr, `error: ...`, containing the case's `says` text (the flag, file or
+value at fault). Any other exception is a traceback a user would have seen, and fails the case.
+"Before any slow work": the first training step and the first prediction pass are replaced by a
+function that fails the test, so an error found only after an epoch (or after encoding a split)
+fails too.
 
 A case: (id, script, setup, says). setup(tmp, model, data) returns the argv; tmp is a fresh
 folder, model the tiny BERT's folder (copy it before breaking it), data the fixture datasets.
