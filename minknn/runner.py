@@ -145,7 +145,7 @@ def run_cell(cell, methods, ctx):
         if os.path.exists(done):  # damaged: score the model again, or train it if it is gone
             gone = status == "done" and not os.path.exists(os.path.join(folder, "checkpoint.pt"))
             status = "new" if gone else status
-            print(f"{cell.name}: its cell.json is damaged; "
+            print(f"warning: {cell.name}: its cell.json is damaged; "
                   f"{'training' if gone else 'scoring'} the cell again", file=sys.stderr)
         if status == "new" and os.path.isdir(folder):  # killed before its first epoch ended
             shutil.rmtree(folder)

@@ -324,7 +324,7 @@ def test_damaged_results_and_cell_files_are_mended_by_a_rerun(tiny_bert_dir, tmp
     assert [argv[argv.index("--out") + 1] for argv in calls] == [str(out / "runs" / retrained)], \
         f"runner: only the cell whose cell.json and checkpoint are both gone trains again: {calls}"
     err = capsys.readouterr().err
-    assert f"{rescored}: its cell.json is damaged; scoring the cell again" in err and \
+    assert f"warning: {rescored}: its cell.json is damaged; scoring the cell again" in err and \
         f"{retrained}: its cell.json is damaged; training the cell again" in err, err
     strip = [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(out)]
     want = [{k: v for k, v in json.loads(ln).items() if k != "seconds"}
