@@ -9,9 +9,11 @@ sweep-<task>-<size>.png   KNN-BERT's Figure 2 (Li et al.): the test score of eac
 map-<task>-<size>-<name>.png   the test examples' representations in 2-D (PCA), coloured by class,
                           from the pretrained model and after fine-tuning: the clusters that the
                           contrastive and kNN papers show in their t-SNE pictures (first seed only).
-curves-<task>-<size>.png  learning curves: the training loss and the dev score after each epoch.
-                          One curve per trained cell, not per method: the methods reading a cell
-                          share its training, and are named together.
+curves-<task>-<size>.png  learning curves: the dev score after each epoch, every training on one
+                          axis, and each training's loss on an axis of its own (the losses differ
+                          in scale). A curve is a training (its loss and training parameters,
+                          `proxyanchor[lam=0.1]`), not a method: the methods reading a cell share
+                          its training.
 bars-<size>.png           the table as a picture: one group of bars per task, one bar per method,
                           the test score of the candidate chosen on the selection split
                           (report.choose), mean +- std over seeds.
@@ -161,25 +163,43 @@ def draw_map(ln, name, folder, written):
     save(fig, folder, f"map-{safe(ln['task'])}-{safe(ln['size'])}-{safe(name(ln))}.png", written)
 
 
-def draw_curves(group, task, size, metric, name, color, folder, written):
-    by_name = per_cell([ln for ln in group if ln.get("curve")], "curve", name)
-    if not by_name:
+def training_name(ln):
+    """What trained a line's cell: its loss and training parameters, e.g. `knnbert` or
+    `proxyanchor[lam=0.1]`; never the inference rule, which every method reading the cell adds
+    to the same training."""
+    params = ",".join(f"{k}={v}" for k, v in sorted(ln["train_params"].items()))
+    loss = ln["label"].split("+")[0]  # label: loss+rule
+    return f"{loss}[{params}]" if params else loss
+
+
+def draw_curves(group, task, size, metric, color, folder, written):
+    """The dev score of every training on one axis; each training's loss on its own, since the
+    losses differ in scale (knnbert's is (1 - lam) CE + lam times its contrastive term)."""
+    by_training = per_cell([ln for ln in group if ln.get("curve")], "curve", training_name)
+    if not by_training:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for names, curves in by_name.items():
+    n = len(by_training) + 1
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols + 2, 3.2 * rows), squeeze=False)
+    dev, *loss_axes = axes.flat
+    for ((name,), curves), ax in zip(by_training.items(), loss_axes):
         epochs = sorted({p["epoch"] for c in curves for p in c})
-        n, col = " / ".join(names), color[names[0]]
-        band(left, epochs, [{p["epoch"]: p["train_loss"] for p in c} for c in curves], n, col)
-        band(right, epochs, [{p["epoch"]: p["dev"][metric] for p in c if metric in p["dev"]}
-                             for c in curves], n, col)
-    for ax in (left, right):
+        col = color[name]
+        band(ax, epochs, [{p["epoch"]: p["train_loss"] for p in c} for c in curves], name, col)
+        band(dev, epochs, [{p["epoch"]: p["dev"][metric] for p in c if metric in p["dev"]}
+                           for c in curves], name, col)
+        ax.set(xlabel="epoch", ylabel="training loss", title=f"{name}: training loss")
+    for ax in loss_axes[len(by_training):]:
+        ax.remove()
+    for ax in (dev, *loss_axes[:len(by_training)]):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    left.set(xlabel="epoch", ylabel="training loss", title="training loss")
-    right.set(xlabel="epoch", ylabel=axis_label("dev", metric),
-              title=f"{METRICS[metric][1]} on the selection split")
-    right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle(f"{task}, {size}: learning curves (mean +- std over seeds)")
+    dev.set(xlabel="epoch", ylabel=axis_label("dev", metric),
+            title=f"{METRICS[metric][1]} on the selection split")
+    fig.suptitle(f"{task}, {size}: learning curves of each training (mean +- std over seeds)")
     fig.tight_layout()
+    fig.legend(*dev.get_legend_handles_labels(), title="trained with", fontsize=8,
+               loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(4, len(by_training)))
     save(fig, folder, f"curves-{safe(task)}-{safe(size)}.png", written)
 
 
@@ -220,8 +240,8 @@ def draw_all(lines, folder, metric=None):
     os.makedirs(folder, exist_ok=True)
     name = namer(lines)
     color = collections.defaultdict(lambda: f"C{len(color) % 10}")  # one per name, throughout
-    for n in map(name, lines):
-        color[n]  # the first mention takes the next colour
+    for n in [*map(name, lines), *map(training_name, lines)]:
+        color[n]  # the first mention takes the next colour; a training named as a method shares it
     written = []
     groups = collections.OrderedDict()
     for ln in lines:
@@ -231,7 +251,7 @@ def draw_all(lines, folder, metric=None):
         for ln in group:
             if "map" in ln:
                 draw_map(ln, name, folder, written)
-        draw_curves(group, task, size, metric, name, color, folder, written)
+        draw_curves(group, task, size, metric, color, folder, written)
     for size in dict.fromkeys(ln["size"] for ln in lines):
         draw_bars([ln for ln in lines if ln["size"] == size], size, metric, color, folder,
                   written)

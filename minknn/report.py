@@ -1,6 +1,8 @@
 """The grid's table, from results.jsonl alone (minknn/runner.py writes it): the hyper-parameters
 chosen on the selection split, then mean +- std over seeds on the test split, with the p-value
-of a paired test against the baseline on the same seeds (minknn/stats.py).
+of a paired test against the baseline on the same seeds (minknn/stats.py). Where the test has no
+p (the t-test below 3 seeds, or with every seed's difference the same) the cell says "no p" and
+a note under the table says why; a sign-flip table too small to reach 0.05 says that too.
 
 Selection, per task, size and method: every candidate (a value of each training parameter and
 each inference parameter) gets the mean over seeds of its selection score in the first --metric;
@@ -15,17 +17,19 @@ from minknn import MinknnError
 from minknn.metrics import METRICS
 from minknn.checkpoint import atomic_save
 from minknn.runs import read_jsonl
-from minknn.stats import MAX_SIGN_FLIP, mean_std, paired_t, sign_flip
+from minknn.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
+                          t_undefined)
 
 LOWER_IS_BETTER = {"hamming"}
-TESTS = {"t": (paired_t, "paired t-test"), "signflip": (sign_flip, "exact sign-flip test")}
+TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}
 
 
 def read_results(folder):
     path = os.path.join(folder, "results.jsonl")
     if not os.path.exists(path):
         raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.runner ...)")
-    return read_jsonl(path)
+    return read_jsonl(path, fix="run the grid's command again: it rewrites results.jsonl from "
+                                "the cells' own runs/*/cell.json, retraining none")
 
 
 def candidate(line, entry):
@@ -83,14 +87,13 @@ def table(lines, metrics=None, baseline=None, test="t"):
     first_metric = {ln["task"]: next(iter(ln["grid"][0]["test"])) for ln in lines if "grid" in ln}
     # one table per --metric, or one in each task's own first score
     tables = [{t: m for t in tasks} for m in metrics] if metrics else [first_metric]
-    test_fn, test_name = TESTS[test]
     out = []
     for size in sizes:
         chosen = choose([ln for ln in lines if ln["size"] == size], tables[0])
         here = [t for t in tasks if any(k[0] == t for k in chosen)]
         for metric_of in tables:
             out += size_table(size, {t: metric_of[t] for t in here}, here, methods, labels,
-                              chosen, baseline, test_fn)
+                              chosen, baseline, test)
         out += choices_note(size, here, methods, labels, chosen)
     splits = {(ln["task"], ln["size"]): (ln["test_split"], ln["n_test"], ln["n_select"])
               for ln in lines if "grid" in ln}
@@ -98,7 +101,7 @@ def table(lines, metrics=None, baseline=None, test="t"):
     scale = "scores x 100" + ("; Hamming loss as is" if "hamming" in used else "")
     select = next(ln["select"] for ln in lines)
     out += ["", f"Test split, mean ± std over seeds ({scale}). Bold: the best mean of a column "
-            f"(the lowest Hamming loss). p: the two-sided {test_name} against {labels[baseline]} "
+            f"(the lowest Hamming loss). p: the two-sided {TESTS[test]} against {labels[baseline]} "
             f"over the seeds both have; * p < 0.05. mean: each seed's mean over the tasks.",
             f"Selection ({select}): the epoch and every hyper-parameter, on "
             + "; ".join(f"{t} {size}: {n_sel} dev examples, scored on {name} ({n_test})"
@@ -112,9 +115,20 @@ def table(lines, metrics=None, baseline=None, test="t"):
     return "\n".join(out) + "\n"
 
 
-def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test_fn):
+def compare(test, a, b):
+    """(p, None), or (None, why the test gives no p) for a method's scores a against the
+    baseline's b on the seeds both have."""
+    if not a:
+        return None, "no seed in common with the baseline"
+    if test == "t":
+        why = t_undefined(a, b)
+        return (None, why) if why else (paired_t(a, b), None)
+    return sign_flip(a, b), None
+
+
+def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test):
     """One table: rows methods, columns tasks (each in metric_of[task]) and, when they share a
-    metric, their mean."""
+    metric, their mean; under it, the cells without a p and why."""
     by_seed = {}  # (method, task) -> {seed: value}
     for (task, _, method), c in chosen.items():
         by_seed[method, task] = {s: v[metric_of[task]] for s, v in c["test"].items()}
@@ -132,6 +146,8 @@ def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test_f
     score_name = METRICS[metric_of[tasks[0]]][1] if shared else "each task's first score"
     rows = [f"| {what}, {score_name} | " + " | ".join(header) + " |",
             "|---" * (len(columns) + 1) + "|"]
+    no_p = collections.defaultdict(dict)  # why -> method -> the columns it has no p in
+    pairs = []  # each p's number of seeds
     for method in methods:
         cells = []
         for column in columns:
@@ -145,14 +161,26 @@ def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test_f
             text = f"**{text}**" if best else text
             base = by_seed.get((baseline, column), {})
             paired = sorted(set(base) & set(by_seed[method, column]))  # by seed, not by position
-            if method != baseline and len(paired) >= 2:
-                p = test_fn([by_seed[method, column][s] for s in paired],
-                            [base[s] for s in paired])
-                text += f" (p {p:.3f}{'*' if p < 0.05 else ''})"
+            if method != baseline:
+                p, why = compare(test, [by_seed[method, column][s] for s in paired],
+                                 [base[s] for s in paired])
+                if why:
+                    no_p[why].setdefault(labels[method], []).append(column)
+                    text += " (no p)"
+                else:
+                    pairs.append(len(paired))
+                    text += f" (p {p:.3f}{'*' if p < 0.05 else ''})"
             cells.append(text)
         rows.append(f"| {labels[method]} | " + " | ".join(cells) + " |")
     seeds = sorted({s for (m, t), v in by_seed.items() if t != "mean" for s in v})
-    return ["", f"Seeds: {', '.join(map(str, seeds))}.", ""] + rows
+    notes = [f"No p for " + "; ".join(f"{m} ({', '.join(cols)})" for m, cols in where.items())
+             + f": {why}." for why, where in no_p.items()]
+    if test == "signflip" and pairs and sign_flip_floor(min(pairs)) >= 0.05:
+        n = min(pairs)
+        notes.append(f"The sign-flip test's smallest p with {n} paired seed{'s' * (n > 1)} is "
+                     f"{sign_flip_floor(n):.3g}: no star is possible below 6 seeds.")
+    return ["", f"Seeds: {', '.join(map(str, seeds))}.", ""] + rows + \
+        (["", *notes] if notes else [])
 
 
 def choices_note(size, tasks, methods, labels, chosen):
@@ -171,17 +199,37 @@ def choices_note(size, tasks, methods, labels, chosen):
     return ["", f"Chosen ({size}): " + "; ".join(notes) + "."] if notes else []
 
 
-def write_block(path, tag, lines):
-    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path
-    (RESULTS.md) with lines, so that its tables are a command's output, never typed by hand."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+def block_file(path, tag):
+    """The text of the file a table goes into (RESULTS.md) and the pattern of its block, checked
+    before any table is written: the file is there, readable, writable, and holds the block."""
     start, end = f"<!-- {tag} -->", f"<!-- /{tag} -->"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise MinknnError(f"--write {path}: not found; create it with the two markers '{start}' "
+                          f"and '{end}' where the table goes") from None
+    except UnicodeDecodeError:
+        raise MinknnError(f"--write {path}: not UTF-8 text; give the Markdown file the table "
+                          f"goes into") from None
+    except OSError as e:  # a folder, no permission
+        raise MinknnError(f"--write {path}: cannot be read ({e.strerror}); give the Markdown "
+                          f"file the table goes into") from None
+    if not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        raise MinknnError(f"--write {path}: its folder cannot be written (the file is replaced "
+                          f"by a renamed copy)")
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         raise MinknnError(f"--write {path}: no block '{start}' ... '{end}' to replace; add the two "
                           f"markers where the table goes")
-    block = "\n".join([start, *lines, end])
+    return text, pattern
+
+
+def write_block(path, tag, lines):
+    """Replaces the block between `<!-- TAG -->` and `<!-- /TAG -->` in the file at path
+    (RESULTS.md) with lines, so that its tables are a command's output, never typed by hand."""
+    text, pattern = block_file(path, tag)
+    block = "\n".join([f"<!-- {tag} -->", *lines, f"<!-- /{tag} -->"])
     atomic_save(pattern.sub(lambda _: block, text), path, lambda t, f: f.write(t.encode()))
     print(f"written into {path}")
 
@@ -191,6 +239,11 @@ def check_test(test, lines):
     if test == "signflip" and len(seeds) > MAX_SIGN_FLIP:
         raise MinknnError(f"--test signflip enumerates 2^n sign patterns: {len(seeds)} seeds are "
                           f"more than {MAX_SIGN_FLIP}; use --test t")
+
+
+def runner_tag(folder):
+    """The name of a grid's block in a --write file: `runner NAME`, NAME the folder's name."""
+    return f"runner {os.path.basename(os.path.normpath(folder))}"
 
 
 def write_report(folder, metric=None, baseline=None, test="t", write=None):
@@ -211,12 +264,14 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
             raise MinknnError(f"--metric {m}: not a score of {missing['task']} (it has: "
                               f"{', '.join(missing['grid'][0]['test'])})")
     check_test(test, lines)
+    tag = runner_tag(folder)
+    if write:
+        block_file(write, tag)  # before table.md: a bad --write leaves nothing half done
     text = table(lines, metrics, baseline, test)
     path = os.path.join(folder, "table.md")
     atomic_save(text, path, lambda t, f: f.write(t.encode()))
     print(text)
     print(f"table in {path}")
     if write:
-        write_block(write, f"runner {os.path.basename(os.path.normpath(folder))}",
-                    text.rstrip("\n").split("\n"))
+        write_block(write, tag, text.rstrip("\n").split("\n"))
     return text

@@ -22,13 +22,21 @@ refuses --select dev). --max_eval caps the test split too (a fixed draw, the sam
 Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/cell.json
 once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
 again skips the finished cells and resumes a killed one (train.py --resume): a grid killed at
-any point loses at most the epoch in progress. Writes <out>/results.jsonl (one line per cell and
-method: every figure on both splits for each value of its grid, the learning curve, the kNN
-sweep, times), <out>/table.md and <out>/plots/*.png.
+any point loses at most the epoch in progress. A damaged cell.json (a full disk, a copy cut
+short) is that cell's alone: it is scored again, or trained again if its checkpoint is gone.
+Writes <out>/results.jsonl (one line per cell and method: every figure on both splits for each
+value of its grid, the learning curve, the kNN sweep, times; rewritten whole from the cells'
+cell.json after each cell), <out>/table.md and <out>/plots/*.png.
+
+One runner per grid: it holds <out>/grid.lock while it works, and a second one on the same --out
+stops in one line (it would retrain the cells the first is training). --table reads a grid in
+use: results.jsonl is only ever replaced whole, so it shows the cells finished so far.
 """
 import concurrent.futures
 import contextlib
+import fcntl
 import io
+import json
 import multiprocessing
 import os
 import shutil
@@ -43,7 +51,7 @@ from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_f
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES
 from minknn.rules import line_head, score_cell
-from minknn.runs import read_json, write_json, write_jsonl
+from minknn.runs import make_folder, read_json, write_json, write_jsonl
 from minknn.tasks import get_task
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
@@ -126,14 +134,19 @@ def run_cell(cell, methods, ctx):
     checkpoint, for a method added to the grid since)."""
     folder = os.path.join(ctx.out, "runs", cell.name)
     done = os.path.join(folder, "cell.json")
-    if os.path.exists(done):
-        saved = {line["method"]: line for line in read_json(done)["lines"]}
+    saved = saved_lines(folder)
+    if saved is not None:
         if all(m.name in saved for m in methods):
             drop_checkpoints(folder, ctx)  # a kill may have come between the two
             return [saved[m.name] for m in methods]
     else:
         saved = {}
         status = training_status(folder)
+        if os.path.exists(done):  # damaged: score the model again, or train it if it is gone
+            gone = status == "done" and not os.path.exists(os.path.join(folder, "checkpoint.pt"))
+            status = "new" if gone else status
+            print(f"warning: {cell.name}: its cell.json is damaged; "
+                  f"{'training' if gone else 'scoring'} the cell again", file=sys.stderr)
         if status == "new" and os.path.isdir(folder):  # killed before its first epoch ended
             shutil.rmtree(folder)
         if status != "done":
@@ -155,6 +168,21 @@ def run_cell(cell, methods, ctx):
     write_json(done, {"cell": cell.name, "lines": list(lines.values())})
     drop_checkpoints(folder, ctx)
     return [lines[m.name] for m in methods]
+
+
+def saved_lines(folder):
+    """A scored cell's result lines by method, from its cell.json; None when it has none, or a
+    damaged one (cut short by a full disk, a copy): the cell is then done again."""
+    path = os.path.join(folder, "cell.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {line["method"]: line for line in json.load(f)["lines"]}
+    except (ValueError, KeyError, TypeError):  # not JSON, not UTF-8, or not a cell's
+        return None
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 def training_status(folder):
@@ -181,10 +209,9 @@ def missing_scores(cells, ctx):
     """Cells scored before a method was added to the grid, whose checkpoint is gone."""
     lacking = []
     for cell, methods in cells.items():
-        done = os.path.join(ctx.out, "runs", cell.name, "cell.json")
-        if os.path.exists(done) and not os.path.exists(os.path.join(os.path.dirname(done),
-                                                                    "checkpoint.pt")):
-            have = {line["method"] for line in read_json(done)["lines"]}
+        folder = os.path.join(ctx.out, "runs", cell.name)
+        have = saved_lines(folder)
+        if have is not None and not os.path.exists(os.path.join(folder, "checkpoint.pt")):
             lacking += [f"{cell.name} {m.name}" for m in methods if m.name not in have]
     return lacking
 
@@ -237,6 +264,12 @@ def get_args(argv=None):
                 f"for each cell (--tasks, --methods, --sizes, --seeds, --out, --max_eval)")
     args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
     args.method_list = [parse_method(m) for m in split_top(args.methods, ",")]
+    for i, m in enumerate(args.method_list):  # the same method twice would be two table rows
+        twin = next((o for o in args.method_list[:i] if (o.loss, o.train_grid, o.rule, o.rule_grid)
+                     == (m.loss, m.train_grid, m.rule, m.rule_grid)), None)
+        if twin:
+            also = "" if twin.name == m.name else f" (also as {twin.name})"
+            raise MinknnError(f"--methods: {m.name} is given twice{also}; give each method once")
     args.size_list = parse_sizes(args.sizes)
     args.seed_list = parse_seeds(args.seeds)
     return args, rest
@@ -245,8 +278,8 @@ def get_args(argv=None):
 def check_grid(args, train_flags, cells):
     """Everything that can fail before the first cell trains: the tasks, their data and sizes,
     each cell's train.py flags (train.py's own checks), the rules against the tasks, the methods
-    a finished cell lacks, --jobs on this device. Returns the Context and the train.py flags
-    given, as parsed."""
+    a finished cell lacks, the --write file, --jobs on this device. Returns the Context and the
+    train.py flags given, as parsed."""
     ctx = Context(args, train_flags)
     for method in args.method_list:
         owned = [name for name in method.train_grid if name in RUNNER_OWNS]
@@ -280,6 +313,8 @@ def check_grid(args, train_flags, cells):
         raise MinknnError(f"--out {args.out}: {len(lacking)} finished cells were scored before "
                           f"some of these methods were added, and their checkpoints are gone "
                           f"(e.g. {lacking[0]}); run them with another --out (or --keep next time)")
+    if args.write:  # found now, not after the grid has trained
+        report.block_file(args.write, report.runner_tag(args.out))
     if args.jobs > 1 and pick_device(parsed.device).type != "cuda":
         raise MinknnError(f"--jobs {args.jobs}: cells run side by side on a GPU; on the CPU one "
                           f"cell already uses every core (leave out --jobs)")
@@ -317,7 +352,6 @@ def check_same_grid(args, shared, train_flags):
     path = os.path.join(args.out, "grid.json")
     grid = {"train_args": shared, "select": args.select, "max_eval": args.max_eval}
     if not os.path.exists(path):
-        os.makedirs(args.out, exist_ok=True)
         write_json(path, grid)
         return
     saved = read_json(path)
@@ -333,17 +367,45 @@ def check_same_grid(args, shared, train_flags):
                           f"same flags to go on with it, or another --out")
 
 
+def lock_grid(out):
+    """Creates `out` if needed and locks <out>/grid.lock (flock, as train.py locks a run
+    folder's run.lock): held while the returned file stays open, and released by the OS when the
+    runner ends, even by kill -9. The file stays behind, harmless: deleting it would let a
+    runner that had just opened it lock a file no later runner sees."""
+    make_folder(out)
+    f = open(os.path.join(out, "grid.lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise MinknnError(f"--out {out} is in use by another runner (pid {pid}); wait for it to "
+                          f"finish, or choose another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def main(argv=None):
     args, train_flags = get_args(argv)
-    if args.table:
+    if args.table:  # allowed while a runner works: results.jsonl is only ever replaced whole
         return table_and_plots(args.table, args)
     cells = cells_of(args.task_list, args.method_list, args.size_list, args.seed_list)
     ctx, shared = check_grid(args, train_flags, cells)
-    check_same_grid(args, shared, train_flags)
+    with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
+        check_same_grid(args, shared, train_flags)
+        run_cells(args, cells, ctx)
+        return table_and_plots(args.out, args)
+
+
+def run_cells(args, cells, ctx):
+    """Every cell of the grid, the finished ones read back, into <out>/results.jsonl."""
     finished = {c: None for c in cells}
     start, todo = time.time(), [c for c in cells
-                                if not os.path.exists(os.path.join(args.out, "runs", c.name,
-                                                                   "cell.json"))]
+                                if saved_lines(os.path.join(args.out, "runs", c.name)) is None]
     print(f"grid: {len(cells)} cells ({len(args.task_list)} tasks x {len(args.size_list)} sizes "
           f"x {len(args.seed_list)} seeds x their trainings), {len(cells) - len(todo)} finished "
           f"before; {args.out}")
@@ -383,7 +445,6 @@ def main(argv=None):
               f"in {args.out}/runs)", file=sys.stderr)
         sys.exit(130)
     print(f"grid done in {(time.time() - start) / 60:.1f} min; results in {results}")
-    return table_and_plots(args.out, args)
 
 
 def table_and_plots(folder, args):

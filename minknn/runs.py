@@ -187,10 +187,27 @@ def write_json(path, obj, indent=1):
     atomic_save(obj, path, lambda o, f: f.write(json.dumps(o, indent=indent).encode()))
 
 
-def read_jsonl(path):
-    """The records of a JSON Lines file (metrics.jsonl, results.jsonl)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path, fix=None):
+    """The records of a JSON Lines file (metrics.jsonl, results.jsonl), each a JSON object. A
+    line that is not one, like a last line cut short (a kill, a full disk, a copy), is named in
+    one line, with `fix`: what would mend it."""
+    records, then = [], f"; {fix}" if fix else ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    record = None  # cut short, or never JSON
+                if not isinstance(record, dict):
+                    raise MinknnError(f"{path}:{n}: a truncated or damaged line (not a JSON "
+                                      f"object){then}")
+                records.append(record)
+    except UnicodeDecodeError:
+        raise MinknnError(f"{path}: not UTF-8, a damaged file{then}") from None
+    return records
 
 
 def write_jsonl(path, records):

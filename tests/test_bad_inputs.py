@@ -1,11 +1,12 @@
 """Bad input stops with one line, before any slow work: the README's promise, walked as a table.
 
-Each case builds its bad input in a temporary folder and runs train.py or evaluate.py in-process
-through minknn.run, as the scripts' __main__ does. It must exit with status 2 and print exactly
-one line on stderr, `error: ...`, containing the case's `says` text (the flag, file or value at
-fault). Any other exception is a traceback a user would have seen, and fails the case. "Before
-any slow work": the first training step and the first prediction pass are replaced by a function
-that fails the test, so an error found only after an epoch (or after encoding a split) fails too.
+Each case builds its bad input in a temporary folder and runs train.py, evaluate.py or the runner
+in-process through minknn.run, as the scripts' __main__ does. It must exit with status 2 and print
+exactly one line on stderr, `error: ...`, containing the case's `says` text (the flag, file or
+value at fault). Any other exception is a traceback a user would have seen, and fails the case.
+"Before any slow work": the first training step and the first prediction pass are replaced by a
+function that fails the test, so an error found only after an epoch (or after encoding a split)
+fails too.
 
 A case: (id, script, setup, says). setup(tmp, model, data) returns the argv; tmp is a fresh
 folder, model the tiny BERT's folder (copy it before breaking it), data the fixture datasets.
@@ -18,7 +19,7 @@ import pytest
 import evaluate
 import minknn.moco
 import train
-from minknn import run
+from minknn import run, runner
 from minknn.runs import lock_folder
 
 
@@ -354,7 +355,56 @@ EVALUATE_CASES = [
      "--ef_construction must be at least 1, got 0"),
 ]
 
-CASES = FLAG_CASES + DATA_CASES + MODEL_CASES + EVALUATE_CASES
+
+
+def grid(*extra, methods="ce"):
+    """argv of the runner (python -m minknn.runner) on a one-cell tiny grid in tmp/g."""
+    def argv(tmp, tiny, fixtures):
+        return ["--tasks", "mr", "--methods", methods, "--sizes", "6", "--seeds", "0", "--out",
+                str(tmp / "g"), "--model", tiny, "--data_dir", fixtures, "--epochs", "1",
+                "--batch_size", "4", "--max_len", "32", "--device", "cpu", *extra]
+    return argv
+
+
+def grid_in_use(tmp, tiny, fixtures):
+    HELD.append(runner.lock_grid(str(tmp / "g")))  # as the runner training in it holds it
+    return grid()(tmp, tiny, fixtures)
+
+
+def finished_grid(tail="", *flags):
+    """--table on tmp/g, whose results.jsonl holds one finished line and then tail."""
+    def argv(tmp, *_):
+        (tmp / "g").mkdir()
+        line = {"task": "mr", "size": "6", "seed": 0, "method": "ce", "label": "ce",
+                "rule": "linear", "cell": "mr-6-ce-seed0", "train_params": {}, "select": "sample",
+                "test_split": "test", "n_test": 10, "n_select": 6,
+                "grid": [{"params": {}, "select": {"acc": 0.5}, "test": {"acc": 0.6}}],
+                "seconds": {"train": 1.0, "evaluate": 1.0}}
+        (tmp / "g" / "results.jsonl").write_text(json.dumps(line) + "\n" + tail)
+        return ["--table", str(tmp / "g"), *flags]
+    return argv
+
+
+# --- the runner's grids and tables (minknn/runner.py, report.py) ---
+RUNNER_CASES = [
+    ("runner method twice", "runner", grid(methods="ce,ce"),
+     "--methods: ce is given twice; give each method once"),
+    ("runner method twice in two spellings", "runner", grid(methods="ce+knn[k=4;phi=0.5],ce+knn[phi=.5;k=4]"),
+     "--methods: ce+knn[phi=.5;k=4] is given twice (also as ce+knn[k=4;phi=0.5])"),
+    ("runner out in use by another runner", "runner", grid_in_use,
+     "/g is in use by another runner (pid "),
+    ("runner write a missing file", "runner", lambda tmp, *a: grid("--write", str(tmp / "R.md"))(tmp, *a),
+     "R.md: not found; create it with the two markers '<!-- runner g -->' and '<!-- /runner g -->'"),
+    ("runner table with a truncated last line", "runner", finished_grid('{"task": "mr", "si'),
+     "g/results.jsonl:2: a truncated or damaged line (not a JSON object); run the grid's command again"),
+    ("runner table write a missing file", "runner",
+     lambda tmp, *a: finished_grid("", "--write", str(tmp / "R.md"))(tmp, *a), "R.md: not found"),
+    ("runner table write a file without the block", "runner",
+     lambda tmp, *a: finished_grid("", "--write", a_file(tmp / "R.md"))(tmp, *a),
+     "R.md: no block '<!-- runner g -->' ... '<!-- /runner g -->' to replace"),
+]
+
+CASES = FLAG_CASES + DATA_CASES + MODEL_CASES + EVALUATE_CASES + RUNNER_CASES
 
 
 def no_slow_work(*args, **kwargs):
@@ -368,7 +418,7 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
     argv = setup(tmp_path, tiny_bert_dir, data_dir)
     for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.moco, "predict")):
         monkeypatch.setattr(module, function, no_slow_work)
-    main = {"train": train.main, "evaluate": evaluate.main}[script]
+    main = {"train": train.main, "evaluate": evaluate.main, "runner": runner.main}[script]
     capsys.readouterr()
     try:
         with pytest.raises(SystemExit) as exit_:
@@ -383,4 +433,5 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
 
 
 def test_every_section_has_cases():
-    assert all([FLAG_CASES, DATA_CASES, MODEL_CASES, EVALUATE_CASES]), "a section of the table is empty"
+    assert all([FLAG_CASES, DATA_CASES, MODEL_CASES, EVALUATE_CASES, RUNNER_CASES]), \
+        "a section of the table is empty"

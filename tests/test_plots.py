@@ -6,7 +6,8 @@ import random
 import pytest
 
 pytest.importorskip("matplotlib")
-from minknn.plots import draw_all, safe  # noqa: E402
+from minknn import plots  # noqa: E402
+from minknn.plots import draw_all, safe, training_name  # noqa: E402
 
 PNG = b"\x89PNG"
 
@@ -110,3 +111,45 @@ def test_many_tasks_methods_and_classes(tmp_path):
 
 def test_safe():
     assert safe("a+b[k=1,2]/c d") == "a+b_k_1_2__c_d"
+
+
+def test_curves_give_each_training_its_own_loss_axis(tmp_path, monkeypatch):
+    """ce, knnbert (read by knnbert+knn and knnbert+knn-only) and proxyanchor at two lam: four
+    trainings, four loss axes, one dev axis; every curve named by its training."""
+    lines = grid(tasks=("mr",), classes=0)
+    for ln in lines:
+        ln.pop("sweep", None)
+    lines = [ln for ln in lines if ln["label"] != "proxyanchor+proxy"]
+    for lam in (0.1, 0.5):
+        for seed in (0, 1):
+            ln = line("mr", "8", seed, "proxyanchor[lam=0.1,0.5]+proxy", "proxy",
+                      cell=f"mr-8-proxyanchor-lam{lam}-seed{seed}")
+            ln["train_params"] = {"lam": lam}
+            lines.append(ln)
+    figures = {}
+    monkeypatch.setattr(plots, "save", lambda fig, folder, filename, written:
+                        figures.setdefault(filename, fig))
+    draw_all(lines, str(tmp_path))
+    fig = figures["curves-mr-8.png"]
+    trainings = ["ce", "knnbert", "proxyanchor[lam=0.1]", "proxyanchor[lam=0.5]"]
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    loss_axes = [t for t in axes if t.endswith(": training loss")]
+    assert loss_axes == [f"{t}: training loss" for t in trainings], \
+        f"plots.draw_curves: one training-loss axis per training, titled by it; got {list(axes)}"
+    for title in loss_axes:
+        curves = axes[title].get_lines()
+        assert len(curves) == 1, f"plots.draw_curves: {title} mixes {len(curves)} trainings' losses"
+        name = title.split(":")[0]
+        runs = [ln for ln in lines if training_name(ln) == name and ln["rule"] != "knn-only"]
+        want = [sum(ln["curve"][e]["train_loss"] for ln in runs) / len(runs) for e in range(3)]
+        assert list(curves[0].get_ydata()) == pytest.approx(want), \
+            f"plots.draw_curves: {title} does not plot that training's mean loss per epoch"
+    dev = axes["accuracy on the selection split"]
+    assert [c.get_label() for c in dev.get_lines()] == [f"{t} (n=2)" for t in trainings], \
+        "plots.draw_curves: the dev axis holds one curve per training"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == [f"{t} (n=2)" for t in trainings], \
+        f"plots.draw_curves: the dev curves are named by their training, not a rule: {legend}"
+    assert len(fig.axes) == 5, f"plots.draw_curves: no empty axes left over: {len(fig.axes)}"
+    for f in figures.values():
+        plots.plt.close(f)

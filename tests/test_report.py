@@ -1,5 +1,7 @@
 """The grid's table (minknn/report.py): the choice of hyper-parameters and the results-file
 blocks."""
+import json
+
 import pytest
 
 from minknn import MinknnError, report
@@ -91,3 +93,47 @@ def test_each_task_in_its_own_first_score_unless_told():
     with pytest.raises(MinknnError, match="--test signflip enumerates"):
         many = [result("mr", "ce", s, 0.5) for s in range(21)]
         report.check_test("signflip", many)
+
+
+def test_no_p_and_no_star_where_the_t_test_is_undefined():
+    two = [result("mr", "ce", s, a) for s, a in enumerate([0.60, 0.62])]
+    two += [result("mr", "supcon", s, a) for s, a in enumerate([0.61, 0.63])]  # +1 point each
+    text = report.table(two)
+    assert row(text, "supcon").endswith("** (no p) |"), \
+        f"report: 2 seeds give no t-test p and no star: {row(text, 'supcon')}"
+    assert "No p for supcon (mr): fewer than 3 paired seeds." in text, \
+        "report: the note under the table must say why supcon has no p"
+    base, noisy = [0.60, 0.62, 0.55], [0.65, 0.61, 0.62]
+    three = [result("mr", "ce", s, a) for s, a in enumerate(base)]
+    three += [result("mr", "supcon", s, a + 0.01) for s, a in enumerate(base)]  # +1 point each
+    three += [result("mr", "noisy", s, a) for s, a in enumerate(noisy)]
+    text = report.table(three)
+    assert row(text, "supcon").endswith("(no p) |"), \
+        f"report: 3 equal differences (std 0) give no p: {row(text, 'supcon')}"
+    assert "No p for supcon (mr): the differences are all equal" in text
+    assert f"(p {paired_t(noisy, base):.3f})" in row(text, "noisy"), \
+        "report: unequal differences on 3 seeds keep their p"
+    assert "No p for noisy" not in text
+    text = report.table(two, test="signflip")  # valid with 2 seeds, but never below 0.5
+    assert row(text, "supcon").endswith("(p 0.500) |"), row(text, "supcon")
+    assert "smallest p with 2 paired seeds is 0.5: no star is possible below 6 seeds" in text, \
+        "report: a sign-flip table with too few seeds to reach 0.05 must say so"
+
+
+def test_a_bad_write_file_stops_before_the_table_is_written(tmp_path):
+    folder = tmp_path / "g"
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("".join(
+        json.dumps(result("mr", m, s, 0.6)) + "\n" for m in ("ce", "supcon") for s in range(3)))
+    for write, says in ((tmp_path / "missing.md", "missing.md: not found"),
+                        (tmp_path, "cannot be read"),  # a folder
+                        (tmp_path / "R.md", "no block '<!-- runner g -->'")):
+        if write.name == "R.md":
+            write.write_text("no markers here\n")
+        with pytest.raises(MinknnError, match=says):
+            report.write_report(str(folder), write=str(write))
+        assert not (folder / "table.md").exists(), \
+            f"report.write_report: --write {write.name} is refused before table.md is written"
+    (tmp_path / "R.md").write_text("a\n<!-- runner g -->\nold\n<!-- /runner g -->\nb\n")
+    report.write_report(str(folder), write=str(tmp_path / "R.md"))
+    assert "| supcon |" in (tmp_path / "R.md").read_text() and (folder / "table.md").exists()

@@ -1,6 +1,7 @@
 """The experiment runner (minknn/runner.py) and its table (minknn/report.py) on the tiny fixtures:
 a grid completes, its table holds the runs' own figures, a killed grid finishes without
 retraining, the choices never look at the test split."""
+import json
 import os
 import shutil
 
@@ -286,3 +287,46 @@ def test_a_multilabel_grid_votes_and_scores_its_own_way(tiny_bert_dir, tmp_path)
         assert scored["goemotions"][f"mix_{metric}"] == pytest.approx(knn["grid"][0]["test"][metric]), \
             f"rules: the multi-label kNN mix's {metric} differs from evaluate.py's"
     assert "Hamming loss" in (out / "table.md").read_text()
+
+
+def test_damaged_results_and_cell_files_are_mended_by_a_rerun(tiny_bert_dir, tmp_path,
+                                                              monkeypatch, capsys):
+    """A results.jsonl cut short (a kill in an older writer, a copy, a full disk): --table names
+    its line; the rerun rewrites it from the cells' cell.json, training nothing. A damaged
+    cell.json: that cell is scored again from its kept checkpoint, or trained again without one;
+    the other cell is left alone."""
+    out = tmp_path / "g"
+    run_grid(tiny_bert_dir, out, "--keep", tasks="mr", methods="ce")
+    results, table = (out / "results.jsonl").read_text(), (out / "table.md").read_text()
+    (out / "results.jsonl").write_text(results[:-25])  # the last line loses its end
+    with pytest.raises(MinknnError, match=r"results.jsonl:2: a truncated or damaged line"):
+        runner.main(["--table", str(out)])
+    cells = sorted((out / "runs").glob("*/cell.json"))
+    written = [path.stat().st_mtime_ns for path in cells]
+    monkeypatch.setattr(train, "main", lambda argv: pytest.fail(f"retrained: {argv}"))
+    run_grid(tiny_bert_dir, out, "--keep", tasks="mr", methods="ce")
+    assert (out / "results.jsonl").read_text() == results, \
+        "runner: the rerun must rewrite results.jsonl whole from the cells' cell.json"
+    assert (out / "table.md").read_text() == table
+    assert [path.stat().st_mtime_ns for path in cells] == written, \
+        "runner: a damaged results.jsonl must leave the cells' own files alone"
+
+    rescored, retrained = sorted(os.listdir(out / "runs"))  # seed 0's cell, seed 1's
+    for name in (rescored, retrained):
+        path = out / "runs" / name / "cell.json"
+        path.write_text(path.read_text()[:40])
+    (out / "runs" / retrained / "checkpoint.pt").unlink()
+    capsys.readouterr()
+    monkeypatch.undo()
+    calls, real_main = [], train.main
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
+    run_grid(tiny_bert_dir, out, "--keep", tasks="mr", methods="ce")
+    assert [argv[argv.index("--out") + 1] for argv in calls] == [str(out / "runs" / retrained)], \
+        f"runner: only the cell whose cell.json and checkpoint are both gone trains again: {calls}"
+    err = capsys.readouterr().err
+    assert f"warning: {rescored}: its cell.json is damaged; scoring the cell again" in err and \
+        f"{retrained}: its cell.json is damaged; training the cell again" in err, err
+    strip = [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(out)]
+    want = [{k: v for k, v in json.loads(ln).items() if k != "seconds"}
+            for ln in results.splitlines()]
+    assert strip == want, "runner: the cells done again must give the figures they gave before"
