@@ -57,7 +57,7 @@ from minknn.kinds import describe_run, kind_of, overall, score
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
 from minknn.model import POOLINGS, Model
 from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
-from minknn.options import DEFAULT_TASKS, Parser, check_args
+from minknn.options import DEFAULT_TASKS, Parser, check_args, check_saved
 from minknn.pcgrad import PCGrad
 from minknn.proxy import has_proxies, proxy_logits
 from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
@@ -135,7 +135,8 @@ def make_parser():
 
 
 def resumed_args(p, args):
-    """--resume RUN: the run's own arguments; any other flag but --device is refused."""
+    """--resume RUN: the run's own arguments, checked as the command line's (a hand-edited
+    run.json gets one line naming the key); any other flag but --device is refused."""
     given = [a.option_strings[0] for a in p._actions if a.dest not in ("help", "resume", "device")
              and getattr(args, a.dest) != a.default]
     if given:
@@ -148,6 +149,7 @@ def resumed_args(p, args):
     if missing:
         p.error(f"--resume {args.resume}: run.json has no {', '.join(missing)}; it was not written "
                 f"by this version of train.py")
+    check_saved(p, os.path.join(args.resume, "run.json"), saved)
     return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
                                  "device": args.device})
 
@@ -294,6 +296,9 @@ def run_training(args):
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = load_last(args.out) if args.resume else None
+    if last and last["epoch"] >= args.epochs:  # nothing would train, and last.pt would be deleted
+        raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
+                          f"has done {last['epoch']} (last.pt); was the file edited?")
     if base and last and any(not torch.equal(v, last["model"]["bert." + k])
                              for k, v in bert.state_dict().items()):
         raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "

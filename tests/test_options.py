@@ -4,13 +4,15 @@ of them as a user would, in a subprocess)."""
 import pytest
 
 import train
-from minknn import MinknnError
+from minknn import MinknnError, options, runner
+from tests.conftest import DATA
 
 
 def refused(capsys, *flags):
     """The one-line error train.py's flags give (argparse's exit status 2)."""
     with pytest.raises(SystemExit) as exit:
         train.get_args(list(flags))
+        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/options.py check_args)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: "), err
     return err[len("error: "):]
@@ -74,3 +76,52 @@ def test_an_unknown_task_or_loss_is_named():
         train.get_args(["--task", "multitask", "--tasks", "sst,stss"])
     with pytest.raises(MinknnError, match="unknown --loss 'proxyanchr'; choose one of: ce, bce, triplet"):
         train.get_args(["--loss", "proxyanchr"])
+
+
+@pytest.mark.parametrize("flags, loss", [([], "ce"), (["--task", "sts"], "mse"), (["--loss", "supcon"], "supcon"),
+                                         (["--task", "rte", "--loss", "knnbert"], "knnbert")])
+def test_proxy_lr_without_proxies_is_refused(capsys, flags, loss):
+    """--proxy_lr sets the proxies' learning rate; with a loss that has none it would be silently ignored."""
+    assert f"--proxy_lr is the learning rate of a proxy loss's proxies (softtriple, proxynca, proxyanchor); " \
+           f"--loss {loss} has none" in refused(capsys, *flags, "--proxy_lr", "0.01")
+
+
+@pytest.mark.parametrize("flags", [["--loss", "proxyanchor"], ["--loss", "softtriple"],
+                                   ["--task", "multitask", "--tasks", "sst,sts", "--loss", "proxynca"]])
+def test_proxy_lr_with_proxies_is_kept(flags):
+    assert train.get_args([*flags, "--proxy_lr", "0.01"]).proxy_lr == 0.01, f"{flags}: --proxy_lr 0.01 not kept"
+
+
+# each bound of the command line, and the value out of it: a run.json holding that value must be refused too
+BOUNDS = [("epochs", 0, "at least 1"), ("batch_size", -3, "at least 1"), ("max_len", 4, "at least 8"),
+          ("steps_per_epoch", 0, "at least 1"), ("max_eval", 0, "at least 1"), ("lr", -1e-4, "a finite number >= 0"),
+          ("lr", 0, "positive"), ("proxy_lr", float("inf"), "a finite number >= 0"),
+          ("weight_decay", -1, "a finite number >= 0"), ("warmup", 1.5, "a finite number in [0, 1]"),
+          ("seed", 2 ** 32, "in [0, 2**32)"), ("seed", -1, "in [0, 2**32)")]
+
+
+@pytest.mark.parametrize("name, value, must", BOUNDS, ids=[f"{b[0]}={b[1]}" for b in BOUNDS])
+def test_run_json_values_are_checked_as_the_command_line_is(capsys, name, value, must):
+    """--resume takes its flags from run.json: options.check_saved must hold them to the bounds options.check_args
+    holds the command line's to (both through options.bad_values)."""
+    assert f"--{name} " in refused(capsys, f"--{name}", str(value)), f"--{name} {value}: not refused on the command line"
+    p = train.make_parser()
+    saved = {k: v for k, v in vars(train.get_args([])).items() if k != "resume"}  # as train.py writes run.json
+    options.check_saved(p, "run.json", saved)  # a run.json as written passes
+    with pytest.raises(MinknnError) as error:
+        options.check_saved(p, "run.json", {**saved, name: value})
+        pytest.fail(f"run.json with {name} {value} was accepted (options.check_saved)")
+    assert str(error.value).startswith(f"run.json: {name} is ") and f"; it must be {must}" in str(error.value), \
+        str(error.value)
+
+
+def test_a_grid_passing_proxy_lr_to_a_ce_cell_is_refused(tmp_path):
+    """The runner passes train.py's flags to every cell: a ce cell given --proxy_lr is refused before any training,
+    naming the method (a proxy loss takes it in brackets: proxyanchor[proxy_lr=0.01])."""
+    argv = ["--tasks", "mr", "--sizes", "6", "--out", str(tmp_path / "g"), "--data_dir", DATA]
+    with pytest.raises(MinknnError, match=r"--methods ce: --proxy_lr is the learning rate of a proxy loss's proxies"):
+        runner.main([*argv, "--methods", "ce,proxyanchor", "--proxy_lr", "0.01"])
+    assert not (tmp_path / "g").exists(), "the refused grid wrote its folder"
+    args, rest = runner.get_args([*argv, "--methods", "ce,proxyanchor[proxy_lr=0.01]"])
+    runner.check_grid(args, rest, runner.cells_of(args.task_list, args.method_list, args.size_list,
+                                                  args.seed_list))  # the bracket form passes
