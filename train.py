@@ -83,9 +83,11 @@ def make_parser():
     g = p.add_argument_group("data")
     g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
     g.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
-    g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept)")
-    g.add_argument("--per_class", type=int, help="train on N examples of each class")
-    g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per task")
+    g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept) "
+                   "(default: all)")
+    g.add_argument("--per_class", type=int, help="train on N examples of each class (default: all)")
+    g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per "
+                   "task (default: all)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
     g.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
@@ -113,7 +115,7 @@ def make_parser():
     g.add_argument("--decoupled", action="store_true", help="add Liang et al.'s retrieval head")
     g.add_argument("--sts_loss", default="mse", choices=list(STS_LOSSES), help="similarity tasks")
     g.add_argument("--pair_loss", choices=list(PAIR_LOSSES), help="siamese paraphrase tasks: "
-                   "this metric loss on the two texts' vectors")
+                   "this metric loss on the two texts' vectors (default: none)")
     g.add_argument("--m_most", type=int, help="knnbert: most similar positives (default: 50)")
     g.add_argument("--m_least", type=int, help="knnbert: least similar positives (default: 100)")
     g = p.add_argument_group("memory (knnbert, moco)")
@@ -130,7 +132,8 @@ def make_parser():
     p.add_argument("--save", default="best", choices=["best", "none"], help="best: checkpoint.pt "
                    "of the best epoch; none: no checkpoint, only the scores (grids of runs)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
-                   "completed epoch, with its own flags (only --device may change)")
+                   "completed epoch, with its own flags (only --device may change) (default: start "
+                   "a new run)")
     return p
 
 

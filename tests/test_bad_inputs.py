@@ -196,8 +196,10 @@ FLAG_CASES = [
      "run.json: batch_size is 0; it must be at least 1"),
     ("resume seed -5", "train", resume_edited(with_arg("seed", -5)), "run.json: seed is -5; it must be in [0, 2**32)"),
     ("resume lr -1", "train", resume_edited(with_arg("lr", -1)), "run.json: lr is -1; it must be a finite number >= 0"),
-    ("resume epochs -1", "train", resume_edited(with_arg("epochs", -1)), "run.json: epochs is -1; it must be at least 1"),
-    ("resume pcgrad 1", "train", resume_edited(with_arg("pcgrad", 1)), "run.json: pcgrad is 1; it must be true or false"),
+    ("resume epochs -1", "train", resume_edited(with_arg("epochs", -1)),
+     "run.json: epochs is -1; it must be at least 1"),
+    ("resume pcgrad 1", "train", resume_edited(with_arg("pcgrad", 1)),
+     "run.json: pcgrad is 1; it must be true or false"),
     ("resume pooling sum", "train", resume_edited(with_arg("pooling", "sum")),
      'run.json: pooling is "sum"; it must be one of: cls, mean, max'),
     ("resume no data", "train", resume_edited(lambda saved: saved.pop("data")), 'run.json: no "data" object'),
@@ -246,7 +248,8 @@ DATA_CASES = [
     ("data_dir not found", "train", trainer(data=lambda tmp, fixtures: str(tmp / "no-data")),
      "no-data: not found"),
     ("data file with a stray quote mark", "train",  # read as one stream, line 3's sentence2 ran on into line 4
-     trainer("--task", "sts", data=broken_data("minbert/sts-train.csv", replace(b"\ta dog builds", b'\t"a dog builds'))),
+     trainer("--task", "sts",
+             data=broken_data("minbert/sts-train.csv", replace(b"\ta dog builds", b'\t"a dog builds'))),
      "sts-train.csv:3: a field opens with a quote mark (\") that does not close on this line"),
 ]
 

@@ -3,6 +3,8 @@ each combination that cannot work refused with one line naming the flag (test_tr
 of them as a user would, in a subprocess)."""
 import pytest
 
+import bench
+import evaluate
 import train
 from minknn import MinknnError, options, runner
 from tests.conftest import DATA
@@ -104,7 +106,7 @@ BOUNDS = [("epochs", 0, "at least 1"), ("batch_size", -3, "at least 1"), ("max_l
 def test_run_json_values_are_checked_as_the_command_line_is(capsys, name, value, must):
     """--resume takes its flags from run.json: options.check_saved must hold them to the bounds options.check_args
     holds the command line's to (both through options.bad_values)."""
-    assert f"--{name} " in refused(capsys, f"--{name}", str(value)), f"--{name} {value}: not refused on the command line"
+    assert f"--{name} " in refused(capsys, f"--{name}", str(value)), f"--{name} {value}: refused, not naming the flag"
     p = train.make_parser()
     saved = {k: v for k, v in vars(train.get_args([])).items() if k != "resume"}  # as train.py writes run.json
     options.check_saved(p, "run.json", saved)  # a run.json as written passes
@@ -125,3 +127,40 @@ def test_a_grid_passing_proxy_lr_to_a_ce_cell_is_refused(tmp_path):
     args, rest = runner.get_args([*argv, "--methods", "ce,proxyanchor[proxy_lr=0.01]"])
     runner.check_grid(args, rest, runner.cells_of(args.task_list, args.method_list, args.size_list,
                                                   args.seed_list))  # the bracket form passes
+
+
+def parsers_of(module, monkeypatch, capsys):
+    """The Parsers module.get_args (bench.py: main) builds, its subcommands' included, recorded as they are made."""
+    built = []
+
+    class Recording(options.Parser):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            built.append(self)
+    monkeypatch.setattr(module, "Parser", Recording)
+    with pytest.raises(SystemExit):
+        (module.get_args if hasattr(module, "get_args") else module.main)(["--help"])
+    capsys.readouterr()
+    return built
+
+
+def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, capsys):
+    """--help is where a student learns a flag: each flag of train.py, evaluate.py, the runner and every bench.py
+    subcommand says what it does, and each of train.py's says its default (argparse's, which --help shows, or
+    "(default: ...)" in the text; a switch is off)."""
+    helps = {}
+    for module in (train, evaluate, runner, bench):
+        parsers = parsers_of(module, monkeypatch, capsys)
+        assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.options.Parser?)"
+        for p in parsers:
+            for a in p._actions:
+                if a.dest in ("help", "command"):  # argparse's own, bench.py's subcommand
+                    continue
+                script = f"{module.__name__.split('.')[-1]}.py"
+                flag = " ".join([script, *p.prog.split()[1:], a.option_strings[0]])  # and bench.py's subcommand
+                helps[flag] = a.help
+                assert a.help and a.help.strip(), f"{flag} has no help text"
+                if module is train:
+                    assert a.default is not None or "default" in a.help, f"{flag}: --help shows no default"
+    assert len([f for f in helps if f.startswith("bench.py ")]) > 30, "bench.py's subcommands were not all seen"
+    assert "minknn/index.py" in helps["evaluate.py --index"], "evaluate.py --index: its flags live in minknn/index.py"
