@@ -30,8 +30,9 @@ runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
     metrics.jsonl   one line per epoch: training losses and dev scores
     summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
     run.json, last.pt, run.lock   the arguments, the state after the last completed epoch, and
-                    the lock held while training; a run stopped by Ctrl-C, kill -9 or a crash goes
-                    on from its last completed epoch with `python train.py --resume RUN`
+                    the lock held while training (removed when the run ends); a run stopped by
+                    Ctrl-C, kill -9 or a crash goes on from its last completed epoch with
+                    `python train.py --resume RUN`
 A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-label micro-F1);
 a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). A loss, gradient
 norm, dev score or weight that is not finite stops the run before anything of it is saved.
