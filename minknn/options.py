@@ -1,5 +1,6 @@
 """train.py's flags that depend on each other: defaults filled in from the run's tasks and loss,
 and the combinations that cannot work refused with one line, before any training data is read.
+Each value's own bounds (bad_values) also hold for a resumed run's run.json (check_saved).
 """
 import argparse
 import json
@@ -137,6 +138,11 @@ def bad_values(args):
             yield name, ">= 0"
 
 
+# a flag's type -> the JSON values it takes (a float flag's 5.0 reads back as the int 5)
+SAVED_TYPES = {int: int, float: (int, float), str: str, bool: bool}
+TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
 def check_saved(p, path, saved):
     """--resume: the arguments of a run.json (path), checked as the command line's are, since a
     hand-edited file may hold anything: each value of its flag's type (an int for an int flag,
@@ -164,10 +170,6 @@ def check_saved(p, path, saved):
             refuse(name, f"one of: {', '.join(choices)}")
     for name, must in bad_values(argparse.Namespace(**saved)):
         refuse(name, must)
-
-
-SAVED_TYPES = {int: int, float: (int, float), str: str, bool: bool}  # JSON's 5 is a float too
-TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
 
 
 def check_tasks(p, args):
