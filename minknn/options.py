@@ -138,7 +138,7 @@ def bad_values(args):
             yield name, ">= 0"
 
 
-# a flag's type -> the JSON values it takes (a float flag's 5.0 reads back as the int 5)
+# a flag's type -> the JSON values it takes (a float flag's value may be written 5, an int)
 SAVED_TYPES = {int: int, float: (int, float), str: str, bool: bool}
 TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
 
