@@ -34,11 +34,12 @@ import torch
 import torch.nn as nn
 
 from minknn import MinknnError, run
-from minknn.bert import BertModel, resolve_model_path
+from minknn.bert import BertModel, read_config, resolve_model_path
 from minknn.data import load_split, training_examples
 from minknn.engine import TrainBatches, autocast, encode_batch, pick_device, predict, to_device
 from minknn.kinds import kind_of
 from minknn.model import Model
+from minknn.options import Parser
 from minknn.pcgrad import PCGrad
 from minknn.report import write_block
 from minknn.tasks import TASKS, get_task
@@ -161,6 +162,10 @@ class Reference(nn.Module):
 
 def bench_model(args, device, timer, out):
     path = resolve_model_path(args.model)
+    positions = read_config(path).max_position_embeddings
+    if max(args.lengths) > positions:
+        raise MinknnError(f"--lengths {max(args.lengths)}: longer than the model's {positions} "
+                          f"positions")
     sst = [TASKS["sst"]]  # a 5-class head, as on SST
     torch.manual_seed(0)
     models = {"minknn": Model(BertModel.from_pretrained(path), sst, "mean")}
@@ -592,12 +597,12 @@ def bench_index(args, device, timer, out):
 
 # ---------------------------------------------------------------------------------------------
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def make_parser():
+    p = Parser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,knn,multitask,index}")
 
     def command(name, help, rounds, **steps):
-        c = sub.add_parser(name, help=help)
+        c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
         c.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
         c.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         c.add_argument("--rounds", type=int, default=rounds, help="alternating rounds; the best counts")
@@ -610,41 +615,67 @@ def main(argv=None):
         return c
 
     c = command("model", "the hand-written BERT against Hugging Face's, random tokens", 3, steps=5)
-    c.add_argument("--batch_size", type=int, default=32)
-    c.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128])
+    c.add_argument("--batch_size", type=int, default=32, help="sequences per step")
+    c.add_argument("--lengths", type=whole_numbers, default="64,128",
+                   help="sequence lengths in tokens, each a row pair (train, inference)")
     c = command("epoch", "one epoch of train.py against the plain transformers loop", 2)
-    c.add_argument("--task", default="sst")
+    c.add_argument("--task", default="sst", help="the task trained on")
     c.add_argument("--examples", type=int, default=1024, help="training examples (train.py --max_train)")
-    c.add_argument("--batch_size", type=int, default=32)
-    c.add_argument("--max_len", type=int, default=128)
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--batch_size", type=int, default=32, help="train.py --batch_size")
+    c.add_argument("--max_len", type=int, default=128, help="train.py --max_len")
+    c.add_argument("--seed", type=int, default=0, help="train.py --seed (the examples drawn)")
     c.add_argument("--compare", metavar="CHECKOUT", help="also time the train.py of another minknn "
                    "folder (e.g. a git worktree of an older commit)")
     c = command("knn", "a knnbert step against a ce step; kNN's share of evaluation", 3, steps=10)
-    c.add_argument("--task", default="sst")
-    c.add_argument("--k", type=int, default=64)
+    c.add_argument("--task", default="sst", help="the task trained and evaluated on")
+    c.add_argument("--k", type=int, default=64, help="neighbours per query")
     c = command("multitask", "a PCGrad step against a summed-loss step", 3, steps=5)
-    c.add_argument("--tasks", default="sst,mrpc,sts")
-    c.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"])
+    c.add_argument("--tasks", default="sst,mrpc,sts", help="comma-separated, as train.py --tasks")
+    c.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"], help="train.py --pair_mode")
     c = command("index", "flat, IVF and HNSW datastores: build, size, recall, search", 3)
-    c.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100_000, 1_000_000],
+    c.add_argument("--sizes", type=whole_numbers, default="100000,1000000",
                    help="synthetic datastore sizes (after SST's real keys)")
     c.add_argument("--dim", type=int, default=384, help="the synthetic keys' dimension (MiniLM's)")
-    c.add_argument("--queries", type=int, default=1000)
-    c.add_argument("--k", type=int, default=64)
+    c.add_argument("--queries", type=int, default=1000, help="queries searched per round (SST dev "
+                   "sentences for the real keys)")
+    c.add_argument("--k", type=int, default=64, help="neighbours per query (recall@k)")
     c.add_argument("--real", type=lambda s: s.split(",") if s else [],
                    default="sst5,sst2,goemotions,mr,subj,mpqa,cr,trec",
                    help="tasks whose training sentences, encoded, make the real datastore ('' for none)")
-    c.add_argument("--nprobe", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128, 512],
+    c.add_argument("--nprobe", type=whole_numbers, default="32,128,512",
                    help="IVF's cells searched per query, each value a row")
-    c.add_argument("--ef_search", type=lambda s: [int(x) for x in s.split(",")], default=[128, 256, 512],
+    c.add_argument("--ef_search", type=whole_numbers, default="128,256,512",
                    help="HNSW's candidates kept per query, each value a row")
     c.add_argument("--cache", metavar="FILE", help="keep the encoded real keys in FILE for the next run")
     c.add_argument("--data_dir", help="dataset root, for SST (default: $MINKNN_DATA, else ./data)")
+    return p
+
+
+def whole_numbers(text):
+    """A comma-separated list of whole numbers of at least 1 (--lengths 64,128)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': give whole numbers of at least 1, "
+                                         f"comma-separated")
+    return values
+
+
+def main(argv=None):
+    p = make_parser()
     args = p.parse_args(argv)
     for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if getattr(args, "max_len", 8) < 8:
+        p.error(f"--max_len must be at least 8, as train.py's, got {args.max_len}")
+    if not 0 <= getattr(args, "seed", 0) < 2 ** 32:
+        p.error(f"--seed must be in [0, 2**32), as train.py's, got {args.seed}")
+    if args.command == "index" and min(args.sizes) < args.k:
+        p.error(f"--sizes {min(args.sizes)}: a datastore of fewer keys than --k {args.k} has no "
+                f"{args.k} neighbours to find")
     if args.write and not os.path.isfile(args.write):
         p.error(f"--write {args.write}: no such file")
     device = pick_device(args.device)

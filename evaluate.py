@@ -60,7 +60,8 @@ def get_args(argv=None):
     p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="a run folder, or its checkpoint.pt")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="to score")
-    p.add_argument("--max_eval", type=int, help="score a fixed subset of N examples per task")
+    p.add_argument("--max_eval", type=int, help="score a fixed subset of N examples per task "
+                   "(default: all)")
     p.add_argument("--batch_size", type=int, default=64, help="examples per prediction batch")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     p.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
@@ -88,7 +89,7 @@ def get_args(argv=None):
     g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 2, 4, .., 1024")
     g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
     g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
-                   "(approximate; minknn/knn.py) (default: flat)")
+                   "(approximate; minknn/index.py) (default: flat)")
     ivf, hnsw = INDEX_DEFAULTS["ivf"], INDEX_DEFAULTS["hnsw"]
     g.add_argument("--nlist", type=int, help="ivf: k-means cells (default: "
                    f"{ivf['nlist_per_sqrt_n']} sqrt(N), at least 39 keys a cell)")

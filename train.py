@@ -30,8 +30,9 @@ runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
     metrics.jsonl   one line per epoch: training losses and dev scores
     summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
     run.json, last.pt, run.lock   the arguments, the state after the last completed epoch, and
-                    the lock held while training; a run stopped by Ctrl-C, kill -9 or a crash goes
-                    on from its last completed epoch with `python train.py --resume RUN`
+                    the lock held while training (removed when the run ends); a run stopped by
+                    Ctrl-C, kill -9 or a crash goes on from its last completed epoch with
+                    `python train.py --resume RUN`
 A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-label micro-F1);
 a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). A loss, gradient
 norm, dev score or weight that is not finite stops the run before anything of it is saved.
@@ -57,7 +58,7 @@ from minknn.kinds import describe_run, kind_of, overall, score
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
 from minknn.model import POOLINGS, Model
 from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
-from minknn.options import DEFAULT_TASKS, Parser, check_args
+from minknn.options import DEFAULT_TASKS, Parser, check_args, check_saved
 from minknn.pcgrad import PCGrad
 from minknn.proxy import has_proxies, proxy_logits
 from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
@@ -83,9 +84,11 @@ def make_parser():
     g = p.add_argument_group("data")
     g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
     g.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
-    g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept)")
-    g.add_argument("--per_class", type=int, help="train on N examples of each class")
-    g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per task")
+    g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept) "
+                   "(default: all)")
+    g.add_argument("--per_class", type=int, help="train on N examples of each class (default: all)")
+    g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per "
+                   "task (default: all)")
     g = p.add_argument_group("model")
     g.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
     g.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
@@ -113,7 +116,7 @@ def make_parser():
     g.add_argument("--decoupled", action="store_true", help="add Liang et al.'s retrieval head")
     g.add_argument("--sts_loss", default="mse", choices=list(STS_LOSSES), help="similarity tasks")
     g.add_argument("--pair_loss", choices=list(PAIR_LOSSES), help="siamese paraphrase tasks: "
-                   "this metric loss on the two texts' vectors")
+                   "this metric loss on the two texts' vectors (default: none)")
     g.add_argument("--m_most", type=int, help="knnbert: most similar positives (default: 50)")
     g.add_argument("--m_least", type=int, help="knnbert: least similar positives (default: 100)")
     g = p.add_argument_group("memory (knnbert, moco)")
@@ -130,12 +133,14 @@ def make_parser():
     p.add_argument("--save", default="best", choices=["best", "none"], help="best: checkpoint.pt "
                    "of the best epoch; none: no checkpoint, only the scores (grids of runs)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
-                   "completed epoch, with its own flags (only --device may change)")
+                   "completed epoch, with its own flags (only --device may change) (default: start "
+                   "a new run)")
     return p
 
 
 def resumed_args(p, args):
-    """--resume RUN: the run's own arguments; any other flag but --device is refused."""
+    """--resume RUN: the run's own arguments, checked as the command line's (a hand-edited
+    run.json gets one line naming the key); any other flag but --device is refused."""
     given = [a.option_strings[0] for a in p._actions if a.dest not in ("help", "resume", "device")
              and getattr(args, a.dest) != a.default]
     if given:
@@ -148,6 +153,7 @@ def resumed_args(p, args):
     if missing:
         p.error(f"--resume {args.resume}: run.json has no {', '.join(missing)}; it was not written "
                 f"by this version of train.py")
+    check_saved(p, os.path.join(args.resume, "run.json"), saved)
     return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
                                  "device": args.device})
 
@@ -294,6 +300,9 @@ def run_training(args):
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = load_last(args.out) if args.resume else None
+    if last and last["epoch"] >= args.epochs:  # nothing would train, and last.pt would be deleted
+        raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
+                          f"has done {last['epoch']} (last.pt); was the file edited?")
     if base and last and any(not torch.equal(v, last["model"]["bert." + k])
                              for k, v in bert.state_dict().items()):
         raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "

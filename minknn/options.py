@@ -1,15 +1,19 @@
 """train.py's flags that depend on each other: defaults filled in from the run's tasks and loss,
 and the combinations that cannot work refused with one line, before any training data is read.
+Each value's own bounds (bad_values) also hold for a resumed run's run.json (check_saved).
 """
 import argparse
+import json
 import math
 import re
 import sys
 
+from minknn import MinknnError
 from minknn.kinds import KINDS
-from minknn.losses import BASE_LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
+from minknn.losses import BASE_LOSSES, LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
 from minknn.losses.knnbert import M_LEAST, M_MOST
 from minknn.moco import MOMENTUM
+from minknn.proxy import PROXY_LOSSES
 from minknn.tasks import get_task
 
 # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
@@ -48,30 +52,17 @@ class HelpFormatter(argparse.HelpFormatter):
 def check_args(p, args):
     """Fills in the defaults that depend on other flags and refuses what cannot work (p.error:
     one line, exit status 2). Sets args.tasks to the run's task names."""
+    proxy_lr_given = args.proxy_lr is not None  # before it is filled
     if args.lr is None:
         args.lr = 5e-5 if args.option == "finetune" else 1e-3
     if args.proxy_lr is None:
         args.proxy_lr = 100 * args.lr
-    for name in ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",
-                 "steps_per_epoch", "queue_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    for name, low, high in (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None),
-                            ("warmup", 0, 1), ("lam", 0, 1)):
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and low <= value
-                                      and (high is None or value <= high)):
-            bounds = f"in [{low}, {high}]" if high else f">= {low}"
-            p.error(f"--{name} must be a finite number {bounds}, got {value}")
     if args.lr == 0:
         p.error("--lr 0 would train nothing; give a positive learning rate")
+    for name, must in bad_values(args):
+        p.error(f"--{name} must be {must}, got {getattr(args, name)}")
     if args.max_train and args.per_class:
         p.error("--max_train and --per_class both choose the training examples; give one")
-    if not 0 <= args.seed < 2 ** 32:  # numpy's seeds are 32-bit
-        p.error(f"--seed must be in [0, 2**32), got {args.seed}")
-    if args.max_len < 8:
-        p.error(f"--max_len must be at least 8 ([CLS] a [SEP] b [SEP] and a few words), "
-                f"got {args.max_len}")
     for name in ("data_dir", "out", "model"):
         if getattr(args, name) == "":
             p.error(f"--{name} is empty; give a path")
@@ -106,12 +97,79 @@ def check_args(p, args):
         p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair "
                 f"task), not multi-task ones")
     check_memory_flags(p, args)
+    if proxy_lr_given and args.loss not in PROXY_LOSSES:
+        p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
+                f"({', '.join(PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} has none")
     if args.pcgrad and len(tasks) < 2:
         p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask "
                 "with two tasks or more")
     if args.pair_loss and (not siamese or not any(t.positive is not None for t in tasks)):
         p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a "
                 "paraphrase task (one whose Task.positive names the class of matching pairs)")
+
+
+WHOLE_NUMBERS = ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",
+                 "steps_per_epoch", "queue_size")  # each at least 1
+BOUNDED = (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None), ("warmup", 0, 1),
+           ("lam", 0, 1))
+
+
+def bad_values(args):
+    """Each value out of its bounds, as (flag, what it must be); a flag left unset (None) passes.
+    check_args words them for the command line, check_saved for a run.json."""
+    for name in WHOLE_NUMBERS:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            yield name, "at least 1"
+    for name, low, high in BOUNDED:
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and low <= value
+                                      and (high is None or value <= high)):
+            yield name, f"a finite number {f'in [{low}, {high}]' if high else f'>= {low}'}"
+    if args.lr == 0:
+        yield "lr", "positive (0 would train nothing)"
+    if args.max_len is not None and args.max_len < 8:
+        yield "max_len", "at least 8 ([CLS] a [SEP] b [SEP] and a few words)"
+    if not 0 <= args.seed < 2 ** 32:  # numpy's seeds are 32-bit
+        yield "seed", "in [0, 2**32)"
+    if args.momentum is not None and not 0 <= args.momentum <= 1:
+        yield "momentum", "in [0, 1]"
+    for name in ("m_most", "m_least"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            yield name, ">= 0"
+
+
+# a flag's type -> the JSON values it takes (a float flag's value may be written 5, an int)
+SAVED_TYPES = {int: int, float: (int, float), str: str, bool: bool}
+TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
+def check_saved(p, path, saved):
+    """--resume: the arguments of a run.json (path), checked as the command line's are, since a
+    hand-edited file may hold anything: each value of its flag's type (an int for an int flag,
+    one of its choices, ...), then within its bounds (bad_values). One line naming the file and
+    the key, before anything is read."""
+    def refuse(name, must):
+        raise MinknnError(f"{path}: {name} is {json.dumps(saved[name])}; it must be {must} "
+                          f"(was the file edited?)")
+    filled = ("lr", "proxy_lr", "precision")  # check_args and get_args filled them in
+    for a in p._actions:
+        name, value = a.dest, saved.get(a.dest)
+        if name in ("help", "resume", "device", "out"):  # the command line's, not the run's
+            continue
+        if name == "tasks":  # check_tasks made it a list
+            if not (isinstance(value, list) and value and all(isinstance(t, str) for t in value)):
+                refuse(name, "a list of task names")
+            continue
+        if value is None and a.default is None and name not in filled:
+            continue  # a flag not given
+        kind = bool if a.nargs == 0 else a.type or str
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, SAVED_TYPES[kind]):
+            refuse(name, TYPE_NAMES[kind])
+        choices = LOSSES if name == "loss" else a.choices
+        if choices is not None and value not in choices:
+            refuse(name, f"one of: {', '.join(choices)}")
+    for name, must in bad_values(argparse.Namespace(**saved)):
+        refuse(name, must)
 
 
 def check_tasks(p, args):
@@ -146,8 +204,6 @@ def check_memory_flags(p, args):
                     "--queue_size and --momentum are for --memory queue")
         if args.memory == "queue" and args.momentum is None:
             args.momentum = MOMENTUM
-        if args.memory == "queue" and not 0 <= args.momentum <= 1:
-            p.error(f"--momentum must be in [0, 1], got {args.momentum}")
     if args.loss == "knnbert":
         args.m_most = M_MOST if args.m_most is None else args.m_most
         args.m_least = M_LEAST if args.m_least is None else args.m_least

@@ -11,7 +11,6 @@ of indices.
 """
 import csv
 import html
-import io
 import os
 import re
 import tarfile
@@ -61,8 +60,21 @@ def read_utf8(path):
 
 
 def csv_rows(path, **fmt):
-    """The rows of a CSV (or tab-separated, CSV-quoted) file."""
-    return list(csv.reader(io.StringIO(read_utf8(path), newline=""), **fmt))
+    """The rows of a CSV (or tab-separated, CSV-quoted) file whose fields hold no line breaks
+    (every such file minknn reads): one row per line, each line parsed alone. A field wrapped in
+    quotes ("..", with "" for a quote mark inside) must close on its own line: read as one
+    stream, a stray quote mark opening a field would swallow the lines up to the next quote mark
+    into one text and drop their rows without a word. Such a line is one line naming it."""
+    rows = []
+    for lineno, line in enumerate(read_lines(path), start=1):
+        try:
+            rows.append(next(csv.reader([line], strict=True, **fmt)))
+        except csv.Error as e:
+            why = ("a field opens with a quote mark (\") that does not close on this line"
+                   if "end of data" in str(e) else f"the CSV quoting is broken ({e})")
+            raise DataError(f"{path}:{lineno}: {why}; a quoted field is \"..\", with \"\" for a "
+                            f"quote mark inside") from None
+    return rows
 
 
 def parse_class(value, task, where):
@@ -161,7 +173,6 @@ def read_minbert_pairs(paths, task, source):
     column = "similarity" if task.kind == "similarity" else "is_duplicate"
     i_label = label_column(header, column, path, source)
     examples, dropped = [], []
-    # quoted fields hold no newlines: row = line
     for row_number, row in enumerate(rows[1:], start=2):
         where = f"{path}:{row_number}"
         if len(row) != len(header):
@@ -309,7 +320,7 @@ def read_agnews(paths, task, source):
     backslash, which becomes a space."""
     path = paths[0]
     examples = []
-    for lineno, row in enumerate(csv_rows(path), start=1):  # no field holds a newline: row = line
+    for lineno, row in enumerate(csv_rows(path), start=1):
         if len(row) != 3:
             raise DataError(f"{path}:{lineno}: expected 3 comma-separated fields, got {len(row)}")
         label = int(row[0]) - 1 if row[0].strip().isdigit() else -1  # classes 1..4 -> indices 0..3
@@ -383,7 +394,6 @@ def read_goemotions(paths, task, source):
     into emotions.txt, 27 = neutral) and the Reddit comment id."""
     path = paths[0]
     examples = []
-    # no text holds a newline: row = line
     for lineno, row in enumerate(csv_rows(path, delimiter="\t"), start=1):
         if len(row) != 3:
             raise DataError(f"{path}:{lineno}: expected 3 tab-separated fields, got {len(row)}")

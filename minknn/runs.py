@@ -3,7 +3,8 @@ resumed exactly where its last completed epoch left it.
 
 A run folder (train.py --out) holds:
     run.lock        held (flock) by the process training in it; the OS releases it when the
-                    process ends, even by kill -9, so a lock is never stale
+                    process ends, even by kill -9, so a lock is never stale. Removed when the
+                    run ends (finished, stopped or diverged); a kill -9 leaves it, unheld
     run.json        the run's arguments and data (root, fingerprints), written just before the
                     first step, once every input has been checked (--resume reads them)
     last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
@@ -42,7 +43,7 @@ def new_run_folder(out, default):
     """Creates and locks the folder of a new run: `out`, which must not hold a run already, or
     with out None a fresh folder named `default` (plus -2, -3, .. if taken, created exclusively,
     so runs started in the same second never share one). Returns (folder, lock, the folders this
-    process created, the run's own last)."""
+    process created)."""
     if out is None:
         parent = os.path.dirname(default) or "."
         created = [] if os.path.exists(parent) else [parent]
@@ -62,18 +63,46 @@ def new_run_folder(out, default):
     lock = lock_folder(folder)  # before looking: a run still starting has its lock already
     held = [name for name in RUN_FILES if os.path.exists(os.path.join(folder, name))]
     if held:
-        lock.close()
-        raise MinknnError(f"--out {folder} already holds a run ({', '.join(held)}); continue it "
-                          f"with --resume {folder}, or choose another --out")
+        try:
+            why = held_run(folder, held)
+        finally:
+            close_run_folder(folder, lock, [])
+        raise MinknnError(why)
     return folder, lock, created
 
 
+def held_run(folder, held):
+    """Why --out `folder`, which holds the files `held`, cannot take a new run, and what can be
+    done instead: a stopped run goes on with --resume; a finished one is evaluated."""
+    stopped = None  # no summary.json: a run killed, or still starting
+    if "summary.json" in held:
+        stopped = read_json(os.path.join(folder, "summary.json")).get("stopped", "")
+    if stopped is None or stopped == "interrupted":
+        return (f"--out {folder} already holds a run ({', '.join(held)}); continue it with "
+                f"--resume {folder}, or choose another --out")
+    if stopped:  # diverged: resumed, it would diverge again
+        return (f"--out {folder} holds a run that {stopped.split(':')[0]} (summary.json); start "
+                f"again with another --out")
+    return (f"--out {folder} holds a finished run (summary.json); choose another --out for a new "
+            f"one ({finished_hint(folder)})")
+
+
+def finished_hint(folder):
+    """What can still be done with a finished run."""
+    if os.path.exists(os.path.join(folder, "checkpoint.pt")):
+        return f"evaluate it with: python evaluate.py --checkpoint {folder}"
+    return f"its scores are in {os.path.join(folder, 'summary.json')}: --save none kept no model"
+
+
 def close_run_folder(folder, lock, created):
-    """Releases the lock. A run that stopped before it wrote run.json (a bad input found while
-    loading, Ctrl-C) leaves nothing behind: its run.lock goes, and the folders it made (the run's,
-    and runs/ when it made that too) if they are empty."""
+    """Removes run.lock while still holding it, then releases it (lock_folder: a process that
+    opened the old file meanwhile tries again). A run that stopped before it wrote run.json (a
+    bad input found while loading, Ctrl-C) leaves nothing behind: the folders it made go too
+    (the run's, and runs/ when it made that too) if they are empty."""
+    path = os.path.join(folder, "run.lock")
+    if same_file(lock, path):  # unlink, then close: never a moment unlocked
+        os.remove(path)
     if not os.path.exists(os.path.join(folder, "run.json")):
-        os.remove(os.path.join(folder, "run.lock"))  # while still holding it
         for made in reversed(created or []):  # the run's folder first, then its parent
             try:
                 os.rmdir(made)  # only when empty: another run may have started in runs/
@@ -91,6 +120,11 @@ def saved_args(folder):
     saved = read_json(path)
     if not isinstance(saved, dict) or not isinstance(saved.get("args"), dict):
         raise MinknnError(f"{path}: not a minknn run's arguments (no \"args\" object)")
+    data = saved.get("data")
+    if not (isinstance(data, dict) and isinstance(data.get("root"), str)
+            and isinstance(data.get("train_fingerprint"), dict)):
+        raise MinknnError(f"{path}: no \"data\" object with the data root and training "
+                          f"fingerprints the run started with (was the file edited?)")
     return saved["args"]
 
 
@@ -100,11 +134,12 @@ def open_run_folder(folder, save="best"):
     lock = lock_folder(folder)
     summary = os.path.join(folder, "summary.json")
     if os.path.exists(summary) and not read_json(summary).get("stopped"):
-        lock.close()
-        raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to resume")
+        close_run_folder(folder, lock, [])
+        raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to "
+                          f"resume ({finished_hint(folder)}; a new run needs another --out)")
     if save == "best" and os.path.exists(os.path.join(folder, "last.pt")) and \
             not os.path.exists(os.path.join(folder, "checkpoint.pt")):
-        lock.close()
+        close_run_folder(folder, lock, [])
         raise MinknnError(f"--resume {folder}: checkpoint.pt, the best epoch so far, is missing; "
                           f"the run cannot go on without it (start it again)")
     for tmp in glob.glob(os.path.join(folder, "*.tmp")):
@@ -127,21 +162,40 @@ def make_folder(folder, what="--out"):
 
 
 def lock_folder(folder):
-    """An exclusive lock on folder/run.lock, held while the returned file stays open."""
-    f = open(os.path.join(folder, "run.lock"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        raise MinknnError(f"{folder} is in use by another training process (pid {pid}); wait for "
-                          f"it to finish, or choose another --out") from None
+    """An exclusive lock on folder/run.lock, held while the returned file stays open. A run that
+    ends removes its run.lock before it lets go (close_run_folder): a process that opened that
+    file just before then locks a file no longer in the folder, while a third may create and lock
+    a new one. So the lock counts only if the file locked is still the one at the path; if not,
+    try again."""
+    path = os.path.join(folder, "run.lock")
+    while True:
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            raise MinknnError(f"{folder} is in use by another training process (pid {pid}); wait "
+                              f"for it to finish, or choose another --out") from None
+        if same_file(f, path):
+            break
+        f.close()  # a lock on a removed run.lock: it guards nothing
     f.seek(0)
     f.truncate()
     f.write(str(os.getpid()))
     f.flush()
     return f
+
+
+def same_file(f, path):
+    """Whether the open file f is the file at path now (not removed, nor replaced)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(f.fileno())
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 def check_same_data(folder, data):

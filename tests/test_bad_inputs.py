@@ -95,12 +95,23 @@ def stopped_run(tmp, tiny, fixtures):
     return tmp / "run"
 
 
-def resume_without_lr(tmp, tiny, fixtures):
-    run = stopped_run(tmp, tiny, fixtures)
-    saved = json.loads((run / "run.json").read_text())
-    del saved["args"]["lr"]
-    (run / "run.json").write_text(json.dumps(saved))
-    return ["--resume", str(run)]
+def resume_edited(edit):
+    """--resume on a stopped run whose run.json was changed by edit(its object), as by hand."""
+    def argv(tmp, tiny, fixtures):
+        run = stopped_run(tmp, tiny, fixtures)
+        saved = json.loads((run / "run.json").read_text())
+        edit(saved)
+        (run / "run.json").write_text(json.dumps(saved))
+        return ["--resume", str(run)]
+    return argv
+
+
+def with_arg(name, value):
+    """A resume_edited edit: run.json's argument `name` set to value."""
+    return lambda saved: saved["args"].update({name: value})
+
+
+resume_without_lr = resume_edited(lambda saved: saved["args"].pop("lr"))
 
 
 def resume_without_checkpoint(tmp, tiny, fixtures):
@@ -112,6 +123,20 @@ def resume_without_checkpoint(tmp, tiny, fixtures):
 def finished_run(tmp, tiny, fixtures):
     train.main(trainer("--max_train", "10")(tmp, tiny, fixtures))
     return ["--resume", str(tmp / "run")]
+
+
+def out_holds(run):
+    """A new run's argv with --out tmp/run, where run(tmp, tiny, fixtures) left a run."""
+    def argv(tmp, tiny, fixtures):
+        run(tmp, tiny, fixtures)
+        return trainer()(tmp, tiny, fixtures)
+    return argv
+
+
+def diverged_run(tmp, tiny, fixtures):
+    """tmp/run as a run that diverged leaves it (its files' contents do not matter here)."""
+    run_folder(tmp, ("run.json", "metrics.jsonl"))
+    (tmp / "run" / "summary.json").write_text(json.dumps({"stopped": "diverged: epoch 1, step 2: ..."}))
 
 
 # --- flags, run folders and saving (train.py, evaluate.py) ---
@@ -135,7 +160,8 @@ FLAG_CASES = [
     ("out under a file", "train", under_a_file, "cannot write there"),
     ("resume a folder that is no run", "train", lambda tmp, *a: ["--resume", str(tmp)], "not a run folder"),
     ("resume with other flags", "train", lambda tmp, *a: ["--resume", str(tmp), "--lr", "1e-3"], "leave out --lr"),
-    ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume"),
+    ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume "
+                                                       "(evaluate it with: python evaluate.py --checkpoint "),
     ("resume an empty path", "train", lambda tmp, *a: ["--resume", ""], "--resume : no run to resume there"),
     ("resume a run.json without args", "train",
      lambda tmp, *a: (tmp / "run.json").write_text("{}") and ["--resume", str(tmp)], "run.json: not a minknn run's arguments"),
@@ -153,6 +179,33 @@ FLAG_CASES = [
      "names the predictions file"),
     ("evaluate --k without --knn", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--k", "5"],
      "--k is a kNN option; add --knn"),
+    ("proxy_lr with a loss without proxies", "train", trainer("--proxy_lr", "0.01"),
+     "--proxy_lr is the learning rate of a proxy loss's proxies (softtriple, proxynca, proxyanchor); --loss ce has "
+     "none"),
+    # --out on a run that ended: what can be done with it instead
+    ("out holds a finished run", "train", out_holds(finished_run),
+     "holds a finished run (summary.json); choose another --out for a new one (evaluate it with: python "
+     "evaluate.py --checkpoint "),
+    ("out holds an interrupted run", "train", out_holds(stopped_run), "continue it with --resume"),
+    ("out holds a diverged run", "train", out_holds(diverged_run),
+     "holds a run that diverged (summary.json); start again with another --out"),
+    # --resume on a hand-edited run.json: checked as the command line is, naming the key
+    ("resume epochs three", "train", resume_edited(with_arg("epochs", "three")),
+     'run.json: epochs is "three"; it must be a whole number (was the file edited?)'),
+    ("resume lr abc", "train", resume_edited(with_arg("lr", "abc")), 'run.json: lr is "abc"; it must be a number'),
+    ("resume batch_size 0", "train", resume_edited(with_arg("batch_size", 0)),
+     "run.json: batch_size is 0; it must be at least 1"),
+    ("resume seed -5", "train", resume_edited(with_arg("seed", -5)), "run.json: seed is -5; it must be in [0, 2**32)"),
+    ("resume lr -1", "train", resume_edited(with_arg("lr", -1)), "run.json: lr is -1; it must be a finite number >= 0"),
+    ("resume epochs -1", "train", resume_edited(with_arg("epochs", -1)),
+     "run.json: epochs is -1; it must be at least 1"),
+    ("resume pcgrad 1", "train", resume_edited(with_arg("pcgrad", 1)),
+     "run.json: pcgrad is 1; it must be true or false"),
+    ("resume pooling sum", "train", resume_edited(with_arg("pooling", "sum")),
+     'run.json: pooling is "sum"; it must be one of: cls, mean, max'),
+    ("resume no data", "train", resume_edited(lambda saved: saved.pop("data")), 'run.json: no "data" object'),
+    ("resume epochs below those done", "train", resume_edited(with_arg("epochs", 1)),  # stopped in epoch 2
+     "run.json's epochs is 1, and the run has done 1 (last.pt); was the file edited?"),
 ]
 
 
@@ -195,6 +248,10 @@ DATA_CASES = [
      "file: is a file, not a folder"),
     ("data_dir not found", "train", trainer(data=lambda tmp, fixtures: str(tmp / "no-data")),
      "no-data: not found"),
+    ("data file with a stray quote mark", "train",  # read as one stream, line 3's sentence2 ran on into line 4
+     trainer("--task", "sts",
+             data=broken_data("minbert/sts-train.csv", replace(b"\ta dog builds", b'\t"a dog builds'))),
+     "sts-train.csv:3: a field opens with a quote mark (\") that does not close on this line"),
 ]
 
 

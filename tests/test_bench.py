@@ -1,9 +1,11 @@
 """bench.py's scaffolding: the alternating best-of-rounds timer and the synthetic keys (the block
 it writes into RESULTS.md is report.write_block, tests/test_report.py). The timings themselves are
 commands to run, not tests."""
+import pytest
 import torch
 
 import bench
+from minknn import run
 
 
 def test_best_of_rounds_alternates_and_keeps_each_ones_best():
@@ -23,3 +25,41 @@ def test_synthetic_keys_are_reproducible_clusters():
     again, _ = bench.clustered_keys(400, 16, seed=1)
     torch.testing.assert_close(keys, again, msg=lambda m: f"clustered_keys with the same seed differ: {m}")
     assert keys.shape == (400, 16) and set(labels.tolist()) <= set(range(5))
+
+
+BAD_FLAGS = [  # argv, what the one line says
+    (["model", "--lengths", "0"], "argument --lengths: '0': give whole numbers of at least 1"),
+    (["model", "--lengths", "64,"], "argument --lengths: '64,': give whole numbers of at least 1"),
+    (["model", "--batch_size", "0"], "--batch_size must be at least 1, got 0"),
+    (["model", "--steps", "0"], "--steps must be at least 1, got 0"),
+    (["model", "--rounds", "-1"], "--rounds must be at least 1, got -1"),
+    (["epoch", "--examples", "0"], "--examples must be at least 1, got 0"),
+    (["epoch", "--max_len", "4"], "--max_len must be at least 8"),
+    (["epoch", "--seed", "-1"], "--seed must be in [0, 2**32)"),
+    (["knn", "--k", "0"], "--k must be at least 1, got 0"),
+    (["index", "--queries", "0"], "--queries must be at least 1, got 0"),
+    (["index", "--dim", "0"], "--dim must be at least 1, got 0"),
+    (["index", "--sizes", "0"], "argument --sizes: '0'"),
+    (["index", "--nprobe", "32,-1"], "argument --nprobe: '32,-1'"),
+    (["index", "--ef_search", "many"], "argument --ef_search: 'many'"),
+    (["index", "--sizes", "50"], "--sizes 50: a datastore of fewer keys than --k 64"),
+    (["model", "--lengths", "64,100", "--model", None], "--lengths 100: longer than the model's 64 positions"),
+]
+
+
+@pytest.mark.parametrize("argv, says", BAD_FLAGS, ids=[" ".join(a[:3]) for a, _ in BAD_FLAGS])
+def test_bad_flags_are_one_line_before_anything_runs(argv, says, tiny_bert_dir, monkeypatch, capsys):
+    """Each subcommand's sizes and counts must be positive (--lengths 0 gave a traceback or an empty table): one
+    line naming the flag, exit status 2, before a model is loaded or anything is timed."""
+    def nothing_slow(*args, **kwargs):
+        pytest.fail(f"bench.py {' '.join(argv)}: work started before the flags were checked")
+    for name in ("bench_epoch", "bench_knn", "bench_multitask", "bench_index"):
+        monkeypatch.setattr(bench, name, nothing_slow)
+    monkeypatch.setattr(bench.BertModel, "from_pretrained", nothing_slow)
+    argv = [tiny_bert_dir if a is None else a for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: bench.main(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), \
+        f"bench.py {' '.join(argv)}: exit {exit_.value.code}, stderr {err} (one line, `error: ...`, was expected)"
+    assert says in err[0], f"bench.py {' '.join(argv)}: the error does not name {says!r}: {err[0]}"

@@ -3,14 +3,18 @@ each combination that cannot work refused with one line naming the flag (test_tr
 of them as a user would, in a subprocess)."""
 import pytest
 
+import bench
+import evaluate
 import train
-from minknn import MinknnError
+from minknn import MinknnError, options, runner
+from tests.conftest import DATA
 
 
 def refused(capsys, *flags):
     """The one-line error train.py's flags give (argparse's exit status 2)."""
     with pytest.raises(SystemExit) as exit:
         train.get_args(list(flags))
+        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/options.py check_args)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: "), err
     return err[len("error: "):]
@@ -74,3 +78,89 @@ def test_an_unknown_task_or_loss_is_named():
         train.get_args(["--task", "multitask", "--tasks", "sst,stss"])
     with pytest.raises(MinknnError, match="unknown --loss 'proxyanchr'; choose one of: ce, bce, triplet"):
         train.get_args(["--loss", "proxyanchr"])
+
+
+@pytest.mark.parametrize("flags, loss", [([], "ce"), (["--task", "sts"], "mse"), (["--loss", "supcon"], "supcon"),
+                                         (["--task", "rte", "--loss", "knnbert"], "knnbert")])
+def test_proxy_lr_without_proxies_is_refused(capsys, flags, loss):
+    """--proxy_lr sets the proxies' learning rate; with a loss that has none it would be silently ignored."""
+    assert f"--proxy_lr is the learning rate of a proxy loss's proxies (softtriple, proxynca, proxyanchor); " \
+           f"--loss {loss} has none" in refused(capsys, *flags, "--proxy_lr", "0.01")
+
+
+@pytest.mark.parametrize("flags", [["--loss", "proxyanchor"], ["--loss", "softtriple"],
+                                   ["--task", "multitask", "--tasks", "sst,sts", "--loss", "proxynca"]])
+def test_proxy_lr_with_proxies_is_kept(flags):
+    assert train.get_args([*flags, "--proxy_lr", "0.01"]).proxy_lr == 0.01, f"{flags}: --proxy_lr 0.01 not kept"
+
+
+# each bound of the command line, and the value out of it: a run.json holding that value must be refused too
+BOUNDS = [("epochs", 0, "at least 1"), ("batch_size", -3, "at least 1"), ("max_len", 4, "at least 8"),
+          ("steps_per_epoch", 0, "at least 1"), ("max_eval", 0, "at least 1"), ("lr", -1e-4, "a finite number >= 0"),
+          ("lr", 0, "positive"), ("proxy_lr", float("inf"), "a finite number >= 0"),
+          ("weight_decay", -1, "a finite number >= 0"), ("warmup", 1.5, "a finite number in [0, 1]"),
+          ("seed", 2 ** 32, "in [0, 2**32)"), ("seed", -1, "in [0, 2**32)")]
+
+
+@pytest.mark.parametrize("name, value, must", BOUNDS, ids=[f"{b[0]}={b[1]}" for b in BOUNDS])
+def test_run_json_values_are_checked_as_the_command_line_is(capsys, name, value, must):
+    """--resume takes its flags from run.json: options.check_saved must hold them to the bounds options.check_args
+    holds the command line's to (both through options.bad_values)."""
+    assert f"--{name} " in refused(capsys, f"--{name}", str(value)), f"--{name} {value}: refused, not naming the flag"
+    p = train.make_parser()
+    saved = {k: v for k, v in vars(train.get_args([])).items() if k != "resume"}  # as train.py writes run.json
+    options.check_saved(p, "run.json", saved)  # a run.json as written passes
+    with pytest.raises(MinknnError) as error:
+        options.check_saved(p, "run.json", {**saved, name: value})
+        pytest.fail(f"run.json with {name} {value} was accepted (options.check_saved)")
+    assert str(error.value).startswith(f"run.json: {name} is ") and f"; it must be {must}" in str(error.value), \
+        str(error.value)
+
+
+def test_a_grid_passing_proxy_lr_to_a_ce_cell_is_refused(tmp_path):
+    """The runner passes train.py's flags to every cell: a ce cell given --proxy_lr is refused before any training,
+    naming the method (a proxy loss takes it in brackets: proxyanchor[proxy_lr=0.01])."""
+    argv = ["--tasks", "mr", "--sizes", "6", "--out", str(tmp_path / "g"), "--data_dir", DATA]
+    with pytest.raises(MinknnError, match=r"--methods ce: --proxy_lr is the learning rate of a proxy loss's proxies"):
+        runner.main([*argv, "--methods", "ce,proxyanchor", "--proxy_lr", "0.01"])
+    assert not (tmp_path / "g").exists(), "the refused grid wrote its folder"
+    args, rest = runner.get_args([*argv, "--methods", "ce,proxyanchor[proxy_lr=0.01]"])
+    runner.check_grid(args, rest, runner.cells_of(args.task_list, args.method_list, args.size_list,
+                                                  args.seed_list))  # the bracket form passes
+
+
+def parsers_of(module, monkeypatch, capsys):
+    """The Parsers module.get_args (bench.py: main) builds, its subcommands' included, recorded as they are made."""
+    built = []
+
+    class Recording(options.Parser):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            built.append(self)
+    monkeypatch.setattr(module, "Parser", Recording)
+    with pytest.raises(SystemExit):
+        (module.get_args if hasattr(module, "get_args") else module.main)(["--help"])
+    capsys.readouterr()
+    return built
+
+
+def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, capsys):
+    """--help is where a student learns a flag: each flag of train.py, evaluate.py, the runner and every bench.py
+    subcommand says what it does, and each of train.py's says its default (argparse's, which --help shows, or
+    "(default: ...)" in the text; a switch is off)."""
+    helps = {}
+    for module in (train, evaluate, runner, bench):
+        parsers = parsers_of(module, monkeypatch, capsys)
+        assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.options.Parser?)"
+        for p in parsers:
+            for a in p._actions:
+                if a.dest in ("help", "command"):  # argparse's own, bench.py's subcommand
+                    continue
+                script = f"{module.__name__.split('.')[-1]}.py"
+                flag = " ".join([script, *p.prog.split()[1:], a.option_strings[0]])  # and bench.py's subcommand
+                helps[flag] = a.help
+                assert a.help and a.help.strip(), f"{flag} has no help text"
+                if module is train:
+                    assert a.default is not None or "default" in a.help, f"{flag}: --help shows no default"
+    assert len([f for f in helps if f.startswith("bench.py ")]) > 30, "bench.py's subcommands were not all seen"
+    assert "minknn/index.py" in helps["evaluate.py --index"], "evaluate.py --index: its flags live in minknn/index.py"

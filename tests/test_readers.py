@@ -563,6 +563,33 @@ def test_malformed_line_names_file_and_line(data_dir, tmp_path, name, split, fil
     assert "\n" not in str(error.value), f"{name}: the error is not one line"
 
 
+# A CSV-quoted file (minBERT's pair files, GoEmotions, AG News) with a stray quote mark opening a field: read as one
+# stream, the quoted field would run on to the next quote mark, swallowing the lines between into one text and
+# dropping their rows without a word; every field of these files fits on its line, so it is one line naming the line.
+STRAY_QUOTES = [  # task, split, file, line, bytes replaced, by, the error expected
+    # the old stream reader took line 3's sentence2 on to line 4's quoted one: 23 rows, no error
+    ("sts", "train", "sts-train.csv", 3, b"\ta dog builds", b'\t"a dog builds', "a field opens with a quote mark"),
+    ("quora", "train", "quora-train.csv", 4, b"\t", b'\t"', "a field opens with a quote mark"),
+    ("goemotions", "train", "train.tsv", 2, b"This ref", b'"This ref', "a field opens with a quote mark"),
+    ("agnews", "train", "train.csv", 3, b'"4"', b'"4', "the CSV quoting is broken"),
+    ("sts", "dev", "sts-dev.csv", 2, b"\t", b'\t"quoted" then more ', "the CSV quoting is broken"),
+]
+
+
+@pytest.mark.parametrize("name, split, file, line, old, new, message", STRAY_QUOTES,
+                         ids=[f"{q[0]}-{q[2]}:{q[3]}" for q in STRAY_QUOTES])
+def test_a_stray_quote_mark_names_file_and_line(data_dir, tmp_path, name, split, file, line, old, new, message):
+    task = fixture_task(name, data_dir)
+    root = copy_and_edit(data_dir, tmp_path, task, file, line, old, new)
+    try:
+        examples = load_split(task, split, root)
+    except DataError as e:
+        assert f"{file}:{line}: {message}" in str(e) and "\n" not in str(e), f"{name}: the error: {e}"
+        return
+    pytest.fail(f"{name}: {file} with a stray quote mark on line {line} was read, as {len(examples)} {split} "
+                f"examples (readers.csv_rows must refuse it, naming the line)")
+
+
 # A byte that is not UTF-8 in a UTF-8 dataset (all but SentEval's and Reuters'): one DataError line
 # naming file and line, neither a UnicodeDecodeError traceback nor a text silently read as latin-1.
 @pytest.mark.parametrize("name, file", [("agnews", "train.csv"), ("goemotions", "train.tsv"), ("rte", "train.tsv"),

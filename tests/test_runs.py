@@ -2,6 +2,7 @@
 divergence and a full disk stop a run with one line and leave the last good files in place.
 (The bad flags and folders are rows of test_bad_inputs.py.)"""
 import errno
+import fcntl
 import glob
 import io
 import json
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import train
-from minknn import run
+from minknn import MinknnError, run, runs
 from minknn.runs import close_run_folder, lock_folder, new_run_folder
 from tests.conftest import write_tiny_bert
 
@@ -124,13 +125,13 @@ def test_save_none_keeps_the_scores_and_still_resumes(tiny_bert_dir, data_dir, t
     assert err == [f"interrupted: the best epoch so far (1) is in {stopped / 'summary.json'} (--save none: no "
                    f"checkpoint); continue with: python train.py --resume {stopped}"], err
     left = sorted(os.listdir(stopped))
-    assert left == ["last.pt", "metrics.jsonl", "run.json", "run.lock", "summary.json"], f"stopped: {left}"
+    assert left == ["last.pt", "metrics.jsonl", "run.json", "summary.json"], f"stopped: {left}"
     monkeypatch.undo()
     train.main(["--resume", str(stopped)])
     assert_same_run(tmp_path / "alone", stopped, "--save none, resumed after epoch 1", checkpoint=False)
     for folder in (tmp_path / "alone", stopped):
         left = sorted(os.listdir(folder))
-        assert left == ["metrics.jsonl", "run.json", "run.lock", "summary.json"], f"{folder.name}, finished: {left}"
+        assert left == ["metrics.jsonl", "run.json", "summary.json"], f"{folder.name}, finished: {left}"
         summary = json.load(open(folder / "summary.json"))
         assert summary["save"] == "none" and "stopped" not in summary and summary["dev"], summary
 
@@ -146,7 +147,7 @@ def test_a_run_stopped_before_its_first_epoch_starts_again(tiny_bert_dir, data_d
     train.main(["--resume", str(tmp_path / "stopped")])
     assert_same_run(tmp_path / "alone", tmp_path / "stopped", "resumed before epoch 1 ended")
     left = sorted(os.listdir(tmp_path / "stopped"))  # a finished run keeps no state to resume from
-    assert left == ["checkpoint.pt", "metrics.jsonl", "run.json", "run.lock", "summary.json"], left
+    assert left == ["checkpoint.pt", "metrics.jsonl", "run.json", "summary.json"], left
 
 
 def test_kill_9_at_any_moment_loses_nothing(tiny_bert_dir, data_dir, tmp_path):
@@ -167,6 +168,7 @@ def test_kill_9_at_any_moment_loses_nothing(tiny_bert_dir, data_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same_run(tmp_path / "alone", tmp_path / "killed", "killed by SIGKILL, then resumed")
     assert not glob.glob(str(tmp_path / "killed" / "*.tmp")), "a kill's temporary file outlived the resume"
+    assert not os.path.exists(tmp_path / "killed" / "run.lock"), "the run.lock a kill left outlived the resume"
 
 
 def test_seeds_started_together_never_share_a_folder(tiny_bert_dir, data_dir, tmp_path):
@@ -197,6 +199,59 @@ def test_a_second_writer_stops_with_one_line(tiny_bert_dir, data_dir, tmp_path, 
         held.close()
 
 
+def test_a_lock_on_a_removed_run_lock_does_not_count(tmp_path, monkeypatch):
+    """The race close_run_folder opens by removing run.lock before it lets go: process B opens run.lock, the run
+    A holding it ends (removes the file, then unlocks), a third process C creates and locks a new run.lock, and
+    only then does B's flock go through, on the removed file. B must see that it locked a file no longer at the
+    path and try again, to find C's lock: else B and C both train in the folder. Played in one process: B's
+    flock call lets A end and C start first."""
+    folder = str(tmp_path)
+    a = runs.lock_folder(folder)
+    real_flock, calls, held = fcntl.flock, [], []
+
+    def a_ends_and_c_starts(f, how):
+        calls.append(1)
+        if len(calls) == 1:  # B's first flock, on the file A still holds
+            runs.close_run_folder(folder, a, [])
+            assert not os.path.exists(tmp_path / "run.lock"), "close_run_folder left run.lock"
+            held.append(runs.lock_folder(folder))  # C: a new run.lock
+        return real_flock(f, how)
+    monkeypatch.setattr(fcntl, "flock", a_ends_and_c_starts)
+    try:
+        with pytest.raises(MinknnError, match="is in use by another training process"):
+            b = runs.lock_folder(folder)
+            b.close()
+            pytest.fail("B locked the run.lock A had removed while C held the new one: two writers in one "
+                        "folder (runs.lock_folder must compare the locked file with the one at the path)")
+    finally:
+        for lock in held:
+            lock.close()
+
+
+def test_a_lock_on_a_removed_run_lock_tries_again(tmp_path, monkeypatch):
+    """As above, but no third process: B's retry creates the new run.lock and holds it, so a later run is refused."""
+    folder = str(tmp_path)
+    a = runs.lock_folder(folder)
+    real_flock, calls = fcntl.flock, []
+
+    def a_ends(f, how):
+        calls.append(1)
+        if len(calls) == 1:
+            runs.close_run_folder(folder, a, [])
+        return real_flock(f, how)
+    monkeypatch.setattr(fcntl, "flock", a_ends)
+    b = runs.lock_folder(folder)
+    try:
+        lock_file = tmp_path / "run.lock"
+        assert lock_file.exists() and os.fstat(b.fileno()).st_ino == os.stat(lock_file).st_ino, \
+            "B's lock is on a removed run.lock, not on the file at the path (runs.lock_folder must try again)"
+        monkeypatch.setattr(fcntl, "flock", real_flock)
+        with pytest.raises(MinknnError, match="is in use by another training process"):
+            runs.lock_folder(folder).close()
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("save", ["best", "none"])
 def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(save, tiny_bert_dir, data_dir, tmp_path,
                                                                      monkeypatch, capsys):
@@ -219,6 +274,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(save, tiny_
     assert exit_.value.code == 2 and err.startswith("error: epoch 2, step 1: the sst loss became nan"), err
     summary = json.load(open(out / "summary.json"))
     assert summary["stopped"].startswith("diverged: epoch 2, step 1") and summary["best_epoch"] == 1, summary
+    assert not os.path.exists(out / "run.lock"), "a diverged run left its run.lock (runs.close_run_folder)"
     if save == "none":
         assert f"the best epoch so far (1) is in {out / 'summary.json'} (--save none: no checkpoint)" in err, err
         assert not os.path.exists(out / "checkpoint.pt")
