@@ -7,7 +7,7 @@
     python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
     python bench.py epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
 
-(epoch, knn and multitask read real data: MINKNN_DATA=../shared/data, or --data_dir.)
+(epoch, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
 Every subcommand prints one line saying what ran where, then one Markdown table. With --write FILE
 that output also replaces the block between `<!-- bench.py NAME -->` and `<!-- /bench.py NAME -->`
 in FILE, so the speed tables in RESULTS.md are this script's output, never typed by hand.
@@ -191,7 +191,8 @@ def bench_model(args, device, timer, out):
     config = models["minknn"].bert.config
     for T in args.lengths:
         g = torch.Generator().manual_seed(T)
-        batch = {"input_ids": torch.randint(1000, config.vocab_size, (args.batch_size, T), generator=g),
+        low = 1000 if config.vocab_size > 2000 else 0  # past BERT's special and [unused] ids
+        batch = {"input_ids": torch.randint(low, config.vocab_size, (args.batch_size, T), generator=g),
                  "attention_mask": torch.ones(args.batch_size, T, dtype=torch.long),
                  "token_type_ids": torch.zeros(args.batch_size, T, dtype=torch.long)}
         batch = to_device(batch, device)

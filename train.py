@@ -50,8 +50,8 @@ from tqdm import tqdm
 from minknn import MinknnError, run
 from minknn.bert import ATTENTION, ATTENTIONS, BertModel, resolve_model_path
 from minknn.checkpoint import base_model, save_checkpoint
-from minknn.data import (check_every_class_present, eval_subset, load_split, require_labels,
-                         run_data, training_examples)
+from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
+                         require_labels, run_data, training_examples)
 from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
                            pick_device, predict, seed_everything, to_device)
 from minknn.kinds import describe_run, kind_of, overall, score
@@ -313,8 +313,13 @@ def run_training(args):
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
     train, dev = {}, {}
     for t in tasks:
-        train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
-                                          args.per_class)
+        try:
+            train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
+                                              args.per_class)
+        except DataError as e:  # minBERT's default trio: quora-train.csv is a 22 MB download
+            if t.name == "quora" and args.task == "multitask":
+                raise DataError(f"{e}; or train without Quora: --tasks sst,mrpc,sts") from None
+            raise
         dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
         require_labels(train[t.name], f"--task {t.name} train split")
         require_labels(dev[t.name], f"--task {t.name} dev split")

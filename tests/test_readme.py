@@ -1,0 +1,321 @@
+"""The README's commands, run as a user types them, at tiny sizes; and every file the README and
+docs/ name exists. A README line that stops working fails here, naming the file and line.
+
+Which commands: every line of every ```bash block of README.md and docs/*.md, in order (a line
+ending in a backslash goes on to the next; `a && b` is two commands; `#` starts a comment). Each
+is one of
+    python train.py ...              train.main        in-process, through minknn.run as the
+    python evaluate.py ...           evaluate.main     scripts' __main__ does: a MinknnError is
+    python bench.py ...              bench.main        `error: ...` and exit status 2
+    python -m minknn.runner ...      minknn.runner.main
+    python -m minknn.assignment ...  minknn.assignment.main
+or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
+environment the tests already run in, installs packages, sets MINKNN_DATA, or is the test suite
+itself). A command of any other kind fails the test until it is added to one or the other.
+
+How each runs. A file's commands share one fresh working folder, in order, so the run a train line
+writes to `runs/NAME` is the one a later evaluate line reads; train.py, evaluate.py, bench.py and
+minknn/ are linked into it, as in a checkout. Small sizes are APPENDED to each command (argparse
+keeps the last value of a flag given twice), so every flag the README gives is still parsed and
+checked:
+    train.py      --model TINY --epochs 1 --max_train 16 --max_eval 8 --max_len 32 --batch_size 8
+                  --device cpu (so `--model path/to/...` and `--max_train 5000` become these)
+    --resume      --device cpu alone: a resumed run takes its own flags and refuses others
+    evaluate.py   --max_eval 8 --device cpu, and --k 4 with --knn (the datastore holds 16 keys)
+    runner        --model TINY --epochs 1 --max_len 32 --batch_size 8 --device cpu --sizes 16
+                  --seeds 0 (one seed, one size: every task and method of the line still runs)
+    assignment    nothing: writing an edition copies files, already quick
+    bench.py      --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
+TINY is a random 2-layer BERT 32 wide (tests/conftest.py's, with 128 positions: bench.py knn
+encodes at length 128). Three things stand in for what would take long or reach outside:
+- A train line whose run a later `--resume` line continues is stopped by Ctrl-C in its second
+  epoch (`--epochs 2 --steps_per_epoch 1` appended), the stop the resume line's comment means;
+  the test expects its exit status 130 and then the resumed run to finish.
+- The runner draws no plots (minknn.plots unimportable, as without matplotlib: tests/test_plots.py
+  draws them); bench.py's peak matmul (seconds of 2048x2048 products) is a constant.
+- The data is what a user has who followed the README's set-up with downloads unavailable: the
+  fixture datasets (tests/fixtures/data) less the files that are not in the copy `RESULTS.md` was
+  measured on (data/README.md names them: Quora's train and test-student, QNLI's train, AG News'
+  train, AAPD), plus an IMDB archive and Reuters' 22 files built here. MINKNN_DATA points at it.
+  minknn.data.download fails as it does offline, and http(s)_proxy names a closed local port, so
+  nothing here reaches the network.
+"""
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+
+import pytest
+
+import bench
+import evaluate
+import minknn.assignment
+import minknn.data
+import minknn.runner
+import train
+from conftest import DATA, TINY, tiny_vocab
+from minknn import run
+from minknn.bert import BertConfig, BertModel
+from minknn.data import DataError
+from minknn.safetensors import save_safetensors
+from test_readers import imdb_reviews, write_imdb
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+# not in the copy of the data RESULTS.md was measured on (data/README.md); nor, offline, a user's
+MISSING = ["minbert/quora-train.csv", "minbert/quora-test-student.csv", "glue/QNLI/train.tsv",
+           "agnews/ag_news_csv/train.csv", "aapd"]
+
+NOT_RUN = {  # command prefix: why the test does not run it
+    ("python", "-m", "venv"): "makes the virtual environment the tests already run in",
+    ("source",): "enters the virtual environment the tests already run in",
+    ("python", "-m", "pip", "install"): "installs packages; the tests run with them installed",
+    ("pip", "install"): "installs packages; the tests run with them installed",
+    ("export", "MINKNN_DATA=/path/to/datasets"): "a placeholder path; the test sets MINKNN_DATA to its own copy",
+    ("python", "-m", "pytest"): "the test suite itself",
+}
+
+SMALL = ["--epochs", "1", "--max_train", "16", "--max_eval", "8", "--max_len", "32", "--batch_size", "8",
+         "--device", "cpu"]
+BENCH = {"model": ["--steps", "1", "--batch_size", "2", "--lengths", "16"],
+         "epoch": ["--examples", "16", "--batch_size", "8", "--max_len", "32"],
+         "knn": ["--steps", "1", "--k", "4"],
+         "multitask": ["--steps", "1"],
+         "index": ["--sizes", "1000", "--dim", "16", "--queries", "10", "--k", "4"]}
+
+
+# ------------------------------------------------------------------------ reading the pages
+
+def bash_commands(page):
+    """[(line number, words)] of the page's ```bash blocks: one entry per command."""
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    commands = []
+    for block in re.finditer(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        lines = block.group(1).split("\n")
+        first = text.count("\n", 0, block.start(1)) + 1
+        i = 0
+        while i < len(lines):
+            number, line = first + i, lines[i]
+            while line.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                line = line.rstrip()[:-1] + " " + lines[i]
+            i += 1
+            command = []
+            for word in shlex.split(line, comments=True) + ["&&"]:
+                if word != "&&":
+                    command.append(word)
+                elif command:
+                    commands.append((number, command))
+                    command = []
+    return commands
+
+
+def script(words, where):
+    """(the script's name, its arguments), or None for a command the test does not run."""
+    for prefix in NOT_RUN:
+        if tuple(words[:len(prefix)]) == prefix:
+            return None
+    for prefix, name in ((["python", "train.py"], "train"), (["python", "evaluate.py"], "evaluate"),
+                         (["python", "bench.py"], "bench"), (["python", "-m", "minknn.runner"], "runner"),
+                         (["python", "-m", "minknn.assignment"], "assignment")):
+        if words[:len(prefix)] == prefix:
+            return name, words[len(prefix):]
+    raise AssertionError(f"{where}: `{' '.join(words)}`: the test does not know this command; run it in "
+                         f"tests/test_readme.py (script) or say in NOT_RUN why not")
+
+
+def flag(args, name):
+    return args[args.index(name) + 1] if name in args else None
+
+
+def tiny_args(name, args, model, stopped):
+    """The arguments the test runs: the page's, then the small sizes."""
+    if name == "train" and "--resume" in args:
+        return args + ["--device", "cpu"]
+    if name == "train":
+        stop = ["--epochs", "2", "--steps_per_epoch", "1"] if flag(args, "--out") in stopped else []
+        return args + ["--model", model] + SMALL + stop
+    if name == "evaluate":
+        return args + ["--max_eval", "8", "--device", "cpu"] + (["--k", "4"] if "--knn" in args else [])
+    if name == "runner" and "--table" in args:
+        return args
+    if name == "runner":
+        return args + ["--model", model, "--epochs", "1", "--max_len", "32", "--batch_size", "8",
+                       "--device", "cpu", "--sizes", "16", "--seeds", "0"]
+    if name == "bench":
+        return args + ["--model", model, "--device", "cpu", "--rounds", "1"] + BENCH.get(args[0], [])
+    return args
+
+
+MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.runner.main,
+         "assignment": minknn.assignment.main}
+
+
+# ------------------------------------------------------------------------ what a user has
+
+def write_bert(folder):
+    """tests/conftest.py's tiny BERT with 128 positions (bench.py knn encodes at length 128)."""
+    os.makedirs(folder)
+    vocab = tiny_vocab()
+    config = dict(TINY, vocab_size=len(vocab), max_position_embeddings=128)
+    save_safetensors(BertModel(BertConfig.from_dict(config)).state_dict(),
+                     os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(folder, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    return folder
+
+
+def user_data(root):
+    """The fixture datasets as a user without the MISSING files has them, IMDB and Reuters whole."""
+    shutil.copytree(DATA, root)
+    for path in MISSING:
+        path = os.path.join(root, path)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    write_imdb(os.path.join(root, "imdb", "aclImdb_v1.tar.gz"), imdb_reviews())
+    sgml = open(os.path.join(DATA, "reuters21578", "reut2-001.sgm"), encoding="latin-1").read()
+    for i in range(2, 22):  # the registry reads all 22 files; the fixture has the first two
+        with open(os.path.join(root, "reuters21578", f"reut2-{i:03d}.sgm"), "w", encoding="latin-1") as f:
+            f.write(re.sub(r'NEWID="1(\d{3})"', lambda m: f'NEWID="{i}{m.group(1)}"', sgml))
+    return root
+
+
+def offline(url, path, blob=None, timeout=60):
+    raise DataError(f"cannot download {url} to {path}: offline (tests/test_readme.py). Point "
+                    f"--data_dir or MINKNN_DATA at a copy")
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """(the tiny BERT's folder, the data root)."""
+    base = tmp_path_factory.mktemp("user")
+    return write_bert(str(base / "bert")), user_data(str(base / "data"))
+
+
+# ------------------------------------------------------------------------ the tests
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_command_runs(page, user, tmp_path, monkeypatch, capsys):
+    model, data = user
+    for name in ("train.py", "evaluate.py", "bench.py", "minknn"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINKNN_DATA", data)
+    for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(proxy, "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setattr(minknn.data, "download", offline)
+    monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
+    monkeypatch.delattr(minknn, "plots", raising=False)  # imported by an earlier test, or not
+    monkeypatch.setitem(sys.modules, "minknn.plots", None)
+
+    commands = [(n, words, script(words, f"{page}:{n}")) for n, words in bash_commands(page)]
+    runs = [(n, s) for n, _, s in commands if s]
+    resumed = {flag(args, "--resume") for _, (name, args) in runs if name == "train"} - {None}
+    for number, words, what in commands:
+        if what is None:
+            continue
+        name, args = what
+        argv = tiny_args(name, args, model, resumed)
+        where = f"{page}:{number}: `{' '.join(words)}` (run as {name} {' '.join(argv).replace(model, 'TINY')})"
+        stop = name == "train" and flag(args, "--out") in resumed
+        with monkeypatch.context() as m:
+            if stop:
+                stop_in_second_epoch(m)
+            status = run_main(MAINS[name], argv, where)
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if line.startswith("error") or "interrupted" in line]
+        want = 130 if stop else 0
+        assert status == want, (f"{where} exited with status {status}, not {want}: "
+                                f"{said[-1] if said else err.strip()[-500:]}")
+
+
+def run_main(main, argv, where):
+    """The exit status of main(argv) run as a script's __main__ runs it."""
+    try:
+        run(lambda: main(argv))
+    except SystemExit as e:
+        return 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+    except Exception as e:  # a traceback a user would have seen
+        raise AssertionError(f"{where} raised {type(e).__name__}: {e}") from e
+    return 0
+
+
+def stop_in_second_epoch(m):
+    """Ctrl-C at the second training step (the first of epoch 2: one step an epoch)."""
+    real, calls = train.train_step, []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    m.setattr(train, "train_step", step)
+
+
+def test_multitask_without_quora_names_the_file_and_what_runs_instead(user, tmp_path, monkeypatch, capsys):
+    """`--task multitask` alone trains minBERT's sst,quora,sts; where quora-train.csv cannot be had,
+    the one line names it and the README's alternative, --tasks sst,mrpc,sts."""
+    model, data = user
+    monkeypatch.setattr(minknn.data, "download", offline)
+    status = run_main(train.main, ["--task", "multitask", "--data_dir", data, "--out", str(tmp_path / "run"),
+                                   "--model", model] + SMALL, "train.py --task multitask")
+    lines = capsys.readouterr().err.strip().splitlines()
+    said = [line for line in lines if not line.startswith("warning: ")]
+    assert status == 2 and len(said) == 1, f"expected exit status 2 and one line, got {status}: {said}"
+    assert "quora-train.csv" in said[0] and "--tasks sst,mrpc,sts" in said[0], (
+        f"the line must name quora-train.csv and the --tasks sst,mrpc,sts alternative: {said[0]}")
+
+
+def test_ci_runs_the_readmes_set_up_and_test_commands():
+    """.ci/run installs what the README's set-up installs and runs its test command (less -q)."""
+    readme = [" ".join(w for w in words if w != "-q") for _, words in bash_commands("README.md")]
+    for line in open(os.path.join(ROOT, ".ci", "run")):
+        line = line.split("#")[0].strip()
+        if line.startswith(("python -m pip", "python -m pytest")):
+            ci = " ".join(w for w in shlex.split(line) if w != "-q")
+            assert ci in readme, f".ci/run runs `{line}`, which the README's blocks do not say"
+
+
+DOCUMENTS = PAGES + ["data/README.md"]
+TOP = {"README.md", "RESULTS.md", "LICENSE", "requirements.txt", "pyproject.toml", ".ci", "minknn",
+       "tests", "docs", "train.py", "evaluate.py", "bench.py"}
+
+
+def anchors(path):
+    """GitHub's anchors for a Markdown file's headings."""
+    heads = re.findall(r"^#+ (.*)$", open(path, encoding="utf-8").read(), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("page", DOCUMENTS)
+def test_every_path_and_link_names_a_file_that_exists(page):
+    """Each relative link ([text](path#anchor), relative to the page) and each `path` in backticks
+    that starts at a top-level entry of the repository (relative to the root; data/ is the user's,
+    but for data/README.md) names a file or folder that exists, and an anchor a heading of it."""
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    faults = []
+    for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+        target, line = m.group(1), text.count("\n", 0, m.start()) + 1
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), file)) if file else os.path.join(ROOT, page)
+        if not os.path.exists(path):
+            faults.append(f"{page}:{line}: the link ({target}) names no file")
+        elif anchor and anchor not in anchors(path):
+            faults.append(f"{page}:{line}: the link ({target}): {file or page} has no such heading")
+    for m in re.finditer(r"`([^`\s]+)`", text):
+        name, line = m.group(1).rstrip(".,:;"), text.count("\n", 0, m.start()) + 1
+        if name.split("/")[0] not in TOP and name != "data/README.md" or re.search(r"[<>{}]", name):
+            continue
+        found = glob.glob(os.path.join(ROOT, name)) if "*" in name else os.path.exists(os.path.join(ROOT, name))
+        if not found:
+            faults.append(f"{page}:{line}: `{name}` names no file of the repository")
+    assert not faults, "\n".join(faults)
