@@ -22,6 +22,16 @@ attention() the student writes. The rest runs unchanged. Left out of the copy (N
 mutation testing, whose mutations quote the solution, and the tests of the edition itself.
 --solve is the round trip: run from this repository, it rewrites an edition's blocks from this
 repository's, which gives back this repository's files byte for byte (tests/test_assignment.py).
+
+What is copied: the project's own files, never what one keeps beside them (a virtual
+environment, runs/, grids/, downloaded data; a .venv in the clone once made each edition
+1.1 GB). In a clone, the files git tracks, and untracked ones only inside minknn/, tests/ and
+docs/ (OWN_FOLDERS), so that a new file of one's own there counts before it is committed, as it
+does for `python -m pytest` (tests/mutate.py copies the same files); without .git (a zip
+download, git archive), the entries PROJECT lists. Both skip SKIPPED folders and any folder
+holding pyvenv.cfg, at any depth, so that an edition made with or without .git holds the same
+files. A new top-level file must be committed, and added to PROJECT (tests/test_assignment.py
+compares the two editions).
 """
 import argparse
 import os
@@ -36,6 +46,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>BEGIN|END) part (?P<name>[a-z0-9-]+)\s*$")
 # the solution, quoted (the mutations), and the instructor's tests of the edition itself
 NOT_COPIED = ("tests/mutations.py", "tests/mutate.py", "tests/test_assignment.py")
+# What an edition copies (the module docstring says why): the project's own top-level entries,
+# the folders where git's untracked files count, and the folders never copied (environments,
+# caches, outputs; any folder holding pyvenv.cfg too)
+PROJECT = (".ci", ".gitignore", "LICENSE", "README.md", "RESULTS.md", "bench.py", "data/README.md",
+           "docs", "evaluate.py", "minknn", "pyproject.toml", "requirements.txt", "tests",
+           "train.py")
+OWN_FOLDERS = ("minknn", "tests", "docs")
+SKIPPED = {".git", ".venv", "venv", "env", ".env", ".tox", ".conda", "node_modules", "__pycache__",
+           ".pytest_cache", ".mypy_cache", ".ipynb_checkpoints", "runs", "grids"}
 ATTENTION_LINE = ("minknn/bert.py", 'ATTENTION = "fused"\n', 'ATTENTION = "explicit"\n')
 # the end-to-end figure a finished assignment should reach (README, Results: 3 seeds, 2-core CPU)
 REFERENCE = ("python train.py --task sst", "SST dev accuracy 0.480 ± 0.003 (3 epochs, 3 seeds, "
@@ -195,21 +214,47 @@ def rewrite(lines, path, parts, replacement):
     return out + lines[last:]
 
 
-def repository_files(root=ROOT):
-    """The repository's files, relative to root: where root is a clone, the files git tracks or
-    would track (.gitignore's are left out), else every file but caches, runs and data."""
+def git_files(root):
+    """The files git tracks in root, and those it would track in OWN_FOLDERS; None where root is
+    not the top of a clone (a zip download, a copy inside another repository, no git)."""
+    def ls(*flags):
+        return subprocess.run(["git", "ls-files", "-z", *flags], cwd=root, capture_output=True,
+                              check=True).stdout.decode().split("\0")
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                                 "--exclude-standard"], cwd=root, capture_output=True,
-                                check=True).stdout.decode().split("\0")
-        return sorted(f for f in listed if f and os.path.isfile(os.path.join(root, f)))
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root,
+                             capture_output=True, text=True)
+        if top.returncode != 0 or not os.path.samefile(top.stdout.strip(), root):
+            return None
+        listed = ls("--cached") + ls("--others", "--exclude-standard", "--", *OWN_FOLDERS)
     except (OSError, subprocess.CalledProcessError):
-        skip = {".git", "__pycache__", "runs", ".pytest_cache", "data"}
+        return None
+    return [f for f in listed if f]
+
+
+def skipped(path, root):
+    """Whether a file lies in a SKIPPED folder or a virtual environment (pyvenv.cfg), or is
+    bytecode."""
+    folders = path.split("/")[:-1]
+    return path.endswith(".pyc") or any(
+        d in SKIPPED or os.path.isfile(os.path.join(root, *folders[:i + 1], "pyvenv.cfg"))
+        for i, d in enumerate(folders))
+
+
+def repository_files(root=ROOT):
+    """The project's own files, relative to root (the module docstring says which and why)."""
+    files = git_files(root)
+    if files is None:
         files = []
-        for folder, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if d not in skip]
-            files += [os.path.relpath(os.path.join(folder, n), root) for n in names]
-        return sorted(files)
+        for entry in PROJECT:
+            if os.path.isfile(os.path.join(root, entry)):
+                files.append(entry)
+            for folder, dirs, names in os.walk(os.path.join(root, entry)):
+                dirs[:] = [d for d in dirs if d not in SKIPPED and  # not walked at all
+                           not os.path.isfile(os.path.join(folder, d, "pyvenv.cfg"))]
+                files += [os.path.relpath(os.path.join(folder, n), root).replace(os.sep, "/")
+                          for n in names]
+    return sorted(f for f in set(files)
+                  if not skipped(f, root) and os.path.isfile(os.path.join(root, f)))
 
 
 def read_lines(path):

@@ -59,6 +59,7 @@ def check_list(mutations, root=ROOT):
 
 
 def copy_repository(dest):
+    """The project's own files (no environment, runs or data kept beside them) into dest."""
     for f in repository_files(ROOT):
         os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))

@@ -1,6 +1,7 @@
 """The student edition (minknn/assignment.py) and the mutation list (tests/mutations.py): every part
 has its solution block, the edition fails part by part with the part's name, putting the
-solution back gives this repository byte for byte, and the mutation list is well formed."""
+solution back gives this repository byte for byte, and the mutation list is well formed. The
+edition copies the project's own files only (with or without .git)."""
 import os
 import re
 import shutil
@@ -126,6 +127,82 @@ def test_putting_the_solution_back_gives_this_repository(edition, tmp_path):
         if f not in assignment.NOT_COPIED:
             assert open(os.path.join(copy, f), "rb").read() == \
                 open(os.path.join(ROOT, f), "rb").read(), f"{f} differs after --solve"
+
+
+# --- what an edition copies: the project's own files, with or without .git ---
+
+def copy_files(files, src, dest):
+    for f in files:
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        shutil.copy2(os.path.join(src, f), os.path.join(dest, f))
+
+
+def listing(folder):
+    return sorted(os.path.relpath(os.path.join(d, n), folder).replace(os.sep, "/")
+                  for d, _, names in os.walk(folder) for n in names)
+
+
+def test_an_edition_without_git_holds_what_the_clones_holds(edition, tmp_path):
+    """A zip download or git archive (no .git): the folder walk must find every file git lists
+    (tests/fixtures/data too, though the top-level data/ is skipped), and the edition made from
+    it must be the clone's, file for file."""
+    plain = str(tmp_path / "plain")
+    copy_files(repository_files(), ROOT, plain)
+    found = repository_files(plain)
+    lost = sorted(set(repository_files()) - set(found))
+    assert not lost, (f"an edition from a copy without .git leaves out {len(lost)} files, e.g. "
+                      f"{lost[:3]}: add their top-level entry to PROJECT (minknn/assignment.py) or "
+                      f"stop the walk skipping their folder (SKIPPED)")
+    assert found == repository_files(), "the walk finds files git does not list"
+    hw = str(tmp_path / "hw")
+    write_edition(hw, root=plain)
+    assert listing(hw) == listing(edition)
+    for f in listing(edition):
+        assert open(os.path.join(hw, f), "rb").read() == \
+            open(os.path.join(edition, f), "rb").read(), f"{f} differs between the two editions"
+
+
+def beside_the_project(root):
+    """What a user keeps in the clone, none of it the project's: a virtual environment (a sparse
+    64 MB library: nothing on disk unless copied), one under a name of its own (its pyvenv.cfg
+    says what it is), runs, grids, downloaded data, bytecode, an earlier edition, notes."""
+    junk = [".venv/pyvenv.cfg", ".venv/bin/python", ".venv/lib/libtorch_cpu.so",
+            "tests/myenv/pyvenv.cfg", "tests/myenv/lib/site.py", "runs/sst-ce-seed0/checkpoint.pt",
+            "grids/fewshot/results.jsonl", "data/sst/train.tsv", "minknn/__pycache__/bert.pyc",
+            "hw/minknn/bert.py", "notes.md"]
+    for f in junk:
+        os.makedirs(os.path.dirname(os.path.join(root, f)), exist_ok=True)
+        with open(os.path.join(root, f), "wb") as fh:
+            fh.truncate(64 << 20 if f.endswith(".so") else 10)
+    return junk
+
+
+@pytest.mark.parametrize("git", [True, False], ids=["clone", "no-git"])
+def test_an_edition_copies_no_environment_runs_or_data(tmp_path, git):
+    """The issue: `python -m venv .venv` in the clone made every edition 1.1 GB. Whatever one
+    keeps beside the project stays out; a new file of one's own in minknn/ goes in, committed
+    or not (the module docstring says why)."""
+    root = str(tmp_path / "clone")
+    copy_files(repository_files(), ROOT, root)
+    with open(os.path.join(root, ".gitignore"), "w") as f:
+        f.write("")  # a .gitignore that lists none of it (this one's from before .venv/ was in)
+    if git:  # the project's files tracked, the rest left untracked
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+        subprocess.run(["git", "add", "--", *repository_files()], cwd=root, check=True)
+    junk = beside_the_project(root)
+    with open(os.path.join(root, "minknn", "mine.py"), "w") as f:
+        f.write("MINE = 1\n")
+    files, expected = set(repository_files(root)), {*repository_files(), "minknn/mine.py"}
+    assert not files - expected, f"copied beside the project's files: {sorted(files - expected)}"
+    assert not expected - files, (f"{len(expected - files)} of the project's files left out, e.g. "
+                                  f"{sorted(expected - files)[:3]}")
+    hw = str(tmp_path / "hw")
+    write_edition(hw, "attention", root=root)
+    copied = listing(hw)
+    assert not set(copied) & set(junk), f"the edition copied {sorted(set(copied) & set(junk))}"
+    assert "minknn/mine.py" in copied and "tests/fixtures/data/minbert/ids-sst-train.csv" in copied
+    size = sum(os.path.getsize(os.path.join(hw, f)) for f in copied)
+    assert size < 10 << 20, f"the edition holds {size / 2**20:.0f} MB"
 
 
 def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
