@@ -36,6 +36,7 @@ compares the two editions).
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -197,6 +198,13 @@ def stub(name, indent):
     part = BY_NAME[name]
     message = f"{label(name)}: {part.statement} ({part.source}); see HANDOUT.md"
     return [f"{indent}raise NotImplementedError({message!r})\n"]
+
+
+def command_argv(command):
+    """A handout command (Part.test) as an argv whose `python` is this interpreter: a virtual
+    environment's python run by its path, not activated, is not the `python` on PATH."""
+    argv = shlex.split(command)
+    return [sys.executable, *argv[1:]] if argv[0] == "python" else argv
 
 
 def rewrite(lines, path, parts, replacement):

@@ -1,7 +1,8 @@
 """The student edition (minknn/assignment.py) and the mutation list (tests/mutations.py): every part
 has its solution block, the edition fails part by part with the part's name, putting the
 solution back gives this repository byte for byte, and the mutation list is well formed. The
-edition copies the project's own files only (with or without .git)."""
+edition copies the project's own files only (with or without .git). The editions' suites run
+with a `python` on PATH that fails: they must run this interpreter."""
 import os
 import re
 import shutil
@@ -13,8 +14,8 @@ import pytest
 
 from minknn import assignment
 from minknn.assignment import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, choose,
-                               find_blocks, label, read_lines, repository_files, solve,
-                               write_edition)
+                               command_argv, find_blocks, label, read_lines, repository_files,
+                               solve, write_edition)
 
 from mutate import check_list  # tests/ is on sys.path, as for conftest
 from mutations import MUTATIONS
@@ -205,6 +206,22 @@ def test_an_edition_copies_no_environment_runs_or_data(tmp_path, git):
     assert size < 10 << 20, f"the edition holds {size / 2**20:.0f} MB"
 
 
+# --- the interpreter that runs the handout's commands ---
+
+def test_handout_commands_run_this_interpreter(tmp_path):
+    """A venv's python run by its path, not activated: the `python` on PATH is another one (here
+    one that fails), and a part's command must not run it."""
+    for part in PARTS:
+        argv = command_argv(part.test)
+        assert argv == [sys.executable, *part.test.split()[1:]], (part.name, argv)
+    env = dict(os.environ, PATH=fake_python_path(str(tmp_path)))
+    bare = subprocess.run(["python", "-c", "pass"], env=env, capture_output=True, text=True)
+    assert bare.returncode == 3, "the fake python is not first on PATH: this test proves nothing"
+    r = subprocess.run(command_argv("python -c 'import sys, torch; print(sys.executable)'"),
+                       env=env, capture_output=True, text=True)
+    assert (r.returncode, r.stdout.strip()) == (0, sys.executable), r.stderr
+
+
 def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     """The handout's promise: every part written (the solution put back), the edition's default
     explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
@@ -217,7 +234,8 @@ def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     with open(bert, "w", encoding="utf-8") as f:
         f.write(text.replace(*assignment.ATTENTION_LINE[1:]))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
-                       cwd=copy, env=edition_env(), capture_output=True, text=True, timeout=900)
+                       cwd=copy, env=edition_env(str(tmp_path)), capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, ("the finished student edition (explicit attention) fails its own "
                                f"suite:\n{(r.stdout + r.stderr)[-1500:]}")
 
@@ -233,10 +251,25 @@ def test_the_edition_refuses_an_existing_folder_and_bad_parts(tmp_path):
     assert [p for p in os.listdir(tmp_path) if p.startswith(".edition")] == []
 
 
-def edition_env():
-    """The environment an edition's tests run in: no stale bytecode, no third-party plugins, and
-    never MINKNN_WRITE_REFERENCES (it would rewrite the references and pass)."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+def fake_python_path(folder):
+    """PATH with a `python` (and `python3`) first that fails: a command that runs the `python` on
+    PATH instead of this interpreter fails, as it does with a virtual environment's python run by
+    its path, not activated (where PATH's has no torch)."""
+    bin_ = os.path.join(folder, "fake-bin")
+    os.makedirs(bin_, exist_ok=True)
+    for name in ("python", "python3"):
+        with open(os.path.join(bin_, name), "w") as f:
+            f.write("#!/bin/sh\necho 'the python on PATH ran, not sys.executable' >&2\nexit 3\n")
+        os.chmod(os.path.join(bin_, name), 0o755)
+    return bin_ + os.pathsep + os.environ.get("PATH", "")
+
+
+def edition_env(folder):
+    """The environment an edition's tests run in: no stale bytecode, no third-party plugins,
+    never MINKNN_WRITE_REFERENCES (it would rewrite the references and pass), and a failing
+    python first on PATH (folder: where to write it)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               PATH=fake_python_path(folder))
     env.pop("MINKNN_WRITE_REFERENCES", None)
     return env
 
@@ -244,9 +277,8 @@ def edition_env():
 def run_part(out, part):
     """The part's test command in an edition where it alone is stubbed."""
     write_edition(out, part.name)
-    env = edition_env()
-    r = subprocess.run(part.test.split() + ["-x", "-p", "no:cacheprovider"], cwd=out, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(command_argv(part.test) + ["-x", "-p", "no:cacheprovider"], cwd=out,
+                       env=edition_env(out + "-path"), capture_output=True, text=True, timeout=300)
     return part, r.returncode, r.stdout + r.stderr
 
 
@@ -266,8 +298,8 @@ def run_with_its_needs(out, part):
     """The part's test command in an edition where only it and the parts it NEEDS are written."""
     written = {part.name, *NEEDS.get(part.name, ())}
     write_edition(out, ",".join(p.name for p in PARTS if p.name not in written))
-    r = subprocess.run(part.test.split() + ["-p", "no:cacheprovider"], cwd=out, env=edition_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(command_argv(part.test) + ["-p", "no:cacheprovider"], cwd=out,
+                       env=edition_env(out + "-path"), capture_output=True, text=True, timeout=300)
     return part, r.returncode, r.stdout + r.stderr
 
 
@@ -298,15 +330,18 @@ def test_the_mutation_list_is_well_formed():
     assert not untested, f"parts with no mutation in tests/mutations.py: {', '.join(untested)}"
 
 
-def test_mutate_catches_a_planted_mistake(tmp_path):
-    """The script itself: the attention-dropout mistake is caught and named."""
+def test_mutate_catches_a_planted_mistake(tmp_path, monkeypatch):
+    """The script itself: the attention-dropout mistake is caught and named, by this interpreter
+    (the `python` on PATH fails)."""
     import mutate
-    mutate.copy_repository(str(tmp_path))
+    monkeypatch.setenv("PATH", fake_python_path(str(tmp_path / "path")))
+    copy = tmp_path / "copy"
+    mutate.copy_repository(str(copy))
     mutation = next(m for m in MUTATIONS if m[0] == "attention")
-    verdict, seconds, tail = mutate.run_one(str(tmp_path), mutation, timeout=120)
+    verdict, seconds, tail = mutate.run_one(str(copy), mutation, timeout=120)
     assert verdict in ("caught", f"SLOW (over {mutate.LIMIT:.0f} s)"), (verdict, tail)
     assert label("attention") in tail[0]
-    assert open(tmp_path / mutation[1]).read() == open(os.path.join(ROOT, mutation[1])).read(), \
+    assert open(copy / mutation[1]).read() == open(os.path.join(ROOT, mutation[1])).read(), \
         "run_one must put the file back"
 
 
