@@ -32,6 +32,10 @@ download, git archive), the entries PROJECT lists. Both skip SKIPPED folders and
 holding pyvenv.cfg, at any depth, so that an edition made with or without .git holds the same
 files. A new top-level file must be committed, and added to PROJECT (tests/test_assignment.py
 compares the two editions).
+
+In an edition, train.py and evaluate.py first check that the parts they run are written
+(require_written: a block that is only its stub's raise line is not), and stop with one line
+naming the first one in the handout's order and its test command.
 """
 import argparse
 import os
@@ -42,6 +46,8 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+
+from minknn import MinknnError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>BEGIN|END) part (?P<name>[a-z0-9-]+)\s*$")
@@ -198,6 +204,51 @@ def stub(name, indent):
     part = BY_NAME[name]
     message = f"{label(name)}: {part.statement} ({part.source}); see HANDOUT.md"
     return [f"{indent}raise NotImplementedError({message!r})\n"]
+
+
+# the stub's raise line, as stub() writes it: the block of a part not written yet
+STUB = re.compile(r"""^\s*raise NotImplementedError\(\s*['"]part \d+ (?P<name>[a-z0-9-]+)""")
+
+
+def is_stub(name, body):
+    """Whether a block's lines (between its markers) are part `name`'s stub: its raise line
+    alone, blank lines and comments aside."""
+    code = [line for line in body if line.strip() and not line.lstrip().startswith("#")]
+    m = len(code) == 1 and STUB.match(code[0])
+    return bool(m) and m["name"] == name
+
+
+def stubbed_part(message):
+    """The part whose stub raised a NotImplementedError with this message, or None."""
+    m = re.match(r"part \d+ (?P<name>[a-z0-9-]+)", message)
+    return m["name"] if m and m["name"] in BY_NAME and message.startswith(label(m["name"])) \
+        else None
+
+
+def not_written(name, why="is not written yet"):
+    """One line for a part a run needs: where it lives and the command that tests it."""
+    part = BY_NAME[name]
+    return f"{label(name)} {why} ({part.file}); test it with: {part.test}"
+
+
+def require_written(names, root=ROOT):
+    """Stops a run (MinknnError) naming the first of the parts `names`, in the handout's order,
+    with a block still a stub in root; train.py and evaluate.py call it before any slow work.
+    Reads only those parts' files: a few ms. A file that is missing (minknn installed without
+    its scripts) or whose markers are broken (--solve's business, not the run's) is skipped."""
+    for name in sorted(set(names), key=NUMBER.__getitem__):
+        try:
+            lines = read_lines(os.path.join(root, BY_NAME[name].file))
+            blocks = [lines[b + 1:e] for n, b, e in find_blocks(lines, BY_NAME[name].file)
+                      if n == name]
+        except (OSError, AssignmentError):
+            continue
+        stubs = sum(is_stub(name, body) for body in blocks)
+        if blocks and stubs == len(blocks):
+            raise MinknnError(not_written(name))
+        if stubs:
+            raise MinknnError(not_written(name, f"is not finished ({stubs} of its {len(blocks)} "
+                                                f"blocks are still stubs)"))
 
 
 def command_argv(command):

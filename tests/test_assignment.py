@@ -1,8 +1,9 @@
 """The student edition (minknn/assignment.py) and the mutation list (tests/mutations.py): every part
 has its solution block, the edition fails part by part with the part's name, putting the
 solution back gives this repository byte for byte, and the mutation list is well formed. The
-edition copies the project's own files only (with or without .git). The editions' suites run
-with a `python` on PATH that fails: they must run this interpreter."""
+edition copies the project's own files only (with or without .git), and its runs name the first
+part not written yet. The editions' suites run with a `python` on PATH that fails: they must run
+this interpreter."""
 import os
 import re
 import shutil
@@ -12,15 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import minknn
+import train
 from minknn import assignment
 from minknn.assignment import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, choose,
-                               command_argv, find_blocks, label, read_lines, repository_files,
-                               solve, write_edition)
+                               command_argv, find_blocks, is_stub, label, read_lines,
+                               repository_files, solve, stub, write_edition)
 
 from mutate import check_list  # tests/ is on sys.path, as for conftest
 from mutations import MUTATIONS
 
 ROOT = assignment.ROOT
+DATA = os.path.join(ROOT, "tests", "fixtures", "data")
 
 
 def test_every_part_has_a_solution_block_in_its_file():
@@ -220,6 +224,88 @@ def test_handout_commands_run_this_interpreter(tmp_path):
     r = subprocess.run(command_argv("python -c 'import sys, torch; print(sys.executable)'"),
                        env=env, capture_output=True, text=True)
     assert (r.returncode, r.stdout.strip()) == (0, sys.executable), r.stderr
+
+
+# --- a run in an edition names the first part not written yet ---
+
+def test_train_in_an_edition_names_the_first_part_not_written(tmp_path, tiny_bert_dir):
+    """Parts 1, 3, 4 and 5 stubbed: train.py and evaluate.py stop at once with one line naming
+    part 1 (not the part whose stub a run would reach first) and its test command."""
+    hw = str(tmp_path / "hw")
+    write_edition(hw, "1,3,4,5")
+    expected = ("error: part 1 embeddings is not written yet (minknn/bert.py); test it with: "
+                "python -m pytest -q tests/test_bert.py -k embeddings")
+    run_dir = tmp_path / "run"
+    for argv in (["train.py", "--task", "sst", "--model", tiny_bert_dir, "--data_dir", DATA,
+                  "--device", "cpu", "--epochs", "1", "--max_len", "32", "--batch_size", "8",
+                  "--out", str(run_dir)],
+                 ["evaluate.py", "--checkpoint", str(run_dir)]):
+        r = subprocess.run([sys.executable, *argv], cwd=hw, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+        assert (r.returncode, r.stderr.strip()) == (2, expected), \
+            f"{argv[0]} in an edition of parts 1, 3, 4, 5 (exit {r.returncode}):\n{r.stderr[-800:]}"
+        assert not run_dir.exists(), f"{argv[0]} made the run folder before refusing"
+
+
+def edition_bert(edition, tmp_path, write):
+    """A copy of the edition's minknn/bert.py with the solution of part `write`'s first block
+    put back in it: (its folder, standing for the edition's root)."""
+    root = tmp_path / "root"
+    (root / "minknn").mkdir(parents=True)
+    blocks = assignment.blocks_by_part(ROOT, [write])[write]
+    lines = read_lines(os.path.join(edition, "minknn", "bert.py"))
+    lines = assignment.rewrite(lines, "minknn/bert.py", {write},
+                               lambda name, indent, i: blocks[0] if i == 0 else stub(name, indent))
+    (root / "minknn" / "bert.py").write_text("".join(lines))
+    return str(root)
+
+
+def test_the_runs_parts_checked_in_the_handouts_order(edition, tmp_path):
+    """require_written: the first stub in the handout's order among the parts a run calls, a
+    part half written is 'not finished', and --attention fused does not run part 2."""
+    root = edition_bert(edition, tmp_path, "layer")  # layer's first block of 4 written
+    with pytest.raises(minknn.MinknnError, match=r"^part 2 attention is not written yet"):
+        assignment.require_written(["layer", "attention"], root)
+    with pytest.raises(minknn.MinknnError, match=r"^part 3 layer is not finished \(3 of its 4 "
+                       r"blocks are still stubs\) \(minknn/bert.py\); test it with: python -m "
+                       r"pytest -q tests/test_bert.py -k layer$"):
+        assignment.require_written(["layer", "pooling"], root)
+    assignment.require_written(["pooling"], root)  # no minknn/model.py there: nothing to tell
+    args = train.get_args(["--task", "sst", "--attention", "fused", "--loss", "moco"])
+    assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "moco-loss",
+                                     "memory"]
+    args = train.get_args(["--task", "sst", "--loss", "proxynca", "--lam", "1", "--attention",
+                           "explicit"])
+    assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "attention",
+                                     "proxynca", "proxy-inference"]
+    assignment.require_written(train.parts_run(args))  # this repository: nothing to stop
+
+
+def test_a_stub_raised_in_a_run_is_one_line(capsys):
+    """Past the check (a stub with comments around it, a script without one): the stub's
+    NotImplementedError ends the run as one line naming the part; any other one is a bug and
+    keeps its traceback."""
+    def stubbed():
+        exec(stub("pooling", "")[0])
+
+    with pytest.raises(SystemExit) as e:
+        minknn.run(stubbed)
+    err = capsys.readouterr().err
+    assert (e.value.code, err) == (2, "error: part 4 pooling is not written yet (minknn/model.py); "
+                                      "test it with: python -m pytest -q tests/test_model.py\n")
+
+    def bug():
+        raise NotImplementedError("partial support for sparse tensors")
+    with pytest.raises(NotImplementedError, match="sparse"):
+        minknn.run(bug)
+
+
+def test_a_block_is_a_stub_when_it_holds_only_the_raise_line():
+    line = stub("attention", "    ")[0]
+    assert is_stub("attention", [line]) and is_stub("attention", ["\n", "    # notes\n", line])
+    assert not is_stub("attention", ["    x = q @ k\n", line]), "code and the stub: written"
+    assert not is_stub("layer", [line]), "another part's stub"
+    assert not is_stub("attention", []), "an empty block"
 
 
 def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
