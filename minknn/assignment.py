@@ -14,6 +14,7 @@ transformer layer's add-and-norm and its feed-forward) but lives in one file.
     python -m minknn.assignment OUT                           every part
     python -m minknn.assignment OUT --parts 1,attention,4     a smaller one (numbers or names)
     python -m minknn.assignment --solve OUT                   puts this repository's blocks back
+    python -m minknn.assignment --solve --force OUT           over a student's own code too
 
 The first two write a complete copy of the repository in which each block of the chosen parts is
 replaced by `raise NotImplementedError("part 2 attention: ...")` (the markers stay, to show where
@@ -22,6 +23,8 @@ attention() the student writes. The rest runs unchanged. Left out of the copy (N
 mutation testing, whose mutations quote the solution, and the tests of the edition itself.
 --solve is the round trip: run from this repository, it rewrites an edition's blocks from this
 repository's, which gives back this repository's files byte for byte (tests/test_assignment.py).
+It refuses to overwrite a block that is neither the stub nor the solution (a student's code)
+unless given --force, and names those parts.
 
 What is copied: the project's own files, never what one keeps beside them (a virtual
 environment, runs/, grids/, downloaded data; a .venv in the clone once made each edition
@@ -47,7 +50,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from minknn import MinknnError
+from minknn import MinknnError, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>BEGIN|END) part (?P<name>[a-z0-9-]+)\s*$")
@@ -165,8 +168,8 @@ def label(name):
     return f"part {NUMBER[name]} {name}"
 
 
-class AssignmentError(Exception):
-    pass
+class AssignmentError(MinknnError):
+    """A problem with the markers, an edition or a flag: one line, exit status 2 (minknn.run)."""
 
 
 def find_blocks(lines, path):
@@ -431,30 +434,43 @@ def write_edition(out, spec=None, root=ROOT):
     return parts
 
 
-def solve(edition, root=ROOT):
+def solve(edition, root=ROOT, force=False):
     """Puts this repository's solution blocks back into an edition (every part), and its
-    explicit-attention default back to this repository's."""
+    explicit-attention default back to this repository's. A block that is neither its stub nor
+    this repository's block is the student's code: refused, naming its parts, unless force.
+    Returns the parts of those it overwrote (force)."""
     blocks = blocks_by_part(root, [])
     missing = [f for f in PART_FILES if not os.path.isfile(os.path.join(edition, f))]
     if missing:
         raise AssignmentError(f"{edition}: not a student edition (no {', '.join(missing[:3])})")
-    edited = {}
+    edited, theirs = {}, {}  # theirs: {part: its file} of the blocks holding a student's code
     for f in PART_FILES:  # every file checked before any is written
         path = os.path.join(edition, f)
         lines = read_lines(path)
         counts = {}
-        for name, _, _ in find_blocks(lines, f):
+        for name, begin, end in find_blocks(lines, f):
             counts[name] = counts.get(name, 0) + 1
+            body = lines[begin + 1:end]
+            if not is_stub(name, body) and body not in blocks.get(name, ()):
+                theirs[name] = path
         for name, n in counts.items():
             if n != len(blocks.get(name, ())):
                 raise AssignmentError(f"{path}: {n} blocks of part {name}, where this repository "
                                       f"has {len(blocks.get(name, ()))}: not an edition of it")
         edited[path] = rewrite(lines, f, set(blocks), lambda name, indent, i: blocks[name][i])
+    theirs = sorted(theirs.items(), key=lambda item: NUMBER[item[0]])
+    if theirs and not force:
+        listed = ", ".join(f"{NUMBER[n]} {n} ({path})" for n, path in theirs)
+        one = len(theirs) == 1
+        raise AssignmentError(f"part{'' if one else 's'} {listed} hold{'s' if one else ''} code "
+                              f"of {'its' if one else 'their'} own, neither the stub nor the "
+                              f"solution; --solve --force overwrites {'it' if one else 'them'}")
     for path, lines in edited.items():
         if path == os.path.join(edition, ATTENTION_LINE[0]):
             lines = [ATTENTION_LINE[1] if line == ATTENTION_LINE[2] else line for line in lines]
         with open(path, "w", encoding="utf-8") as fh:
             fh.writelines(lines)
+    return [n for n, _ in theirs]
 
 
 def main(argv=None):
@@ -464,21 +480,24 @@ def main(argv=None):
     p.add_argument("--parts", help="comma-separated part numbers or names (default: all "
                    f"{len(PARTS)})")
     p.add_argument("--solve", action="store_true", help="put the solution blocks back into OUT")
+    p.add_argument("--force", action="store_true", help="--solve: also over blocks holding code "
+                   "of the student's own")
     args = p.parse_args(argv)
-    try:
-        if args.solve:
-            if args.parts:
-                raise AssignmentError("--solve puts every part back; --parts chooses the parts "
-                                      "of a new edition")
-            solve(args.out)
-            print(f"{args.out}: every solution block put back")
-            return
-        parts = write_edition(args.out, args.parts)
-    except AssignmentError as e:
-        sys.exit(f"error: {e}")
+    if args.solve:
+        if args.parts:
+            raise AssignmentError("--solve puts every part back; --parts chooses the parts of a "
+                                  "new edition")
+        overwritten = solve(args.out, force=args.force)
+        print(f"{args.out}: every solution block put back" + (
+            f"; the student's code of {', '.join(label(n) for n in overwritten)} overwritten"
+            if overwritten else ""))
+        return
+    if args.force:
+        raise AssignmentError("--force goes with --solve (overwrite a student's code)")
+    parts = write_edition(args.out, args.parts)
     print(f"{args.out}: the student edition, {len(parts)} parts "
           f"({', '.join(label(n) for n in parts)}); the handout is {args.out}/HANDOUT.md")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,9 +1,9 @@
 """The student edition (minknn/assignment.py) and the mutation list (tests/mutations.py): every part
 has its solution block, the edition fails part by part with the part's name, putting the
 solution back gives this repository byte for byte, and the mutation list is well formed. The
-edition copies the project's own files only (with or without .git), and its runs name the first
-part not written yet. The editions' suites run with a `python` on PATH that fails: they must run
-this interpreter."""
+edition copies the project's own files only (with or without .git), its runs name the first part
+not written yet, and --solve keeps a student's code unless forced. The editions' suites run with
+a `python` on PATH that fails: they must run this interpreter."""
 import os
 import re
 import shutil
@@ -308,6 +308,40 @@ def test_a_block_is_a_stub_when_it_holds_only_the_raise_line():
     assert not is_stub("attention", []), "an empty block"
 
 
+# --- --solve keeps a student's code unless forced ---
+
+def test_solve_refuses_a_students_code_unless_forced(edition, tmp_path):
+    copy = str(tmp_path / "theirs")
+    shutil.copytree(edition, copy)
+    solve(copy, force=False)  # stubs only: silent
+    assert solve(copy) == [], "a solved edition holds the solution: silent too"
+    shutil.rmtree(copy)
+    shutil.copytree(edition, copy)
+    bert, pcgrad = (os.path.join(copy, "minknn", f) for f in ("bert.py", "pcgrad.py"))
+    for path, name in ((bert, "attention"), (bert, "layer"), (pcgrad, "pcgrad")):
+        text = open(path, encoding="utf-8").read()
+        line = next(l for l in text.splitlines(keepends=True) if is_stub(name, [l]))
+        with open(path, "w", encoding="utf-8") as f:  # the first block of each: the student's
+            f.write(text.replace(line, line[:len(line) - len(line.lstrip())] + "pass  # mine\n", 1))
+    before = {f: open(os.path.join(copy, f), "rb").read() for f in assignment.PART_FILES}
+    with pytest.raises(AssignmentError) as e:
+        solve(copy)
+    assert str(e.value) == (f"parts 2 attention ({bert}), 3 layer ({bert}), 20 pcgrad ({pcgrad}) "
+                            f"hold code of their own, neither the stub nor the solution; --solve "
+                            f"--force overwrites them")
+    for f, text in before.items():
+        assert open(os.path.join(copy, f), "rb").read() == text, f"{f} changed by a refused --solve"
+    run = [sys.executable, "-m", "minknn.assignment", "--solve", copy]
+    r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True)
+    assert (r.returncode, r.stderr.count("\n")) == (2, 1) and "--force" in r.stderr, r.stderr
+    r = subprocess.run(run + ["--force"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "part 2 attention, part 3 layer, part 20 pcgrad overwritten" \
+        in r.stdout, r.stdout + r.stderr
+    for f in assignment.PART_FILES:
+        assert open(os.path.join(copy, f), "rb").read() == \
+            open(os.path.join(ROOT, f), "rb").read(), f"{f} differs after --solve --force"
+
+
 def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     """The handout's promise: every part written (the solution put back), the edition's default
     explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
@@ -329,10 +363,14 @@ def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
 def test_the_edition_refuses_an_existing_folder_and_bad_parts(tmp_path):
     run = [sys.executable, "-m", "minknn.assignment"]
     r = subprocess.run(run + [str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "already exists" in r.stderr
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "already exists" in r.stderr
     r = subprocess.run(run + [str(tmp_path / "hw"), "--parts", "attention,nope"], cwd=ROOT,
                        capture_output=True, text=True)
-    assert r.returncode != 0 and "unknown part 'nope'" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 2 and "unknown part 'nope'" in r.stderr and r.stderr.count("\n") == 1
+    r = subprocess.run(run + [str(tmp_path / "hw"), "--force"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stderr == "error: --force goes with --solve (overwrite a " \
+        "student's code)\n", r.stderr
     assert not os.path.exists(tmp_path / "hw")
     assert [p for p in os.listdir(tmp_path) if p.startswith(".edition")] == []
 
