@@ -40,6 +40,7 @@ import os
 import time
 
 from minknn import MinknnError, run
+from minknn.assignment import require_written
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import (data_root, eval_subset, examples_fingerprint, labelled, load_split,
@@ -361,6 +362,9 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
 
 def main(argv=None):
     args = get_args(argv)
+    # a student edition's parts this runs (minknn/assignment.py), checked before any slow work
+    require_written(["embeddings", "layer", "pooling"] + ["attention"] * (args.attention ==
+                    "explicit") + ["proxy-inference"] * args.proxy + ["knn"] * args.knn)
     device = pick_device(args.device)
     ckpt = load_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
     # the predictions' folder must take files before anything is encoded

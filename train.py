@@ -48,6 +48,7 @@ import torch
 from tqdm import tqdm
 
 from minknn import MinknnError, run
+from minknn.assignment import BY_NAME, require_written
 from minknn.bert import ATTENTION, ATTENTIONS, BertModel, resolve_model_path
 from minknn.checkpoint import base_model, save_checkpoint
 from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
@@ -60,7 +61,7 @@ from minknn.model import POOLINGS, Model
 from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args, check_saved
 from minknn.pcgrad import PCGrad
-from minknn.proxy import has_proxies, proxy_logits
+from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
                          open_run_folder, random_states, save_last, saved_args, set_random_states,
                          summarise, write_json, write_jsonl)
@@ -254,8 +255,24 @@ def evaluate(model, losses, tokenizer, tasks, dev, args, device):
     return {**scores, "overall": overall(tasks, scores)}
 
 
+def parts_run(args):
+    """The parts of the assignment (minknn/assignment.py) this run calls: BERT, pooling and the
+    training step, and the run's metric loss, memory, PCGrad and proxy inference where it has
+    them. In a student edition one not written yet stops the run before anything is read."""
+    parts = ["embeddings", "layer", "pooling", "training"]
+    parts += ["attention"] * (args.attention == "explicit")
+    # a loss's part has its name (moco's is moco-loss); ce, bce, mse and --decoupled's have none
+    parts += [p for p in ({"moco": "moco-loss"}.get(args.loss, args.loss), args.pair_loss)
+              if p in BY_NAME]
+    parts += ["memory"] * (args.loss in MEMORY_LOSSES) + ["pcgrad"] * args.pcgrad
+    # a proxy loss at --lam 1 is scored by its proxies (evaluate() below)
+    parts += ["proxy-inference"] * (args.lam == 1 and args.loss in PROXY_LOSSES)
+    return parts
+
+
 def main(argv=None):
     args = get_args(argv)
+    require_written(parts_run(args))
     if args.resume:  # the folder first: a run still training in it stops this one at once
         lock, created = open_run_folder(args.out, args.save), []
     else:

@@ -9,11 +9,20 @@ class MinknnError(Exception):
 
 def run(main):
     """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit
-    status 2; Ctrl-C that main() does not handle itself, `interrupted` and status 130."""
+    status 2, and so does the NotImplementedError of a part a student edition has not written
+    yet (minknn/assignment.py); Ctrl-C that main() does not handle itself, `interrupted` and
+    status 130."""
     try:
         main()
     except MinknnError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except NotImplementedError as e:
+        from minknn.assignment import not_written, stubbed_part  # it imports this module
+        name = stubbed_part(str(e))
+        if name is None:  # not a part's stub: a real bug, with its traceback
+            raise
+        print(f"error: {not_written(name)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -14,6 +14,7 @@ transformer layer's add-and-norm and its feed-forward) but lives in one file.
     python -m minknn.assignment OUT                           every part
     python -m minknn.assignment OUT --parts 1,attention,4     a smaller one (numbers or names)
     python -m minknn.assignment --solve OUT                   puts this repository's blocks back
+    python -m minknn.assignment --solve --force OUT           over a student's own code too
 
 The first two write a complete copy of the repository in which each block of the chosen parts is
 replaced by `raise NotImplementedError("part 2 attention: ...")` (the markers stay, to show where
@@ -22,20 +23,48 @@ attention() the student writes. The rest runs unchanged. Left out of the copy (N
 mutation testing, whose mutations quote the solution, and the tests of the edition itself.
 --solve is the round trip: run from this repository, it rewrites an edition's blocks from this
 repository's, which gives back this repository's files byte for byte (tests/test_assignment.py).
+It refuses to overwrite a block that is neither the stub nor the solution (a student's code)
+unless given --force, and names those parts.
+
+What is copied: the project's own files, never what one keeps beside them (a virtual
+environment, runs/, grids/, downloaded data; a .venv in the clone once made each edition
+1.1 GB). In a clone, the files git tracks, and untracked ones only inside minknn/, tests/ and
+docs/ (OWN_FOLDERS), so that a new file of one's own there counts before it is committed, as it
+does for `python -m pytest` (tests/mutate.py copies the same files); without .git (a zip
+download, git archive), the entries PROJECT lists. Both skip SKIPPED folders and any folder
+holding pyvenv.cfg, at any depth, so that an edition made with or without .git holds the same
+files. A new top-level file must be committed, and added to PROJECT (tests/test_assignment.py
+compares the two editions).
+
+In an edition, train.py and evaluate.py first check that the parts they run are written
+(require_written: a block that is only its stub's raise line is not), and stop with one line
+naming the first one in the handout's order and its test command.
 """
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 
+from minknn import MinknnError, run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^(?P<indent>[ \t]*)# (?P<end>BEGIN|END) part (?P<name>[a-z0-9-]+)\s*$")
 # the solution, quoted (the mutations), and the instructor's tests of the edition itself
 NOT_COPIED = ("tests/mutations.py", "tests/mutate.py", "tests/test_assignment.py")
+# What an edition copies (the module docstring says why): the project's own top-level entries,
+# the folders where git's untracked files count, and the folders never copied (environments,
+# caches, outputs; any folder holding pyvenv.cfg too)
+PROJECT = (".ci", ".gitignore", "LICENSE", "README.md", "RESULTS.md", "bench.py", "data/README.md",
+           "docs", "evaluate.py", "minknn", "pyproject.toml", "requirements.txt", "tests",
+           "train.py")
+OWN_FOLDERS = ("minknn", "tests", "docs")
+SKIPPED = {".git", ".venv", "venv", "env", ".env", ".tox", ".conda", "node_modules", "__pycache__",
+           ".pytest_cache", ".mypy_cache", ".ipynb_checkpoints", "runs", "grids"}
 ATTENTION_LINE = ("minknn/bert.py", 'ATTENTION = "fused"\n', 'ATTENTION = "explicit"\n')
 # the end-to-end figure a finished assignment should reach (README, Results: 3 seeds, 2-core CPU)
 REFERENCE = ("python train.py --task sst", "SST dev accuracy 0.480 ± 0.003 (3 epochs, 3 seeds, "
@@ -139,8 +168,8 @@ def label(name):
     return f"part {NUMBER[name]} {name}"
 
 
-class AssignmentError(Exception):
-    pass
+class AssignmentError(MinknnError):
+    """A problem with the markers, an edition or a flag: one line, exit status 2 (minknn.run)."""
 
 
 def find_blocks(lines, path):
@@ -180,6 +209,58 @@ def stub(name, indent):
     return [f"{indent}raise NotImplementedError({message!r})\n"]
 
 
+# the stub's raise line, as stub() writes it: the block of a part not written yet
+STUB = re.compile(r"""^\s*raise NotImplementedError\(\s*['"]part \d+ (?P<name>[a-z0-9-]+)""")
+
+
+def is_stub(name, body):
+    """Whether a block's lines (between its markers) are part `name`'s stub: its raise line
+    alone, blank lines and comments aside."""
+    code = [line for line in body if line.strip() and not line.lstrip().startswith("#")]
+    m = len(code) == 1 and STUB.match(code[0])
+    return bool(m) and m["name"] == name
+
+
+def stubbed_part(message):
+    """The part whose stub raised a NotImplementedError with this message, or None."""
+    m = re.match(r"part \d+ (?P<name>[a-z0-9-]+)", message)
+    return m["name"] if m and m["name"] in BY_NAME and message.startswith(label(m["name"])) \
+        else None
+
+
+def not_written(name, why="is not written yet"):
+    """One line for a part a run needs: where it lives and the command that tests it."""
+    part = BY_NAME[name]
+    return f"{label(name)} {why} ({part.file}); test it with: {part.test}"
+
+
+def require_written(names, root=ROOT):
+    """Stops a run (MinknnError) naming the first of the parts `names`, in the handout's order,
+    with a block still a stub in root; train.py and evaluate.py call it before any slow work.
+    Reads only those parts' files: a few ms. A file that is missing (minknn installed without
+    its scripts) or whose markers are broken (--solve's business, not the run's) is skipped."""
+    for name in sorted(set(names), key=NUMBER.__getitem__):
+        try:
+            lines = read_lines(os.path.join(root, BY_NAME[name].file))
+            blocks = [lines[b + 1:e] for n, b, e in find_blocks(lines, BY_NAME[name].file)
+                      if n == name]
+        except (OSError, AssignmentError):
+            continue
+        stubs = sum(is_stub(name, body) for body in blocks)
+        if blocks and stubs == len(blocks):
+            raise MinknnError(not_written(name))
+        if stubs:
+            raise MinknnError(not_written(name, f"is not finished ({stubs} of its {len(blocks)} "
+                                                f"blocks are still stubs)"))
+
+
+def command_argv(command):
+    """A handout command (Part.test) as an argv whose `python` is this interpreter: a virtual
+    environment's python run by its path, not activated, is not the `python` on PATH."""
+    argv = shlex.split(command)
+    return [sys.executable, *argv[1:]] if argv[0] == "python" else argv
+
+
 def rewrite(lines, path, parts, replacement):
     """The lines with each block of `parts` replaced by replacement(name, indent, index), index
     counting that part's blocks in the file."""
@@ -195,21 +276,47 @@ def rewrite(lines, path, parts, replacement):
     return out + lines[last:]
 
 
-def repository_files(root=ROOT):
-    """The repository's files, relative to root: where root is a clone, the files git tracks or
-    would track (.gitignore's are left out), else every file but caches, runs and data."""
+def git_files(root):
+    """The files git tracks in root, and those it would track in OWN_FOLDERS; None where root is
+    not the top of a clone (a zip download, a copy inside another repository, no git)."""
+    def ls(*flags):
+        return subprocess.run(["git", "ls-files", "-z", *flags], cwd=root, capture_output=True,
+                              check=True).stdout.decode().split("\0")
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                                 "--exclude-standard"], cwd=root, capture_output=True,
-                                check=True).stdout.decode().split("\0")
-        return sorted(f for f in listed if f and os.path.isfile(os.path.join(root, f)))
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root,
+                             capture_output=True, text=True)
+        if top.returncode != 0 or not os.path.samefile(top.stdout.strip(), root):
+            return None
+        listed = ls("--cached") + ls("--others", "--exclude-standard", "--", *OWN_FOLDERS)
     except (OSError, subprocess.CalledProcessError):
-        skip = {".git", "__pycache__", "runs", ".pytest_cache", "data"}
+        return None
+    return [f for f in listed if f]
+
+
+def skipped(path, root):
+    """Whether a file lies in a SKIPPED folder or a virtual environment (pyvenv.cfg), or is
+    bytecode."""
+    folders = path.split("/")[:-1]
+    return path.endswith(".pyc") or any(
+        d in SKIPPED or os.path.isfile(os.path.join(root, *folders[:i + 1], "pyvenv.cfg"))
+        for i, d in enumerate(folders))
+
+
+def repository_files(root=ROOT):
+    """The project's own files, relative to root (the module docstring says which and why)."""
+    files = git_files(root)
+    if files is None:
         files = []
-        for folder, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if d not in skip]
-            files += [os.path.relpath(os.path.join(folder, n), root) for n in names]
-        return sorted(files)
+        for entry in PROJECT:
+            if os.path.isfile(os.path.join(root, entry)):
+                files.append(entry)
+            for folder, dirs, names in os.walk(os.path.join(root, entry)):
+                dirs[:] = [d for d in dirs if d not in SKIPPED and  # not walked at all
+                           not os.path.isfile(os.path.join(folder, d, "pyvenv.cfg"))]
+                files += [os.path.relpath(os.path.join(folder, n), root).replace(os.sep, "/")
+                          for n in names]
+    return sorted(f for f in set(files)
+                  if not skipped(f, root) and os.path.isfile(os.path.join(root, f)))
 
 
 def read_lines(path):
@@ -327,30 +434,43 @@ def write_edition(out, spec=None, root=ROOT):
     return parts
 
 
-def solve(edition, root=ROOT):
+def solve(edition, root=ROOT, force=False):
     """Puts this repository's solution blocks back into an edition (every part), and its
-    explicit-attention default back to this repository's."""
+    explicit-attention default back to this repository's. A block that is neither its stub nor
+    this repository's block is the student's code: refused, naming its parts, unless force.
+    Returns the parts of those it overwrote (force)."""
     blocks = blocks_by_part(root, [])
     missing = [f for f in PART_FILES if not os.path.isfile(os.path.join(edition, f))]
     if missing:
         raise AssignmentError(f"{edition}: not a student edition (no {', '.join(missing[:3])})")
-    edited = {}
+    edited, theirs = {}, {}  # theirs: {part: its file} of the blocks holding a student's code
     for f in PART_FILES:  # every file checked before any is written
         path = os.path.join(edition, f)
         lines = read_lines(path)
         counts = {}
-        for name, _, _ in find_blocks(lines, f):
+        for name, begin, end in find_blocks(lines, f):
             counts[name] = counts.get(name, 0) + 1
+            body = lines[begin + 1:end]
+            if not is_stub(name, body) and body not in blocks.get(name, ()):
+                theirs[name] = path
         for name, n in counts.items():
             if n != len(blocks.get(name, ())):
                 raise AssignmentError(f"{path}: {n} blocks of part {name}, where this repository "
                                       f"has {len(blocks.get(name, ()))}: not an edition of it")
         edited[path] = rewrite(lines, f, set(blocks), lambda name, indent, i: blocks[name][i])
+    theirs = sorted(theirs.items(), key=lambda item: NUMBER[item[0]])
+    if theirs and not force:
+        listed = ", ".join(f"{NUMBER[n]} {n} ({path})" for n, path in theirs)
+        one = len(theirs) == 1
+        raise AssignmentError(f"part{'' if one else 's'} {listed} hold{'s' if one else ''} code "
+                              f"of {'its' if one else 'their'} own, neither the stub nor the "
+                              f"solution; --solve --force overwrites {'it' if one else 'them'}")
     for path, lines in edited.items():
         if path == os.path.join(edition, ATTENTION_LINE[0]):
             lines = [ATTENTION_LINE[1] if line == ATTENTION_LINE[2] else line for line in lines]
         with open(path, "w", encoding="utf-8") as fh:
             fh.writelines(lines)
+    return [n for n, _ in theirs]
 
 
 def main(argv=None):
@@ -360,21 +480,24 @@ def main(argv=None):
     p.add_argument("--parts", help="comma-separated part numbers or names (default: all "
                    f"{len(PARTS)})")
     p.add_argument("--solve", action="store_true", help="put the solution blocks back into OUT")
+    p.add_argument("--force", action="store_true", help="--solve: also over blocks holding code "
+                   "of the student's own")
     args = p.parse_args(argv)
-    try:
-        if args.solve:
-            if args.parts:
-                raise AssignmentError("--solve puts every part back; --parts chooses the parts "
-                                      "of a new edition")
-            solve(args.out)
-            print(f"{args.out}: every solution block put back")
-            return
-        parts = write_edition(args.out, args.parts)
-    except AssignmentError as e:
-        sys.exit(f"error: {e}")
+    if args.solve:
+        if args.parts:
+            raise AssignmentError("--solve puts every part back; --parts chooses the parts of a "
+                                  "new edition")
+        overwritten = solve(args.out, force=args.force)
+        print(f"{args.out}: every solution block put back" + (
+            f"; the student's code of {', '.join(label(n) for n in overwritten)} overwritten"
+            if overwritten else ""))
+        return
+    if args.force:
+        raise AssignmentError("--force goes with --solve (overwrite a student's code)")
+    parts = write_edition(args.out, args.parts)
     print(f"{args.out}: the student edition, {len(parts)} parts "
           f"({', '.join(label(n) for n in parts)}); the handout is {args.out}/HANDOUT.md")
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from minknn.assignment import (BY_NAME, find_blocks, label, read_lines,  # noqa: E402
-                               repository_files)
+from minknn.assignment import (BY_NAME, command_argv, find_blocks, label,  # noqa: E402
+                               read_lines, repository_files)
 from mutations import MUTATIONS  # noqa: E402
 
 LIMIT = 10.0  # seconds: a part's test command must catch a mistake within this
@@ -59,6 +59,7 @@ def check_list(mutations, root=ROOT):
 
 
 def copy_repository(dest):
+    """The project's own files (no environment, runs or data kept beside them) into dest."""
     for f in repository_files(ROOT):
         os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))
@@ -71,7 +72,8 @@ def run_one(copy, mutation, timeout, threads=1):
     original = open(path, encoding="utf-8").read()
     with open(path, "w", encoding="utf-8") as f:
         f.write(original.replace(old, new, 1))
-    command = BY_NAME[part].test.split() + ["-x", "-p", "no:cacheprovider"]
+    # this interpreter, not the `python` on PATH (a virtual environment's, not activated)
+    command = command_argv(BY_NAME[part].test) + ["-x", "-p", "no:cacheprovider"]
     # no stale bytecode between mutants; no third-party pytest plugins (2.5 s a run, none used)
     # and one share of the cores per job, so that two mutants' torch threads do not fight
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",

@@ -1,6 +1,9 @@
 """The student edition (minknn/assignment.py) and the mutation list (tests/mutations.py): every part
 has its solution block, the edition fails part by part with the part's name, putting the
-solution back gives this repository byte for byte, and the mutation list is well formed."""
+solution back gives this repository byte for byte, and the mutation list is well formed. The
+edition copies the project's own files only (with or without .git), its runs name the first part
+not written yet, and --solve keeps a student's code unless forced. The editions' suites run with
+a `python` on PATH that fails: they must run this interpreter."""
 import os
 import re
 import shutil
@@ -10,15 +13,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import minknn
+import train
 from minknn import assignment
 from minknn.assignment import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, choose,
-                               find_blocks, label, read_lines, repository_files, solve,
-                               write_edition)
+                               command_argv, find_blocks, is_stub, label, read_lines,
+                               repository_files, solve, stub, write_edition)
 
 from mutate import check_list  # tests/ is on sys.path, as for conftest
 from mutations import MUTATIONS
 
 ROOT = assignment.ROOT
+DATA = os.path.join(ROOT, "tests", "fixtures", "data")
 
 
 def test_every_part_has_a_solution_block_in_its_file():
@@ -128,6 +134,214 @@ def test_putting_the_solution_back_gives_this_repository(edition, tmp_path):
                 open(os.path.join(ROOT, f), "rb").read(), f"{f} differs after --solve"
 
 
+# --- what an edition copies: the project's own files, with or without .git ---
+
+def copy_files(files, src, dest):
+    for f in files:
+        os.makedirs(os.path.dirname(os.path.join(dest, f)), exist_ok=True)
+        shutil.copy2(os.path.join(src, f), os.path.join(dest, f))
+
+
+def listing(folder):
+    return sorted(os.path.relpath(os.path.join(d, n), folder).replace(os.sep, "/")
+                  for d, _, names in os.walk(folder) for n in names)
+
+
+def test_an_edition_without_git_holds_what_the_clones_holds(edition, tmp_path):
+    """A zip download or git archive (no .git): the folder walk must find every file git lists
+    (tests/fixtures/data too, though the top-level data/ is skipped), and the edition made from
+    it must be the clone's, file for file."""
+    plain = str(tmp_path / "plain")
+    copy_files(repository_files(), ROOT, plain)
+    found = repository_files(plain)
+    lost = sorted(set(repository_files()) - set(found))
+    assert not lost, (f"an edition from a copy without .git leaves out {len(lost)} files, e.g. "
+                      f"{lost[:3]}: add their top-level entry to PROJECT (minknn/assignment.py) or "
+                      f"stop the walk skipping their folder (SKIPPED)")
+    assert found == repository_files(), "the walk finds files git does not list"
+    hw = str(tmp_path / "hw")
+    write_edition(hw, root=plain)
+    assert listing(hw) == listing(edition)
+    for f in listing(edition):
+        assert open(os.path.join(hw, f), "rb").read() == \
+            open(os.path.join(edition, f), "rb").read(), f"{f} differs between the two editions"
+
+
+def beside_the_project(root):
+    """What a user keeps in the clone, none of it the project's: a virtual environment (a sparse
+    64 MB library: nothing on disk unless copied), one under a name of its own (its pyvenv.cfg
+    says what it is), runs, grids, downloaded data, bytecode, an earlier edition, notes."""
+    junk = [".venv/pyvenv.cfg", ".venv/bin/python", ".venv/lib/libtorch_cpu.so",
+            "tests/myenv/pyvenv.cfg", "tests/myenv/lib/site.py", "runs/sst-ce-seed0/checkpoint.pt",
+            "grids/fewshot/results.jsonl", "data/sst/train.tsv", "minknn/__pycache__/bert.pyc",
+            "hw/minknn/bert.py", "notes.md"]
+    for f in junk:
+        os.makedirs(os.path.dirname(os.path.join(root, f)), exist_ok=True)
+        with open(os.path.join(root, f), "wb") as fh:
+            fh.truncate(64 << 20 if f.endswith(".so") else 10)
+    return junk
+
+
+@pytest.mark.parametrize("git", [True, False], ids=["clone", "no-git"])
+def test_an_edition_copies_no_environment_runs_or_data(tmp_path, git):
+    """The issue: `python -m venv .venv` in the clone made every edition 1.1 GB. Whatever one
+    keeps beside the project stays out; a new file of one's own in minknn/ goes in, committed
+    or not (the module docstring says why)."""
+    root = str(tmp_path / "clone")
+    copy_files(repository_files(), ROOT, root)
+    with open(os.path.join(root, ".gitignore"), "w") as f:
+        f.write("")  # a .gitignore that lists none of it (this one's from before .venv/ was in)
+    if git:  # the project's files tracked, the rest left untracked
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+        subprocess.run(["git", "add", "--", *repository_files()], cwd=root, check=True)
+    junk = beside_the_project(root)
+    with open(os.path.join(root, "minknn", "mine.py"), "w") as f:
+        f.write("MINE = 1\n")
+    files, expected = set(repository_files(root)), {*repository_files(), "minknn/mine.py"}
+    assert not files - expected, f"copied beside the project's files: {sorted(files - expected)}"
+    assert not expected - files, (f"{len(expected - files)} of the project's files left out, e.g. "
+                                  f"{sorted(expected - files)[:3]}")
+    hw = str(tmp_path / "hw")
+    write_edition(hw, "attention", root=root)
+    copied = listing(hw)
+    assert not set(copied) & set(junk), f"the edition copied {sorted(set(copied) & set(junk))}"
+    assert "minknn/mine.py" in copied and "tests/fixtures/data/minbert/ids-sst-train.csv" in copied
+    size = sum(os.path.getsize(os.path.join(hw, f)) for f in copied)
+    assert size < 10 << 20, f"the edition holds {size / 2**20:.0f} MB"
+
+
+# --- the interpreter that runs the handout's commands ---
+
+def test_handout_commands_run_this_interpreter(tmp_path):
+    """A venv's python run by its path, not activated: the `python` on PATH is another one (here
+    one that fails), and a part's command must not run it."""
+    for part in PARTS:
+        argv = command_argv(part.test)
+        assert argv == [sys.executable, *part.test.split()[1:]], (part.name, argv)
+    env = dict(os.environ, PATH=fake_python_path(str(tmp_path)))
+    bare = subprocess.run(["python", "-c", "pass"], env=env, capture_output=True, text=True)
+    assert bare.returncode == 3, "the fake python is not first on PATH: this test proves nothing"
+    r = subprocess.run(command_argv("python -c 'import sys, torch; print(sys.executable)'"),
+                       env=env, capture_output=True, text=True)
+    assert (r.returncode, r.stdout.strip()) == (0, sys.executable), r.stderr
+
+
+# --- a run in an edition names the first part not written yet ---
+
+def test_train_in_an_edition_names_the_first_part_not_written(tmp_path, tiny_bert_dir):
+    """Parts 1, 3, 4 and 5 stubbed: train.py and evaluate.py stop at once with one line naming
+    part 1 (not the part whose stub a run would reach first) and its test command."""
+    hw = str(tmp_path / "hw")
+    write_edition(hw, "1,3,4,5")
+    expected = ("error: part 1 embeddings is not written yet (minknn/bert.py); test it with: "
+                "python -m pytest -q tests/test_bert.py -k embeddings")
+    run_dir = tmp_path / "run"
+    for argv in (["train.py", "--task", "sst", "--model", tiny_bert_dir, "--data_dir", DATA,
+                  "--device", "cpu", "--epochs", "1", "--max_len", "32", "--batch_size", "8",
+                  "--out", str(run_dir)],
+                 ["evaluate.py", "--checkpoint", str(run_dir)]):
+        r = subprocess.run([sys.executable, *argv], cwd=hw, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+        assert (r.returncode, r.stderr.strip()) == (2, expected), \
+            f"{argv[0]} in an edition of parts 1, 3, 4, 5 (exit {r.returncode}):\n{r.stderr[-800:]}"
+        assert not run_dir.exists(), f"{argv[0]} made the run folder before refusing"
+
+
+def edition_bert(edition, tmp_path, write):
+    """A copy of the edition's minknn/bert.py with the solution of part `write`'s first block
+    put back in it: (its folder, standing for the edition's root)."""
+    root = tmp_path / "root"
+    (root / "minknn").mkdir(parents=True)
+    blocks = assignment.blocks_by_part(ROOT, [write])[write]
+    lines = read_lines(os.path.join(edition, "minknn", "bert.py"))
+    lines = assignment.rewrite(lines, "minknn/bert.py", {write},
+                               lambda name, indent, i: blocks[0] if i == 0 else stub(name, indent))
+    (root / "minknn" / "bert.py").write_text("".join(lines))
+    return str(root)
+
+
+def test_the_runs_parts_checked_in_the_handouts_order(edition, tmp_path):
+    """require_written: the first stub in the handout's order among the parts a run calls, a
+    part half written is 'not finished', and --attention fused does not run part 2."""
+    root = edition_bert(edition, tmp_path, "layer")  # layer's first block of 4 written
+    with pytest.raises(minknn.MinknnError, match=r"^part 2 attention is not written yet"):
+        assignment.require_written(["layer", "attention"], root)
+    with pytest.raises(minknn.MinknnError, match=r"^part 3 layer is not finished \(3 of its 4 "
+                       r"blocks are still stubs\) \(minknn/bert.py\); test it with: python -m "
+                       r"pytest -q tests/test_bert.py -k layer$"):
+        assignment.require_written(["layer", "pooling"], root)
+    assignment.require_written(["pooling"], root)  # no minknn/model.py there: nothing to tell
+    args = train.get_args(["--task", "sst", "--attention", "fused", "--loss", "moco"])
+    assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "moco-loss",
+                                     "memory"]
+    args = train.get_args(["--task", "sst", "--loss", "proxynca", "--lam", "1", "--attention",
+                           "explicit"])
+    assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "attention",
+                                     "proxynca", "proxy-inference"]
+    assignment.require_written(train.parts_run(args))  # this repository: nothing to stop
+
+
+def test_a_stub_raised_in_a_run_is_one_line(capsys):
+    """Past the check (a stub with comments around it, a script without one): the stub's
+    NotImplementedError ends the run as one line naming the part; any other one is a bug and
+    keeps its traceback."""
+    def stubbed():
+        exec(stub("pooling", "")[0])
+
+    with pytest.raises(SystemExit) as e:
+        minknn.run(stubbed)
+    err = capsys.readouterr().err
+    assert (e.value.code, err) == (2, "error: part 4 pooling is not written yet (minknn/model.py); "
+                                      "test it with: python -m pytest -q tests/test_model.py\n")
+
+    def bug():
+        raise NotImplementedError("partial support for sparse tensors")
+    with pytest.raises(NotImplementedError, match="sparse"):
+        minknn.run(bug)
+
+
+def test_a_block_is_a_stub_when_it_holds_only_the_raise_line():
+    line = stub("attention", "    ")[0]
+    assert is_stub("attention", [line]) and is_stub("attention", ["\n", "    # notes\n", line])
+    assert not is_stub("attention", ["    x = q @ k\n", line]), "code and the stub: written"
+    assert not is_stub("layer", [line]), "another part's stub"
+    assert not is_stub("attention", []), "an empty block"
+
+
+# --- --solve keeps a student's code unless forced ---
+
+def test_solve_refuses_a_students_code_unless_forced(edition, tmp_path):
+    copy = str(tmp_path / "theirs")
+    shutil.copytree(edition, copy)
+    solve(copy, force=False)  # stubs only: silent
+    assert solve(copy) == [], "a solved edition holds the solution: silent too"
+    shutil.rmtree(copy)
+    shutil.copytree(edition, copy)
+    bert, pcgrad = (os.path.join(copy, "minknn", f) for f in ("bert.py", "pcgrad.py"))
+    for path, name in ((bert, "attention"), (bert, "layer"), (pcgrad, "pcgrad")):
+        text = open(path, encoding="utf-8").read()
+        line = next(l for l in text.splitlines(keepends=True) if is_stub(name, [l]))
+        with open(path, "w", encoding="utf-8") as f:  # the first block of each: the student's
+            f.write(text.replace(line, line[:len(line) - len(line.lstrip())] + "pass  # mine\n", 1))
+    before = {f: open(os.path.join(copy, f), "rb").read() for f in assignment.PART_FILES}
+    with pytest.raises(AssignmentError) as e:
+        solve(copy)
+    assert str(e.value) == (f"parts 2 attention ({bert}), 3 layer ({bert}), 20 pcgrad ({pcgrad}) "
+                            f"hold code of their own, neither the stub nor the solution; --solve "
+                            f"--force overwrites them")
+    for f, text in before.items():
+        assert open(os.path.join(copy, f), "rb").read() == text, f"{f} changed by a refused --solve"
+    run = [sys.executable, "-m", "minknn.assignment", "--solve", copy]
+    r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True)
+    assert (r.returncode, r.stderr.count("\n")) == (2, 1) and "--force" in r.stderr, r.stderr
+    r = subprocess.run(run + ["--force"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and "part 2 attention, part 3 layer, part 20 pcgrad overwritten" \
+        in r.stdout, r.stdout + r.stderr
+    for f in assignment.PART_FILES:
+        assert open(os.path.join(copy, f), "rb").read() == \
+            open(os.path.join(ROOT, f), "rb").read(), f"{f} differs after --solve --force"
+
+
 def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     """The handout's promise: every part written (the solution put back), the edition's default
     explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
@@ -140,7 +354,8 @@ def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     with open(bert, "w", encoding="utf-8") as f:
         f.write(text.replace(*assignment.ATTENTION_LINE[1:]))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
-                       cwd=copy, env=edition_env(), capture_output=True, text=True, timeout=900)
+                       cwd=copy, env=edition_env(str(tmp_path)), capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, ("the finished student edition (explicit attention) fails its own "
                                f"suite:\n{(r.stdout + r.stderr)[-1500:]}")
 
@@ -148,18 +363,37 @@ def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
 def test_the_edition_refuses_an_existing_folder_and_bad_parts(tmp_path):
     run = [sys.executable, "-m", "minknn.assignment"]
     r = subprocess.run(run + [str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "already exists" in r.stderr
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "already exists" in r.stderr
     r = subprocess.run(run + [str(tmp_path / "hw"), "--parts", "attention,nope"], cwd=ROOT,
                        capture_output=True, text=True)
-    assert r.returncode != 0 and "unknown part 'nope'" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 2 and "unknown part 'nope'" in r.stderr and r.stderr.count("\n") == 1
+    r = subprocess.run(run + [str(tmp_path / "hw"), "--force"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and r.stderr == "error: --force goes with --solve (overwrite a " \
+        "student's code)\n", r.stderr
     assert not os.path.exists(tmp_path / "hw")
     assert [p for p in os.listdir(tmp_path) if p.startswith(".edition")] == []
 
 
-def edition_env():
-    """The environment an edition's tests run in: no stale bytecode, no third-party plugins, and
-    never MINKNN_WRITE_REFERENCES (it would rewrite the references and pass)."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+def fake_python_path(folder):
+    """PATH with a `python` (and `python3`) first that fails: a command that runs the `python` on
+    PATH instead of this interpreter fails, as it does with a virtual environment's python run by
+    its path, not activated (where PATH's has no torch)."""
+    bin_ = os.path.join(folder, "fake-bin")
+    os.makedirs(bin_, exist_ok=True)
+    for name in ("python", "python3"):
+        with open(os.path.join(bin_, name), "w") as f:
+            f.write("#!/bin/sh\necho 'the python on PATH ran, not sys.executable' >&2\nexit 3\n")
+        os.chmod(os.path.join(bin_, name), 0o755)
+    return bin_ + os.pathsep + os.environ.get("PATH", "")
+
+
+def edition_env(folder):
+    """The environment an edition's tests run in: no stale bytecode, no third-party plugins,
+    never MINKNN_WRITE_REFERENCES (it would rewrite the references and pass), and a failing
+    python first on PATH (folder: where to write it)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               PATH=fake_python_path(folder))
     env.pop("MINKNN_WRITE_REFERENCES", None)
     return env
 
@@ -167,9 +401,8 @@ def edition_env():
 def run_part(out, part):
     """The part's test command in an edition where it alone is stubbed."""
     write_edition(out, part.name)
-    env = edition_env()
-    r = subprocess.run(part.test.split() + ["-x", "-p", "no:cacheprovider"], cwd=out, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(command_argv(part.test) + ["-x", "-p", "no:cacheprovider"], cwd=out,
+                       env=edition_env(out + "-path"), capture_output=True, text=True, timeout=300)
     return part, r.returncode, r.stdout + r.stderr
 
 
@@ -189,8 +422,8 @@ def run_with_its_needs(out, part):
     """The part's test command in an edition where only it and the parts it NEEDS are written."""
     written = {part.name, *NEEDS.get(part.name, ())}
     write_edition(out, ",".join(p.name for p in PARTS if p.name not in written))
-    r = subprocess.run(part.test.split() + ["-p", "no:cacheprovider"], cwd=out, env=edition_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(command_argv(part.test) + ["-p", "no:cacheprovider"], cwd=out,
+                       env=edition_env(out + "-path"), capture_output=True, text=True, timeout=300)
     return part, r.returncode, r.stdout + r.stderr
 
 
@@ -221,15 +454,18 @@ def test_the_mutation_list_is_well_formed():
     assert not untested, f"parts with no mutation in tests/mutations.py: {', '.join(untested)}"
 
 
-def test_mutate_catches_a_planted_mistake(tmp_path):
-    """The script itself: the attention-dropout mistake is caught and named."""
+def test_mutate_catches_a_planted_mistake(tmp_path, monkeypatch):
+    """The script itself: the attention-dropout mistake is caught and named, by this interpreter
+    (the `python` on PATH fails)."""
     import mutate
-    mutate.copy_repository(str(tmp_path))
+    monkeypatch.setenv("PATH", fake_python_path(str(tmp_path / "path")))
+    copy = tmp_path / "copy"
+    mutate.copy_repository(str(copy))
     mutation = next(m for m in MUTATIONS if m[0] == "attention")
-    verdict, seconds, tail = mutate.run_one(str(tmp_path), mutation, timeout=120)
+    verdict, seconds, tail = mutate.run_one(str(copy), mutation, timeout=120)
     assert verdict in ("caught", f"SLOW (over {mutate.LIMIT:.0f} s)"), (verdict, tail)
     assert label("attention") in tail[0]
-    assert open(tmp_path / mutation[1]).read() == open(os.path.join(ROOT, mutation[1])).read(), \
+    assert open(copy / mutation[1]).read() == open(os.path.join(ROOT, mutation[1])).read(), \
         "run_one must put the file back"
 
 
