@@ -265,6 +265,9 @@ def bench_epoch(args, device, timer, out):
     table = Table(out, "what", "seconds per epoch", "real tokens/s", "MFU on real tokens",
                   "time / transformers loop")
     for name, s in seconds.items():
+        if s <= 0:  # train.py reports tenths of a second: a tiny epoch (the README's test) reads 0
+            table.row(f"`{name}`", f"{s:.1f}", "too fast to time", "", "")
+            continue
         table.row(f"`{name}`", f"{s:.1f}", f"{real / s:.0f}", f"{flops / s / peak:.2f}",
                   f"{s / reference:.2f}" if reference else "")
 
