@@ -73,8 +73,8 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
     finally:
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        for s in dict.fromkeys(arrived):  # each signal once, in the order they came
-            signal.raise_signal(s)
+        for s in dict.fromkeys(arrived):  # each signal once, in the order they came; its
+            signal.raise_signal(s)          # KeyboardInterrupt wins over an error of the block
 
 
 def atomic_save(obj, path, writer=torch.save):

@@ -268,7 +268,7 @@ def check_saved(keys, labels, ids, num_classes, n=None, dim=None, expected_class
     if not torch.is_tensor(labels) or labels.ndim == 0 or len(labels) != N or \
             labels.shape[1:] not in ((), (num_classes,)):
         return (f"its labels are {describe_value(labels)}, not {N} class indices or a "
-                f"({N}, {num_classes}) multi-hot array, one a key")
+                f"({N}, {num_classes}) multi-hot array, one per key")
     if labels.ndim == 1 and (labels.is_floating_point() or
                              not 0 <= int(labels.min()) <= int(labels.max()) < num_classes):
         return f"its labels are not class indices in [0, {num_classes})"

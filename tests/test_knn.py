@@ -259,7 +259,7 @@ DAMAGED = [  # (id, edit of the saved dict, saved with a new checksum (a writer'
     ("keys-of-another-dimension", lambda s: s.update(keys=s["keys"][:, :8]), True,
      ": its keys have dimension 8, but the model's representations have 16" + WHOLE),
     ("too-few-labels", lambda s: s.update(labels=s["labels"][:-1]), True,
-     ": its labels are shape (9,), torch.int64, not 10 class indices or a (10, 4) multi-hot array, one a key" + WHOLE),
+     ": its labels are shape (9,), torch.int64, not 10 class indices or a (10, 4) multi-hot array, one per key" + WHOLE),
     ("labels-beyond-the-classes", lambda s: s.update(labels=s["labels"] + 4), True,
      ": its labels are not class indices in [0, 4)" + WHOLE),
     ("another-number-of-classes", lambda s: s.update(num_classes=5), True, ": it has 5 classes, but the task has 4" + WHOLE),
