@@ -32,6 +32,9 @@ the key and the training set are unchanged. An approximate index (--index ivf or
 in it once built; a datastore saved with another index (or other --nlist, --hnsw_m,
 --ef_construction) gets the asked-for one built over its saved keys, or with --datastore is
 refused. --nprobe and --ef_search only steer the search: changing them rebuilds nothing.
+A checkpoint or datastore whose contents no longer match the checksum saved with them (damaged on
+disk), or a datastore whose keys or labels do not fit the model and the task, is refused in one
+line.
 """
 import csv
 import io
@@ -207,7 +210,9 @@ def knn_datastore(args, ckpt, path, model, tokenizer, task, train, key, device):
     stamp, wanted = fingerprint(ckpt["file"], key, train), knn_index(args, len(train))
     datastore, seconds, stale = None, None, False
     if os.path.exists(path):
-        datastore = Datastore.load(path, stamp)
+        # keys of the model's width, one a training example, labels of the task's classes
+        datastore = Datastore.load(path, stamp, len(train), model.bert.config.hidden_size,
+                                   len(task.labels))
         if datastore is None and args.datastore:
             raise MinknnError(f"--datastore {path} was built by a different checkpoint, key or "
                               f"training set; leave out --datastore to build one for this "

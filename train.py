@@ -31,8 +31,13 @@ runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
     summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
     run.json, last.pt, run.lock   the arguments, the state after the last completed epoch, and
                     the lock held while training (removed when the run ends); a run stopped by
-                    Ctrl-C, kill -9 or a crash goes on from its last completed epoch with
-                    `python train.py --resume RUN`
+                    Ctrl-C, SIGTERM, kill -9 or a crash goes on from its last completed epoch
+                    with `python train.py --resume RUN`
+Ctrl-C and SIGTERM (a cluster stopping or preempting the job) stop a run the same way: the files
+of an epoch already being saved are finished first, summary.json says "stopped": "interrupted"
+(or "terminated"), one line says how to go on, and the exit status is 130 (or 143, 128 + 15,
+as a shell reports a process that SIGTERM ended). checkpoint.pt and last.pt carry a checksum of
+their contents: a file damaged on disk is refused in one line, not evaluated or resumed from.
 A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-label micro-F1);
 a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). A loss, gradient
 norm, dev score or weight that is not finite stops the run before anything of it is saved.
@@ -47,10 +52,10 @@ import time
 import torch
 from tqdm import tqdm
 
-from minknn import MinknnError, run
+from minknn import MinknnError, Terminated, run, sigterm_raises
 from minknn.assignment import BY_NAME, require_written
 from minknn.bert import ATTENTION, ATTENTIONS, BertModel, resolve_model_path
-from minknn.checkpoint import base_model, save_checkpoint
+from minknn.checkpoint import base_model, save_checkpoint, signals_held
 from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
                          require_labels, run_data, training_examples)
 from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
@@ -62,9 +67,9 @@ from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
 from minknn.options import DEFAULT_TASKS, Parser, check_args, check_saved
 from minknn.pcgrad import PCGrad
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
-from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
-                         open_run_folder, random_states, save_last, saved_args, set_random_states,
-                         summarise, write_json, write_jsonl)
+from minknn.runs import (check_last_fits, check_same_data, close_run_folder, load_last,
+                         new_run_folder, open_run_folder, random_states, save_last, saved_args,
+                         set_random_states, summarise, write_json, write_jsonl)
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 
@@ -280,16 +285,18 @@ def main(argv=None):
                                        f"{time.strftime('%Y%m%d-%H%M%S')}")
         args.out, lock, created = new_run_folder(args.out, default)
     try:
-        return run_training(args)
-    except KeyboardInterrupt:
+        with sigterm_raises():  # a cluster's SIGTERM stops the run as Ctrl-C does
+            return run_training(args)
+    except KeyboardInterrupt as e:
+        how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
         last = load_last(args.out)
         where = best_so_far(args, last) if last else "no epoch had finished"
-        if summarise(args, last, stopped="interrupted") is None:  # before the first step
-            print("\ninterrupted before the first step; nothing was saved", file=sys.stderr)
+        if summarise(args, last, stopped=how) is None:  # before the first step
+            print(f"\n{how} before the first step; nothing was saved", file=sys.stderr)
         else:
-            print(f"\ninterrupted: {where}; continue with: python train.py --resume {args.out}",
+            print(f"\n{how}: {where}; continue with: python train.py --resume {args.out}",
                   file=sys.stderr)
-        sys.exit(130)
+        sys.exit(status)
     except Diverged as e:
         last = load_last(args.out)
         kept = best_so_far(args, last) if last else "nothing was saved"
@@ -316,7 +323,9 @@ def run_training(args):
     bert = BertModel.from_pretrained(model_path).set_attention(args.attention)  # and its weights
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
-    last = load_last(args.out) if args.resume else None
+    # a memory loss's last.pt also holds its memory, and a queue's its key encoder
+    needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
+    last = load_last(args.out, needs) if args.resume else None
     if last and last["epoch"] >= args.epochs:  # nothing would train, and last.pt would be deleted
         raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
                           f"has done {last['epoch']} (last.pt); was the file edited?")
@@ -371,6 +380,10 @@ def run_training(args):
     pcgrad = PCGrad(p for p in model.bert.parameters() if p.requires_grad) if args.pcgrad else None
     best, records, epoch_times = None, [], []
     if last:  # everything a step reads, as it was after the last completed epoch
+        check_last_fits(last, args.out, {"model": model, "loss": losses,
+                                         **({"memory": moco.memory} if moco else {}),
+                                         **({"key_encoder": moco.key_encoder.encoder}
+                                            if moco and moco.key_encoder else {})}, streams)
         model.load_state_dict(last["model"])
         losses.load_state_dict(last["loss"])
         optimizer.load_state_dict(last["optimizer"])
@@ -442,21 +455,22 @@ def run_training(args):
         is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
         if is_best:
             best = {"epoch": epoch, "dev": dev_scores}
-        if is_best and args.save == "best":
-            save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
-                            vars(args), epoch, dev_scores, moco.memory if moco else None, data=data,
-                            base=base)
-        # then the state to resume from, then the records: a kill between two of these saves
-        # leaves last.pt one epoch behind, and the resumed run redoes that epoch
-        save_last(args.out, epoch=epoch, best=best, records=records,
-                  model=model.state_dict(), loss=losses.state_dict(),
-                  optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                  streams={n: s.state_dict() for n, s in streams.items()}, rng=rng.getstate(),
-                  random=random_states(), memory_fill_seconds=fill_seconds,
-                  **({"memory": moco.memory.state_dict()} if moco else {}),
-                  **({"key_encoder": moco.key_encoder.encoder.state_dict()}
-                     if moco and moco.key_encoder else {}))
-        write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
+        with signals_held():  # Ctrl-C and SIGTERM wait for the epoch's three files
+            if is_best and args.save == "best":
+                save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
+                                vars(args), epoch, dev_scores, moco.memory if moco else None,
+                                data=data, base=base)
+            # then the state to resume from, then the records: a kill -9 between two of these
+            # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
+            save_last(args.out, epoch=epoch, best=best, records=records,
+                      model=model.state_dict(), loss=losses.state_dict(),
+                      optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                      streams={n: s.state_dict() for n, s in streams.items()},
+                      rng=rng.getstate(), random=random_states(), memory_fill_seconds=fill_seconds,
+                      **({"memory": moco.memory.state_dict()} if moco else {}),
+                      **({"key_encoder": moco.key_encoder.encoder.state_dict()}
+                         if moco and moco.key_encoder else {}))
+            write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
         train_loss = ", ".join(f"{v:.4f}" for v in record["train_loss"].values())
         saved = ", saved" if args.save == "best" else ""
         print(f"epoch {epoch}: train loss {train_loss}; dev {describe_run(tasks, dev_scores)}"

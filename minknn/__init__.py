@@ -1,5 +1,8 @@
 """minknn: fine-tune a hand-written BERT with kNN classifiers and metric-learning losses."""
+import contextlib
+import signal
 import sys
+import threading
 
 
 class MinknnError(Exception):
@@ -7,13 +10,38 @@ class MinknnError(Exception):
     its message as one line and exit with status 2, instead of a traceback."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, what a cluster sends a job before it stops or preempts it, raised where Ctrl-C
+    raises KeyboardInterrupt (a subclass of it: every handler of Ctrl-C handles it too), so a run
+    stops the same way: its files whole, summary.json saying so, a line saying how to go on."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Inside the block SIGTERM raises Terminated; the handler that was there before comes back
+    after it (train.main runs in-process in the runner and the tests). Only the main thread can
+    set a handler: elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
 def run(main):
     """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit
     status 2, and so does the NotImplementedError of a part a student edition has not written
     yet (minknn/assignment.py); Ctrl-C that main() does not handle itself, `interrupted` and
-    status 130."""
+    status 130; SIGTERM, `terminated` and status 143 (128 + 15, the shells' status for it)."""
     try:
-        main()
+        with sigterm_raises():
+            main()
     except MinknnError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -24,6 +52,9 @@ def run(main):
             raise
         print(f"error: {not_written(name)}", file=sys.stderr)
         sys.exit(2)
+    except Terminated:
+        print("\nterminated", file=sys.stderr)
+        sys.exit(143)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.checkpoint import atomic_save, load_tagged
+from minknn.checkpoint import atomic_save, load_tagged, sealed
 from minknn.data import examples_fingerprint
 from minknn.index import build_index, built_with, index_settings, metric_of, search_parameters
 
@@ -197,29 +197,89 @@ class Datastore:
 
     def save(self, path, fingerprint):
         """The keys, labels and ids, the index's settings and the approximate indexes built so
-        far, serialised by faiss (a flat index is the keys themselves: rebuilt on loading)."""
+        far, serialised by faiss (a flat index is the keys themselves: rebuilt on loading), with
+        the checksum of it all (checkpoint.sealed)."""
         built = {} if self.settings["index"] == "flat" else \
             {metric: torch.from_numpy(faiss.serialize_index(index))
              for metric, index in self._indexes.items()}
-        atomic_save({"format": FORMAT, "fingerprint": fingerprint,
-                     "keys": torch.from_numpy(self.keys), "labels": self.labels, "ids": self.ids,
-                     "num_classes": self.num_classes, "index": built_with(self.settings),
-                     "faiss": built}, path)
+        atomic_save(sealed({"format": FORMAT, "fingerprint": fingerprint,
+                            "keys": torch.from_numpy(self.keys), "labels": self.labels,
+                            "ids": self.ids, "num_classes": self.num_classes,
+                            "index": built_with(self.settings), "faiss": built}), path)
 
     @classmethod
-    def load(cls, path, fingerprint):
+    def load(cls, path, fingerprint, n=None, dim=None, num_classes=None):
         """The datastore saved at path, with its index's settings (nprobe and ef_search: the
         defaults; use_index sets others) and its saved indexes, or None when it was built from
-        another checkpoint or data."""
-        saved = load_tagged(path, (FORMAT, FORMAT_1), (path, "datastore"))
+        another checkpoint or data. n, dim, num_classes: what it must hold when it is this
+        checkpoint's (n keys of dimension dim, labels of num_classes classes); a file whose
+        contents or shapes are not whole is refused in one line."""
+        again = "delete it, and evaluate.py --knn builds it again"
+        saved = load_tagged(path, (FORMAT, FORMAT_1), (path, "datastore"), again)
+        missing = [k for k in ("fingerprint", "keys", "labels", "ids", "num_classes")
+                   if k not in saved]
+        if missing:
+            raise MinknnError(f"{path}: has no {', '.join(missing)}; it is not a whole datastore "
+                              f"({again})")
         if saved["fingerprint"] != fingerprint:
             return None
-        built = dict(saved.get("index", {"index": "flat"}))  # minknn-datastore-1: flat
-        datastore = cls(saved["keys"], saved["labels"], saved["ids"], saved["num_classes"],
-                        index_settings(built.pop("index"), len(saved["keys"]), **built))
+
+        def refused(what):
+            return MinknnError(f"{path}: {what}; it is not a whole datastore of this checkpoint "
+                               f"({again})")
+        keys, labels, ids, classes = (saved[k] for k in ("keys", "labels", "ids", "num_classes"))
+        faulty = check_saved(keys, labels, ids, classes, n, dim, num_classes)
+        if faulty:
+            raise refused(faulty)
+        indexes = {}  # metric -> the faiss index saved for it
         for metric, serialized in saved.get("faiss", {}).items():
-            datastore._indexes[metric] = faiss.deserialize_index(serialized.numpy())
+            try:
+                index = faiss.deserialize_index(serialized.numpy())
+            except Exception as e:  # faiss raises RuntimeError on bytes that are not an index
+                raise refused(f"its {metric} index cannot be read ({type(e).__name__})") from None
+            if (index.ntotal, index.d) != tuple(keys.shape):
+                raise refused(f"its {metric} index holds {index.ntotal} keys of dimension "
+                              f"{index.d}, but its keys are {tuple(keys.shape)}")
+            indexes[metric] = index
+        built = dict(saved.get("index", {"index": "flat"}))  # minknn-datastore-1: flat
+        datastore = cls(keys, labels, ids, classes,
+                        index_settings(built.pop("index"), len(keys), **built))
+        datastore._indexes = indexes
         return datastore
+
+
+def check_saved(keys, labels, ids, num_classes, n=None, dim=None, expected_classes=None):
+    """What is wrong with a saved datastore's entries, in words, or None: keys (N, d), labels N
+    class indices in [0, C) or (N, C) multi-hot rows, N ids, C = num_classes; n, dim and
+    expected_classes (when given): the N, d and C it must have."""
+    if not torch.is_tensor(keys) or keys.ndim != 2 or not keys.is_floating_point():
+        return f"its keys are not a (N, d) float tensor ({describe_value(keys)})"
+    N, d = keys.shape
+    if N == 0:
+        return "it holds no keys"
+    if n is not None and N != n:
+        return f"it holds {N} keys, but the training set has {n} examples"
+    if dim is not None and d != dim:
+        return f"its keys have dimension {d}, but the model's representations have {dim}"
+    if not isinstance(num_classes, int) or num_classes < 1:
+        return f"num_classes is {num_classes!r}, not a number of classes"
+    if expected_classes is not None and num_classes != expected_classes:
+        return f"it has {num_classes} classes, but the task has {expected_classes}"
+    if not torch.is_tensor(labels) or labels.ndim == 0 or len(labels) != N or \
+            labels.shape[1:] not in ((), (num_classes,)):
+        return (f"its labels are {describe_value(labels)}, not {N} class indices or a "
+                f"({N}, {num_classes}) multi-hot array, one per key")
+    if labels.ndim == 1 and (labels.is_floating_point() or
+                             not 0 <= int(labels.min()) <= int(labels.max()) < num_classes):
+        return f"its labels are not class indices in [0, {num_classes})"
+    if not isinstance(ids, list) or len(ids) != N:
+        return (f"it has {len(ids) if isinstance(ids, list) else describe_value(ids)} ids for "
+                f"{N} keys")
+    return None
+
+
+def describe_value(x):
+    return f"shape {tuple(x.shape)}, {x.dtype}" if torch.is_tensor(x) else type(x).__name__
 
 
 def fingerprint(checkpoint_path, key, examples):

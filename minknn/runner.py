@@ -44,7 +44,7 @@ import sys
 import time
 
 import train
-from minknn import MinknnError, report, run
+from minknn import MinknnError, Terminated, report, run
 from minknn.data import eval_subset, labelled, load_split, split_recipe, training_examples
 from minknn.engine import pick_device
 from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_flags, split_top
@@ -439,11 +439,13 @@ def run_cells(args, cells, ctx):
                     pool.shutdown(cancel_futures=True)
                     raise
     except (KeyboardInterrupt, SystemExit) as e:
-        if isinstance(e, SystemExit) and e.code != 130:  # train.py turns Ctrl-C into exit 130
+        # train.py turns Ctrl-C into exit 130 and SIGTERM (minknn.Terminated) into 143
+        status = e.code if isinstance(e, SystemExit) else 143 if isinstance(e, Terminated) else 130
+        if status not in (130, 143):
             raise
-        print(f"\ninterrupted; run the same command again to go on (finished cells are kept "
-              f"in {args.out}/runs)", file=sys.stderr)
-        sys.exit(130)
+        print(f"\n{'terminated' if status == 143 else 'interrupted'}; run the same command again "
+              f"to go on (finished cells are kept in {args.out}/runs)", file=sys.stderr)
+        sys.exit(status)
     print(f"grid done in {(time.time() - start) / 60:.1f} min; results in {results}")
 
 

@@ -15,7 +15,8 @@ A run folder (train.py --out) holds:
     metrics.jsonl, summary.json   every epoch's scores, and the run's best
 Every file is written to a temporary name and renamed (checkpoint.atomic_save), so a kill leaves
 each file either old or new; the temporary files a kill leaves behind are removed when the run
-is resumed. The lock needs fcntl (Linux, macOS).
+is resumed. last.pt and checkpoint.pt carry a checksum of their contents, checked on loading.
+The lock needs fcntl (Linux, macOS).
 
 On the CPU a resumed run is exact: it draws the same batches and the same dropout masks, so it
 ends with the same weights as the run left alone (tests/test_runs.py). On a GPU some kernels are
@@ -32,8 +33,8 @@ import numpy as np
 import torch
 
 from minknn import MinknnError
-from minknn.bert import read_json
-from minknn.checkpoint import atomic_save
+from minknn.bert import check_fits, read_json
+from minknn.checkpoint import atomic_save, check_contents, sealed
 
 LAST_FORMAT = "minknn-last-1"
 RUN_FILES = ("run.json", "last.pt", "checkpoint.pt", "metrics.jsonl", "summary.json")
@@ -289,20 +290,54 @@ def set_random_states(state):
 
 
 def save_last(folder, **state):
-    atomic_save({"format": LAST_FORMAT, **state}, os.path.join(folder, "last.pt"))
+    """last.pt: the state, its format tag and its checksum (checkpoint.sealed)."""
+    atomic_save(sealed({"format": LAST_FORMAT, **state}), os.path.join(folder, "last.pt"))
 
 
-def load_last(folder):
-    """The state last.pt holds, or None when no epoch completed (the run starts again)."""
+# what train.py reads from last.pt to resume (a memory loss: "memory", and "key_encoder" too)
+LAST_ENTRIES = ("epoch", "best", "records", "model", "loss", "optimizer", "scheduler", "streams",
+                "rng", "random", "memory_fill_seconds")
+LAST_SUB_ENTRIES = {"random": ("python", "torch", "numpy"), "memory": ("keys",)}
+
+
+def load_last(folder, needs=()):
+    """The state last.pt holds, or None when no epoch completed (the run starts again). A file
+    that cannot be read, is damaged (its checksum), or lacks an entry LAST_ENTRIES or `needs`
+    names, is refused in one line."""
     path = os.path.join(folder, "last.pt")
     if not os.path.exists(path):
         return None
+    best = os.path.join(folder, "checkpoint.pt")
+    kept = f"; the best checkpoint is still in {best}" if os.path.exists(best) else ""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        best = os.path.join(folder, "checkpoint.pt")
-        kept = f"; the best checkpoint is still in {best}" if os.path.exists(best) else ""
         raise MinknnError(f"{path}: cannot be read ({type(e).__name__}){kept}") from None
     if not isinstance(state, dict) or state.get("format") != LAST_FORMAT:
         raise MinknnError(f"{path}: not a minknn run state (no '{LAST_FORMAT}' format tag)")
+    again = f"delete it, and --resume starts the run over from its first epoch{kept}"
+    state = check_contents(state, path, again)
+    missing = [k for k in (*LAST_ENTRIES, *needs) if k not in state]
+    missing += [k for k in ("model", "loss", "optimizer", "scheduler", "streams", "random",
+                            "memory", "key_encoder")
+                if k in state and not isinstance(state[k], dict)]  # present, but not a dict
+    missing += [f"{k}['{sub}']" for k, subs in LAST_SUB_ENTRIES.items() for sub in subs
+                if isinstance(state.get(k), dict) and sub not in state[k]]
+    if missing:
+        raise MinknnError(f"{path}: has no {', '.join(missing)}; it is not a whole run state "
+                          f"({again})")
     return state
+
+
+def check_last_fits(state, folder, parts, streams):
+    """last.pt's weights must fit the run's modules (parts: its entry -> the module it loads
+    into: the model, the losses, a memory loss's memory and key encoder) and hold every task's
+    batch stream, before any of them is loaded: one line naming the part, not load_state_dict's
+    traceback."""
+    path = os.path.join(folder, "last.pt")
+    for entry, module in parts.items():
+        check_fits(module.state_dict(), state[entry], f"{path}: {entry}", "the run's arguments")
+    missing = [name for name in streams if name not in state["streams"]]
+    if missing:
+        raise MinknnError(f"{path}: has no batch stream of {', '.join(missing)}; it is not the "
+                          f"state of this run's tasks")

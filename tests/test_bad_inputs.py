@@ -15,11 +15,13 @@ import json
 import shutil
 
 import pytest
+import torch
 
 import evaluate
 import minknn.moco
 import train
 from minknn import run, runner
+from minknn.checkpoint import CHECKSUM, sealed
 from minknn.runs import lock_folder
 
 
@@ -120,6 +122,33 @@ def resume_without_checkpoint(tmp, tiny, fixtures):
     return ["--resume", str(run)]
 
 
+def rewritten(path, edit, reseal):
+    """The torch.save'd dict at path, changed by edit(dict) and saved again: with a checksum of its new contents
+    (reseal: what a writer with a bug would leave), or with the one saved before (bit rot on the disk)."""
+    saved = torch.load(path, weights_only=True)
+    edit(saved)
+    torch.save(sealed({k: v for k, v in saved.items() if k != CHECKSUM}) if reseal else saved, path)
+
+
+def flip_exponents(t, n=256):
+    """float32 t with the top exponent bit of its first n values flipped, as bit rot would: 0.02 becomes 7e36."""
+    bits = t.clone().view(torch.int32)
+    bits.view(-1)[:n] ^= 1 << 30
+    return bits.view(torch.float32)
+
+
+WORDS = "bert.embeddings.word_embeddings.weight"
+
+
+def resume_damaged(edit, reseal):
+    """--resume of a stopped run whose last.pt was changed by edit(state) (rewritten)."""
+    def argv(tmp, tiny, fixtures):
+        run = stopped_run(tmp, tiny, fixtures)
+        rewritten(run / "last.pt", edit, reseal)
+        return ["--resume", str(run)]
+    return argv
+
+
 def finished_run(tmp, tiny, fixtures):
     train.main(trainer("--max_train", "10")(tmp, tiny, fixtures))
     return ["--resume", str(tmp / "run")]
@@ -206,6 +235,15 @@ FLAG_CASES = [
     ("resume no data", "train", resume_edited(lambda saved: saved.pop("data")), 'run.json: no "data" object'),
     ("resume epochs below those done", "train", resume_edited(with_arg("epochs", 1)),  # stopped in epoch 2
      "run.json's epochs is 1, and the run has done 1 (last.pt); was the file edited?"),
+    ("resume a last.pt whose bits rotted", "train",
+     resume_damaged(lambda s: s["model"].update({WORDS: flip_exponents(s["model"][WORDS])}), reseal=False),
+     "last.pt: its contents do not match the checksum saved with it (the file was damaged after it was written); "
+     "delete it, and --resume starts the run over from its first epoch; the best checkpoint is still in"),
+    ("resume a last.pt without its optimiser state", "train", resume_damaged(lambda s: s.pop("optimizer"), reseal=True),
+     "last.pt: has no optimizer; it is not a whole run state"),
+    ("resume a last.pt that does not fit the model", "train",
+     resume_damaged(lambda s: s["model"].pop("heads.sst.weight"), reseal=True),
+     "last.pt: model: does not fit the model built from the run's arguments: missing ['heads.sst.weight']"),
 ]
 
 
@@ -289,6 +327,15 @@ def pretrain_checkpoint(edit):
     return argv
 
 
+def rotted_checkpoint(tmp, tiny, data):
+    """evaluate.py's argv on a one-epoch run whose checkpoint's 256 first word embeddings have an exponent bit
+    flipped (1e36 times too large), the checksum saved with them kept."""
+    train.main(trainer("--max_eval", "4")(tmp, tiny, data))
+    rewritten(tmp / "run" / "checkpoint.pt", lambda c: c["model"].update({WORDS: flip_exponents(c["model"][WORDS])}),
+              reseal=False)
+    return ["--checkpoint", str(tmp / "run"), "--data_dir", data, "--device", "cpu"]
+
+
 def with_nan(state, name):
     return {**state, name: state[name] * float("nan")}
 
@@ -359,6 +406,9 @@ MODEL_CASES = [
      "model is not a folder here; the run froze BERT (--option pretrain)"),
     ("checkpoint-nan", "evaluate", broken_checkpoint(lambda c: c["model"].update(with_nan(c["model"], "heads.sst.bias"))),
      "checkpoint.pt: model: heads.sst.bias holds 5 non-finite values"),
+    ("checkpoint-bits-rotted", "evaluate", rotted_checkpoint,
+     "checkpoint.pt: its contents do not match the checksum saved with it (the file was damaged after it was "
+     "written); evaluate a copy kept elsewhere, or train the run again"),
 ]
 
 
@@ -369,6 +419,17 @@ def evaluator(*flags, trained=None, data=None):
         if trained is not None:
             train.main(trainer(*trained)(tmp, tiny, fixtures))
         return ["--checkpoint", str(tmp / "run"), *flags, *(["--data_dir", data(tmp, fixtures)] if data else [])]
+    return argv
+
+
+def damaged_datastore(edit, reseal):
+    """evaluate.py --knn's argv on a 16-example run whose datastore (built by a first evaluate.py --knn) was then
+    changed by edit(datastore) (rewritten)."""
+    def argv(tmp, tiny, fixtures):
+        flags = evaluator("--knn", "--k", "4", "--device", "cpu", trained=["--max_train", "16", "--max_eval", "4"])
+        evaluate.main(flags(tmp, tiny, fixtures))
+        rewritten(tmp / "run" / "datastore-mean.pt", edit, reseal)
+        return evaluator("--knn", "--k", "4", "--device", "cpu")(tmp, tiny, fixtures)
     return argv
 
 
@@ -410,6 +471,18 @@ EVALUATE_CASES = [
     ("evaluate nlist 0", "evaluate", evaluator("--knn", "--index", "ivf", "--nlist", "0"), "--nlist must be at least 1, got 0"),
     ("evaluate ef_construction 0", "evaluate", evaluator("--knn", "--index", "hnsw", "--ef_construction", "0"),
      "--ef_construction must be at least 1, got 0"),
+    # the datastore evaluate.py --knn saved (16 keys of the tiny model's width, 32), then damaged
+    ("evaluate knn on a datastore whose bits rotted", "evaluate",
+     damaged_datastore(lambda d: d.update(keys=flip_exponents(d["keys"])), reseal=False),
+     "datastore-mean.pt: its contents do not match the checksum saved with it (the file was damaged after it was "
+     "written); delete it, and evaluate.py --knn builds it again"),
+    ("evaluate knn on a datastore of keys of another width", "evaluate",
+     damaged_datastore(lambda d: d.update(keys=d["keys"][:, :16]), reseal=True),
+     "datastore-mean.pt: its keys have dimension 16, but the model's representations have 32; it is not a whole "
+     "datastore of this checkpoint"),
+    ("evaluate knn on a datastore with too few labels", "evaluate",
+     damaged_datastore(lambda d: d.update(labels=d["labels"][:-1]), reseal=True),
+     "datastore-mean.pt: its labels are shape (15,), torch.int64, not 16 class indices"),
 ]
 
 

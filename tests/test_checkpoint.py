@@ -1,14 +1,18 @@
 import hashlib
+import io
 import os
+import random
 import re
 import shutil
+import signal
 
 import pytest
 import torch
 
-from minknn import MinknnError
+from minknn import MinknnError, Terminated, sigterm_raises
 from minknn.bert import BertModel
-from minknn.checkpoint import atomic_save, base_model, load_checkpoint, rebuild, save_checkpoint
+from minknn.checkpoint import (CHECKSUM, atomic_save, base_model, content_sha256, load_checkpoint, rebuild,
+                               save_checkpoint)
 from minknn.knn import fingerprint
 from minknn.safetensors import load_safetensors, save_safetensors
 from minknn.losses import build_losses
@@ -62,6 +66,146 @@ def test_interrupted_write_keeps_the_previous_checkpoint(tiny_bert_dir, tmp_path
         atomic_save({"format": "x"}, str(path), writer=dies_halfway)
     assert torch.equal(load_checkpoint(str(path))["model"]["heads.sst.weight"], before)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # and no temporary file left
+
+
+class SignalsAt:
+    """A file that sends this process `signum` (Ctrl-C's SIGINT, a cluster's SIGTERM) as its byte `at` is written,
+    or raises KeyboardInterrupt there itself with raises=True (a stop no handler can hold back)."""
+
+    def __init__(self, f, at, signum, raises=False):
+        self.f, self.at, self.signum, self.raises, self.written = f, at, signum, raises, 0
+
+    def write(self, data):
+        if self.written <= self.at < self.written + len(data):
+            if self.raises:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), self.signum)
+        self.written += len(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+OLD, NEW = {"format": "old", "w": torch.zeros(3000)}, {"format": "new", "w": torch.arange(3000.0)}
+NEW_SIZE = len((lambda b: torch.save(NEW, b) or b.getvalue())(io.BytesIO()))
+
+
+@pytest.mark.parametrize("at", [0, 1, 100, NEW_SIZE // 2, NEW_SIZE - 1], ids=["byte-0", "byte-1", "byte-100",
+                                                                             "middle", "last-byte"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_save_waits_until_the_file_is_whole(tmp_path, signum, at):
+    """Ctrl-C or SIGTERM at any byte of a torch.save: the save finishes, then the signal arrives as its exception
+    (KeyboardInterrupt, or Terminated where SIGTERM raises it), and the handlers are the ones there before. Were
+    it raised inside torch.save, PyTorch would turn it into a RuntimeError ('unexpected pos') and leave the save
+    half done."""
+    path = str(tmp_path / "checkpoint.pt")
+    torch.save(OLD, path)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with sigterm_raises(), pytest.raises(Terminated if signum == signal.SIGTERM else KeyboardInterrupt):
+        atomic_save(NEW, path, lambda obj, f: torch.save(obj, SignalsAt(f, at, signum)))
+        pytest.fail(f"a {signum.name} sent at byte {at} of the save never arrived (atomic_save's signals_held "
+                    f"must deliver it once the file is whole)")
+    saved = torch.load(path, weights_only=True)
+    assert saved["format"] == "new", f"{signum.name} at byte {at}: the save was dropped, the old file is still " \
+                                     f"there (atomic_save must hold the signal until the file is whole: signals_held)"
+    torch.testing.assert_close(saved["w"], NEW["w"], rtol=0, atol=0,
+                               msg=lambda m: f"{signum.name} at byte {at}: the saved tensor is not whole: {m}")
+    assert os.listdir(tmp_path) == ["checkpoint.pt"], f"a temporary file was left: {os.listdir(tmp_path)}"
+    after = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert after == before, f"the signal handlers were {before} before the save and are {after} after it"
+
+
+@pytest.mark.parametrize("at", [0, 100, NEW_SIZE // 2, NEW_SIZE - 1], ids=["byte-0", "byte-100", "middle",
+                                                                           "last-byte"])
+def test_a_save_stopped_at_any_byte_keeps_the_old_file(tmp_path, at):
+    """A KeyboardInterrupt raised inside torch.save's writer itself, at any byte: the old file as it was, no
+    temporary file, and the KeyboardInterrupt itself (not PyTorch's RuntimeError wrapped around it)."""
+    path = str(tmp_path / "checkpoint.pt")
+    torch.save(OLD, path)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_save(NEW, path, lambda obj, f: torch.save(obj, SignalsAt(f, at, None, raises=True)))
+    saved = torch.load(path, weights_only=True)
+    assert saved["format"] == "old", f"stopped at byte {at}: the old file was replaced"
+    torch.testing.assert_close(saved["w"], OLD["w"], rtol=0, atol=0,
+                               msg=lambda m: f"stopped at byte {at}: the old file changed: {m}")
+    assert os.listdir(tmp_path) == ["checkpoint.pt"], f"a temporary file was left: {os.listdir(tmp_path)}"
+
+
+def flip_exponents(t, n=256):
+    """float32 t with the top exponent bit of its first n values flipped, as bit rot would: 0.02 becomes 7e36."""
+    bits = t.detach().clone().contiguous().view(torch.int32)
+    bits.view(-1)[:n] ^= 1 << 30
+    return bits.view(torch.float32)
+
+
+def test_the_checksum_survives_a_round_trip_and_sees_every_part():
+    """content_sha256 of what torch.save writes equals that of what torch.load gives back (or every resume would be
+    refused), and changes with any one value, dtype, shape, key, order or container the saved dict holds."""
+    obj = {"format": "x", "model": {"w": torch.randn(40, 40), "b": torch.randn(3).bfloat16(), "n": torch.tensor(3),
+                                    "mask": torch.tensor([True, False]), "none": torch.zeros(0)},
+           "optimizer": {"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": [{"lr": 1e-3, "params": [0]}]},
+           "random": {"python": random.Random(0).getstate(), "numpy": ["MT19937", [1, 2], 3, 0, 0.0]},
+           "best": None, "records": [{"epoch": 1, "dev": {"acc": 0.5}}], "nan": float("nan")}
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    again = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    assert content_sha256(again) == content_sha256(obj), "the checksum changed through torch.save and torch.load"
+
+    def middle_value(o):
+        o["model"]["w"][20, 20] += 1  # a change print() would elide ("...")
+    changes = {
+        "one weight in the middle": middle_value,
+        "a bf16 value": lambda o: o["model"]["b"].__setitem__(1, 2.0),
+        "a tensor's dtype, the same bytes": lambda o: o["model"].update(w=o["model"]["w"].view(torch.int32)),
+        "a tensor's shape, the same bytes": lambda o: o["model"].update(w=o["model"]["w"].reshape(20, 80)),
+        "a key": lambda o: o["model"].update(v=o["model"].pop("b")),
+        "the keys' order": lambda o: o.update(model=dict(reversed(list(o["model"].items())))),
+        "an int key": lambda o: o["optimizer"]["state"].update({1: o["optimizer"]["state"].pop(0)}),
+        "a float in a list": lambda o: o["optimizer"]["param_groups"][0].update(lr=2e-3),
+        "a tuple made a list": lambda o: o["random"].update(python=list(o["random"]["python"])),
+        "an int made a float": lambda o: o["records"][0].update(epoch=1.0),
+        "None made 0": lambda o: o.update(best=0),
+        "a record dropped": lambda o: o["records"].pop(),
+    }
+    for what, change in changes.items():
+        changed = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        change(changed)
+        assert content_sha256(changed) != content_sha256(obj), f"content_sha256 does not see {what}"
+
+
+def test_a_damaged_checkpoint_is_one_line(tiny_bert_dir, tmp_path, capsys):
+    """Bit rot in checkpoint.pt: 256 weights' exponent bits flipped (the checksum saved with them kept), or 64
+    bytes flipped anywhere in the middle of the file: one line, the checksum's or torch.load's, never a model
+    scored with damaged weights. A checkpoint from before checksums loads, with a warning line."""
+    path = tmp_path / "checkpoint.pt"
+    make_checkpoint(tiny_bert_dir, path, seed=0)
+    good = path.read_bytes()
+    damaged = f"--checkpoint {path}: its contents do not match the checksum saved with it (the file was damaged " \
+              f"after it was written); evaluate a copy kept elsewhere, or train the run again"
+    unreadable = f"--checkpoint {path}: not a minknn checkpoint, or a damaged one ("
+    raw = torch.load(path, weights_only=True)
+    name = "bert.embeddings.word_embeddings.weight"
+    raw["model"][name] = flip_exponents(raw["model"][name])
+    torch.save(raw, path)
+    with pytest.raises(MinknnError) as e:
+        load_checkpoint(str(path))
+        pytest.fail("a checkpoint with 256 flipped exponents loaded (its checksum was not checked)")
+    assert str(e.value) == damaged, str(e.value)
+    for share in (0.25, 0.5, 0.75):
+        start = int(len(good) * share)
+        path.write_bytes(good[:start] + bytes(b ^ 0xFF for b in good[start:start + 64]) + good[start + 64:])
+        with pytest.raises(MinknnError) as e:
+            load_checkpoint(str(path))
+            pytest.fail(f"a checkpoint with 64 bytes flipped at byte {start} loaded")
+        assert str(e.value) == damaged or str(e.value).startswith(unreadable), f"byte {start}: {e.value}"
+    raw = torch.load(io.BytesIO(good), weights_only=True)
+    del raw[CHECKSUM]
+    torch.save(raw, path)  # as minknn wrote it before checksums
+    capsys.readouterr()
+    assert load_checkpoint(str(path))["epoch"] == 1
+    assert capsys.readouterr().err.splitlines() == [f"warning: --checkpoint {path}: saved without a checksum (by an "
+                                                    f"earlier minknn), so damage to it would go unnoticed"]
 
 
 def test_missing_or_foreign_checkpoint(tmp_path):

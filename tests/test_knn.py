@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import minknn.checkpoint
 import minknn.knn
 from minknn import MinknnError
 from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
@@ -229,13 +230,68 @@ def test_k_larger_than_the_datastore_and_empty_datastore_are_errors():
 def test_saved_datastore_is_reused_only_with_the_same_fingerprint(tmp_path):
     datastore, keys = random_datastore(n=10)
     datastore.save(str(tmp_path / "ds.pt"), "abc")
-    loaded = Datastore.load(str(tmp_path / "ds.pt"), "abc")
+    loaded = Datastore.load(str(tmp_path / "ds.pt"), "abc", n=10, dim=16, num_classes=4)  # as evaluate.py loads
     assert np.array_equal(loaded.keys, datastore.keys) and loaded.ids == datastore.ids
     assert torch.equal(loaded.labels, datastore.labels)
     assert Datastore.load(str(tmp_path / "ds.pt"), "another checkpoint") is None
     (tmp_path / "junk.pt").write_bytes(b"not a datastore")
     with pytest.raises(MinknnError, match="not a minknn datastore"):
         Datastore.load(str(tmp_path / "junk.pt"), "abc")
+
+
+def flat_index_of(keys):
+    index = faiss.IndexFlatIP(keys.shape[1])
+    index.add(np.ascontiguousarray(keys.numpy()))
+    return torch.from_numpy(faiss.serialize_index(index))
+
+
+def flip_exponents(t, n=8):
+    bits = t.clone().view(torch.int32)
+    bits.view(-1)[:n] ^= 1 << 30  # bit rot: 1.5 becomes 5e38
+    return bits.view(torch.float32)
+
+
+WHOLE = "; it is not a whole datastore of this checkpoint (delete it, and evaluate.py --knn builds it again)"
+DAMAGED = [  # (id, edit of the saved dict, saved with a new checksum (a writer's bug) or the old one (bit rot), says)
+    ("bits-flipped", lambda s: s.update(keys=flip_exponents(s["keys"])), False,
+     ": its contents do not match the checksum saved with it (the file was damaged after it was written); delete "
+     "it, and evaluate.py --knn builds it again"),
+    ("keys-of-another-dimension", lambda s: s.update(keys=s["keys"][:, :8]), True,
+     ": its keys have dimension 8, but the model's representations have 16" + WHOLE),
+    ("too-few-labels", lambda s: s.update(labels=s["labels"][:-1]), True,
+     ": its labels are shape (9,), torch.int64, not 10 class indices or a (10, 4) multi-hot array, one per key" + WHOLE),
+    ("labels-beyond-the-classes", lambda s: s.update(labels=s["labels"] + 4), True,
+     ": its labels are not class indices in [0, 4)" + WHOLE),
+    ("another-number-of-classes", lambda s: s.update(num_classes=5), True, ": it has 5 classes, but the task has 4" + WHOLE),
+    ("too-few-ids", lambda s: s.update(ids=s["ids"][:-1]), True, ": it has 9 ids for 10 keys" + WHOLE),
+    ("too-few-keys", lambda s: s.update(keys=s["keys"][:-1], labels=s["labels"][:-1], ids=s["ids"][:-1]), True,
+     ": it holds 9 keys, but the training set has 10 examples" + WHOLE),
+    ("no-keys", lambda s: s.pop("keys"), True,
+     ": has no keys; it is not a whole datastore (delete it, and evaluate.py --knn builds it again)"),
+    ("an-index-of-other-keys", lambda s: s.update(faiss={"cosine": flat_index_of(s["keys"][:5])}), True,
+     ": its cosine index holds 5 keys of dimension 16, but its keys are (10, 16)" + WHOLE),
+    ("an-index-that-is-no-index", lambda s: s.update(faiss={"l2": torch.zeros(40, dtype=torch.uint8)}), True,
+     ": its l2 index cannot be read (RuntimeError)" + WHOLE),
+]
+
+
+@pytest.mark.parametrize("edit, sealed, says", [c[1:] for c in DAMAGED], ids=[c[0] for c in DAMAGED])
+def test_a_damaged_or_misshapen_datastore_is_one_line(tmp_path, edit, sealed, says):
+    """A datastore file whose fingerprint is this checkpoint's, but whose bytes rotted (its checksum no longer
+    matches) or whose entries do not fit the model and the task (10 keys of dimension 16, 4 classes): one line
+    naming the file and what is wrong, never a datastore that votes with the wrong keys or labels."""
+    datastore, _ = random_datastore(n=10)
+    path = str(tmp_path / "ds.pt")
+    datastore.save(path, "abc")
+    saved = torch.load(path, weights_only=True)
+    edit(saved)
+    if sealed:
+        saved = minknn.checkpoint.sealed({k: v for k, v in saved.items() if k != minknn.checkpoint.CHECKSUM})
+    torch.save(saved, path)
+    with pytest.raises(MinknnError) as e:
+        Datastore.load(path, "abc", n=10, dim=16, num_classes=4)
+        pytest.fail("Datastore.load accepted it")
+    assert str(e.value) == path + says, str(e.value)
 
 
 def test_the_datastore_fingerprint_covers_checkpoint_key_and_every_field_of_the_examples(tmp_path):

@@ -10,7 +10,7 @@ import torch
 
 import evaluate
 import train
-from minknn import MinknnError, grid, report, runner
+from minknn import MinknnError, Terminated, grid, report, runner
 
 from conftest import DATA
 
@@ -330,3 +330,25 @@ def test_damaged_results_and_cell_files_are_mended_by_a_rerun(tiny_bert_dir, tmp
     want = [{k: v for k, v in json.loads(ln).items() if k != "seconds"}
             for ln in results.splitlines()]
     assert strip == want, "runner: the cells done again must give the figures they gave before"
+
+
+@pytest.mark.parametrize("stop, status, says", [
+    (KeyboardInterrupt(), 130, "interrupted"), (SystemExit(130), 130, "interrupted"),
+    (Terminated(), 143, "terminated"), (SystemExit(143), 143, "terminated"),
+], ids=["ctrl-c-while-scoring", "ctrl-c-in-train.py", "sigterm-while-scoring", "sigterm-in-train.py"])
+def test_ctrl_c_and_sigterm_stop_the_grid_with_their_own_status(stop, status, says, tiny_bert_dir, tmp_path,
+                                                                 monkeypatch, capsys):
+    """Ctrl-C and SIGTERM (minknn.Terminated) in the runner's own code, or train.py's exit for them (130, 143):
+    the grid stops with that status and one line saying how to go on."""
+    def stopped(*args):
+        raise stop
+    monkeypatch.setattr(runner, "run_cell", stopped)
+    with pytest.raises(SystemExit) as exit_:
+        try:
+            run_grid(tiny_bert_dir, tmp_path / "g", tasks="mr", methods="ce")
+        except KeyboardInterrupt as e:  # else pytest takes it for its own Ctrl-C and stops
+            pytest.fail(f"{stop!r} came out of the runner as {e!r}, not as exit status {status}")
+    assert exit_.value.code == status, f"{stop!r}: the grid exited with {exit_.value.code}, not {status}"
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")]
+    assert err == [f"{says}; run the same command again to go on (finished cells are kept in {tmp_path / 'g'}/runs)"], \
+        err

@@ -16,10 +16,12 @@ import time
 import pytest
 import torch
 
+import minknn.checkpoint
+import minknn.runs
 import train
 from minknn import MinknnError, run, runs
-from minknn.runs import close_run_folder, lock_folder, new_run_folder
-from tests.conftest import write_tiny_bert
+from minknn.runs import LAST_ENTRIES, close_run_folder, load_last, lock_folder, new_run_folder, save_last
+from tests.conftest import DATA, write_tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,6 +90,157 @@ def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(loss, tiny_bert_dir
     train.main(["--resume", str(tmp_path / "stopped")])
     assert_same_run(tmp_path / "alone", tmp_path / "stopped", f"--loss {loss} resumed after epoch 1", final=True)
     assert "stopped" not in json.load(open(tmp_path / "stopped" / "summary.json"))
+
+
+class SignalsAt:
+    """A file that sends this process `signum` as its byte `at` is written."""
+
+    def __init__(self, f, at, signum):
+        self.f, self.at, self.signum, self.written = f, at, signum, 0
+
+    def write(self, data):
+        if self.written <= self.at < self.written + len(data):
+            os.kill(os.getpid(), self.signum)
+        self.written += len(data)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+def signal_in(monkeypatch, signum, where, nth):
+    """Sends this process `signum`, as Ctrl-C or a cluster would, right after train.py's nth training step of the
+    run (where="step"), or while the nth save of the file `where` (checkpoint.pt, last.pt, metrics.jsonl) is
+    half written: at its byte 20,000 (of some 100,000), or 100 for metrics.jsonl."""
+    calls = []
+    if where == "step":
+        real_step = train.train_step
+
+        def step(*args, **kwargs):
+            calls.append(1)
+            result = real_step(*args, **kwargs)
+            if len(calls) == nth:
+                os.kill(os.getpid(), signum)
+            return result
+        monkeypatch.setattr(train, "train_step", step)
+        return
+    real_save = minknn.checkpoint.atomic_save
+
+    def save(obj, path, writer=torch.save):
+        if os.path.basename(path) == where:
+            calls.append(1)
+            if len(calls) == nth:
+                at = 100 if where.endswith(".jsonl") else 20000
+                return real_save(obj, path, lambda o, f: writer(o, SignalsAt(f, at, signum)))
+        return real_save(obj, path, writer)
+    for module in (minknn.checkpoint, minknn.runs):  # save_checkpoint's; save_last's and write_jsonl's
+        monkeypatch.setattr(module, "atomic_save", save)
+
+
+@pytest.fixture(scope="module")
+def left_alone(tiny_bert_dir, tmp_path_factory):
+    """A run of 3 epochs of 3 steps, never stopped, its last.pt kept."""
+    out = tmp_path_factory.mktemp("alone") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        keep_last(mp)
+        train.main([*flags(tiny_bert_dir, DATA, "--steps_per_epoch", "3"), "--out", str(out)])
+    return out
+
+
+@pytest.mark.parametrize("signum, where, nth, epochs", [
+    (signal.SIGINT, "step", 5, 1),
+    (signal.SIGTERM, "step", 5, 1),
+    (signal.SIGINT, "checkpoint.pt", 1, 1),
+    (signal.SIGTERM, "last.pt", 2, 2),
+    (signal.SIGINT, "metrics.jsonl", 1, 1),
+], ids=["SIGINT-in-epoch-2", "SIGTERM-in-epoch-2", "SIGINT-saving-checkpoint.pt-1", "SIGTERM-saving-last.pt-2",
+        "SIGINT-saving-metrics.jsonl-1"])
+def test_ctrl_c_or_sigterm_at_any_moment_then_resume_is_the_run_left_alone(signum, where, nth, epochs, left_alone,
+                                                                          tiny_bert_dir, data_dir, tmp_path,
+                                                                          monkeypatch, capsys):
+    """SIGINT (Ctrl-C) or SIGTERM (a cluster stopping the job) in the middle of an epoch, or while one of an
+    epoch's three files is half written: the epoch's files are all finished first (train.py holds the signals
+    while it saves them), then the run stops with exit 130 or 143, summary.json's "stopped", and one line naming
+    the best checkpoint, which is the one on disk. --resume then ends with the weights and records of the run
+    left alone. The signal handlers are the ones there before (train.main runs in-process here and in the
+    runner)."""
+    how, status = ("terminated", 143) if signum == signal.SIGTERM else ("interrupted", 130)
+
+    def not_train(signum, frame):  # SIGTERM's default would end pytest itself
+        pytest.fail("SIGTERM reached the handler train.main found, not its own (minknn.sigterm_raises)")
+    outer = signal.signal(signal.SIGTERM, not_train)
+    try:
+        handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        stopped = tmp_path / "stopped"
+        signal_in(monkeypatch, signum, where, nth)
+        with pytest.raises(SystemExit) as exit_:
+            train.main([*flags(tiny_bert_dir, data_dir, "--steps_per_epoch", "3"), "--out", str(stopped)])
+            pytest.fail(f"{signum.name} {where} {nth}: the run went on to its end")
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers, \
+            "train.main left its own signal handlers behind"
+    finally:
+        signal.signal(signal.SIGTERM, outer)
+    monkeypatch.undo()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")
+           and "%|" not in line]
+    assert exit_.value.code == status and len(err) == 1, f"{signum.name}: exit {exit_.value.code}, stderr {err}"
+    summary = json.load(open(stopped / "summary.json"))
+    assert summary["stopped"] == how and summary["epochs"] == epochs, \
+        f"{signum.name} {where} {nth}: summary.json says {summary.get('stopped')!r} after {summary['epochs']} " \
+        f"epochs (train.py must finish an epoch's files before the signal stops it: signals_held)"
+    last = torch.load(stopped / "last.pt", weights_only=True)
+    best = torch.load(stopped / "checkpoint.pt", weights_only=True)["epoch"]
+    assert last["epoch"] == epochs, f"{signum.name} {where} {nth}: last.pt holds epoch {last['epoch']}, not {epochs}"
+    assert err[0] == f"{how}: the best checkpoint (epoch {best}) is {stopped / 'checkpoint.pt'}; continue with: " \
+                     f"python train.py --resume {stopped}", f"checkpoint.pt holds epoch {best}: {err[0]}"
+    assert not glob.glob(str(stopped / "*.tmp")), "a temporary file was left"
+    keep_last(monkeypatch)
+    train.main(["--resume", str(stopped)])
+    assert_same_run(left_alone, stopped, f"{signum.name} {where} {nth}, then resumed", final=True)
+
+
+@pytest.mark.parametrize("entry", [*LAST_ENTRIES, "random['numpy']", "memory", "memory['keys']"])
+def test_a_last_pt_without_an_entry_is_refused_naming_it(entry, tmp_path):
+    """Every entry --resume reads from last.pt (a memory loss's memory too) is checked on loading: a file saved
+    without one (by a bug, or another version) is one line naming it, not a KeyError in the middle of resuming."""
+    state = {name: {} for name in LAST_ENTRIES}
+    state.update(epoch=1, records=[], rng=(3, (1, 2), None), memory_fill_seconds=None,
+                 random={"python": None, "torch": torch.zeros(2, dtype=torch.uint8), "numpy": []},
+                 memory={"keys": torch.zeros(4, 2)})
+    save_last(str(tmp_path), **state)
+    assert load_last(str(tmp_path), needs=("memory",))["epoch"] == 1, "a whole last.pt was refused"
+    part, _, sub = entry.partition("['")
+    (state[part] if sub else state).pop(sub[:-2] if sub else part)
+    save_last(str(tmp_path), **state)
+    with pytest.raises(MinknnError) as e:
+        load_last(str(tmp_path), needs=("memory",))
+        pytest.fail(f"a last.pt without {entry} was loaded (runs.load_last must check LAST_ENTRIES and `needs`)")
+    assert str(e.value).startswith(f"{tmp_path / 'last.pt'}: has no {entry}; it is not a whole run state"), \
+        str(e.value)
+
+
+def test_sigterm_stops_a_real_run_as_ctrl_c_does(tiny_bert_dir, data_dir, tmp_path):
+    """A real SIGTERM to train.py in its own process, once epoch 1 is on disk: exit 143, "terminated" in
+    summary.json and its one line, and --resume in a new process ends as the run left alone."""
+    argv = flags(tiny_bert_dir, data_dir, "--epochs", "6")  # 5 epochs left after the first: time to stop it
+    train.main([*argv, "--out", str(tmp_path / "alone")])
+    stopped = tmp_path / "stopped"
+    p = subprocess.Popen([sys.executable, "train.py", *argv, "--out", str(stopped)], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not os.path.exists(stopped / "last.pt") and p.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 143, f"SIGTERM: exit status {p.returncode}, expected 143; stderr: {err[-2000:]}"
+    summary = json.load(open(stopped / "summary.json"))
+    assert summary["stopped"] == "terminated" and summary["epochs"] < 6, summary
+    said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("terminated")]
+    assert len(said) == 1 and said[0].endswith(f"; continue with: python train.py --resume {stopped}"), err[-2000:]
+    done = subprocess.run([sys.executable, "train.py", "--resume", str(stopped)], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(tmp_path / "alone", stopped, "stopped by SIGTERM, then resumed")
 
 
 def test_a_pretrain_run_refuses_to_resume_on_a_changed_base_model(tiny_bert_dir, data_dir, tmp_path, monkeypatch,

@@ -533,9 +533,9 @@ def test_run_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
 # ------------------------------------------------------------------ evaluate.py knows what the run trained on
 
 def without_data_record(run):
-    """Makes run's checkpoint one written before checkpoints recorded their data."""
+    """Makes run's checkpoint one written before checkpoints recorded their data (and so before their checksum)."""
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
-    del ckpt["data"]
+    del ckpt["data"], ckpt["contents_sha256"]
     torch.save(ckpt, run / "checkpoint.pt")
 
 
