@@ -8,6 +8,7 @@ is off, never only a tensor dump.
     graded("knn", "Datastore.vote", datastore.vote, scores, rows, "cosine", None)
         -> part 18 knn: Datastore.vote raised IndexError: ... (an error in the part's code)
     matches_reference("attention", "padded", out)   the sanity check against the stored outputs
+    as_mix(mixed, logits, proxies) -> (0.7, 0.3, 0.0): a mix read back as 0.7 logits + 0.3 proxies
     differs("supcon", "the loss on the 'mixed' batch", "supcon_oracle's", ": got 0.2, expected 0.3")
         -> part 8 supcon: the loss on the 'mixed' batch differs from supcon_oracle's: got 0.2, ...
 
@@ -51,6 +52,17 @@ def differs(part, what, reference, detail=""):
     """Fail with a value check's message: `what` differs from `reference` (an oracle's value, the
     expected one), then the detail (the two values)."""
     raise AssertionError(f"{label(part)}: {what}{GENERIC}{reference}{detail}")
+
+
+def as_mix(mixed, first, second):
+    """(a, b, off): `mixed` read back as a * first + b * second by least squares, off the largest
+    difference left. A mix's weights by name ("it is 0.3 P + 0.7 KNN"), not only that it differs."""
+    basis = torch.stack([first.flatten(), second.flatten()], 1).double()
+    target = mixed.detach().flatten().double()[:, None]
+    weights = torch.linalg.lstsq(basis, target).solution
+    off = (basis @ weights - target).abs().max().item()
+    a, b = (round(w.item(), 6) + 0.0 for w in weights)  # + 0.0: no -0 in a message
+    return a, b, off
 
 
 def graded(part, what, fn, *args, **kwargs):
