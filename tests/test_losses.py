@@ -542,7 +542,8 @@ def test_supcon_anchors_without_a_positive_are_left_out():
     v, want = value("supcon", make("supcon"), h, y), math.log1p(math.exp(-10))
     ok("supcon", near(v, want), f"two equal examples of class 0 and one orthogonal of class 1: "
        f"anchors 0 and 1 each cost log(1 + e^(-1 / tau)) = {want:.6g}, anchor 2 has no positive "
-       f"and is left out (I+); got {v:.6g} ({2 * want / 3:.6g} is the mean over all 3 anchors)")
+       f"and is left out; got {v:.6g} ({2 * want / 3:.6g} is the mean over all 3 anchors): "
+       f"average over I+, the anchors with at least one positive")
 
 
 def test_supcon_averages_over_the_positives():

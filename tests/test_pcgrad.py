@@ -135,6 +135,19 @@ def test_the_gram_form_by_hand():
           f"j, the one projected off)")
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_gram_form_measures_the_conflict_on_the_adjusted_gradient(seed):
+    """The gradients of test_the_conflict_is_measured_on_the_adjusted_gradient, through the Gram
+    form: only g_1's second projection depends on the dot being g_1^PC's, C_1 . G_:j, not G_1j."""
+    g = torch.tensor([[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    want = algorithm_1(g.tolist(), random.Random(seed))
+    got = [round(x, 12) + 0.0 for x in from_gram(g, seed).tolist()]
+    check(PART, got == want, f"pcgrad_weights on g_1 = (-1, -1, 0), g_2 = (1, 0, 0), g_3 = (1, 1, "
+          f"0) (seed {seed}): g_1 is projected off g_2 and g_3 in turn, and Algorithm 1's "
+          f"direction is {want}; sum_j w_j g_j is {got}: test and project with the current "
+          f"g_i^PC . g_j = C[i] @ G[:, j], not the original G_ij")
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_two_tasks_equal_the_closed_form(seed):
     g1, g2 = conflicting_pair(seed)
