@@ -535,7 +535,7 @@ def test_padded_batch_equals_each_example_run_alone_outputs_and_gradients(tiny_b
     assert set(grads) == set(summed), "the padded batch and the examples alone reach different weights"
     for name in grads:
         torch.testing.assert_close(grads[name], summed[name], msg=lambda m: f"gradient of {name}: the padded "
-                                   f"batch's differs from the sum of the examples' run alone: {m}")
+                                   f"batch's is not the sum of the examples' run alone: {m}")
 
 
 def test_no_matmul_sees_a_padding_token(tiny_bert):

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import check, differs, matches_reference
+from grading import GENERIC, check, differs, matches_reference
 from minknn.assignment import BY_NAME, PARTS, label
 from minknn.losses import LOSSES, METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.losses.contrastive import contrastive
@@ -67,7 +67,7 @@ def agrees(name, condition, what, reference, detail):
         return
     if part_of(name):
         differs(part_of(name), what, reference, detail)
-    raise AssertionError(f"loss '{name}' ({source_file(name)}): {what} differs from {reference}"
+    raise AssertionError(f"loss '{name}' ({source_file(name)}): {what}{GENERIC}{reference}"
                          f"{detail}")
 
 
@@ -922,7 +922,7 @@ def test_gradcheck(name):
     inputs = (args[0].clone().requires_grad_(), *loss.parameters())
     passed = torch.autograd.gradcheck(lambda h, *params: run(name, loss, h, *args[1:]), inputs,
                                       raise_exception=False, fast_mode=True)
-    ok(name, passed, "the gradient autograd computes differs from the numerical one "
+    ok(name, passed, "the gradient autograd computes is not the numerical one "
        "(torch.autograd.gradcheck): an in-place change of a tensor that autograd needs, or a "
        "value taken out of the graph (.item(), .detach())?")
 
