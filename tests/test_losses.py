@@ -445,7 +445,7 @@ def apart(d):
 
 
 def triangle(r=0.1):
-    """Three unit vectors around e_0 at equal squared distances 3 sin(r)^2 (0.03) from each other."""
+    """Three unit vectors around e_0, each pair at the squared distance 3 sin(r)^2 (0.03)."""
     return torch.stack([math.cos(r) * e(0) + math.sin(r) * (math.cos(a) * e(1) + math.sin(a) * e(2))
                         for a in (0, 2 * math.pi / 3, 4 * math.pi / 3)])
 
@@ -653,8 +653,8 @@ def test_softtriple_the_margin_inside_the_scale():
     v = value("softtriple", loss, randn(1, D, seed=0), torch.tensor([0]))
     want = math.log1p(3 * math.exp(20 * 0.01))
     # 1e-7: delta * F.one_hot(...) is float32
-    ok("softtriple", near(v, want, atol=1e-7), f"S_c = 0.5 for all 4 classes: the margin lowers the true "
-       f"class's logit by lambda delta = 20 * 0.01, so the loss is log(1 + 3 e^0.2) = "
+    ok("softtriple", near(v, want, atol=1e-7), f"S_c = 0.5 for all 4 classes: the margin lowers "
+       f"the true class's logit by lambda delta = 20 * 0.01, so the loss is log(1 + 3 e^0.2) = "
        f"{want:.6g}; got {v:.6g}: the logits are lambda (S_c - delta [c = y]), the margin "
        f"inside the scale")
 

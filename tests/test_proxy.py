@@ -37,8 +37,9 @@ def stand_in(seed=0, B=6, scale=10.0):
 
 
 def test_the_mix_weighs_the_head_by_1_minus_alpha_and_the_proxies_by_alpha():
-    """The mix read back as a F(h) + b s cos(h, P_c) (grading.as_mix): at each alpha, a must be 1 - alpha and b alpha; a mix that is no such sum mixes something
-    else than the two logits (probabilities, say)."""
+    """The mix read back as a F(h) + b s cos(h, P_c) (grading.as_mix): at each alpha, a must be
+    1 - alpha and b alpha; a mix that is no such sum mixes something else than the two logits
+    (probabilities, say)."""
     objective, logits, h, proxies = stand_in()
     for alpha in (0.0, 0.3, 1.0):
         a, b, off = as_mix(mixed(objective, logits, h, alpha), logits, proxies)
