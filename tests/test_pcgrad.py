@@ -72,9 +72,10 @@ def test_gradients_without_conflict_pass_through_unchanged():
     orthogonal = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # a dot of exactly 0 is not a conflict
     for grads, what in ((g, "three gradients whose dot products are all positive"),
                         (orthogonal, "two orthogonal gradients (a dot of 0 is no conflict)")):
-        moved = (projected(grads, 0) != grads).any(1).nonzero().flatten().tolist()
-        check(PART, not moved, f"project_conflicting on {what} changed g_{moved[:1] and moved[0] + 1}"
-              f": only a conflict, g_i^PC . g_j < 0, is projected (if dot < 0)")
+        moved = [i + 1 for i in (projected(grads, 0) != grads).any(1).nonzero()[:, 0].tolist()]
+        check(PART, not moved, f"project_conflicting on {what} changed g_"
+              f"{moved[0] if moved else 0}: only a conflict, g_i^PC . g_j < 0, is projected (if "
+              f"dot < 0)")
         w = graded(PART, "pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(0))
         check(PART, torch.equal(w, torch.ones(len(grads), dtype=w.dtype)), f"pcgrad_weights on "
               f"{what} gives w = {w.tolist()}; without a conflict it is all ones (the plain sum): "
