@@ -393,7 +393,7 @@ def source(name):
     return BY_NAME[part].source if part else "its docstring's formula"
 
 
-# ---- what each loss must compute: its oracle, then the properties that point at a mistake ----
+# ---- what each loss must compute: its normalisation, its properties, then its oracle ----
 
 @pytest.mark.parametrize("name", WITH_ORACLE)
 def test_normalises_what_its_formula_normalises(name):
