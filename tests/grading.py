@@ -8,6 +8,16 @@ is off, never only a tensor dump.
     graded("knn", "Datastore.vote", datastore.vote, scores, rows, "cosine", None)
         -> part 18 knn: Datastore.vote raised IndexError: ... (an error in the part's code)
     matches_reference("attention", "padded", out)   the sanity check against the stored outputs
+    as_mix(mixed, logits, proxies) -> (0.7, 0.3, 0.0): a mix read back as 0.7 logits + 0.3 proxies
+    differs("supcon", "the loss on the 'mixed' batch", "supcon_oracle's", ": got 0.2, expected 0.3")
+        -> part 8 supcon: the loss on the 'mixed' batch differs from supcon_oracle's: got 0.2, ...
+
+Two kinds of failure. A property check (check()) says what is wrong and how to fix it: "padded
+keys must get weight 0 (add the mask to the scores, before the softmax)". A value check (close(),
+matches_reference(), differs(): against an oracle, an expected value or a stored output) says only
+that a number is off; each part's tests run their property checks first. Every value check's
+message, and no other, reads "WHAT differs from WHERE" (GENERIC): tests/mutate.py counts the
+mutations caught with it as caught generically.
 
 Stored references: tests/fixtures/references/<part>.pt, a dict of named tensors the solution
 computed on fixed inputs (as minBERT's sanity_check.py). After a deliberate change to what a part
@@ -22,19 +32,37 @@ import torch
 from minknn.assignment import label
 
 REFERENCES = os.path.join(os.path.dirname(__file__), "fixtures", "references")
+GENERIC = " differs from "  # in a value check's message only (the property checks say more)
 
 
 def close(part, actual, expected, what, **tolerances):
     """assert_close with a message naming the part and the quantity; torch's own report (the
     largest difference and where) follows it."""
-    torch.testing.assert_close(actual, expected, msg=lambda m: f"{label(part)}: {what} differs "
-                               f"from the expected value\n{m}", **tolerances)
+    torch.testing.assert_close(actual, expected, msg=lambda m: f"{label(part)}: {what}{GENERIC}"
+                               f"the expected value\n{m}", **tolerances)
 
 
 def check(part, ok, message):
     """assert ok, with the part's label before the message."""
     if not ok:
         raise AssertionError(f"{label(part)}: {message}")
+
+
+def differs(part, what, reference, detail=""):
+    """Fail with a value check's message: `what` differs from `reference` (an oracle's value, the
+    expected one), then the detail (the two values)."""
+    raise AssertionError(f"{label(part)}: {what}{GENERIC}{reference}{detail}")
+
+
+def as_mix(mixed, first, second):
+    """(a, b, off): `mixed` read back as a * first + b * second by least squares, off the largest
+    difference left. A mix's weights by name ("it is 0.3 P + 0.7 KNN"), not only that it differs."""
+    basis = torch.stack([first.flatten(), second.flatten()], 1).double()
+    target = mixed.detach().flatten().double()[:, None]
+    weights = torch.linalg.lstsq(basis, target).solution
+    off = (basis @ weights - target).abs().max().item()
+    a, b = (round(w.item(), 6) + 0.0 for w in weights)  # + 0.0: no -0 in a message
+    return a, b, off
 
 
 def graded(part, what, fn, *args, **kwargs):
@@ -80,5 +108,5 @@ def matches_reference(part, name, actual, atol=1e-5, rtol=1e-3):
     diff = first_difference(actual, expected, atol, rtol)
     if diff is not None:
         index, got, want = diff
-        check(part, False, f"sanity check '{name}' differs from the stored reference output "
-              f"({os.path.relpath(path)}): at index {index} got {got:.6g}, expected {want:.6g}")
+        differs(part, f"sanity check '{name}'", "the stored reference output",
+                f" ({os.path.relpath(path)}): at index {index} got {got:.6g}, expected {want:.6g}")

@@ -1,10 +1,15 @@
 """Mutation testing: plant each mistake of tests/mutations.py in a copy of the repository and run
 the part's own test command (minknn/assignment.py, PARTS). A mutation is caught when that command
 fails with a message naming the part (`part 2 attention: ...`) within the time limit; one that
-passes is a missing test. The standard library only.
+passes is a missing test. A caught mistake is caught generically when that first failure is a
+value check's, which says only that a number differs from a reference ("the loss on the 'mixed'
+batch differs from the literal transcription ..."; tests/grading.py, GENERIC), not what is wrong:
+the score gives the share of the caught ones whose failure says more.
 
     python tests/mutate.py                      every mutation, 2 at a time
     python tests/mutate.py --part attention     one part's
+    python tests/mutate.py --generic            list only those caught generically (and any not
+                                                caught)
     python tests/mutate.py --check              only check the list (each mistake applies once,
                                                 inside a solution block of its part)
 """
@@ -20,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grading import GENERIC  # noqa: E402
 from minknn.assignment import (BY_NAME, command_argv, find_blocks, label,  # noqa: E402
                                read_lines, repository_files)
 from mutations import MUTATIONS  # noqa: E402
@@ -103,11 +109,18 @@ def run_one(copy, mutation, timeout, threads=1):
     return verdict, seconds, tail
 
 
+def generic(verdict, tail):
+    """A caught mistake whose failure (its first line naming the part) is a value check's."""
+    return verdict == "caught" and GENERIC in tail[0]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", help="only this part's mutations (a name from PARTS)")
     p.add_argument("--jobs", type=int, default=2, help="mutations run at once, each in its copy")
     p.add_argument("--check", action="store_true", help="only check the list")
+    p.add_argument("--generic", action="store_true", help="list only the mutations caught "
+                   "generically, by a value check (and any not caught)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a run is stopped")
     args = p.parse_args(argv)
     problems = check_list(MUTATIONS)
@@ -134,13 +147,18 @@ def main(argv=None):
             finally:
                 free.append(copy)
 
-        caught = 0
+        caught = diagnosed = 0
         with ThreadPoolExecutor(args.jobs) as pool:
             for i, (m, (verdict, seconds, tail)) in enumerate(pool.map(job, mutations), 1):
                 caught += verdict == "caught"
+                diagnosed += verdict == "caught" and not generic(verdict, tail)
+                if generic(verdict, tail):
+                    verdict = "caught, generic"
+                elif args.generic and verdict == "caught":
+                    continue
                 print(f"[{i}/{len(mutations)}] {verdict:8s} {seconds:5.1f} s  {label(m[0])}: "
                       f"{m[4]}")
-                if verdict != "caught":
+                if not verdict.startswith("caught"):
                     print("        " + "\n        ".join(tail))
                 else:
                     print(f"        {tail[0].strip()[:150]}")
@@ -148,7 +166,8 @@ def main(argv=None):
         for c in copies:
             shutil.rmtree(c, ignore_errors=True)
     print(f"mutation score: {caught}/{len(mutations)} caught "
-          f"({100 * caught / len(mutations):.0f}%)")
+          f"({100 * caught / len(mutations):.0f}%); {diagnosed} of them "
+          f"({100 * diagnosed / max(1, caught):.0f}%) say what is wrong")
     sys.exit(0 if caught == len(mutations) else 1)
 
 

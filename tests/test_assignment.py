@@ -469,6 +469,31 @@ def test_mutate_catches_a_planted_mistake(tmp_path, monkeypatch):
         "run_one must put the file back"
 
 
+def test_mutate_tells_a_diagnosis_from_a_value_check():
+    """mutate.py counts a caught mistake as generic when its failure is a value check's: grading's
+    close(), matches_reference() and differs() all say GENERIC, check() adds nothing, and no part's
+    test file writes the phrase itself (a property check saying it would count as generic)."""
+    import grading
+    import mutate
+    import torch
+    messages = {}
+    for name, fail in (
+            ("close", lambda: grading.close("supcon", torch.zeros(2), torch.ones(2), "the loss")),
+            ("differs", lambda: grading.differs("supcon", "the loss", "the oracle's", ": 1 vs 2")),
+            ("check", lambda: grading.check("supcon", False, "the anchor must not be its own "
+                                            "positive"))):
+        with pytest.raises(AssertionError) as e:
+            fail()
+        messages[name] = [f"E   AssertionError: {str(e.value).splitlines()[0]}"]
+    assert [mutate.generic("caught", messages[n]) for n in ("close", "differs", "check")] == \
+        [True, True, False], messages
+    assert not mutate.generic("SURVIVED", messages["close"])
+    for test_file in sorted({p.test.split()[4] for p in PARTS}):
+        text = open(os.path.join(ROOT, test_file), encoding="utf-8").read()
+        assert grading.GENERIC not in text, (f"{test_file} writes '{grading.GENERIC.strip()}': "
+                                             f"only grading's value checks say it (GENERIC)")
+
+
 def test_every_part_names_a_known_file_and_test():
     for part in PARTS:
         assert os.path.exists(os.path.join(ROOT, part.file)), part

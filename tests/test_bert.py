@@ -176,6 +176,11 @@ def check_dropout_at_half(part, dropped, plain, none_dropped, kept):
     check(part, zero.any(), none_dropped)
     share = zero.float().mean().item()
     check(part, 0.35 < share < 0.65, f"with dropout p 0.5, {share:.0%} of the values were dropped")
+    ratio = dropped[~zero] / plain[~zero]
+    r = ratio.median().item()
+    check(part, not torch.allclose(ratio, torch.full_like(ratio, r)) or abs(r - 2) < 1e-3,
+          f"with dropout p 0.5, the values kept are {r:.3g} times their value without dropout; "
+          f"dropout scales them by 1 / (1 - p) = 2 (F.dropout does it; a mask alone does not)")
     close(part, dropped[~zero], (plain / 0.5)[~zero], kept)
 
 
@@ -396,6 +401,7 @@ def test_layer_feed_forward_is_the_exact_gelu():
                 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
             "this is ReLU; BERT's activation is GELU": F.relu(x),
             "the activation is missing": x,
+            "GELU comes before the projection; it acts on a W_1^T + b_1": linear(gelu(a), ff.dense),
         }, "BertIntermediate")
         close("layer", got, gelu(x), "BertIntermediate: GELU(a W_1^T + b_1), GELU(x) = 0.5 x "
               "(1 + erf(x / sqrt(2))),", atol=1e-6, rtol=1e-5)
@@ -529,7 +535,7 @@ def test_padded_batch_equals_each_example_run_alone_outputs_and_gradients(tiny_b
     assert set(grads) == set(summed), "the padded batch and the examples alone reach different weights"
     for name in grads:
         torch.testing.assert_close(grads[name], summed[name], msg=lambda m: f"gradient of {name}: the padded "
-                                   f"batch's differs from the sum of the examples' run alone: {m}")
+                                   f"batch's is not the sum of the examples' run alone: {m}")
 
 
 def test_no_matmul_sees_a_padding_token(tiny_bert):

@@ -16,7 +16,7 @@ from minknn import MinknnError
 from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
 from minknn.knn import TEMPERATURES, VOTES, Datastore, interpolate, settings
 
-from grading import check, close, graded, matches_reference
+from grading import as_mix, check, close, graded, matches_reference
 
 
 def random_datastore(n=200, d=16, classes=4, seed=0):
@@ -144,6 +144,22 @@ def test_vote_sums_each_neighbours_label_by_hand():
             expected[q, datastore.labels[rows[q, j]]] += w[q, j]
     check_vote(datastore, "distance", d, rows, 10.0, expected,
                "each neighbour adds its weight to its own class")
+
+
+def test_the_mix_weighs_the_model_by_1_minus_phi_and_knn_by_phi():
+    """The mix read back as a P + b KNN (grading.as_mix): at each phi, a must be 1 - phi and b phi;
+    a mix that is no such sum mixes something else than the two distributions."""
+    probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]]), 1).double()
+    knn = torch.tensor([[0.0, 0.0, 1.0], [0.25, 0.75, 0.0]], dtype=torch.float64)
+    for phi in (0.0, 0.25, 1.0):
+        mixed = graded(PART, "interpolate", interpolate, probabilities, knn, phi)
+        a, b, off = as_mix(mixed, probabilities, knn)
+        check(PART, off < 1e-6, f"with phi = {phi}, the mix is not a weighted sum of the model's "
+              f"probabilities P and the kNN vote KNN (off by {off:.3g}): mix the two "
+              f"distributions as they are")
+        check(PART, abs(a - (1 - phi)) < 1e-6 and abs(b - phi) < 1e-6, f"with phi = {phi}, the "
+              f"mix must be {1 - phi:.3g} P + {phi:.3g} KNN (1 - phi on the model, phi on the kNN "
+              f"vote); it is {a:.3g} P + {b:.3g} KNN")
 
 
 def test_multilabel_vote_by_hand():

@@ -21,10 +21,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import check, matches_reference
+from grading import GENERIC, check, differs, matches_reference
 from minknn.assignment import BY_NAME, PARTS, label
 from minknn.losses import LOSSES, METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.losses.contrastive import contrastive
+from minknn.losses.knnbert import select_positives
 from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
 from minknn.model import Output
@@ -56,6 +57,18 @@ def ok(name, condition, message):
         check(part, condition, message)
     elif not condition:
         raise AssertionError(f"loss '{name}' ({source_file(name)}): {message}")
+
+
+def agrees(name, condition, what, reference, detail):
+    """A value check (tests/grading.py, differs()): `what` equals `reference`, an oracle's value or
+    one computed by hand, else a failure saying only that it differs. The property checks that say
+    what is wrong run before it."""
+    if condition:
+        return
+    if part_of(name):
+        differs(part_of(name), what, reference, detail)
+    raise AssertionError(f"loss '{name}' ({source_file(name)}): {what}{GENERIC}{reference}"
+                         f"{detail}")
 
 
 def run(name, loss, *args):
@@ -380,7 +393,7 @@ def source(name):
     return BY_NAME[part].source if part else "its docstring's formula"
 
 
-# ---- what each loss must compute: its oracle, then the properties that point at a mistake ----
+# ---- what each loss must compute: its normalisation, its properties, then its oracle ----
 
 @pytest.mark.parametrize("name", WITH_ORACLE)
 def test_normalises_what_its_formula_normalises(name):
@@ -409,14 +422,479 @@ def test_normalises_what_its_formula_normalises(name):
            f"the formula normalises each of them, p / ||p|| (along the last dimension)")
 
 
+# ---- the properties that tell a loss's common mistakes apart, before its oracle ----
+# Each test builds a batch on which one choice of the formula shows, and says which choice fails
+# and how to fix it; the oracle (next) only says that a value differs. pytest -x stops at the first
+# failure, so the tests run in this order: each one's batch leaves the choices checked after it
+# out of play (the values they would change do not occur on it), so a failure names the mistake
+# made, not one checked later.
+
+def e(i, scale=1.0):
+    """The i-th unit vector of R^D, times scale."""
+    return scale * torch.eye(D, dtype=torch.float64)[i]
+
+
+def at_angle(a):
+    """The unit vector at angle a from e_0, in the plane of e_0 and e_1."""
+    return math.cos(a) * e(0) + math.sin(a) * e(1)
+
+
+def apart(d):
+    """Two unit vectors at distance d."""
+    return torch.stack([e(0), at_angle(2 * math.asin(d / 2))])
+
+
+def triangle(r=0.1):
+    """Three unit vectors around e_0, each pair at the squared distance 3 sin(r)^2 (0.03)."""
+    return torch.stack([math.cos(r) * e(0) + math.sin(r) * (math.cos(a) * e(1) + math.sin(a) * e(2))
+                        for a in (0, 2 * math.pi / 3, 4 * math.pi / 3)])
+
+
+def value(name, loss, *args):
+    return run(name, loss, *args).item()
+
+
+def falls_with_tau(name, loss, attribute, args, taus=(1.0, 0.5, 0.1)):
+    """The loss at each temperature, and whether it falls as tau does."""
+    values = []
+    for tau in taus:
+        setattr(loss, attribute, tau)
+        values.append(value(name, loss, *args))
+    return values, all(a > b for a, b in zip(values, values[1:]))
+
+
+def test_triplet_an_anchor_is_not_its_own_positive():
+    v = value("triplet", make("triplet"), triangle(), torch.tensor([0, 1, 2]))
+    ok("triplet", v == 0, f"three examples of three classes, close together (squared distances "
+       f"0.03 < m): no valid triplet, so the loss is 0; got {v:.6g}: an anchor is not its own "
+       f"positive (p != a: fill the positive mask's diagonal with False), and a mean over no "
+       f"triplet is 0, not 0/0")
+
+
+def test_triplet_the_margin_on_a_tie():
+    v = value("triplet", make("triplet"), triangle(), torch.tensor([0, 0, 1]))
+    ok("triplet", near(v, 0.2), f"three examples at equal distances (labels 0, 0, 1): each of "
+       f"the 2 triplets costs max(0, d_ap - d_an + m) = m, so the loss is m = 0.2; got {v:.6g}: "
+       f"add the margin to d_ap - d_an, inside the hinge")
+
+
+def test_triplet_the_mean_counts_the_satisfied_triplets():
+    # the triangle (labels 0, 0, 1: 2 triplets at m) and two equal examples of class 2 on e_3,
+    # 2 away from it: 12 valid triplets, the 10 new ones satisfied (terms 0)
+    h = torch.cat([triangle(), torch.stack([e(3), e(3)])])
+    v = value("triplet", make("triplet"), h, torch.tensor([0, 0, 1, 2, 2]))
+    ok("triplet", near(v, 0.4 / 12), f"12 valid triplets, 2 of them active at m = 0.2 and 10 "
+       f"satisfied: the loss is 0.4 / 12 = {0.4 / 12:.6g}; got {v:.6g}: the mean runs over every "
+       f"valid triplet, the satisfied (zero) ones included, not over the active ones only")
+
+
+def test_npairs_penalty_is_the_mean_squared_norm():
+    h = torch.stack([e(0, 1.0), e(1, 2.0), e(2, 3.0)])   # ||f_i||^2 = 1, 4, 9
+    v = value("npairs", make("npairs"), h, torch.tensor([2, 2, 2]))
+    want = 0.002 * 14 / 3
+    ok("npairs", near(v, want), f"a batch of one class has no (anchor, positive, negative): the "
+       f"loss is the penalty alone, l2_reg * mean_i ||f_i||^2 = 0.002 * (1 + 4 + 9) / 3 = "
+       f"{want:.6g}; got {v:.6g}: average the squared norms (each a sum over the features) over "
+       f"the batch, not every coordinate")
+
+
+def test_npairs_uses_raw_inner_products():
+    loss, (h, y) = make("npairs", l2_reg=0.0), cases("npairs")[0][1]
+    v, doubled = value("npairs", loss, h, y), value("npairs", loss, 2 * h, y)
+    ok("npairs", not near(v, doubled), f"with l2_reg = 0, doubling every f_i left the loss at "
+       f"{v:.6g}: N-pairs uses the raw inner products f_a.f_n, so their size counts (do not "
+       f"normalise h)")
+
+
+def test_npairs_an_anchor_is_not_its_own_negative():
+    # two equal examples of class 0, ||f||^2 = 9, and one of class 1 orthogonal to them
+    h = torch.stack([e(0, 3.0), e(0, 3.0), e(1, 3.0)])
+    v = value("npairs", make("npairs", l2_reg=0.0), h, torch.tensor([0, 0, 1]))
+    want = math.log1p(math.exp(-9))
+    ok("npairs", near(v, want), f"two equal examples of class 0 (||f||^2 = 9) and one "
+       f"orthogonal of class 1, l2_reg = 0: each pair costs log(1 + e^(0 - 9)) = {want:.4g}; got "
+       f"{v:.4g} (log 2 = 0.693 if f_a.f_a is a negative): the anchor's negatives are the other "
+       f"classes' examples only, not itself")
+
+
+# two equal examples of class 0 and one opposite: z_0.z_1 = 1, z_0.z_2 = -1
+OPPOSITE = (torch.stack([e(0), e(0), -e(0)]), torch.tensor([0, 0, 1]))
+
+
+def test_supcon_an_anchor_is_not_in_its_own_denominator():
+    v = value("supcon", make("supcon"), *OPPOSITE)
+    ok("supcon", v < math.log(2), f"two equal examples of a class and one opposite: the loss is "
+       f"log(1 + e^(-2 / tau)), about 0; got {v:.6g}, not below log 2: with the anchor's own "
+       f"e^(z_i.z_i / tau) in its denominator it cannot fall below log 2. A(i) is every OTHER "
+       f"example: mask the diagonal before the logsumexp")
+
+
+def test_supcon_divides_by_the_temperature():
+    values, falls = falls_with_tau("supcon", make("supcon"), "temperature", OPPOSITE)
+    ok("supcon", falls, f"two equal examples of a class and one opposite: the loss "
+       f"log(1 + e^(-2 / tau)) must fall as tau falls (1, 0.5, 0.1); it went "
+       f"{', '.join(f'{v:.4g}' for v in values)}: divide z_i.z_j by tau, do not multiply")
+
+
+def test_supcon_anchors_without_a_positive_are_left_out():
+    # two equal examples of class 0 and an orthogonal one of class 1, which has no positive
+    h, y = torch.stack([e(0), e(0), e(1)]), torch.tensor([0, 0, 1])
+    v, want = value("supcon", make("supcon"), h, y), math.log1p(math.exp(-10))
+    ok("supcon", near(v, want), f"two equal examples of class 0 and one orthogonal of class 1: "
+       f"anchors 0 and 1 each cost log(1 + e^(-1 / tau)) = {want:.6g}, anchor 2 has no positive "
+       f"and is left out; got {v:.6g} ({2 * want / 3:.6g} is the mean over all 3 anchors): "
+       f"average over I+, the anchors with at least one positive")
+
+
+def test_supcon_averages_over_the_positives():
+    # four equal examples of class 0, one opposite: each anchor's softmax gives 1/3 to each of
+    # its 3 positives
+    h, y = torch.stack([e(0)] * 4 + [-e(0)]), torch.tensor([0, 0, 0, 0, 1])
+    v, want = value("supcon", make("supcon"), h, y), math.log(3 + math.exp(-20))
+    ok("supcon", near(v, want), f"four equal examples of class 0 and one opposite: each anchor "
+       f"puts 1/3 on each of its 3 positives, so the MEAN of -log p over P(i) is log 3 = "
+       f"{want:.6g}; got {v:.6g}: divide each anchor's sum over P(i) by |P(i)|")
+
+
+def test_contrastive_a_pair_of_one_class_is_similar():
+    v = value("contrastive", make("contrastive"), apart(0.0), torch.tensor([1, 1]))
+    ok("contrastive", near(v, 0), f"two equal vectors of the same class (a similar pair at "
+       f"distance 0) must cost 0; got {v:.6g} (a dissimilar pair there costs m^2 / 2 = 0.125): "
+       f"y_ij = 1 marks a DISSIMILAR pair, labels that differ")
+
+
+def test_contrastive_each_unordered_pair_once():
+    # three unit vectors pairwise 1 apart (cosine 1/2), where d = d^2
+    h = F.pad(torch.tensor([[1.0, 1, 0], [1, 0, 1], [0, 1, 1]], dtype=torch.float64), (0, D - 3))
+    h = h / math.sqrt(2)
+    y = torch.tensor([0, 0, 1])
+    want = run("contrastive", contrastive, torch.ones(3, dtype=torch.float64),
+               torch.tensor([0, 1, 1]), 0.5).mean().item()
+    v = value("contrastive", make("contrastive"), h, y)
+    ok("contrastive", near(v, want, atol=1e-12), f"three examples pairwise 1 apart (labels 0, 0, "
+       f"1): the loss is the mean over the 3 pairs i < j of your contrastive(d_ij, y_i != y_j, "
+       f"m), {want:.6g}; got {v:.6g}: each unordered pair once (torch.triu_indices with offset "
+       f"1: not i with itself, not (j, i) again)")
+
+
+def test_contrastive_d_is_the_distance():
+    v = value("contrastive", make("contrastive"), apart(0.3), torch.tensor([1, 1]))
+    ok("contrastive", near(v, 0.045), f"a similar pair 0.3 apart costs 1/2 d^2 = 0.045; got "
+       f"{v:.6g}: d is the distance ||z_i - z_j|| = sqrt(2 - 2 z_i.z_j), not its square")
+
+
+def test_contrastive_the_hinge_is_on_the_distance():
+    loss = make("contrastive")
+    v, far = (value("contrastive", loss, apart(d), torch.tensor([0, 1])) for d in (0.3, 1.0))
+    ok("contrastive", near(v, 0.02) and near(far, 0), f"a dissimilar pair 0.3 apart costs 1/2 "
+       f"max(0, m - d)^2 = 1/2 (0.5 - 0.3)^2 = 0.02, one 1.0 apart (beyond m) 0; got {v:.6g} and "
+       f"{far:.6g}: the hinge max(0, m - d) on the distance, then squared")
+
+
+def test_mnrl_the_scale_multiplies_the_cosines():
+    loss = make("mnrl")
+    values = []
+    for scale in (1.0, 20.0):
+        loss.scale = scale
+        values.append(value("mnrl", loss, *OPPOSITE))
+    ok("mnrl", not near(*values), f"the loss is {values[0]:.6g} at scale 1 and at scale 20: S = "
+       f"scale * cos, the logits of the softmax (two equal examples of a class and one opposite "
+       f"give log(1 + e^(-2 scale)))")
+
+
+def test_mnrl_candidates_are_the_positive_and_the_other_classes():
+    # three equal examples of class 0 and one opposite: each (i, p) has p at cos 1 and the one
+    # negative at cos -1 as candidates
+    h, y = torch.stack([e(0)] * 3 + [-e(0)]), torch.tensor([0, 0, 0, 1])
+    v, want = value("mnrl", make("mnrl"), h, y), math.log1p(math.exp(-40))
+    ok("mnrl", near(v, want), f"three equal examples of class 0 and one opposite: each (i, p) "
+       f"chooses between p and the one negative, log(1 + e^(-2 * 20)), about 0; got {v:.6g} "
+       f"(log 3 = 1.0986 with i and all of its class as candidates): the anchor and the other "
+       f"examples of its class are no candidates, only p and the other classes' examples")
+
+
+def test_mnrl_pairs_normalises_anchors_and_positives():
+    a, p = randn(5, D, seed=0), randn(5, D, seed=1)
+    factors = torch.linspace(0.3, 3.0, 5, dtype=torch.float64)[:, None]
+    v = run("mnrl", mnrl_pairs, a, p).item()
+    for what, args in (("anchor", (a * factors, p)), ("positive", (a, p * factors))):
+        moved = run("mnrl", mnrl_pairs, *args).item()
+        ok("mnrl", near(v, moved), f"mnrl_pairs: scaling each {what} by its own factor (0.3 to "
+           f"3) moved J from {v:.6g} to {moved:.6g}: S is scale * cos, so normalise the anchors "
+           f"and the positives (F.normalize(x, dim=-1)) before their product")
+
+
+def test_softtriple_the_centres_weights_use_gamma():
+    loss, h = make("softtriple"), randn(5, D, seed=0)
+    S = []
+    for gamma in (1e-3, 10.0):
+        loss.gamma = gamma
+        S.append(run("softtriple", loss.similarity, h))
+    ok("softtriple", not torch.allclose(*S), "S_c(x) is the same at gamma = 0.001 and 10: each "
+       "centre's weight is softmax_k(x.w_c^k / gamma), the temperature gamma inside the softmax "
+       "(uniform weights, or a softmax without gamma, ignore it)")
+
+
+def test_softtriple_weights_a_class_own_centres():
+    loss, h = make("softtriple"), randn(5, D, seed=0)
+    sim = torch.einsum("bd,ckd->bck", F.normalize(h, dim=-1), F.normalize(loss.centres, dim=-1))
+    loss.gamma = 1e-4  # the softmax picks the largest
+    S = run("softtriple", loss.similarity, h).detach()
+    ok("softtriple", torch.allclose(S, sim.max(-1).values, atol=1e-9), f"as gamma falls to 0, "
+       f"S_c(x) must become the largest x.w_c^k over class c's own K centres: the softmax runs "
+       f"over a class's centres (the last dimension of the (B, C, K) similarities), not over the "
+       f"classes; got {S[0].tolist()} for example 0, its best centre per class "
+       f"{sim.max(-1).values[0].tolist()}")
+
+
+def test_softtriple_the_margin_inside_the_scale():
+    loss = make("softtriple", tau=0.0)   # no regulariser
+    loss.similarity = lambda h: torch.full((1, C), 0.5, dtype=torch.float64)  # S fixed: a tie
+    v = value("softtriple", loss, randn(1, D, seed=0), torch.tensor([0]))
+    want = math.log1p(3 * math.exp(20 * 0.01))
+    # 1e-7: delta * F.one_hot(...) is float32
+    ok("softtriple", near(v, want, atol=1e-7), f"S_c = 0.5 for all 4 classes: the margin lowers "
+       f"the true class's logit by lambda delta = 20 * 0.01, so the loss is log(1 + 3 e^0.2) = "
+       f"{want:.6g}; got {v:.6g}: the logits are lambda (S_c - delta [c = y]), the margin "
+       f"inside the scale")
+
+
+def test_softtriple_regulariser_by_hand():
+    loss = make("softtriple")   # C = 4 classes of K = 3 centres, tau = 0.2
+    with torch.no_grad():  # each class's centres orthonormal: every pair sqrt 2 apart
+        loss.centres.copy_(torch.eye(3, D, dtype=torch.float64).expand(C, 3, D))
+    v = run("softtriple", loss.regulariser).item()
+    want = 0.2 * C * 3 * math.sqrt(2) / (C * 3 * 2)
+    ok("softtriple", near(v, want), f"each class's 3 centres orthonormal (3 pairs sqrt 2 apart "
+       f"per class): R = tau sum ||w^s - w^t|| / (C K (K - 1)) = 0.2 * 12 sqrt 2 / 24 = "
+       f"{want:.6g}; got {v:.6g}: the distance (not squared) summed over the pairs s < t, "
+       f"divided by C K (K - 1), twice the number of pairs")
+
+
+def orthonormal_proxies(name, **settings):
+    loss = make(name, **settings)
+    with torch.no_grad():
+        loss.proxies.copy_(torch.eye(C, D, dtype=torch.float64))
+    return loss
+
+
+def test_proxynca_the_nearest_proxy_scores_highest():
+    logits = run("proxynca", orthonormal_proxies("proxynca").class_logits, e(0, 2.0)[None])
+    ok("proxynca", logits.argmax().item() == 0, f"h on proxy 0 (orthonormal proxies) must give "
+       f"proxy 0 the largest logit; got {logits[0].tolist()}: the logits are MINUS s d(x, p_c), "
+       f"so that the nearest proxy scores highest")
+
+
+def test_proxynca_the_scale_multiplies_the_logits():
+    loss, h = orthonormal_proxies("proxynca", scale=1.0), randn(3, D, seed=0)
+    at_1 = run("proxynca", loss.class_logits, h).detach()
+    loss.scale = 9.0
+    at_9 = run("proxynca", loss.class_logits, h).detach()
+    ok("proxynca", torch.allclose(at_9, 9 * at_1), f"the logits at s = 9 must be 9 times those "
+       f"at s = 1, -s d(x, p_c); got {at_9[0].tolist()} and {at_1[0].tolist()} for example 0")
+
+
+def test_proxynca_d_is_the_squared_distance():
+    h = torch.stack([e(0), -e(0)])   # on proxy 0, then opposite it; orthogonal to the others
+    logits = run("proxynca", orthonormal_proxies("proxynca").class_logits, h).detach()
+    want = torch.tensor([[0.0, -18, -18, -18], [-36, -18, -18, -18]], dtype=torch.float64)
+    ok("proxynca", torch.allclose(logits, want), f"d(x, p) = ||x - p||^2 = 2 - 2 cos is 0 on the "
+       f"proxy, 2 orthogonal to it and 4 opposite, so at s = 9 the logits are 0, -18 and -36; "
+       f"got {logits.tolist()}: the SQUARED distance of the normalised vectors")
+
+
+def test_proxyanchor_the_margin_in_the_negative_term():
+    loss, a, d = orthonormal_proxies("proxyanchor"), 32.0, 0.1
+    v = value("proxyanchor", loss, torch.eye(C, D, dtype=torch.float64), torch.arange(C))
+    want = math.log1p(math.exp(-a * (1 - d))) + math.log1p(3 * math.exp(a * d))
+    ok("proxyanchor", near(v, want), f"one example on each of the 4 orthonormal proxies: each "
+       f"proxy's 3 negatives lie at cos 0, which still costs log(1 + 3 e^(alpha delta)) = "
+       f"{math.log1p(3 * math.exp(a * d)):.6g} (the margin pushes them below -delta), the "
+       f"positive terms about 0: the loss is {want:.6g}; got {v:.6g}: the negative term is "
+       f"exp(alpha (cos + delta))")
+
+
+def test_proxyanchor_each_proxy_sums_over_the_batch():
+    loss, a, d = orthonormal_proxies("proxyanchor"), 32.0, 0.1
+    v = value("proxyanchor", loss, e(0)[None], torch.tensor([0]))
+    want = math.log1p(math.exp(-a * (1 - d))) + 3 * math.log1p(math.exp(a * d)) / 4
+    ok("proxyanchor", near(v, want), f"one example, of class 0, on proxy 0: proxies 1 to 3 each "
+       f"have it as their one negative (cos 0), log(1 + e^(alpha delta)) each, proxy 0 has none "
+       f"(log 1 = 0); the negative term averages these C = 4 per-proxy terms: the loss is "
+       f"{want:.6g}; got {v:.6g}: each proxy's log-sum-exp runs over the batch (dim 0), not over "
+       f"the proxies")
+
+
+def test_proxyanchor_the_positive_term_over_the_proxies_in_the_batch():
+    loss, a, d = orthonormal_proxies("proxyanchor"), 32.0, 0.1
+    v = value("proxyanchor", loss, e(C)[None], torch.tensor([0]))   # orthogonal to every proxy
+    term = math.log1p(math.exp(a * d))
+    want = term + 3 * term / 4
+    ok("proxyanchor", near(v, want), f"one example, of class 0, orthogonal to every proxy: only "
+       f"proxy 0 is in P+, so the positive term is its log(1 + e^(alpha delta)) = {term:.6g} "
+       f"alone, the mean over P+ (not over all C proxies); the loss is {want:.6g}; got {v:.6g}")
+
+
+def memory_of(*keys):
+    """Unit keys given as (vector, label, id)."""
+    vectors, labels, ids = zip(*keys)
+    return torch.stack(vectors), torch.tensor(labels), torch.tensor(ids)
+
+
+def test_knnbert_select_positives_by_rank():
+    s = torch.tensor([[5.0, 4, 3, 2, 1, 9]])   # five positives, then a negative
+    positive = torch.tensor([[True] * 5 + [False]])
+    got = run("knnbert", select_positives, s, positive, 1, 2)
+    picked = s[got].tolist()
+    ok("knnbert", picked == [5, 2, 1], f"select_positives with positives at s = 5, 4, 3, 2, 1 "
+       f"and a negative at 9, M_m = 1, M_l = 2: S(q) is the most similar positive and the two "
+       f"least similar, s = [5, 2, 1]; got s = {picked}: rank < M_m from the top, or "
+       f"rank >= n_pos - M_l")
+
+
+def knnbert_query(keys, tau=0.07):
+    """The loss of one query, e_0 of class 0 and training row 0, over the memory `keys`."""
+    vectors, labels, ids = memory_of(*keys)
+    return value("knnbert", make("knnbert", tau=tau), e(0)[None], torch.tensor([0]), None,
+                 vectors, labels, torch.tensor([0]), ids)
+
+
+def test_knnbert_the_querys_own_older_key_is_no_positive():
+    v = knnbert_query([(e(0), 0, 0), (e(1), 1, 1)])   # its own older key, and a negative
+    ok("knnbert", v == 0, f"a memory holding the query's own older key (id = its row) and a "
+       f"negative: the query has no positive, so it contributes nothing and the loss is 0; got "
+       f"{v:.6g}: leave the query's own older keys out of P(q) (rows against key ids)")
+
+
+def test_knnbert_the_querys_own_older_key_is_no_negative():
+    keys = [(at_angle(0.5), 0, 1), (e(1), 1, 2)]   # a positive and a negative
+    v, with_own = knnbert_query(keys), knnbert_query(keys + [(e(0), 0, 0)])
+    ok("knnbert", near(v, with_own), f"adding the query's own older key (id = its row) to the "
+       f"memory moved the loss from {v:.6g} to {with_own:.6g}: it is neither a positive nor a "
+       f"negative (the negatives are the keys of another label)")
+
+
+def test_knnbert_each_term_keeps_its_positive_in_the_denominator():
+    v = knnbert_query([(e(0), 0, 1), (-e(0), 1, 2)])
+    ok("knnbert", v >= 0, f"a positive on the query and a negative opposite: the loss is "
+       f"-log(e^s_j / (e^s_j + sum_N e^s_i)), a probability's -log, at least 0; got {v:.6g}: "
+       f"keep k_j in its own denominator, softplus(logsumexp_N(s) - s_j)")
+
+
+def test_knnbert_divides_by_the_temperature():
+    keys = [(e(0), 0, 1), (-e(0), 1, 2)]
+    values = [knnbert_query(keys, tau) for tau in (1.0, 0.5, 0.07)]
+    ok("knnbert", values[0] > values[1] > values[2], f"a positive on the query and a negative "
+       f"opposite: the loss softplus(-2 / tau) must fall as tau falls (1, 0.5, 0.07); it went "
+       f"{', '.join(f'{v:.4g}' for v in values)}: divide q.k by tau, do not multiply")
+
+
+def test_knnbert_averages_over_the_selected_positives():
+    keys = [(at_angle(0.3), 0, 1), (e(1), 1, 2)]
+    v, twice = knnbert_query(keys), knnbert_query(keys + [(at_angle(0.3), 0, 3)])
+    ok("knnbert", near(v, twice), f"a second copy of the query's one positive moved the loss "
+       f"from {v:.6g} to {twice:.6g}: each term's denominator holds its own positive and the "
+       f"negatives only, and L_sc(q) is the MEAN over S(q) (divide by |S(q)|)")
+
+
+def moco_query(keys, cos_positive=1.0, tau=0.07):
+    """The MoCo loss of one query, e_0 of training row 0, over the memory `keys`."""
+    positive = at_angle(math.acos(cos_positive))[None]
+    vectors, labels, ids = memory_of(*keys)
+    return value("moco", make("moco", tau=tau), e(0)[None], torch.tensor([0]), positive,
+                 vectors, labels, torch.tensor([0]), ids)
+
+
+def test_moco_the_positive_stays_in_its_denominator():
+    v = moco_query([(-e(0), 0, 1), (-e(0), 0, 2), (e(1), 0, 3)])
+    ok("moco", v >= 0, f"the query on its positive key, the negatives opposite or orthogonal: the "
+       f"loss is -log(e^pos / (e^pos + sum_N e^neg)), a probability's -log, at least 0; got "
+       f"{v:.6g}: keep the positive in the denominator, softplus(logsumexp_N - pos)")
+
+
+def test_moco_the_querys_own_keys_are_no_negatives():
+    keys = [(-e(0), 0, 1), (e(1), 0, 2)]
+    v, with_own = moco_query(keys), moco_query(keys + [(e(0), 0, 0)])
+    ok("moco", near(v, with_own), f"adding an older key of the query's own example (id = its row) "
+       f"to the memory moved the loss from {v:.6g} to {with_own:.6g}: the query's own keys are "
+       f"not negatives (mask them with -inf, rows against the keys' ids)")
+
+
+def test_moco_the_positive_shares_the_temperature():
+    half = at_angle(math.acos(0.5))
+    v = moco_query([(half, 0, 1), (half, 1, 2), (half, 2, 3)], cos_positive=0.5)
+    ok("moco", near(v, math.log(4)), f"the query at cosine 0.5 to its positive and to its 3 "
+       f"negatives: all 4 logits are equal, so the loss is log 4 = 1.386; got {v:.6g}: divide "
+       f"the positive's q.k+ by tau as well as the negatives'")
+
+
+LINE = torch.tensor([[0.0], [2], [3]], dtype=torch.float64) * e(0)   # z = 0, 2 and 3 on a line
+
+
+def test_mlcon_example_i_is_not_in_its_own_denominator():
+    z, y = 5 * apart(2.0), torch.tensor([[1.0, 0, 0, 0]] * 2, dtype=torch.float64)  # 10 apart
+    v = run("mlcon", mlcon, z, y).item()
+    ok("mlcon", near(v, 0), f"two examples sharing a label, 10 apart: each is the other's only "
+       f"candidate (k in g(i), k != i), p = 1, so the loss is 0; got {v:.6g}: leave example i "
+       f"out of its own denominator (the diagonal at -inf before the logsumexp)")
+
+
+def test_mlcon_sums_over_the_batch():
+    z, y = LINE, torch.tensor([[1.0, 0, 0, 0]] * 3, dtype=torch.float64)
+    one = run("mlcon", mlcon, z, y).item()
+    # a second copy 10^4 away, of other labels: it adds its own rows and nothing to the first's
+    two = run("mlcon", mlcon, torch.cat([z, z + e(1, 1e4)]), torch.cat([y, y.roll(2, 1)])).item()
+    ok("mlcon", near(two, 2 * one), f"a batch and a copy of it 10^4 away (sharing no label with "
+       f"it) must cost twice the batch alone, {2 * one:.6g}; got {two:.6g}: L_con is the SUM of "
+       f"the rows over the batch, not their mean")
+
+
+def test_mlcon_uses_the_unsquared_distance():
+    """z = 0, 2 and 3 on a line; 0 and 1 share a label, 2 shares none (its row adds nothing)."""
+    y = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
+    e = {d: math.exp(-d / 10) for d in (1, 2, 3)}  # tau' = 10, d the distance (not its square)
+    expected = -math.log(e[2] / (e[2] + e[3])) - math.log(e[2] / (e[2] + e[1]))
+    got = run("mlcon", mlcon, LINE, y)
+    ok("mlcon", near(got, expected, rtol=1e-6), f"z = 0, 2, 3 on a line: got {got.item():.8g}, "
+       f"expected {expected:.8g} with d the Euclidean distance, not its square")
+
+
+def test_mlcon_beta_is_a_distribution_over_the_sharers():
+    one = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
+    two = torch.tensor([[1.0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
+    a, b = (run("mlcon", mlcon, LINE, y).item() for y in (one, two))
+    ok("mlcon", near(a, b), f"z = 0, 2, 3 on a line, 0 and 1 each other's only label-sharer: "
+       f"sharing two labels instead of one must change nothing, beta_01 = C_01 / C_01 = 1; the "
+       f"loss went from {a:.6g} to {b:.6g}: divide C_ij by its row's sum, sum_k C_ik")
+
+
+def row(beta, d, tau=10.0):
+    """One row of L_con: -sum_j beta_j log softmax_j(-d / tau), over the other examples."""
+    lse = math.log(sum(math.exp(-x / tau) for x in d))
+    return -sum(b * (-x / tau - lse) for b, x in zip(beta, d))
+
+
+def test_mlcon_weighs_each_sharer_by_the_labels_it_shares():
+    # z = 0, 1, 4 on a line (not 0, 2, 3: its rows 0 and 1 mirror each other, and any weights
+    # summing to 1 give the same total); 0 and 1 share two labels, each shares one with 2
+    z = torch.tensor([[0.0], [1], [4]], dtype=torch.float64) * e(0)
+    y = torch.tensor([[1.0, 1, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float64)
+    want = row([2 / 3, 1 / 3], [1, 4]) + row([2 / 3, 1 / 3], [1, 3]) + row([1 / 2, 1 / 2], [4, 3])
+    v = run("mlcon", mlcon, z, y).item()
+    ok("mlcon", near(v, want), f"z = 0, 1, 4 on a line, 0 and 1 sharing two labels and each one "
+       f"with 2: the targets are beta_0 = beta_1 = (2/3, 1/3), beta_2 = (1/2, 1/2), so the loss "
+       f"is {want:.6g}; got {v:.6g}: weigh each sharer j by C_ij, the labels it shares, not the "
+       f"same for all")
+
+
 @pytest.mark.parametrize("name", WITH_ORACLE)
 def test_matches_its_oracle(name):
     loss, oracle = make(name), oracle_of(name)
     for what, args in cases(name):
         got, want = run(name, loss, *args), oracle(*args, loss)
-        ok(name, near(got, want, atol=1e-6, rtol=1e-9),
-           f"the loss on {what} is {got.item():.8g}; the literal transcription of {source(name)} "
-           f"({oracle.__name__} in tests/test_losses.py) gives {want.item():.8g}")
+        agrees(name, near(got, want, atol=1e-6, rtol=1e-9), f"the loss on {what}",
+               f"the literal transcription of {source(name)} ({oracle.__name__} in "
+               f"tests/test_losses.py)", f": got {got.item():.8g}, it gives {want.item():.8g}")
 
 
 @pytest.mark.parametrize("name", WITH_ORACLE)
@@ -428,9 +906,10 @@ def test_degenerate_inputs_are_finite(name):
         value = run(name, loss, h, *args[1:])
         value.backward()
         want = oracle(*args, loss)
-        ok(name, bool(torch.isfinite(value)) and near(value, want, atol=1e-9),
-           f"the loss on {what} is {value.item():.8g}, expected {want.item():.8g} (the oracle's; "
-           f"a mean over no terms is 0, not 0/0)")
+        ok(name, bool(torch.isfinite(value)), f"the loss on {what} is {value.item():.8g}: a mean "
+           f"over no terms must be 0, not 0/0 (divide by the count clamped at 1)")
+        agrees(name, near(value, want, atol=1e-9), f"the loss on {what}", f"the oracle's value",
+               f": got {value.item():.8g}, expected {want.item():.8g}")
         ok(name, bool(torch.isfinite(h.grad).all()), f"the gradient on {what} is not finite "
            f"(a sqrt or a division at 0?)")
         ok(name, all(torch.isfinite(p.grad).all() for p in loss.parameters()),
@@ -443,7 +922,7 @@ def test_gradcheck(name):
     inputs = (args[0].clone().requires_grad_(), *loss.parameters())
     passed = torch.autograd.gradcheck(lambda h, *params: run(name, loss, h, *args[1:]), inputs,
                                       raise_exception=False, fast_mode=True)
-    ok(name, passed, "the gradient autograd computes differs from the numerical one "
+    ok(name, passed, "the gradient autograd computes is not the numerical one "
        "(torch.autograd.gradcheck): an in-place change of a tensor that autograd needs, or a "
        "value taken out of the graph (.item(), .detach())?")
 
@@ -525,10 +1004,10 @@ def test_contrastive_by_hand():
                      dtype=torch.float64)
     # (0,1) similar: 1/2 * 2 = 1; (0,2) dissimilar at 0.3: 1/2 * 0.2^2 = 0.02; (1,2) far: 0
     value = run("contrastive", loss, h, torch.tensor([0, 0, 1]))
-    ok("contrastive", near(value, (1 + 0.02 + 0) / 3, atol=1e-9),
-       f"three vectors by hand (labels 0, 0, 1): got {value.item():.6g}, expected (1/2 * 2 + "
-       f"1/2 * (0.5 - 0.3)^2 + 0) / 3 = 0.34: d^2 for the similar pair, max(0, m - d)^2 for a "
-       f"dissimilar one, d the distance (not squared), the mean over the 3 pairs i < j")
+    agrees("contrastive", near(value, (1 + 0.02 + 0) / 3, atol=1e-9), "the loss on three "
+           "vectors (labels 0, 0, 1)", "its value by hand", f": got {value.item():.6g}, expected "
+           f"(1/2 * 2 + 1/2 * (0.5 - 0.3)^2 + 0) / 3 = 0.34 (d^2 for the similar pair, "
+           f"max(0, m - d)^2 for a dissimilar one, d the distance, the mean over the 3 pairs)")
 
 
 def test_contrastive_gradient_of_two_equal_vectors_is_finite():
@@ -552,8 +1031,9 @@ def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
     expected = -sum(S[i][i] - torch.log(sum(torch.exp(S[i][j]) for j in range(5)))
                     for i in range(5)) / 5
     got = run("mnrl", mnrl_pairs, a, p)
-    ok("mnrl", near(got, expected), f"mnrl_pairs on 5 (anchor, positive) pairs: got "
-       f"{got.item():.8g}, expected {expected.item():.8g} (J of Henderson et al., S = 20 cos)")
+    agrees("mnrl", near(got, expected), "mnrl_pairs on 5 (anchor, positive) pairs",
+           "J of Henderson et al. with S = 20 cos, written out",
+           f": got {got.item():.8g}, it gives {expected.item():.8g}")
 
 
 def test_softtriple_gradient_with_two_coinciding_centres_is_finite():
@@ -607,9 +1087,9 @@ def test_proxynca_default_is_proxynca_pp_temperature():
         d = [(unit(x) - unit(p)).pow(2).sum() for p in loss.proxies]
         terms.append(-torch.log(torch.exp(-d[c] / T) / sum(torch.exp(-dk / T) for dk in d)))
     got = run("proxynca", loss, h, y)
-    ok("proxynca", near(got, sum(terms) / len(terms), atol=1e-12, rtol=1e-12),
-       f"at the default scale: got {got.item():.8g}, ProxyNCA++ with T = 1/9 gives "
-       f"{(sum(terms) / len(terms)).item():.8g}")
+    agrees("proxynca", near(got, sum(terms) / len(terms), atol=1e-12, rtol=1e-12),
+           "the loss at the default scale", "ProxyNCA++'s with T = 1/9, written out",
+           f": got {got.item():.8g}, it gives {(sum(terms) / len(terms)).item():.8g}")
     for seed in range(5):  # each h on its own proxy, random proxies in 64 dimensions: ~3 e^-18
         torch.manual_seed(seed)
         loss = METRIC_LOSSES["proxynca"](C, 64).double()
@@ -624,9 +1104,10 @@ def test_proxyanchor_averages_the_positive_term_over_the_proxies_in_the_batch():
     loss = make("proxyanchor")
     h, y = randn(6, D, seed=0), torch.tensor(BATCHES["class absent"])
     got, want = run("proxyanchor", loss, h, y), proxyanchor_oracle(h, y, loss)
-    ok("proxyanchor", near(got, want, atol=1e-9), f"classes 2 and 3 absent from the batch: got "
-       f"{got.item():.8g}, expected {want.item():.8g}: the positive term is averaged over P+ "
-       f"(the proxies with an example in the batch), the negative term over all C proxies")
+    agrees("proxyanchor", near(got, want, atol=1e-9), "the loss with classes 2 and 3 absent "
+           "from the batch", "proxyanchor_oracle's", f": got {got.item():.8g}, it gives "
+           f"{want.item():.8g} (the positive term is averaged over P+, the proxies with an "
+           f"example in the batch, the negative term over all C proxies)")
 
 
 def test_knnbert_matches_equation_3_for_each_selection():
@@ -635,10 +1116,11 @@ def test_knnbert_matches_equation_3_for_each_selection():
         for seed in range(3):
             args = queue_case(seed)
             got, want = run("knnbert", loss, *args), knnbert_oracle(*args, loss)
-            ok("knnbert", near(got, want, atol=1e-9, rtol=0),
-               f"M_m = {m_most}, M_l = {m_least} (seed {seed}): got {got.item():.8g}, eq. 3 "
-               f"gives {want.item():.8g}; S(q) is the M_m most similar and the M_l least "
-               f"similar positives, or all of them when there are at most M_m + M_l")
+            agrees("knnbert", near(got, want, atol=1e-9, rtol=0), f"the loss at M_m = "
+                   f"{m_most}, M_l = {m_least} (seed {seed})", "eq. 3 (knnbert_oracle)",
+                   f": got {got.item():.8g}, it gives {want.item():.8g}; S(q) is the M_m most "
+                   f"similar and the M_l least similar positives, or all of them when there "
+                   f"are at most M_m + M_l")
 
 
 def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
@@ -709,8 +1191,9 @@ def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
                                 / sum(torch.exp(v @ unit(f) / loss.tau) for v in bank))
                      for f, row in zip(h, rows)])
         got = run("moco", loss, *args)
-        ok("moco", near(got, want, atol=1e-9), f"over a memory bank (seed {seed}): got "
-           f"{got.item():.8g}, Wu et al. eq. 2 gives {want.item():.8g}")
+        agrees("moco", near(got, want, atol=1e-9), f"the loss over a memory bank (seed {seed})",
+               "Wu et al.'s eq. 2, written out", f": got {got.item():.8g}, it gives "
+               f"{want.item():.8g}")
     # the query on its own entry, the others far away: near 0; with the positive counted twice
     # it could never fall below log 2
     bank = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
@@ -740,17 +1223,6 @@ def test_mlcon_by_hand_sums_over_the_batch():
     got = run("mlcon", mlcon, torch.zeros(3, 2, dtype=torch.float64), y)
     ok("mlcon", near(got, 3 * math.log(2), atol=1e-6), f"three examples at distance 0: got "
        f"{got.item():.6g}, expected 3 log 2: L_con sums the rows, it is not their mean")
-
-
-def test_mlcon_by_hand_uses_the_unsquared_distance():
-    """z = 0, 2 and 3 on a line; 0 and 1 share a label, 2 shares none (its row adds nothing)."""
-    z = torch.tensor([[0.0], [2.0], [3.0]], dtype=torch.float64)
-    y = torch.tensor([[1.0], [1.0], [0.0]], dtype=torch.float64)
-    e = {d: math.exp(-d / 10) for d in (1, 2, 3)}  # tau' = 10, d the distance (not its square)
-    expected = -math.log(e[2] / (e[2] + e[3])) - math.log(e[2] / (e[2] + e[1]))
-    got = run("mlcon", mlcon, z, y)
-    ok("mlcon", near(got, expected, rtol=1e-6), f"z = 0, 2, 3 on a line: got {got.item():.8g}, "
-       f"expected {expected:.8g} with d the Euclidean distance, not its square")
 
 
 def test_mlcon_falls_as_label_sharers_come_together():

@@ -21,7 +21,7 @@ from minknn.moco import KeyEncoder, MemoryBank, MoCo, Queue
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
-from grading import check, close, graded, matches_reference
+from grading import as_mix, check, close, graded, matches_reference
 
 PART = "memory"
 SST = get_task("sst")
@@ -76,6 +76,12 @@ def test_momentum_update_by_hand():
             check(PART, not torch.equal(got, theta_k), "KeyEncoder.update left the key encoder's "
                   "parameters unchanged: change them in place (k.mul_(...).add_(...)); a new "
                   "tensor bound to the loop's name changes nothing")
+            a, b, off = as_mix(got, theta_k, theta_q)
+            check(PART, off < 1e-5 and abs(a - m) < 1e-5 and abs(b - (1 - m)) < 1e-5, f"after "
+                  f"KeyEncoder.update with m = {m} the key encoder must be {m:g} theta_k + "
+                  f"{1 - m:.2g} theta_q (m on its own parameters, 1 - m on the model's); it is "
+                  f"{a:.3g} theta_k + {b:.3g} theta_q" + (f", off by {off:.3g}" if off > 1e-5
+                                                         else ""))
             theta_k = m * theta_k + (1 - m) * theta_q
             close(PART, got, theta_k, f"the key encoder's parameters after {step} momentum "
                   f"step(s) with m = {m} (theta_k <- m theta_k + (1 - m) theta_q)")
@@ -99,6 +105,10 @@ def test_batch_keys_come_after_the_momentum_step():
         stale = F.normalize(before.linear(x), dim=1)
         fresh = F.normalize(model.linear(x), dim=1)
     keys = graded(PART, "MoCo.batch_keys", moco.batch_keys, model, {"x": x}, torch.arange(3))
+    a, b, _ = as_mix(flat(moco.key_encoder.encoder), flat(before), flat(model))
+    check(PART, (a, b) != (1, 0), "batch_keys left the key encoder where it was: it makes the "
+          "momentum step towards the model (self.key_encoder.update(model)), then computes the "
+          "keys")
     close(PART, flat(moco.key_encoder.encoder), flat(after), "the key encoder after batch_keys "
           "(one momentum step towards the model, m = 0.5)")
     check(PART, not torch.allclose(keys, stale, atol=1e-5), "the batch keys were computed before "
@@ -136,7 +146,21 @@ def test_queue_wraps_around_first_in_first_out():
     check(PART, queue.ids.tolist() == [112, 120, 130, 131, 111],
           f"the example ids by slot are {queue.ids.tolist()}: each must travel with its key")
     unit = F.normalize(torch.stack([queue.labels.float(), torch.ones(5)], dim=1), dim=1)
+    check_unit_keys(queue.keys, unit, "the queue's keys (each written with its label)")
     close(PART, queue.keys, unit, "the queue's keys (each written with its label, normalised)")
+
+
+def check_unit_keys(got, expected, what):
+    """Each row of `got` a unit vector along the same row of `expected` (unit vectors)."""
+    norms = got.norm(dim=1)
+    check(PART, torch.allclose(norms, torch.ones_like(norms), atol=1e-5), f"{what} have norms "
+          f"{[round(n, 4) for n in norms.tolist()]}: each key is stored as a unit vector, "
+          f"F.normalize(keys, dim=1) (per key, along its features, not per dimension across the "
+          f"batch)")
+    cos = (F.normalize(got, dim=1) * expected).sum(1)
+    check(PART, torch.allclose(cos, torch.ones_like(cos), atol=1e-5), f"{what} point elsewhere "
+          f"than the keys enqueued (cosines {[round(c, 4) for c in cos.tolist()]}): normalise each "
+          f"key along its features, F.normalize(keys, dim=1)")
 
 
 def test_a_batch_larger_than_the_queue_keeps_its_last_keys():
@@ -153,6 +177,7 @@ def test_queue_normalises_each_key_vector_not_each_dimension():
     queue = Queue(3, 2)
     keys = torch.tensor([[3.0, 4.0], [0.0, 0.5], [10.0, 0.0]])
     enqueue(queue, keys, torch.arange(3), torch.arange(3))
+    check_unit_keys(queue.keys, F.normalize(keys, dim=1), "the queue's keys")
     close(PART, queue.keys, torch.tensor([[0.6, 0.8], [0.0, 1.0], [1.0, 0.0]]),
           "the queue's keys for [[3, 4], [0, 0.5], [10, 0]] (each key normalised, dim 1)")
 
@@ -167,6 +192,24 @@ def test_memory_bank_update_is_wu_et_al_momentum():
         before = bank.keys.clone()
         graded(PART, "MemoryBank.update", bank.update, torch.tensor([1, 3]),
                torch.tensor([[2.0, 0.0], [0.0, -3.0]]), m)
+        # each moved entry read back as a v_i + b q_i: unit (normalised after the mix), and
+        # along m v_i + (1 - m) f_i, f_i = q_i / ||q_i|| (||q_i|| = 2 and 3), so b / a =
+        # (1 - m) / (m ||q_i||)
+        shares = []
+        for row, q in ((1, torch.tensor([2.0, 0.0])), (3, torch.tensor([0.0, -3.0]))):
+            v = bank.keys[row]
+            check(PART, abs(v.norm().item() - 1) < 1e-5, f"MemoryBank.update with m = {m}: "
+                  f"entry {row} has norm {v.norm().item():.4g}; normalise it after the mix, "
+                  f"v_i <- (m v_i + (1 - m) f_i) / ||.||")
+            a, b, _ = as_mix(v, before[row], q)
+            shares.append(b * q.norm().item() / (a + b * q.norm().item()))
+        check(PART, abs(shares[0] - shares[1]) < 1e-5, f"MemoryBank.update with m = {m}: the "
+              f"queries [2, 0] and [0, -3] got shares {shares[0]:.3g} and {shares[1]:.3g} of "
+              f"their entries; a query's norm must not count: normalise the queries first, "
+              f"f_i = q_i / ||q_i||")
+        check(PART, abs(shares[0] - (1 - m)) < 1e-5, f"MemoryBank.update with m = {m}: each "
+              f"entry moved along {1 - shares[0]:.3g} v_i + {shares[0]:.3g} f_i; m = {m} is the "
+              f"old entry's share: m v_i + (1 - m) f_i")
         expected = before.clone()
         expected[1] = F.normalize(m * before[1] + (1 - m) * torch.tensor([1.0, 0.0]), dim=0)
         expected[3] = F.normalize(m * before[3] + (1 - m) * torch.tensor([0.0, -1.0]), dim=0)
@@ -184,6 +227,10 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
     labels, rows = torch.tensor([2, 0, 1]), torch.tensor([5, 1, 4])
     moco = MoCo(model, SimpleNamespace(name="sst"), "queue", 8)
     graded(PART, "MoCo.after_step", moco.after_step, keys, labels, rows, queries)
+    slots = moco.memory.keys[:3]
+    check(PART, not torch.allclose(slots, F.normalize(queries.detach(), dim=1), atol=1e-5),
+          "after_step put the batch's queries in the queue: it enqueues batch_keys, the key "
+          "encoder's keys; the queries never enter the queue")
     close(PART, moco.memory.keys[:3], keys, "the queue's first slots after the first step (the "
           "batch's keys; the queries never enter the queue)")
     check(PART, moco.memory.labels[:3].tolist() == [2, 0, 1] and moco.memory.ids[:3].tolist()
@@ -193,6 +240,10 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
                      torch.arange(6))
     before = moco.memory.keys.clone()
     graded(PART, "MoCo.after_step", moco.after_step, before[rows], labels, rows, queries)
+    check(PART, not torch.allclose(moco.memory.keys[rows], before[rows]), "after_step over a "
+          "bank left the batch's entries where they were: it moves them towards the batch's "
+          "queries, memory.update(rows, queries), not towards the batch keys (the entries "
+          "themselves)")
     expected = before.clone()
     expected[rows] = F.normalize(0.5 * before[rows] + 0.5 * F.normalize(queries.detach(), dim=1),
                                  dim=1)

@@ -67,6 +67,88 @@ def test_two_conflicting_gradients_stop_conflicting(seed):
               f"component along g_{j + 1} leaves a vector orthogonal to g_{j + 1}")
 
 
+def test_gradients_without_conflict_pass_through_unchanged():
+    g = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 3.0], [0.0, 1.0, 1.0]], dtype=torch.float64)
+    orthogonal = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # a dot of exactly 0 is not a conflict
+    for grads, what in ((g, "three gradients whose dot products are all positive"),
+                        (orthogonal, "two orthogonal gradients (a dot of 0 is no conflict)")):
+        moved = [i + 1 for i in (projected(grads, 0) != grads).any(1).nonzero()[:, 0].tolist()]
+        check(PART, not moved, f"project_conflicting on {what} changed g_"
+              f"{moved[0] if moved else 0}: only a conflict, g_i^PC . g_j < 0, is projected (if "
+              f"dot < 0)")
+        w = graded(PART, "pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(0))
+        check(PART, torch.equal(w, torch.ones(len(grads), dtype=w.dtype)), f"pcgrad_weights on "
+              f"{what} gives w = {w.tolist()}; without a conflict it is all ones (the plain sum): "
+              f"only a conflict, g_i^PC . g_j < 0, is projected (if dot < 0)")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_projection_runs_along_the_original_gradient(seed):
+    """Two tasks: what the projection takes off g_i is a multiple of g_j as it came in, not of the
+    g_j^PC the loop has already adjusted."""
+    g = conflicting_pair(seed)
+    adjusted = projected(g, seed)
+    for i, j in ((0, 1), (1, 0)):
+        change = adjusted[i] - g[i]
+        off = (change - (change @ g[j]) / (g[j] @ g[j]) * g[j]).norm().item()
+        check(PART, off < 1e-10, f"two conflicting gradients: g_{i + 1}^PC - g_{i + 1} must be a "
+              f"multiple of the original g_{j + 1} (project onto grads[j], not adjusted[j]); "
+              f"{off:.3g} of it lies off g_{j + 1}")
+
+
+def test_each_projection_starts_from_the_one_before():
+    """g_1 conflicts with g_2 and g_3, which are orthogonal: both projections apply, one after the
+    other, and g_1^PC ends orthogonal to both."""
+    g = torch.tensor([[-1.0, -2.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+    adjusted = projected(g, 0)
+    dots = [round((adjusted[0] @ g[j]).item(), 12) + 0.0 for j in (1, 2)]
+    check(PART, dots == [0, 0], f"g_1 = (-1, -2, 1) conflicts with g_2 = (1, 0, 0) and g_3 = (0, "
+          f"1, 0): after both projections g_1^PC = (0, 0, 1), orthogonal to both; its dots with "
+          f"them are {dots}: each projection updates g_1^PC in place (adjusted[i] -= ...), "
+          f"starting from the one before, not from the original g_i")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_conflict_is_measured_on_the_adjusted_gradient(seed):
+    """g_1 conflicts with g_2 and g_3, which are not orthogonal: the second projection's dot is that
+    of g_1^PC after the first, so the last projection leaves g_1^PC orthogonal to its g_j."""
+    g = torch.tensor([[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    order = [1, 2]
+    random.Random(seed).shuffle(order)   # the order project_conflicting draws for g_1
+    last = order[-1]
+    dot = round((projected(g, seed)[0] @ g[last]).item(), 12) + 0.0
+    check(PART, dot == 0, f"g_1 = (-1, -1, 0) conflicts with g_2 = (1, 0, 0) and g_3 = (1, 1, 0), "
+          f"projected off them in the order {order[0] + 1}, {last + 1}: the last projection "
+          f"leaves g_1^PC orthogonal to g_{last + 1}, but their dot is {dot:.3g}: test and "
+          f"project with the current g_i^PC (adjusted[i] @ grads[j]), not the original g_i")
+
+
+def test_the_gram_form_by_hand():
+    """g_1 = (2, 0), g_2 = (-1, 1): G = [[4, -2], [-2, 2]], a conflict. g_1^PC = g_1 - (-2 / 2) g_2
+    = g_1 + g_2 (C_12 = 1), g_2^PC = g_2 - (-2 / 4) g_1 = g_2 + 0.5 g_1 (C_21 = 0.5); w sums C's
+    columns: (1.5, 2)."""
+    G = torch.tensor([[4.0, -2.0], [-2.0, 2.0]], dtype=torch.float64)
+    w = graded(PART, "pcgrad_weights", pcgrad_weights, G, random.Random(0)).tolist()
+    check(PART, w == [1.5, 2.0], f"pcgrad_weights for g_1 = (2, 0), g_2 = (-1, 1) (G = [[4, -2], "
+          f"[-2, 2]]): g_1^PC = g_1 + g_2 and g_2^PC = g_2 + 0.5 g_1, so w = (C_11 + C_21, "
+          f"C_12 + C_22) = (1.5, 2); got w = {w}: a conflict SUBTRACTS g_i^PC.g_j / G_jj (the "
+          f"squared norm of g_j, projected onto) from C_ij (row i, the gradient adjusted; column "
+          f"j, the one projected off)")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_gram_form_measures_the_conflict_on_the_adjusted_gradient(seed):
+    """The gradients of test_the_conflict_is_measured_on_the_adjusted_gradient, through the Gram
+    form: only g_1's second projection depends on the dot being g_1^PC's, C_1 . G_:j, not G_1j."""
+    g = torch.tensor([[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    want = algorithm_1(g.tolist(), random.Random(seed))
+    got = [round(x, 12) + 0.0 for x in from_gram(g, seed).tolist()]
+    check(PART, got == want, f"pcgrad_weights on g_1 = (-1, -1, 0), g_2 = (1, 0, 0), g_3 = (1, 1, "
+          f"0) (seed {seed}): g_1 is projected off g_2 and g_3 in turn, and Algorithm 1's "
+          f"direction is {want}; sum_j w_j g_j is {got}: test and project with the current "
+          f"g_i^PC . g_j = C[i] @ G[:, j], not the original G_ij")
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_two_tasks_equal_the_closed_form(seed):
     g1, g2 = conflicting_pair(seed)
@@ -78,18 +160,6 @@ def test_two_tasks_equal_the_closed_form(seed):
     close(PART, projected(g, seed).sum(0), expected, f"project_conflicting's {what}",
           atol=1e-12, rtol=0)
     close(PART, from_gram(g, seed), expected, f"pcgrad_weights' {what}", atol=1e-12, rtol=0)
-
-
-def test_gradients_without_conflict_pass_through_unchanged():
-    g = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 3.0], [0.0, 1.0, 1.0]], dtype=torch.float64)
-    orthogonal = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # a dot of exactly 0 is not a conflict
-    for grads, what in ((g, "three gradients whose dot products are all positive"),
-                        (orthogonal, "two orthogonal gradients (a dot of 0 is no conflict)")):
-        close(PART, projected(grads, 0), grads, f"project_conflicting's output on {what}, which "
-              f"must be its input unchanged,", atol=0, rtol=0)
-        close(PART, from_gram(grads, 0), grads.sum(0),
-              f"pcgrad_weights' direction on {what}, which must be the plain sum,",
-              atol=1e-12, rtol=0)
 
 
 def test_one_task_is_the_identity():

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from minknn.losses import METRIC_LOSSES, Objective
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 
-from grading import check, close, graded, matches_reference
+from grading import as_mix, check, close, graded, matches_reference
 
 PART = "proxy-inference"
 C, D = 5, 16
@@ -34,6 +34,22 @@ def stand_in(seed=0, B=6, scale=10.0):
     objective = SimpleNamespace(metric=SimpleNamespace(class_logits=class_logits))
     logits, h = torch.randn(B, C, generator=g), torch.randn(B, D, generator=g)
     return objective, logits, h, class_logits(h)
+
+
+def test_the_mix_weighs_the_head_by_1_minus_alpha_and_the_proxies_by_alpha():
+    """The mix read back as a F(h) + b s cos(h, P_c) (grading.as_mix): at each alpha, a must be
+    1 - alpha and b alpha; a mix that is no such sum mixes something else than the two logits
+    (probabilities, say)."""
+    objective, logits, h, proxies = stand_in()
+    for alpha in (0.0, 0.3, 1.0):
+        a, b, off = as_mix(mixed(objective, logits, h, alpha), logits, proxies)
+        check(PART, off < 1e-4, f"with alpha = {alpha}, the mix is not a weighted sum of the "
+              f"linear head's logits F(h) and the proxies' s cos(h, P_c) (off by {off:.3g}): mix "
+              f"the two logits themselves, not their softmax (it comes after the mix)")
+        check(PART, abs(a - (1 - alpha)) < 1e-4 and abs(b - alpha) < 1e-4, f"with alpha = "
+              f"{alpha}, the mix must be {1 - alpha:.3g} F(h) + {alpha:.3g} s cos(h, P_c) "
+              f"(1 - alpha on the linear head's logits, alpha on the proxies'); it is {a:.3g} "
+              f"F(h) + {b:.3g} s cos(h, P_c)")
 
 
 def test_the_mix_by_hand():

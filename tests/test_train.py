@@ -805,6 +805,10 @@ def test_part_training_parameter_groups():
               f"parameter of model_params and loss_params belongs in exactly one")
         group, wd = groups[0], groups[0]["weight_decay"]
         lr = group.get("initial_lr", group["lr"])  # a scheduler keeps the group's lr in initial_lr
+        check(PART, tuple(group["betas"]) == (0.9, 0.999) and group["eps"] == 1e-8, f"BERT's "
+              f"optimiser has AdamW's default betas (0.9, 0.999) and eps 1e-8 (Devlin et al., "
+              f"A.2); the group holding {name} has betas {tuple(group['betas'])}, eps "
+              f"{group['eps']}: leave them at their defaults")
         if name.startswith("losses."):
             check(PART, lr == args.proxy_lr, f"the loss's parameters (proxies) learn at "
                   f"args.proxy_lr = {args.proxy_lr}; the group holding {name} has lr {lr}")
