@@ -316,6 +316,7 @@ def test_every_path_and_link_names_a_file_that_exists(page):
         if name.split("/")[0] not in TOP and name != "data/README.md" or re.search(r"[<>{}]", name):
             continue
         found = glob.glob(os.path.join(ROOT, name)) if "*" in name else os.path.exists(os.path.join(ROOT, name))
-        if not found:
+        edition = os.path.exists(os.path.join(ROOT, "HANDOUT.md"))  # a student edition leaves some out
+        if not found and not (edition and name in minknn.assignment.NOT_COPIED):
             faults.append(f"{page}:{line}: `{name}` names no file of the repository")
     assert not faults, "\n".join(faults)
