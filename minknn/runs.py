@@ -78,7 +78,7 @@ def held_run(folder, held):
     stopped = None  # no summary.json: a run killed, or still starting
     if "summary.json" in held:
         stopped = read_json(os.path.join(folder, "summary.json")).get("stopped", "")
-    if stopped is None or stopped == "interrupted":
+    if stopped is None or stopped in ("interrupted", "terminated"):  # Ctrl-C, SIGTERM
         return (f"--out {folder} already holds a run ({', '.join(held)}); continue it with "
                 f"--resume {folder}, or choose another --out")
     if stopped:  # diverged: resumed, it would diverge again

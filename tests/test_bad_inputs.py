@@ -20,7 +20,7 @@ import torch
 import evaluate
 import minknn.moco
 import train
-from minknn import run, runner
+from minknn import Terminated, run, runner
 from minknn.checkpoint import CHECKSUM, sealed
 from minknn.runs import lock_folder
 
@@ -78,14 +78,15 @@ def under_a_file(tmp, tiny, fixtures):
     return [a if a != str(tmp / "run") else a_file(tmp / "file") + "/run" for a in trainer()(tmp, tiny, fixtures)]
 
 
-def stopped_run(tmp, tiny, fixtures):
-    """tmp/run: a run stopped by Ctrl-C in its second epoch (last.pt, checkpoint.pt, run.json)."""
+def stopped_run(tmp, tiny, fixtures, stop=KeyboardInterrupt):
+    """tmp/run: a run stopped by Ctrl-C (or `stop`: SIGTERM's Terminated) in its second epoch
+    (last.pt, checkpoint.pt, run.json)."""
     real, calls = train.train_step, []
 
     def step_or_stop(*args, **kwargs):
         calls.append(1)
         if len(calls) == 7:
-            raise KeyboardInterrupt
+            raise stop
         return real(*args, **kwargs)
     train.train_step = step_or_stop
     try:
@@ -216,6 +217,8 @@ FLAG_CASES = [
      "holds a finished run (summary.json); choose another --out for a new one (evaluate it with: python "
      "evaluate.py --checkpoint "),
     ("out holds an interrupted run", "train", out_holds(stopped_run), "continue it with --resume"),
+    ("out holds a terminated run", "train", out_holds(lambda *a: stopped_run(*a, stop=Terminated)),
+     "continue it with --resume"),
     ("out holds a diverged run", "train", out_holds(diverged_run),
      "holds a run that diverged (summary.json); start again with another --out"),
     # --resume on a hand-edited run.json: checked as the command line is, naming the key
