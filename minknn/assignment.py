@@ -440,6 +440,13 @@ def solve(edition, root=ROOT, force=False):
     this repository's block is the student's code: refused, naming its parts, unless force.
     Returns the parts of those it overwrote (force)."""
     blocks = blocks_by_part(root, [])
+    stubbed = sorted((n for n, bodies in blocks.items() if any(is_stub(n, b) for b in bodies)),
+                     key=NUMBER.__getitem__)
+    if stubbed:  # run from an edition: its "solution" would be the stubs
+        raise AssignmentError(f"{root} is itself a student edition ({label(stubbed[0])} is a "
+                              f"stub there): run python -m minknn.assignment --solve "
+                              f"{os.path.abspath(edition)} from the minknn that holds the "
+                              f"solutions")
     missing = [f for f in PART_FILES if not os.path.isfile(os.path.join(edition, f))]
     if missing:
         raise AssignmentError(f"{edition}: not a student edition (no {', '.join(missing[:3])})")

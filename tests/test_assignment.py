@@ -342,6 +342,15 @@ def test_solve_refuses_a_students_code_unless_forced(edition, tmp_path):
             open(os.path.join(ROOT, f), "rb").read(), f"{f} differs after --solve --force"
 
 
+def test_solve_run_from_an_edition_is_refused(edition, tmp_path):
+    """`python -m minknn.assignment --solve .` inside an edition would put its own stubs back
+    and say 'every solution block put back': refused, saying where --solve must run from."""
+    r = subprocess.run([sys.executable, "-m", "minknn.assignment", "--solve", "."], cwd=edition,
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr.count("\n")) == (2, 1), r.stdout + r.stderr
+    assert "is itself a student edition (part 1 embeddings is a stub there)" in r.stderr, r.stderr
+
+
 def test_the_whole_suite_passes_in_a_finished_edition(edition, tmp_path):
     """The handout's promise: every part written (the solution put back), the edition's default
     explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
