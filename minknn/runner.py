@@ -34,7 +34,6 @@ use: results.jsonl is only ever replaced whole, so it shows the cells finished s
 """
 import concurrent.futures
 import contextlib
-import fcntl
 import io
 import json
 import multiprocessing
@@ -51,7 +50,7 @@ from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_f
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES
 from minknn.rules import line_head, score_cell
-from minknn.runs import make_folder, read_json, write_json, write_jsonl
+from minknn.runs import lock_folder, make_folder, read_json, write_json, write_jsonl
 from minknn.tasks import get_task
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
@@ -373,20 +372,7 @@ def lock_grid(out):
     runner ends, even by kill -9. The file stays behind, harmless: deleting it would let a
     runner that had just opened it lock a file no later runner sees."""
     make_folder(out)
-    f = open(os.path.join(out, "grid.lock"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        raise MinknnError(f"--out {out} is in use by another runner (pid {pid}); wait for it to "
-                          f"finish, or choose another --out") from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    return f
+    return lock_folder(out, "grid.lock", "runner", what=f"--out {out}")
 
 
 def main(argv=None):

@@ -162,13 +162,14 @@ def make_folder(folder, what="--out"):
         raise MinknnError(f"{what} {folder}: cannot write there ({e.strerror})") from None
 
 
-def lock_folder(folder):
-    """An exclusive lock on folder/run.lock, held while the returned file stays open. A run that
-    ends removes its run.lock before it lets go (close_run_folder): a process that opened that
-    file just before then locks a file no longer in the folder, while a third may create and lock
-    a new one. So the lock counts only if the file locked is still the one at the path; if not,
-    try again."""
-    path = os.path.join(folder, "run.lock")
+def lock_folder(folder, name="run.lock", holder="training process", what=None):
+    """An exclusive lock on folder/name, held while the returned file stays open (the runner
+    locks its grid's folder with it too: name grid.lock, holder "runner"). A run that ends
+    removes its run.lock before it lets go (close_run_folder): a process that opened that file
+    just before then locks a file no longer in the folder, while a third may create and lock a
+    new one. So the lock counts only if the file locked is still the one at the path; if not,
+    try again. what: how the error names the folder (default: its path)."""
+    path = os.path.join(folder, name)
     while True:
         f = open(path, "a+")
         try:
@@ -177,8 +178,8 @@ def lock_folder(folder):
             f.seek(0)
             pid = f.read().strip() or "?"
             f.close()
-            raise MinknnError(f"{folder} is in use by another training process (pid {pid}); wait "
-                              f"for it to finish, or choose another --out") from None
+            raise MinknnError(f"{what or folder} is in use by another {holder} (pid {pid}); "
+                              f"wait for it to finish, or choose another --out") from None
         if same_file(f, path):
             break
         f.close()  # a lock on a removed run.lock: it guards nothing
