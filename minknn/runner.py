@@ -50,7 +50,7 @@ from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_f
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES
 from minknn.rules import line_head, score_cell
-from minknn.runs import lock_folder, make_folder, read_json, write_json, write_jsonl
+from minknn.runs import lock_folder, make_folder, read_json, read_jsonl, write_json, write_jsonl
 from minknn.tasks import get_task
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
@@ -146,6 +146,10 @@ def run_cell(cell, methods, ctx):
             status = "new" if gone else status
             print(f"warning: {cell.name}: its cell.json is damaged; "
                   f"{'training' if gone else 'scoring'} the cell again", file=sys.stderr)
+        if status == "done" and damaged_metrics(folder):  # the learning curve is lost with it
+            print(f"warning: {cell.name}: its metrics.jsonl is damaged; training the cell again",
+                  file=sys.stderr)
+            status = "new"
         if status == "new" and os.path.isdir(folder):  # killed before its first epoch ended
             shutil.rmtree(folder)
         if status != "done":
@@ -167,6 +171,16 @@ def run_cell(cell, methods, ctx):
     write_json(done, {"cell": cell.name, "lines": list(lines.values())})
     drop_checkpoints(folder, ctx)
     return [lines[m.name] for m in methods]
+
+
+def damaged_metrics(folder):
+    """Whether a trained cell's metrics.jsonl (its epochs' records: the learning curve and the
+    best epoch's scores) cannot be read back; a finished run keeps them nowhere else."""
+    try:
+        read_jsonl(os.path.join(folder, "metrics.jsonl"))
+    except (MinknnError, OSError):
+        return True
+    return False
 
 
 def saved_lines(folder):

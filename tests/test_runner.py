@@ -261,6 +261,35 @@ def test_a_kill_while_scoring_resumes_without_retraining(tiny_bert_dir, tmp_path
     assert len(lines_of(out)) == 2
 
 
+def test_a_damaged_metrics_file_of_an_unscored_cell_trains_it_again(tiny_bert_dir, tmp_path,
+                                                                    monkeypatch, capsys):
+    """A cell trained but not yet scored whose metrics.jsonl is cut short (its epochs' records,
+    kept nowhere else once the run finished): the rerun trains that cell again, with a warning,
+    and finishes the grid; its figures are the ones the first training gave."""
+    real = runner.score_cell
+    monkeypatch.setattr(runner, "score_cell", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    out = tmp_path / "g"
+    with pytest.raises(SystemExit):
+        run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    monkeypatch.setattr(runner, "score_cell", real)
+    cell = sorted((out / "runs").iterdir())[0]
+    metrics = cell / "metrics.jsonl"
+    whole = metrics.read_text()
+    metrics.write_text(whole[:-20])
+    calls, real_main = [], train.main
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
+    capsys.readouterr()
+    run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    assert [a for a in calls if str(cell) in a], \
+        f"runner: {cell.name}'s damaged metrics.jsonl must make the rerun train it again: {calls}"
+    assert f"warning: {cell.name}: its metrics.jsonl is damaged" in capsys.readouterr().err
+    strip = [{k: v for k, v in json.loads(line).items() if k != "epoch_seconds"}
+             for text in (whole, metrics.read_text()) for line in text.splitlines()]
+    assert strip[:len(strip) // 2] == strip[len(strip) // 2:], \
+        "runner: the cell trained again must give the records it gave before (the same seed)"
+    assert len(lines_of(out)) == 2
+
+
 def test_a_method_added_later_is_scored_from_kept_checkpoints(tiny_bert_dir, tmp_path,
                                                               monkeypatch):
     kept, dropped = tmp_path / "kept", tmp_path / "dropped"
