@@ -31,9 +31,9 @@ torch.save and kept in the dict itself: every tensor's dtype, shape and raw byte
 value's repr, in the dict's own order. A hash of the file's bytes would need a second file (or
 the hash after the zip) to travel with it through every rename; this one is inside the file, and
 damage to the zip's own structure makes torch.load fail instead, also one line. Its cost is one
-more pass over the bytes at each save and load: sha256 reads several hundred MB a second, so
-well under a second for the default model's 91 MB, and for last.pt (the weights and AdamW's two
-moments: three times as much) once an epoch. A file from before checksums loads with a warning.
+more pass over the bytes at each save and load: 0.07 s for the default model's 91 MB of weights
+on this project's 2-core CPU (measured: content_sha256 of a 22.7M-float tensor), three times that
+for last.pt (the weights and AdamW's two moments) once an epoch. A file from before checksums loads with a warning.
 """
 import contextlib
 import dataclasses
