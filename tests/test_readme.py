@@ -62,6 +62,7 @@ from minknn.bert import BertConfig, BertModel
 from minknn.data import DataError
 from minknn.safetensors import save_safetensors
 from test_readers import imdb_reviews, write_imdb
+from test_runs import stop_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
@@ -227,7 +228,7 @@ def test_every_command_runs(page, user, tmp_path, monkeypatch, capsys):
         stop = name == "train" and flag(args, "--out") in resumed
         with monkeypatch.context() as m:
             if stop:
-                stop_in_second_epoch(m)
+                stop_at(m, 2, KeyboardInterrupt)  # the first step of epoch 2: one a step
             status = run_main(MAINS[name], argv, where)
         err = capsys.readouterr().err
         said = [line for line in err.splitlines() if line.startswith("error") or "interrupted" in line]
@@ -245,18 +246,6 @@ def run_main(main, argv, where):
     except Exception as e:  # a traceback a user would have seen
         raise AssertionError(f"{where} raised {type(e).__name__}: {e}") from e
     return 0
-
-
-def stop_in_second_epoch(m):
-    """Ctrl-C at the second training step (the first of epoch 2: one step an epoch)."""
-    real, calls = train.train_step, []
-
-    def step(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-    m.setattr(train, "train_step", step)
 
 
 def test_multitask_without_quora_names_the_file_and_what_runs_instead(user, tmp_path, monkeypatch, capsys):

@@ -245,16 +245,22 @@ def test_a_diverged_cell_is_recorded_and_left_out(tiny_bert_dir, tmp_path, monke
     run_grid(tiny_bert_dir, out, tasks="mr", methods="ce,proxyanchor+proxy")  # nothing to redo
 
 
-def test_a_kill_while_scoring_resumes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
+def killed_while_scoring(tiny_bert_dir, out, monkeypatch):
+    """A one-task grid stopped by Ctrl-C in its first cell's scoring: that cell trained, none
+    scored. Returns the list of train.py argvs the next run_grid calls will record."""
     real = runner.score_cell
     monkeypatch.setattr(runner, "score_cell", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
-    out = tmp_path / "g"
     with pytest.raises(SystemExit):
         run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     monkeypatch.setattr(runner, "score_cell", real)
-    calls = []
-    real_main = train.main
+    calls, real_main = [], train.main
     monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
+    return calls
+
+
+def test_a_kill_while_scoring_resumes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
+    out = tmp_path / "g"
+    calls = killed_while_scoring(tiny_bert_dir, out, monkeypatch)
     run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     assert len(calls) == 1, "the cell killed while scoring is scored, not retrained; the other " \
                             f"one trains: {calls}"
@@ -266,26 +272,22 @@ def test_a_damaged_metrics_file_of_an_unscored_cell_trains_it_again(tiny_bert_di
     """A cell trained but not yet scored whose metrics.jsonl is cut short (its epochs' records,
     kept nowhere else once the run finished): the rerun trains that cell again, with a warning,
     and finishes the grid; its figures are the ones the first training gave."""
-    real = runner.score_cell
-    monkeypatch.setattr(runner, "score_cell", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     out = tmp_path / "g"
-    with pytest.raises(SystemExit):
-        run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
-    monkeypatch.setattr(runner, "score_cell", real)
+    calls = killed_while_scoring(tiny_bert_dir, out, monkeypatch)
     cell = sorted((out / "runs").iterdir())[0]
     metrics = cell / "metrics.jsonl"
     whole = metrics.read_text()
     metrics.write_text(whole[:-20])
-    calls, real_main = [], train.main
-    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
     capsys.readouterr()
     run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     assert [a for a in calls if str(cell) in a], \
         f"runner: {cell.name}'s damaged metrics.jsonl must make the rerun train it again: {calls}"
     assert f"warning: {cell.name}: its metrics.jsonl is damaged" in capsys.readouterr().err
-    strip = [{k: v for k, v in json.loads(line).items() if k != "epoch_seconds"}
-             for text in (whole, metrics.read_text()) for line in text.splitlines()]
-    assert strip[:len(strip) // 2] == strip[len(strip) // 2:], \
+
+    def records(text):
+        return [{k: v for k, v in json.loads(line).items() if k != "epoch_seconds"}
+                for line in text.splitlines()]
+    assert records(metrics.read_text()) == records(whole), \
         "runner: the cell trained again must give the records it gave before (the same seed)"
     assert len(lines_of(out)) == 2
 
