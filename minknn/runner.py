@@ -50,7 +50,8 @@ from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_f
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES
 from minknn.rules import line_head, score_cell
-from minknn.runs import lock_folder, make_folder, read_json, read_jsonl, write_json, write_jsonl
+from minknn.runs import (lock_folder, make_folder, read_json, read_jsonl, run_status, write_json,
+                         write_jsonl)
 from minknn.tasks import get_task
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
@@ -201,12 +202,9 @@ def saved_lines(folder):
 def training_status(folder):
     """'done' (summary.json of a finished run), 'diverged' (its summary says so), 'resume'
     (stopped after an epoch: last.pt) or 'new'."""
-    summary = os.path.join(folder, "summary.json")
-    stopped = read_json(summary).get("stopped") if os.path.exists(summary) else "no summary"
-    if not stopped:
-        return "done"
-    if str(stopped).startswith("diverged"):
-        return "diverged"
+    status = run_status(folder)
+    if status != "stopped":
+        return {"finished": "done", "diverged": "diverged"}[status]
     return "resume" if os.path.exists(os.path.join(folder, "last.pt")) else "new"
 
 

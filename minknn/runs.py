@@ -72,18 +72,28 @@ def new_run_folder(out, default):
     return folder, lock, created
 
 
+def run_status(folder):
+    """How the run in `folder` ended, from its summary.json: "finished"; "diverged" (resumed, it
+    would diverge again); or "stopped", which --resume continues: Ctrl-C, SIGTERM, or no
+    summary.json at all (a kill -9, a crash, a run still starting). The one reading of it: the
+    runner's cells go by it too."""
+    path = os.path.join(folder, "summary.json")
+    stopped = read_json(path).get("stopped") if os.path.exists(path) else "killed"
+    if not stopped:
+        return "finished"
+    return "diverged" if str(stopped).startswith("diverged") else "stopped"
+
+
 def held_run(folder, held):
     """Why --out `folder`, which holds the files `held`, cannot take a new run, and what can be
     done instead: a stopped run goes on with --resume; a finished one is evaluated."""
-    stopped = None  # no summary.json: a run killed, or still starting
-    if "summary.json" in held:
-        stopped = read_json(os.path.join(folder, "summary.json")).get("stopped", "")
-    if stopped is None or stopped in ("interrupted", "terminated"):  # Ctrl-C, SIGTERM
+    status = run_status(folder)
+    if status == "stopped":
         return (f"--out {folder} already holds a run ({', '.join(held)}); continue it with "
                 f"--resume {folder}, or choose another --out")
-    if stopped:  # diverged: resumed, it would diverge again
-        return (f"--out {folder} holds a run that {stopped.split(':')[0]} (summary.json); start "
-                f"again with another --out")
+    if status == "diverged":
+        return (f"--out {folder} holds a run that diverged (summary.json); start again with "
+                f"another --out")
     return (f"--out {folder} holds a finished run (summary.json); choose another --out for a new "
             f"one ({finished_hint(folder)})")
 
@@ -133,8 +143,7 @@ def open_run_folder(folder, save="best"):
     """Locks the folder of a run to resume and removes the temporary files a kill left. save: the
     run's --save (a run with --save none has no checkpoint.pt to need)."""
     lock = lock_folder(folder)
-    summary = os.path.join(folder, "summary.json")
-    if os.path.exists(summary) and not read_json(summary).get("stopped"):
+    if run_status(folder) == "finished":
         close_run_folder(folder, lock, [])
         raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to "
                           f"resume ({finished_hint(folder)}; a new run needs another --out)")
