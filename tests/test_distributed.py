@@ -6,8 +6,8 @@ without a process group, on the whole batch (the reference); the tests compare t
 - every loss train.py builds (the Objective: ce, the in-batch and proxy losses, mlcon on multi-hot
   labels), with a batch of 7 that 2 ranks split 4 + 3: the loss, the encoder's gradients after
   DDP's average (and once under DistributedDataParallel itself), the proxies' gradients;
-- the MoCo memory: two steps of knnbert with its queue, and of moco with a memory bank, then the
-  memory (keys, labels, ids, pointer) and the weights; the sharded fill of a tiny BERT's keys;
+- the MoCo memory: two steps of knnbert and moco with a queue, and of moco with a memory bank,
+  then the memory (keys, labels, ids, pointer) and the weights; the sharded fill of a tiny BERT;
 - PCGrad under DDP: 3 tasks with conflicting gradients, each task's g_k all-reduced before the
   surgery, the forwards and backwards under no_sync();
 - gather itself: the order of the rows, a rank with no rows, the gradient of the local part
@@ -48,6 +48,7 @@ from conftest import DATA
 WORLD, D, C = 2, 4, 3  # ranks, embedding width, classes
 LOSSES = ("ce", "supcon", "triplet", "npairs", "contrastive", "mnrl", "softtriple", "proxynca",
           "proxyanchor", "mlcon")
+MEMORIES = (("knnbert", "queue"), ("moco", "queue"), ("moco", "bank"))  # loss, --memory
 
 
 class Encoder(nn.Module):
@@ -132,7 +133,7 @@ def memory_steps(loss, kind, n=7, size=10, steps=2):
         optimizer.step()
         moco.after_step(keys, y, rows, output.embeddings)
         losses.append(total.detach())
-    return {"losses": torch.stack(losses),
+    return {"loss of each step": torch.stack(losses),
             **{f"memory {k}": v.clone() for k, v in moco.memory.state_dict().items()},
             **{f"model {k}": v.clone() for k, v in model.state_dict().items()}}
 
@@ -214,8 +215,7 @@ def checks(bert_dir):
         **{f"loss {name}": (loss_step, (name, 7)) for name in LOSSES},
         "loss supcon, a batch of 8": (loss_step, ("supcon", 8)),
         "loss proxyanchor under DistributedDataParallel": (loss_step, ("proxyanchor", 7, True)),
-        "memory knnbert queue": (memory_steps, ("knnbert", "queue")),
-        "memory moco bank": (memory_steps, ("moco", "bank")),
+        **{f"memory {loss} {kind}": (memory_steps, (loss, kind)) for loss, kind in MEMORIES},
         "fill queue": (memory_fill, ("queue", bert_dir)),
         "fill bank": (memory_fill, ("bank", bert_dir)),
         "pcgrad": (pcgrad_step, ()),
@@ -295,7 +295,7 @@ def test_an_even_split_and_distributed_data_parallel_itself(ranks):
                         "DDP's own average of the gradients must give one process's")
 
 
-@pytest.mark.parametrize("loss, kind", [("knnbert", "queue"), ("moco", "bank")])
+@pytest.mark.parametrize("loss, kind", MEMORIES)
 def test_every_rank_holds_one_process_memory(ranks, loss, kind):
     same_as_one_process(ranks, f"memory {loss} {kind}", memory_steps(loss, kind),
                         "the keys of every rank must be gathered before the loss and the "
