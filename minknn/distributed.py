@@ -37,6 +37,10 @@ import torch.distributed as dist
 from minknn.model import Output
 
 
+def _grouped():
+    return dist.is_available() and dist.is_initialized()
+
+
 def launched():
     """Whether torchrun started this process (it sets RANK), as nanoGPT detects it."""
     return int(os.environ.get("RANK", -1)) != -1
@@ -59,12 +63,8 @@ def setup(device_name):
 
 
 def teardown():
-    if dist.is_available() and dist.is_initialized():
+    if _grouped():
         dist.destroy_process_group()
-
-
-def _grouped():
-    return dist.is_available() and dist.is_initialized()
 
 
 def rank():
@@ -136,12 +136,23 @@ def gather_output(output, sizes, pair=False):
     a kNN datastore reads it, built at evaluation on rank 0. pair: a siamese pair batch, whose
     vectors are its B first texts then its B second ones; each half is gathered on its own."""
     def vectors(x):
-        if x is None or not pair:
-            return None if x is None else gather(x, sizes)
+        if x is None:
+            return None
+        if not pair:
+            return gather(x, sizes)
         b = sizes[rank()]
         return torch.cat([gather(x[:b], sizes), gather(x[b:], sizes)])
     return Output(logits=gather(output.logits, sizes), embeddings=vectors(output.embeddings),
                   retrieval=vectors(output.retrieval))
+
+
+@torch.no_grad()
+def broadcast(module):
+    """Rank 0's parameters and buffers, copied into every rank's `module`: for what DDP does not
+    hold, a loss's proxies, which must start equal on every rank (DDP does this for the model)."""
+    if _grouped():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t, 0)
 
 
 def all_reduce_mean(tensor):

@@ -34,8 +34,8 @@ from torch.testing import assert_close
 
 from minknn.bert import BertModel
 from minknn.data import load_split
-from minknn.distributed import (all_reduce_grads, all_reduce_mean, gather, gather_output,
-                                is_main, rank, sizes, slice_of, world)
+from minknn.distributed import (all_reduce_grads, all_reduce_mean, broadcast, gather,
+                                gather_output, is_main, rank, sizes, slice_of, world)
 from minknn.losses import Objective
 from minknn.model import Model, Output
 from minknn.moco import MoCo
@@ -209,6 +209,14 @@ def gather_pair(n=5):
     return {"embeddings": output.embeddings, "logits": output.logits}
 
 
+def proxies_broadcast():
+    """A proxy loss built under another seed on each rank, then broadcast from rank 0."""
+    torch.manual_seed(rank())
+    objective = Objective("proxyanchor", C, D)
+    broadcast(objective)
+    return {"proxies": objective.metric.proxies.detach()}
+
+
 def checks(bert_dir):
     """Every check: name -> (function, its arguments). Both ranks run them in this order."""
     return {
@@ -222,6 +230,7 @@ def checks(bert_dir):
         "gather 3": (gather_rows, (3,)),
         "gather 1": (gather_rows, (1,)),
         "gather pair": (gather_pair, ()),
+        "broadcast": (proxies_broadcast, ()),
     }
 
 
@@ -336,6 +345,14 @@ def test_gather_keeps_the_rows_in_order_and_sums_the_gradients(ranks):
 def test_a_pair_batch_is_gathered_half_by_half(ranks):
     same_as_one_process(ranks, "gather pair", gather_pair(),
                         "a siamese batch's first texts then its second ones, each half gathered")
+
+
+def test_broadcast_gives_every_rank_rank_0s_proxies(ranks):
+    rank0, rank1 = results_of(ranks, "broadcast")
+    torch.manual_seed(0)
+    assert_close(rank0["proxies"], Objective("proxyanchor", C, D).metric.proxies.detach())
+    assert_close(rank1["proxies"], rank0["proxies"], msg=lambda m: (
+        f"broadcast: rank 1's proxies must be rank 0's, whatever seed built them\n{m}"))
 
 
 def test_slices_cover_the_batch_in_order():
