@@ -11,7 +11,7 @@ without a process group, on the whole batch (the reference); the tests compare t
 - PCGrad under DDP: 3 tasks with conflicting gradients, each task's g_k all-reduced before the
   surgery, the forwards and backwards under no_sync();
 - gather itself: the order of the rows, a rank with no rows, the gradient of the local part
-  (world x its share), a siamese pair's two halves.
+  (world x its share), a siamese pair's two halves; broadcast of a loss's proxies.
 The pool is spawned once for the module (a spawn costs seconds of imports) and runs every check
 in order; each rank sets 1 thread, and nothing waits forever (gloo's timeout, a join timeout).
 """
