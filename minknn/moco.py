@@ -123,7 +123,8 @@ class MemoryBank(Memory):
 
 class MoCo:
     """What train.py calls for a memory loss: before the loss, batch_keys(); after the optimiser
-    step, after_step(). The memory itself is `self.memory`; it serves one classification task."""
+    step, after_step(). The memory itself is `self.memory`; it serves one classification task.
+    Under DDP it is given the model itself, not its DDP wrapper (the key encoder is a copy)."""
 
     def __init__(self, model, task, kind, size, momentum=MOMENTUM):
         self.task, self.kind = task, kind
