@@ -334,7 +334,8 @@ def test_gather_keeps_the_rows_in_order_and_sums_the_gradients(ranks):
         w = torch.arange(1.0, 2 * n + 1).view(n, 2)
         for r, got in enumerate(results_of(ranks, f"gather {n}")):
             assert_close(got["gathered"], torch.arange(n * 2.0).view(n, 2), msg=lambda m: (
-                f"gather of {n} rows: rank {r} got another batch than rows 0..{n - 1} in order\n{m}"))
+                f"gather of {n} rows: rank {r} got another batch than rows 0..{n - 1} in "
+                f"order\n{m}"))
             start, stop = slice_of(n, r, WORLD)
             # every rank's loss reaches every slice: its gradient is summed over the 2 ranks
             assert_close(got["grad"], WORLD * w[start:stop], msg=lambda m: (
