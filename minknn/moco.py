@@ -24,6 +24,12 @@ about 0.995 to its fresh key, and the losses leave it out (losses/moco.py, losse
 Their tensors are registered buffers, saved with the checkpoint.
 MoCo's shuffle-BN is not needed here: it fights BatchNorm's batch statistics, and BERT has only
 LayerNorm, which normalises each example on its own.
+Under DDP (minknn/distributed.py) every rank holds the same memory as one process would: the key
+encoder encodes the rank's slice of the batch, and the keys of all ranks are gathered (without
+gradient, MoCo's concat_all_gather) before the loss and the enqueue, with the whole batch's labels
+and rows; a memory bank moves towards the gathered queries. The fill is sharded: each rank encodes
+its share of the examples, and the keys are gathered in their order. The key encoders stay equal,
+because DDP keeps the models equal.
 """
 import copy
 import time
@@ -33,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minknn import MinknnError
+from minknn.distributed import gather_keys, is_main, rank, sizes, slice_of, world
 from minknn.engine import predict
 
 MOMENTUM, BANK_MOMENTUM, QUEUE_SIZE = 0.999, 0.5, 32000
@@ -116,7 +123,8 @@ class MemoryBank(Memory):
 
 class MoCo:
     """What train.py calls for a memory loss: before the loss, batch_keys(); after the optimiser
-    step, after_step(). The memory itself is `self.memory`; it serves one classification task."""
+    step, after_step(). The memory itself is `self.memory`; it serves one classification task.
+    Under DDP it is given the model itself, not its DDP wrapper (the key encoder is a copy)."""
 
     def __init__(self, model, task, kind, size, momentum=MOMENTUM):
         self.task, self.kind = task, kind
@@ -127,31 +135,44 @@ class MoCo:
 
     def fill(self, model, tokenizer, examples, labels, batch_size, device, precision=None):
         """One pass over the first `size` training examples (the key encoder's for the queue, in
-        the run's --precision, as the keys of training are): slot i holds training example i."""
-        size = len(self.memory.keys)
+        the run's --precision, as the keys of training are): slot i holds training example i.
+        Under DDP each rank encodes its slice of them, and the keys are gathered."""
+        size, dim = self.memory.keys.shape
         encoder = self.key_encoder.encoder if self.key_encoder else model
-        _, keys = predict(encoder, tokenizer, self.task, examples[:size], batch_size, device,
-                          progress=f"filling the {self.kind}", precision=precision)
-        self.memory.fill(keys.to(device), labels[:size].to(device),
-                         torch.arange(size, device=device))
+        start, stop = slice_of(size, rank(), world())
+        keys = torch.zeros(0, dim)  # a rank with no share (size < world)
+        if stop > start:
+            _, keys = predict(encoder, tokenizer, self.task, examples[start:stop], batch_size,
+                              device, progress=f"filling the {self.kind}" if is_main() else None,
+                              precision=precision)
+        keys = gather_keys(keys.to(device), sizes(size, world()))
+        self.memory.fill(keys, labels[:size].to(device), torch.arange(size, device=device))
         model.train()  # predict() left it in eval mode
 
     def batch_keys(self, model, batch, rows):
         """The positives' side of this batch: the key encoder's keys after its momentum step
-        (queue), or the batch's own memory-bank entries (bank)."""
+        (queue), or the batch's own memory-bank entries (bank). rows: the batch's training-set
+        rows. Under DDP `batch` is this rank's slice of the batch and `rows` the whole batch's:
+        the keys of all ranks' slices are gathered, so every rank has the whole batch's keys."""
         if self.kind == "queue":
-            # MoCo's Algorithm 1 moves the key encoder after each optimiser step; here that move
-            # comes at the start of the next step, so it must come before this batch's keys:
-            # they are the keys of an encoder that has followed the model's last step.
-            # BEGIN part memory
-            self.key_encoder.update(model)
-            return self.key_encoder(self.task.name, batch)
-            # END part memory
+            return gather_keys(self.encode_keys(model, batch), sizes(len(rows), world()))
         return self.memory.keys[rows]  # already float32 unit vectors
+
+    def encode_keys(self, model, batch):
+        """The key encoder's unit keys (B, H) of a tokenised batch, after its momentum step."""
+        # MoCo's Algorithm 1 moves the key encoder after each optimiser step; here that move
+        # comes at the start of the next step, so it must come before this batch's keys:
+        # they are the keys of an encoder that has followed the model's last step.
+        # BEGIN part memory
+        self.key_encoder.update(model)
+        return self.key_encoder(self.task.name, batch)
+        # END part memory
 
     def after_step(self, batch_keys, labels, rows, queries):
         """The memory after the step: the batch's keys (B, dim) join the queue, with their
-        labels and rows; or the batch's bank entries move towards its queries (B, dim)."""
+        labels and rows; or the batch's bank entries move towards its queries (B, dim). Under
+        DDP all of them are the whole batch's (the keys and queries gathered), so that every
+        rank writes the same."""
         # The queue takes the key encoder's keys, never the queries (the model's, with gradients
         # and dropout); the bank moves towards the queries, detached from the graph.
         # BEGIN part memory

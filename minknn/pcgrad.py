@@ -38,6 +38,16 @@ gradients themselves; `project_conflicting` is the algorithm as written, on the 
 the tests hold the fast version to. The (K, P) gradients live in one buffer kept from step to step:
 a fresh 270 MB buffer per step (22.7M parameters, 3 tasks) cost more than the surgery, because the
 operating system zeroes every new page.
+
+Under DDP (minknn/distributed.py) the surgery runs on the global gradients, never on each rank's:
+backward(losses, rng, reduce=all_reduce_mean) averages each task's g_k over the ranks as soon as it
+is taken (one all-reduce per task), so every rank builds the same Gram matrix and the same g^PC
+(with the same rng: seed it alike on every rank). Projecting per rank would not be PCGrad: the
+projection is not linear in g_k, so the mean of per-rank surgeries is not the surgery of the
+means. The caller runs the forward passes and backward() inside ddp_model.no_sync(), so that
+DDP's own all-reduce does not average the gradients a second time, and then averages the
+parameters outside the surgery that DDP holds (the heads) with all_reduce_grads. A loss's proxies
+need nothing: every rank computes the same loss, so their gradient is the same on every rank.
 """
 import random
 
@@ -92,14 +102,15 @@ class PCGrad:
         self.shared = list(shared)
         self.grads = self.update = None  # (K, P) and (P,), made at the first step
 
-    def backward(self, losses, rng=random):
+    def backward(self, losses, rng=random, reduce=None):
         """Backpropagates each task's loss on its own, then sets the shared parameters' .grad to
         sum_k g_k^PC. Every other parameter accumulates its task's gradient as usual. Call it in
         place of sum(losses).backward(), before gradient clipping and optimizer.step(). Returns
         how many pairs of tasks had conflicting gradients (g_i . g_j < 0), of the K (K - 1) / 2.
 
         losses: the tasks' scalar losses, each from its own forward pass (each backward frees its
-        graph)"""
+        graph); reduce: None, or under DDP distributed.all_reduce_mean, applied in place to each
+        flattened g_k (P,) before the surgery (the module docstring)"""
         if not self.shared:  # nothing shared (a frozen encoder): the tasks cannot conflict
             sum(losses).backward()
             return 0
@@ -120,6 +131,8 @@ class PCGrad:
                     p.grad = None  # the next task's backward starts from None again
                     reached.add(n)
                 offset += p.numel()
+            if reduce is not None:
+                reduce(grads[k])  # the global g_k, the same on every rank
         gram = grads @ grads.T  # (K, K)
         weights = pcgrad_weights(gram, rng).to(grads.dtype)  # (K,)
         update = torch.mv(grads.T, weights, out=self.update)  # (P,): sum_k w_k g_k = sum_k g_k^PC

@@ -436,19 +436,19 @@ MUTATIONS = [
      "k = self.m * k + (1 - self.m) * q.detach()",
      "the momentum update bound to the loop's name, not written into the parameters"),
     ("memory", "minknn/moco.py",
-     "            self.key_encoder.update(model)\n"
-     "            return self.key_encoder(self.task.name, batch)",
-     "            keys = self.key_encoder(self.task.name, batch)\n"
-     "            self.key_encoder.update(model)\n"
-     "            return keys",
+     "        self.key_encoder.update(model)\n"
+     "        return self.key_encoder(self.task.name, batch)",
+     "        keys = self.key_encoder(self.task.name, batch)\n"
+     "        self.key_encoder.update(model)\n"
+     "        return keys",
      "the batch keys computed before the momentum update instead of after"),
     ("memory", "minknn/moco.py",
-     "            self.key_encoder.update(model)\n"
-     "            return self.key_encoder(self.task.name, batch)",
-     "            return self.key_encoder(self.task.name, batch)",
+     "        self.key_encoder.update(model)\n"
+     "        return self.key_encoder(self.task.name, batch)",
+     "        return self.key_encoder(self.task.name, batch)",
      "the momentum update forgotten: the key encoder never moves"),
-    ("memory", "minknn/moco.py", "            return self.key_encoder(self.task.name, batch)",
-     "            return F.normalize(model(self.task.name, **batch).embeddings.float(), dim=1)",
+    ("memory", "minknn/moco.py", "        return self.key_encoder(self.task.name, batch)",
+     "        return F.normalize(model(self.task.name, **batch).embeddings.float(), dim=1)",
      "the batch keys from the model (the query encoder) instead of the key encoder"),
     ("memory", "minknn/moco.py", "\n        self.ptr.copy_((self.ptr + len(keys)) % size)", "",
      "the queue pointer never advances"),

@@ -32,6 +32,9 @@ key encoder's encoding of the same batch, rows the batch's training-set rows and
 rows of the keys' examples (a query's own older keys are left out). A loss built with train.py
 flags lists them in its `flags` attribute.
 Every metric loss runs outside autocast, in fp32: a bf16 q.k / 0.07 would be off by a few percent.
+Under torchrun (DDP) every loss sees the global batch, as one process would: the ranks' outputs
+are gathered with their gradients before the loss (minknn/distributed.py says why that gives one
+process's gradients); the memory losses see the keys of every rank too (minknn/moco.py).
 """
 import torch
 import torch.nn as nn

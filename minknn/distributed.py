@@ -1,0 +1,177 @@
+"""Data-parallel training (torchrun, DistributedDataParallel): the process group and the
+collectives the losses, the MoCo memory and PCGrad need.
+
+    torchrun --nproc_per_node N train.py ...    N ranks: NCCL on CUDA (rank r on GPU LOCAL_RANK),
+                                                gloo on the CPU
+    python train.py ...                         one process: every function here is the identity
+
+The rule: every rank computes the same loss as one process on the whole global batch.
+--batch_size is the global batch B. Rank r encodes only its slice of it, rows
+slice_of(B, r, N) = [start, stop): contiguous, the first B % N ranks one example more, so that the
+slices concatenated in rank order are the batch in its original order. The model's outputs are
+then gathered from all ranks (gather_output), with gradients for the local part, and every rank
+builds the batch's targets and training-set rows itself. So every loss (ce, bce, mse and every
+metric loss: supcon, triplet, npairs, contrastive, mnrl, softtriple, proxynca, proxyanchor,
+mlcon, knnbert, moco, decoupled and the pair losses) sees the global batch, exactly what one
+process sees, and needs no change: its in-batch negatives are those of all ranks.
+
+Why the gradients come out right. Every rank computes the same loss L of the gathered outputs.
+all_gather's backward sums, over the ranks, the gradient of L with respect to each rank's slice,
+so rank r's parameter gradient is N dL/dtheta through its own slice; DDP averages over the ranks,
+(1/N) sum_r N dL/dtheta|slice r = dL/dtheta, one process's gradient. A loss's own parameters
+(proxies) are not gathered and not in DDP: each rank computes the identical loss of identical
+proxies, so their gradient is already one process's, on every rank, with no communication.
+tests/test_distributed.py checks this for each loss, and that gathering WITHOUT gradient (only the
+local slice's share) or not at all (a local-batch loss) gives another gradient.
+
+The MoCo memory (minknn/moco.py) gathers its keys without gradient (gather_keys, MoCo's
+concat_all_gather), so that every rank enqueues the same keys and holds the same queue; PCGrad
+(minknn/pcgrad.py) averages each task's gradient (all_reduce_mean) before its projection.
+"""
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minknn.model import Output
+
+
+def _grouped():
+    return dist.is_available() and dist.is_initialized()
+
+
+def launched():
+    """Whether torchrun started this process (it sets RANK), as nanoGPT detects it."""
+    return int(os.environ.get("RANK", -1)) != -1
+
+
+def setup(device_name):
+    """Joins the process group torchrun made: returns (rank, world, device). device_name: the
+    run's device, 'cpu' or 'cuda' (a torch.device too); on CUDA each rank takes its node's GPU
+    LOCAL_RANK, whatever index was given."""
+    if torch.device(device_name).type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # the other ranks wait at a barrier while rank 0 evaluates: NCCL's default 10 minutes may
+    # be too short for a large dev set
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=timedelta(minutes=30))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def teardown():
+    if _grouped():
+        dist.destroy_process_group()
+
+
+def rank():
+    return dist.get_rank() if _grouped() else 0
+
+
+def world():
+    return dist.get_world_size() if _grouped() else 1
+
+
+def is_main():
+    """Rank 0: the only one that evaluates, prints and writes the run's files."""
+    return rank() == 0
+
+
+def sizes(n, world):
+    """The slice sizes of a batch of n over `world` ranks: the first n % world one larger."""
+    return [n // world + (r < n % world) for r in range(world)]
+
+
+def slice_of(n, rank, world):
+    """Rank `rank`'s rows [start, stop) of a batch of n."""
+    start = sum(sizes(n, world)[:rank])
+    return start, start + sizes(n, world)[rank]
+
+
+class AllGather(torch.autograd.Function):
+    """all_gather with a gradient. Forward: every rank's x (same shape on all), stacked
+    (world, ...). Backward: each rank's loss depends on every rank's x, so the gradient of x is
+    the sum over the ranks of the gradient of its part of the stack (one all_reduce).
+    torch.distributed.nn.functional.all_gather does the same, but torch 2.13 warns that it is
+    deprecated, for a private module; this is all it does, on two calls every backend has."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()  # all_reduce writes in place: not into autograd's tensor
+        dist.all_reduce(grad)  # sum over the ranks
+        return grad[dist.get_rank()]
+
+
+def gather(x, sizes):
+    """All ranks' x (sizes[r] rows on rank r) concatenated along dim 0 in rank order, with the
+    gradient flowing back to this rank's x. Without a process group, x itself."""
+    if not _grouped():
+        return x
+    assert len(x) == sizes[rank()], f"rank {rank()} holds {len(x)} rows, not {sizes[rank()]}"
+    # all_gather needs one shape on every rank: pad to the largest slice, cut after
+    padded = torch.cat([x, x.new_zeros(max(sizes) - len(x), *x.shape[1:])])
+    parts = AllGather.apply(padded)  # (world, max(sizes), ...)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+
+@torch.no_grad()
+def gather_keys(x, sizes):
+    """gather() without gradient: MoCo's concat_all_gather, for keys, labels and rows. Never for
+    what a loss is computed from: the other ranks would get no gradient through it."""
+    return gather(x, sizes)
+
+
+def gather_output(output, sizes, pair=False):
+    """The model's Output for the whole batch: logits, embeddings and retrieval gathered with
+    gradients. `hidden` (B, T, H) is left None: each rank pads to its own longest text, and only
+    a kNN datastore reads it, built at evaluation on rank 0. pair: a siamese pair batch, whose
+    vectors are its B first texts then its B second ones; each half is gathered on its own."""
+    def vectors(x):
+        if x is None:
+            return None
+        if not pair:
+            return gather(x, sizes)
+        b = sizes[rank()]
+        return torch.cat([gather(x[:b], sizes), gather(x[b:], sizes)])
+    return Output(logits=gather(output.logits, sizes), embeddings=vectors(output.embeddings),
+                  retrieval=vectors(output.retrieval))
+
+
+@torch.no_grad()
+def broadcast(module):
+    """Rank 0's parameters and buffers, copied into every rank's `module`: for what DDP does not
+    hold, a loss's proxies, which must start equal on every rank (DDP does this for the model)."""
+    if _grouped():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t, 0)
+
+
+def all_reduce_mean(tensor):
+    """The tensor averaged over the ranks, in place (PCGrad's task gradients); returns it."""
+    if _grouped():
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def all_reduce_grads(params):
+    """Averages the .grad of `params` over the ranks in one all-reduce: what DDP does, for the
+    parameters it was told not to sync (PCGrad's step runs under ddp_model.no_sync()). A
+    parameter without .grad is skipped; it must be the same on every rank."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not _grouped() or not grads:
+        return
+    flat = all_reduce_mean(torch.cat([g.reshape(-1) for g in grads]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
