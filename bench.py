@@ -330,20 +330,21 @@ def built(args, argv, train, device):
     argv = argv + ["--model", args.model, "--device", str(device)]
     argv += ["--data_dir", args.data_dir] if args.data_dir else []
     trainer, _ = build(train_py.get_args(argv), train_py.make_optimizer, (train, {}))
-    trainer.model.train()  # a memory fill leaves it in eval mode; train.py's epoch sets this
     return trainer
 
 
 def step(trainer, batches):
-    """One step of train.py's own train_step (batches: minknn/trainer.py's batch())."""
-    train_py.train_step(trainer.model, trainer.losses, trainer.optimizer, trainer.scheduler,
-                        trainer.params, batches, trainer.moco, trainer.pcgrad, trainer.rng,
-                        trainer.args.precision)
+    """One step of train.py's own train_step (batches: minknn/trainer.py's batch()); returns what
+    it returns (each task's loss, ...)."""
+    return train_py.train_step(trainer.model, trainer.losses, trainer.optimizer,
+                               trainer.scheduler, trainer.params, batches, trainer.moco,
+                               trainer.pcgrad, trainer.rng, trainer.args.precision)
 
 
 def fixed_batches(train, tasks, batch_size, steps, seed=0):
-    """`steps` steps' rows, as train.py's streams draw them: [{task: rows}]."""
-    streams = {t.name: TrainBatches(len(train[t.name]), batch_size, random.Random(seed)) for t in tasks}
+    """`steps` steps' rows, as train.py's streams draw them (one generator for all): [{task: rows}]."""
+    rng = random.Random(seed)
+    streams = {t.name: TrainBatches(len(train[t.name]), batch_size, rng) for t in tasks}
     return [{t.name: next(streams[t.name]) for t in tasks} for _ in range(steps)]
 
 
