@@ -53,7 +53,7 @@ from minknn.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
-class Trainer:
+class Trainer:  # the fields the module docstring describes; None where a run has no such part
     args: object
     device: torch.device
     tokenizer: Tokenizer
@@ -108,9 +108,11 @@ def build(args, make_optimizer, examples=None):
     rng = random.Random(args.seed)
     streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
     pcgrad = PCGrad(p for p in model.bert.parameters() if p.requires_grad) if args.pcgrad else None
-    return Trainer(args, device, tokenizer, base, tasks, train, dev, data, model, losses, moco,
-                 fill_seconds, model_params + loss_params, optimizer, scheduler, steps, rng,
-                 streams, pcgrad), last
+    return Trainer(args=args, device=device, tokenizer=tokenizer, base=base, tasks=tasks,
+                   train=train, dev=dev, data=data, model=model, losses=losses, moco=moco,
+                   fill_seconds=fill_seconds, params=model_params + loss_params,
+                   optimizer=optimizer, scheduler=scheduler, steps=steps, rng=rng,
+                   streams=streams, pcgrad=pcgrad), last
 
 
 def read_last(args, bert, base, model_path):
