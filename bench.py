@@ -16,10 +16,11 @@ How things are timed (Timer): the contestants of a comparison alternate over --r
 each keeps its best round. On a shared 2-core machine one round can move by 10-20%, and a slow
 moment then hits one round, not one contestant. On CUDA the clock waits for the GPU
 (torch.cuda.synchronize) before it reads the time. CUDA runs bf16 autocast, as train.py does, the
-CPU fp32. `knn` and `multitask` step train.py's own train_step (imported from train.py, so the code
-timed is the code that trains, not a copy); `epoch` runs `python train.py` itself and reads the
-epoch time it reports. Hugging Face transformers is the reference in `model` and `epoch`; it is not
-a dependency (pip install transformers), and those comparisons are skipped without it.
+CPU fp32. `knn` and `multitask` build their runs as train.py does (minknn/trainer.py's build) and
+step them with train.py's own train_step, so the code timed is the code that trains, not a copy;
+`epoch` runs `python train.py` itself and reads the epoch time it reports. Hugging Face
+transformers is the reference in `model` and `epoch`; it is not a dependency (pip install
+transformers), and those comparisons are skipped without it.
 """
 import argparse
 import json
@@ -36,14 +37,15 @@ import torch.nn as nn
 from minknn import MinknnError, run
 from minknn.bert import BertModel, read_config, resolve_model_path
 from minknn.data import load_split, training_examples
-from minknn.engine import TrainBatches, autocast, encode_batch, pick_device, predict, to_device
+from minknn.engine import TrainBatches, autocast, pick_device, predict, to_device
 from minknn.kinds import kind_of
 from minknn.model import Model
 from minknn.options import Parser
-from minknn.pcgrad import PCGrad
 from minknn.report import write_block
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
+from minknn.trainer import batch, build
+import train as train_py  # the code that trains, timed as it is
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,50 +324,27 @@ def transformers_epoch(transformers, path, task, examples, batches, args, device
 # ---------------------------------------------------------------------------------------------
 # knn: KNN-BERT's step against a ce step; the kNN vote against the encoder at evaluation
 
-class Trainer:
-    """A model, its losses, optimiser and (for a memory loss) filled MoCo memory, stepping
-    train.py's own train_step on fixed batches of real examples (batches: task -> rows)."""
+def built(args, argv, train, device):
+    """The parts of train.py's run with the flags argv (a minknn/trainer.py Trainer), built as
+    train.py builds them, on training examples already read (train: task name -> examples)."""
+    argv = argv + ["--model", args.model, "--device", str(device)]
+    argv += ["--data_dir", args.data_dir] if args.data_dir else []
+    trainer, _ = build(train_py.get_args(argv), train_py.make_optimizer, (train, {}))
+    return trainer
 
-    def __init__(self, argv, path, tasks, train, tokenizer, device):
-        import train as train_py  # the code that trains, timed as it is
-        from minknn.losses import build_losses
-        from minknn.moco import filled_memory
-        self.train_py, self.args = train_py, train_py.get_args(argv + ["--device", str(device)])
-        torch.manual_seed(0)
-        self.model = Model(BertModel.from_pretrained(path), tasks, "mean",
-                           self.args.pair_mode).to(device).train()
-        self.losses = build_losses(self.model, vars(self.args)).to(device)
-        self.params = list(self.model.parameters()) + list(self.losses.parameters())
-        self.optimizer, self.scheduler = train_py.make_optimizer(
-            list(self.model.parameters()), list(self.losses.parameters()), self.args, 10_000)
-        self.tasks, self.train, self.tokenizer, self.device = tasks, train, tokenizer, device
-        self.pcgrad = PCGrad(self.model.bert.parameters()) if self.args.pcgrad else None
-        self.moco = self.fill_seconds = None
-        if self.args.loss in ("knnbert", "moco"):
-            t = tasks[0]
-            self.moco, self.fill_seconds = filled_memory(
-                self.model, tokenizer, t, train[t.name], "queue", None, self.args.momentum, 64,
-                device, self.args.precision)
-            self.model.train()
 
-    def batches(self, rows):
-        """train.py's batches: task -> (inputs, targets, rows) for the rows of each task."""
-        out = {}
-        for t in self.tasks:
-            examples = [self.train[t.name][i] for i in rows[t.name]]
-            out[t.name] = (to_device(encode_batch(self.tokenizer, examples, self.model.siamese(t)), self.device),
-                           kind_of(t).targets(t, examples, self.device),
-                           torch.tensor(rows[t.name], device=self.device))
-        return out
-
-    def step(self, batches):
-        self.train_py.train_step(self.model, self.losses, self.optimizer, self.scheduler, self.params,
-                                 batches, self.moco, self.pcgrad, random.Random(0), self.args.precision)
+def step(trainer, batches):
+    """One step of train.py's own train_step (batches: minknn/trainer.py's batch()); returns what
+    it returns (each task's loss, ...)."""
+    return train_py.train_step(trainer.model, trainer.losses, trainer.optimizer,
+                               trainer.scheduler, trainer.params, batches, trainer.moco,
+                               trainer.pcgrad, trainer.rng, trainer.args.precision)
 
 
 def fixed_batches(train, tasks, batch_size, steps, seed=0):
-    """`steps` steps' rows, as train.py's streams draw them: [{task: rows}]."""
-    streams = {t.name: TrainBatches(len(train[t.name]), batch_size, random.Random(seed)) for t in tasks}
+    """`steps` steps' rows, as train.py's streams draw them (one generator for all): [{task: rows}]."""
+    rng = random.Random(seed)
+    streams = {t.name: TrainBatches(len(train[t.name]), batch_size, rng) for t in tasks}
     return [{t.name: next(streams[t.name]) for t in tasks} for _ in range(steps)]
 
 
@@ -376,10 +355,10 @@ def bench_knn(args, device, timer, out):
     dev = load_split(task, "dev", args.data_dir)
     tokenizer = Tokenizer.from_folder(path, 128)
     rows = fixed_batches(train, [task], 32, args.steps)
-    trainers = {loss: Trainer(["--task", task.name, "--loss", loss], path, [task], train, tokenizer, device)
+    trainers = {loss: built(args, ["--task", task.name, "--loss", loss], train, device)
                 for loss in ("ce", "knnbert")}
-    steps = {loss: [t.batches(r) for r in rows] for loss, t in trainers.items()}
-    seconds = timer.best_of_rounds({loss: (lambda t=t, b=steps[loss]: [t.step(x) for x in b])
+    steps = {loss: [batch(t, r) for r in rows] for loss, t in trainers.items()}
+    seconds = timer.best_of_rounds({loss: (lambda t=t, b=steps[loss]: [step(t, x) for x in b])
                                     for loss, t in trainers.items()})
     per_step = {loss: s / len(rows) for loss, s in seconds.items()}
     epoch_steps = -(-len(train[task.name]) // 32)
@@ -457,15 +436,13 @@ def knnbert_pieces(trainer, batches, timer, repeats):
 def bench_multitask(args, device, timer, out):
     from minknn.pcgrad import pcgrad_weights, project_conflicting
     tasks = [get_task(name, args.data_dir) for name in args.tasks.split(",")]
-    path = resolve_model_path(args.model)
-    tokenizer = Tokenizer.from_folder(path, 64)
     train = {t.name: load_split(t, "train", args.data_dir) for t in tasks}
     rows = fixed_batches(train, tasks, 32, args.steps)
     argv = ["--task", "multitask", "--tasks", args.tasks, "--pair_mode", args.pair_mode, "--max_len", "64"]
-    trainers = {pcgrad: Trainer(argv + (["--pcgrad"] if pcgrad else []), path, tasks, train, tokenizer, device)
+    trainers = {pcgrad: built(args, argv + (["--pcgrad"] if pcgrad else []), train, device)
                 for pcgrad in (False, True)}
-    steps = [trainers[False].batches(r) for r in rows]
-    seconds = timer.best_of_rounds({pcgrad: (lambda t=t: [t.step(b) for b in steps])
+    steps = [batch(trainers[False], r) for r in rows]
+    seconds = timer.best_of_rounds({pcgrad: (lambda t=t: [step(t, b) for b in steps])
                                     for pcgrad, t in trainers.items()})
     summed, pcgrad = seconds[False] / len(steps), seconds[True] / len(steps)
     out.append(f"`python bench.py multitask`: {device_name(device)}, {precision_of(device)}; "

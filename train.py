@@ -17,7 +17,10 @@ their gradients combined by gradient surgery (minknn/pcgrad.py). An epoch is one
 largest task; a smaller task starts a new shuffled pass when it runs out. AdamW, linear warm-up
 over the first 6% of steps then linear decay to 0, gradients clipped to norm 1; a loss's own
 parameters (proxies) get --proxy_lr. A memory loss (knnbert, moco) keeps a MoCo queue or memory
-bank (minknn/moco.py), filled before the first step and written after each.
+bank (minknn/moco.py), filled before the first step and written after each. This file holds the
+flags, the optimiser and the training step, and the loop; the parts a run is made of (data,
+model, losses, memory, optimiser, batch streams) are built, restored from last.pt and saved by
+minknn/trainer.py, which bench.py builds its runs with too.
 
 Each run writes to its own folder (--out, a folder holding no run; default
 runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
@@ -43,8 +46,8 @@ a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). 
 norm, dev score or weight that is not finite stops the run before anything of it is saved.
 """
 import argparse
-import os
 import math
+import os
 import random
 import sys
 import time
@@ -54,24 +57,18 @@ from tqdm import tqdm
 
 from minknn import MinknnError, Terminated, run, sigterm_raises
 from minknn.assignment import BY_NAME, require_written
-from minknn.bert import ATTENTION, ATTENTIONS, BertModel, resolve_model_path
-from minknn.checkpoint import base_model, save_checkpoint, signals_held
-from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
-                         require_labels, run_data, training_examples)
-from minknn.engine import (PRECISIONS, TrainBatches, autocast, default_precision, encode_batch,
-                           pick_device, predict, seed_everything, to_device)
+from minknn.bert import ATTENTION, ATTENTIONS
+from minknn.engine import PRECISIONS, autocast, default_precision, pick_device, predict
 from minknn.kinds import describe_run, kind_of, overall, score
-from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES, build_losses
-from minknn.model import POOLINGS, Model
-from minknn.moco import QUEUE_SIZE, MoCo, filled_memory
+from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES
+from minknn.model import POOLINGS
+from minknn.moco import QUEUE_SIZE
 from minknn.options import DEFAULT_TASKS, Parser, check_args, check_saved
-from minknn.pcgrad import PCGrad
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
-from minknn.runs import (check_last_fits, check_same_data, close_run_folder, load_last,
-                         new_run_folder, open_run_folder, random_states, save_last, saved_args,
-                         set_random_states, summarise, write_json, write_jsonl)
-from minknn.tasks import TASKS, get_task
-from minknn.tokenizer import Tokenizer
+from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
+                         open_run_folder, saved_args, summarise, write_json)
+from minknn.tasks import TASKS
+from minknn.trainer import batch, build, restore, save
 
 
 def get_args(argv=None):
@@ -316,138 +313,37 @@ def best_so_far(args, last):
 
 
 def run_training(args):
-    seed_everything(args.seed)
-    device = pick_device(args.device)
-    model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
-    tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
-    bert = BertModel.from_pretrained(model_path).set_attention(args.attention)  # and its weights
-    # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
-    base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
-    # a memory loss's last.pt also holds its memory, and a queue's its key encoder
-    needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
-    last = load_last(args.out, needs) if args.resume else None
-    if last and last["epoch"] >= args.epochs:  # nothing would train, and last.pt would be deleted
-        raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
-                          f"has done {last['epoch']} (last.pt); was the file edited?")
-    if base and last and any(not torch.equal(v, last["model"]["bert." + k])
-                             for k, v in bert.state_dict().items()):
-        raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "
-                          f"started; the run froze BERT, and its checkpoints name that folder for "
-                          f"it (put the model back, or start a new run)")
-
-    # data: each task's training examples (all, or a --max_train or --per_class draw) and dev ones
-    tasks = [get_task(name, args.data_dir) for name in args.tasks]
-    train, dev = {}, {}
-    for t in tasks:
-        try:
-            train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
-                                              args.per_class)
-        except DataError as e:  # minBERT's default trio: quora-train.csv is a 22 MB download
-            if t.name == "quora" and args.task == "multitask":
-                raise DataError(f"{e}; or train without Quora: --tasks sst,mrpc,sts") from None
-            raise
-        dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
-        require_labels(train[t.name], f"--task {t.name} train split")
-        require_labels(dev[t.name], f"--task {t.name} dev split")
-        if t.kind == "classify":
-            check_every_class_present(train[t.name], t, f"--task {t.name} train split")
-    data = run_data(args.data_dir, train)  # the root and fingerprints, saved for evaluate.py
-
-    # model: the encoder and a head per task, each task's loss, a memory loss's memory
-    model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
-    model.start_heads(train)
-    model.to(device)
-    losses = build_losses(model, vars(args)).to(device)
-    moco = fill_seconds = None
-    if args.loss in MEMORY_LOSSES and last:  # the memory and key encoder come from last.pt
-        moco = MoCo(model, tasks[0], args.memory, len(last["memory"]["keys"]), args.momentum)
-        fill_seconds = last["memory_fill_seconds"]
-    elif args.loss in MEMORY_LOSSES:  # a run of one task (minknn/options.py)
-        moco, fill_seconds = filled_memory(model, tokenizer, tasks[0], train[tasks[0].name],
-                                           args.memory, args.queue_size, args.momentum,
-                                           2 * args.batch_size, device, args.precision)
-        args.queue_size = len(moco.memory.keys)
-    model_params = [p for p in model.parameters() if p.requires_grad]
-    loss_params = list(losses.parameters())
-    params = model_params + loss_params
-    if not params:
-        raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese "
-                          "similarity task has no head")
-    steps = args.steps_per_epoch or max(-(-len(e) // args.batch_size) for e in train.values())
-    optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
-    rng = random.Random(args.seed)
-    streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
-    pcgrad = PCGrad(p for p in model.bert.parameters() if p.requires_grad) if args.pcgrad else None
-    best, records, epoch_times = None, [], []
-    if last:  # everything a step reads, as it was after the last completed epoch
-        check_last_fits(last, args.out, {"model": model, "loss": losses,
-                                         **({"memory": moco.memory} if moco else {}),
-                                         **({"key_encoder": moco.key_encoder.encoder}
-                                            if moco and moco.key_encoder else {})}, streams)
-        model.load_state_dict(last["model"])
-        losses.load_state_dict(last["loss"])
-        optimizer.load_state_dict(last["optimizer"])
-        scheduler.load_state_dict(last["scheduler"])
-        if moco:
-            moco.memory.load_state_dict(last["memory"])
-            if moco.key_encoder:
-                moco.key_encoder.encoder.load_state_dict(last["key_encoder"])
-        for name, stream in streams.items():
-            stream.load_state_dict(last["streams"][name])
-        rng.setstate(last["rng"])
-        set_random_states(last["random"])
-        best, records = last["best"], last["records"]
-        epoch_times = [r["epoch_seconds"] for r in records]
+    trainer, last = build(args, make_optimizer)  # minknn/trainer.py: what the run is made of
+    best, records = restore(trainer, last) if last else (None, [])
     if args.resume:
-        check_same_data(args.out, data)
+        check_same_data(args.out, trainer.data)
     else:  # all that can fail before the first step has passed: from here on, a run to resume
-        args.data_dir = data["root"]  # absolute: a resumed run reads the same files, from anywhere
+        args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
         write_json(os.path.join(args.out, "run.json"),
-                   {"args": {k: v for k, v in vars(args).items() if k != "resume"}, "data": data})
-
+                   {"args": {k: v for k, v in vars(args).items() if k != "resume"},
+                    "data": trainer.data})
+    tasks, train, dev, steps = trainer.tasks, trainer.train, trainer.dev, trainer.steps
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
-          f"{sum(p.numel() for p in params):,} trainable parameters; "
+          f"{sum(p.numel() for p in trainer.params):,} trainable parameters; "
           f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
-          f"{steps} steps/epoch; {device}; run folder {args.out}")
-    if moco and not last:
-        print(f"memory: a {args.memory} of {args.queue_size} keys, filled in {fill_seconds:.0f} s")
+          f"{steps} steps/epoch; {trainer.device}; run folder {args.out}")
+    if trainer.moco and not last:
+        print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "
+              f"{trainer.fill_seconds:.0f} s")
     if last:
         print(f"resumed after epoch {last['epoch']} of {args.epochs}")
 
-    # the loop: one batch of every task per step
     for epoch in range(len(records) + 1, args.epochs + 1):
-        model.train()
-        start, totals, parts_sum, conflicts = time.time(), dict.fromkeys(train, 0.0), {}, 0
-        bar = tqdm(range(steps), desc=f"epoch {epoch}/{args.epochs}")
-        for step in bar:
-            batches = {}
-            for t in tasks:
-                rows = next(streams[t.name])
-                examples = [train[t.name][i] for i in rows]
-                inputs = to_device(encode_batch(tokenizer, examples, model.siamese(t)), device)
-                batches[t.name] = (inputs, kind_of(t).targets(t, examples, device),
-                                   torch.tensor(rows, device=device))
-            try:
-                task_losses, parts, found = train_step(model, losses, optimizer, scheduler,
-                                                       params, batches, moco, pcgrad, rng,
-                                                       args.precision)
-            except Diverged as e:
-                raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None
-            conflicts += found or 0
-            for name, loss in task_losses.items():
-                totals[name] += loss.item()
-                for part, value in parts[name].items():  # CE (or BCE) and the metric term
-                    parts_sum[part] = parts_sum.get(part, 0.0) + value.item()
-            shown = {"loss": totals[tasks[0].name], **parts_sum} if len(tasks) == 1 else totals
-            bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in shown.items()})  # means so far
-        epoch_times.append(time.time() - start)
-
-        dev_scores = evaluate(model, losses, tokenizer, tasks, dev, args, device)
-        check_epoch_finite(epoch, model, losses, dev_scores)
-        record = {"epoch": epoch, "train_loss": {n: total / steps for n, total in totals.items()},
-                  "epoch_seconds": round(epoch_times[-1], 1), "dev": dev_scores}
+        start = time.time()
+        train_loss, conflicts = train_epoch(trainer, epoch)
+        seconds = time.time() - start
+        dev_scores = evaluate(trainer.model, trainer.losses, trainer.tokenizer, tasks, dev,
+                              args, trainer.device)
+        check_epoch_finite(epoch, trainer.model, trainer.losses, dev_scores)
+        record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(seconds, 1),
+                  "dev": dev_scores}
         if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
             pairs = steps * len(tasks) * (len(tasks) - 1) // 2
             record["conflicting_pairs"] = round(conflicts / pairs, 4)
@@ -455,38 +351,50 @@ def run_training(args):
         is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
         if is_best:
             best = {"epoch": epoch, "dev": dev_scores}
-        with signals_held():  # Ctrl-C and SIGTERM wait for the epoch's three files
-            if is_best and args.save == "best":
-                save_checkpoint(os.path.join(args.out, "checkpoint.pt"), model, losses, tokenizer,
-                                vars(args), epoch, dev_scores, moco.memory if moco else None,
-                                data=data, base=base)
-            # then the state to resume from, then the records: a kill -9 between two of these
-            # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
-            save_last(args.out, epoch=epoch, best=best, records=records,
-                      model=model.state_dict(), loss=losses.state_dict(),
-                      optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                      streams={n: s.state_dict() for n, s in streams.items()},
-                      rng=rng.getstate(), random=random_states(), memory_fill_seconds=fill_seconds,
-                      **({"memory": moco.memory.state_dict()} if moco else {}),
-                      **({"key_encoder": moco.key_encoder.encoder.state_dict()}
-                         if moco and moco.key_encoder else {}))
-            write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
-        train_loss = ", ".join(f"{v:.4f}" for v in record["train_loss"].values())
+        save(trainer, epoch, best, records)
         saved = ", saved" if args.save == "best" else ""
-        print(f"epoch {epoch}: train loss {train_loss}; dev {describe_run(tasks, dev_scores)}"
-              f"{f' (best{saved})' if is_best else ''}; {epoch_times[-1]:.0f} s")
+        print(f"epoch {epoch}: train loss {', '.join(f'{v:.4f}' for v in train_loss.values())}; "
+              f"dev {describe_run(tasks, dev_scores)}{f' (best{saved})' if is_best else ''}; "
+              f"{seconds:.0f} s")
 
     summary = summarise(args, {"best": best, "records": records, "train": train, "dev": dev,
-                               "steps": steps, "losses": losses, "device": device,
-                               "memory_fill_seconds": fill_seconds})
+                               "steps": steps, "losses": trainer.losses,
+                               "device": trainer.device,
+                               "memory_fill_seconds": trainer.fill_seconds})
     os.remove(os.path.join(args.out, "last.pt"))  # finished: nothing left to resume
     decoupled = " + decoupled" if args.decoupled else ""
     print(f"done: {','.join(args.tasks)} {summary['loss']}{decoupled}"
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
           f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}"
           f"{'' if args.save == 'best' else ', not saved: --save none'}); "
-          f"{summary['seconds_per_epoch']:.0f} s/epoch on {device}; {args.out}")
+          f"{summary['seconds_per_epoch']:.0f} s/epoch on {trainer.device}; {args.out}")
     return summary
+
+
+def train_epoch(trainer, epoch):
+    """One epoch of steps, one batch of every task per step. Returns each task's mean training
+    loss, and with --pcgrad the count of task pairs whose gradients conflicted."""
+    trainer.model.train()
+    totals, terms_sum, conflicts = dict.fromkeys(trainer.train, 0.0), {}, 0
+    first = trainer.tasks[0].name
+    bar = tqdm(range(trainer.steps), desc=f"epoch {epoch}/{trainer.args.epochs}")
+    for step in bar:
+        rows = {name: next(stream) for name, stream in trainer.streams.items()}
+        try:
+            task_losses, terms, found = train_step(
+                trainer.model, trainer.losses, trainer.optimizer, trainer.scheduler,
+                trainer.params, batch(trainer, rows), trainer.moco, trainer.pcgrad, trainer.rng,
+                trainer.args.precision)
+        except Diverged as e:
+            raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None
+        conflicts += found or 0
+        for name, loss in task_losses.items():
+            totals[name] += loss.item()
+            for term, value in terms[name].items():  # CE (or BCE) and the metric term
+                terms_sum[term] = terms_sum.get(term, 0.0) + value.item()
+        shown = {"loss": totals[first], **terms_sum} if len(totals) == 1 else totals
+        bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in shown.items()})  # means so far
+    return {name: total / trainer.steps for name, total in totals.items()}, conflicts
 
 
 def check_epoch_finite(epoch, model, losses, dev_scores):

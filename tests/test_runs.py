@@ -18,6 +18,7 @@ import torch
 
 import minknn.checkpoint
 import minknn.runs
+import minknn.trainer
 import train
 from minknn import MinknnError, run, runs
 from minknn.runs import LAST_ENTRIES, close_run_folder, load_last, lock_folder, new_run_folder, save_last
@@ -536,7 +537,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_nothing(tiny_bert_dir, da
 def test_ctrl_c_before_the_first_step(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(train, "training_examples", interrupted)
+    monkeypatch.setattr(minknn.trainer, "training_examples", interrupted)  # train.py's build reads the data
     with pytest.raises(SystemExit):
         train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")])
     assert capsys.readouterr().err.strip() == "interrupted before the first step; nothing was saved"

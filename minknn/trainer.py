@@ -1,0 +1,233 @@
+"""What a training run is made of: its parts, built once from train.py's arguments, restored
+from last.pt, and saved after each epoch. train.py's loop steps them; bench.py times the same ones.
+
+    trainer, last = build(args, make_optimizer)   # last: last.pt's state, or None
+    best, records = restore(trainer, last) if last else (None, [])
+    batches = batch(trainer, {name: next(stream) for name, stream in trainer.streams.items()})
+    save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
+
+A Trainer is no framework, only the parts (the loop is train.py's):
+    device, tokenizer     --device; the model folder's vocabulary, cut at --max_len
+    tasks, train, dev     each task (minknn/tasks.py), its training examples (all, or a
+                          --max_train or --per_class draw) and its dev examples (a --max_eval
+                          subset); data: the data root and the training sets' fingerprints
+    model                 BERT and a head per task (minknn/model.py); a multi-label head starts
+                          at its classes' priors
+    losses                each task's loss (minknn/losses/), with a loss's parameters (proxies)
+    moco, fill_seconds    a memory loss's queue or bank and key encoder (minknn/moco.py), filled
+                          from the training examples before the first step
+    params, optimizer, scheduler   what trains (the model's and the losses' parameters), and
+                          train.py's make_optimizer for them: AdamW, warm-up then linear decay
+    steps, rng, streams   steps per epoch (a pass over the largest task, or --steps_per_epoch);
+                          each task's batch stream, all drawn from one random.Random(--seed)
+    pcgrad                --pcgrad: gradient surgery on the shared encoder (minknn/pcgrad.py)
+    base                  --option pretrain: the base model's folder, which checkpoints name
+                          instead of holding a copy of the frozen BERT
+    args                  the run's arguments (build fills in --queue_size)
+
+build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads,
+the losses' parameters, the memory fill, then the streams. Another order trains another run from
+the same seed, and a resumed run would not be the run it continues.
+"""
+import dataclasses
+import os
+import random
+
+import torch
+
+from minknn import MinknnError
+from minknn.bert import BertModel, resolve_model_path
+from minknn.checkpoint import base_model, save_checkpoint, signals_held
+from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
+                         require_labels, run_data, training_examples)
+from minknn.engine import TrainBatches, encode_batch, pick_device, seed_everything, to_device
+from minknn.kinds import kind_of
+from minknn.losses import MEMORY_LOSSES, build_losses
+from minknn.model import Model
+from minknn.moco import MoCo, filled_memory
+from minknn.pcgrad import PCGrad
+from minknn.runs import (check_last_fits, load_last, random_states, save_last, set_random_states,
+                         write_jsonl)
+from minknn.tasks import get_task
+from minknn.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class Trainer:  # the fields the module docstring describes; None where a run has no such part
+    args: object
+    device: torch.device
+    tokenizer: Tokenizer
+    base: dict
+    tasks: list
+    train: dict
+    dev: dict
+    data: dict
+    model: Model
+    losses: torch.nn.ModuleDict
+    moco: MoCo
+    fill_seconds: float
+    params: list
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    steps: int
+    rng: random.Random
+    streams: dict
+    pcgrad: PCGrad
+
+
+def build(args, make_optimizer, examples=None):
+    """(the run's Trainer, last.pt's state with --resume, else None). make_optimizer: train.py's
+    (model_params, loss_params, args, total_steps) -> (optimizer, scheduler). examples: (train,
+    dev), each task name -> its examples, already read (bench.py); by default they are read as
+    the arguments say, and their fingerprints kept for the run folder."""
+    seed_everything(args.seed)
+    device = pick_device(args.device)
+    model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
+    tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
+    bert = BertModel.from_pretrained(model_path).set_attention(args.attention)  # and its weights
+    # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
+    base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
+    last = read_last(args, bert, base, model_path) if args.resume else None
+    tasks = [get_task(name, args.data_dir) for name in args.tasks]
+    train, dev = examples or read_examples(args, tasks)
+    data = run_data(args.data_dir, train) if examples is None else None  # saved for evaluate.py
+
+    model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
+    model.start_heads(train)
+    model.to(device)
+    losses = build_losses(model, vars(args)).to(device)
+    moco, fill_seconds = make_memory(args, model, tokenizer, tasks[0], train[tasks[0].name], last,
+                                     device)
+    model_params = [p for p in model.parameters() if p.requires_grad]
+    loss_params = list(losses.parameters())
+    if not model_params + loss_params:
+        raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese "
+                          "similarity task has no head")
+    steps = args.steps_per_epoch or max(-(-len(e) // args.batch_size) for e in train.values())
+    optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
+    rng = random.Random(args.seed)
+    streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
+    pcgrad = PCGrad(p for p in model.bert.parameters() if p.requires_grad) if args.pcgrad else None
+    return Trainer(args=args, device=device, tokenizer=tokenizer, base=base, tasks=tasks,
+                   train=train, dev=dev, data=data, model=model, losses=losses, moco=moco,
+                   fill_seconds=fill_seconds, params=model_params + loss_params,
+                   optimizer=optimizer, scheduler=scheduler, steps=steps, rng=rng,
+                   streams=streams, pcgrad=pcgrad), last
+
+
+def read_last(args, bert, base, model_path):
+    """--resume: last.pt's state (None if no epoch finished), checked against the run."""
+    # a memory loss's last.pt also holds its memory, and a queue's its key encoder
+    needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
+    last = load_last(args.out, needs)
+    if last and last["epoch"] >= args.epochs:  # nothing would train, and last.pt would be deleted
+        raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
+                          f"has done {last['epoch']} (last.pt); was the file edited?")
+    if base and last and any(not torch.equal(v, last["model"]["bert." + k])
+                             for k, v in bert.state_dict().items()):
+        raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "
+                          f"started; the run froze BERT, and its checkpoints name that folder for "
+                          f"it (put the model back, or start a new run)")
+    return last
+
+
+def read_examples(args, tasks):
+    """(train, dev): each task's training examples (all, or a --max_train or --per_class draw)
+    and dev ones (all, or a --max_eval subset), each labelled, every class in training."""
+    train, dev = {}, {}
+    for t in tasks:
+        try:
+            train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
+                                              args.per_class)
+        except DataError as e:  # minBERT's default trio: quora-train.csv is a 22 MB download
+            if t.name == "quora" and args.task == "multitask":
+                raise DataError(f"{e}; or train without Quora: --tasks sst,mrpc,sts") from None
+            raise
+        dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
+        require_labels(train[t.name], f"--task {t.name} train split")
+        require_labels(dev[t.name], f"--task {t.name} dev split")
+        if t.kind == "classify":
+            check_every_class_present(train[t.name], t, f"--task {t.name} train split")
+    return train, dev
+
+
+def make_memory(args, model, tokenizer, task, train, last, device):
+    """(MoCo, the seconds its fill took) of a memory loss (a run of one task, minknn/options.py),
+    filled from the training examples; with last.pt its memory comes from there (restore()).
+    (None, None) for the other losses."""
+    if args.loss not in MEMORY_LOSSES:
+        return None, None
+    if last:
+        return (MoCo(model, task, args.memory, len(last["memory"]["keys"]), args.momentum),
+                last["memory_fill_seconds"])
+    moco, seconds = filled_memory(model, tokenizer, task, train, args.memory, args.queue_size,
+                                  args.momentum, 2 * args.batch_size, device, args.precision)
+    args.queue_size = len(moco.memory.keys)
+    return moco, seconds
+
+
+def batch(trainer, rows):
+    """One step's batch, task -> (inputs, targets, rows), of the rows each task's stream drew
+    (rows: task -> row indices into its training examples)."""
+    batches = {}
+    for t in trainer.tasks:
+        examples = [trainer.train[t.name][i] for i in rows[t.name]]
+        inputs = encode_batch(trainer.tokenizer, examples, trainer.model.siamese(t))
+        batches[t.name] = (to_device(inputs, trainer.device),
+                           kind_of(t).targets(t, examples, trainer.device),
+                           torch.tensor(rows[t.name], device=trainer.device))
+    return batches
+
+
+def modules(trainer):
+    """The run's modules by their entry in last.pt: the model, the losses (proxies), and a memory
+    loss's memory and a queue's key encoder."""
+    found = {"model": trainer.model, "loss": trainer.losses}
+    if trainer.moco:
+        found["memory"] = trainer.moco.memory
+        if trainer.moco.key_encoder:
+            found["key_encoder"] = trainer.moco.key_encoder.encoder
+    return found
+
+
+def restore(trainer, last):
+    """Everything a step reads, as it was after the last completed epoch (last: last.pt's
+    state). Returns (the best epoch so far, the records of the epochs done)."""
+    check_last_fits(last, trainer.args.out, modules(trainer), trainer.streams)
+    for entry, module in modules(trainer).items():
+        module.load_state_dict(last[entry])
+    trainer.optimizer.load_state_dict(last["optimizer"])
+    trainer.scheduler.load_state_dict(last["scheduler"])
+    for name, stream in trainer.streams.items():
+        stream.load_state_dict(last["streams"][name])
+    trainer.rng.setstate(last["rng"])
+    set_random_states(last["random"])
+    return last["best"], last["records"]
+
+
+def state(trainer):
+    """What last.pt keeps of the trainer (with the epoch, best and records: save_last)."""
+    held = modules(trainer)  # in last.pt's order: model, loss, ..., then memory, key_encoder
+    return {"model": held.pop("model").state_dict(), "loss": held.pop("loss").state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "scheduler": trainer.scheduler.state_dict(),
+            "streams": {n: s.state_dict() for n, s in trainer.streams.items()},
+            "rng": trainer.rng.getstate(), "random": random_states(),
+            "memory_fill_seconds": trainer.fill_seconds,
+            **{entry: module.state_dict() for entry, module in held.items()}}
+
+
+def save(trainer, epoch, best, records):
+    """An epoch's files in the run folder: checkpoint.pt if the epoch is the best (--save best),
+    then last.pt, then metrics.jsonl. Ctrl-C and SIGTERM wait until all three are written."""
+    args = trainer.args
+    with signals_held():
+        if best["epoch"] == epoch and args.save == "best":
+            save_checkpoint(os.path.join(args.out, "checkpoint.pt"), trainer.model, trainer.losses,
+                            trainer.tokenizer, vars(args), epoch, best["dev"],
+                            trainer.moco.memory if trainer.moco else None, data=trainer.data,
+                            base=trainer.base)
+        # then the state to resume from, then the records: a kill -9 between two of these
+        # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
+        save_last(args.out, epoch=epoch, best=best, records=records, **state(trainer))
+        write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
