@@ -1,0 +1,411 @@
+"""`torchrun --nproc_per_node 2 train.py ...` end to end: 2 gloo processes on the CPU train the run
+one process trains. The rule (minknn/distributed.py): --batch_size is the global batch, each rank
+encodes its slice of it, and every rank computes one process's loss on the gathered batch; so the
+steps, the schedule and the examples do not change with the number of processes, and with dropout
+0 the weights, proxies, memory, key encoder and records of a run are one process's, to float
+tolerance (the ranks pad their slices to other lengths, so not to the bit).
+
+- each kind of run (ce, supcon, proxyanchor, knnbert's queue, multi-task PCGrad, mlcon on a
+  multi-label task), with a batch of 7 that 2 ranks split 4 + 3 and a last batch of 5 (3 + 2):
+  the run folder against one process's, every rank's final state against rank 0's, and the
+  batch sizes each rank's model encoded against its slice;
+- only rank 0 writes and prints: the run folder holds a 1-process run's files, each epoch's line
+  is printed once;
+- --resume across world sizes: stopped under 2 processes (torchrun SIGTERMed after epoch 1, as a
+  cluster stops a job) then resumed by `python train.py --resume`, and the other way round;
+- one rank's failure: an error line from that rank, no half-written file, and the run resumes.
+
+The 2-process runs start `python -m torch.distributed.run --standalone` (torchrun; a free port of
+its own) on a copy of train.py with a test's hooks (WRAPPER below: keep last.pt, stop, fail,
+dump each rank's state), each rank on 1 thread; every one of them is killed after TIMEOUT s. The
+1-process references run here, in-process (train.main), once per set of flags.
+"""
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import minknn.distributed as distributed
+import minknn.model
+import train
+from minknn.runs import load_last
+from tests.conftest import DATA
+from tests.test_runs import keep_last, stop_at
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 120  # seconds, for any one torchrun: a hung collective fails the test, never hangs it
+
+CASES = {"ce": ["--task", "sst"],
+         "supcon": ["--task", "sst", "--loss", "supcon"],
+         "proxyanchor": ["--task", "sst", "--loss", "proxyanchor"],  # the proxies: "loss"
+         "knnbert": ["--task", "sst", "--loss", "knnbert"],  # the queue, the key encoder
+         "multitask pcgrad": ["--task", "multitask", "--tasks", "sst,mrpc,sts", "--pcgrad"],
+         "mlcon": ["--task", "goemotions", "--loss", "mlcon"]}  # multi-label: multi-hot targets
+
+# train.py with a test's hooks. torchrun starts it on every rank; the flags are train.py's.
+WRAPPER = '''"""train.py with a test's hooks (tests/test_ddp.py writes this file); $DDP_TEST_HOOKS
+is a JSON object naming them:
+  keep_last    last.pt stays when the run ends (train.py removes it): the final state to compare
+  term_after   N: once rank 0 saved epoch N, SIGTERM to torchrun (this process's parent), as a
+               cluster stops a job; rank 0 waits in here for it to come back
+  fail         [rank, step]: that rank's train_step raises a MinknnError at its step `step`
+  dump         a folder: at the end each rank writes rank<r>.pt, its weights, proxies, memory
+               and key encoder, the batch sizes its model encoded in training, and the files it
+               wrote (os.replace: every save of minknn's is a rename, checkpoint.atomic_save)
+"""
+import json
+import os
+import signal
+import time
+
+import torch
+
+import minknn.model
+import train
+from minknn import MinknnError, run
+
+HOOKS, RANK = json.loads(os.environ["DDP_TEST_HOOKS"]), int(os.environ.get("RANK", 0))
+built, encoded, written = [], [], []
+
+if HOOKS.get("keep_last"):
+    remove = os.remove
+    os.remove = lambda path: None if str(path).endswith("last.pt") else remove(path)
+
+if "term_after" in HOOKS:
+    save = train.save
+
+    def save_then_stop(trainer, epoch, *rest):
+        save(trainer, epoch, *rest)
+        if RANK == 0 and epoch == HOOKS["term_after"]:
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(60)  # torchrun sends SIGTERM on to its workers: it stops the run in here
+            raise SystemExit("rank 0: torchrun sent no SIGTERM back within 60 s")
+    train.save = save_then_stop
+
+if "fail" in HOOKS:
+    step, calls = train.train_step, []
+
+    def failing_step(*args, **kwargs):
+        calls.append(1)
+        if [RANK, len(calls)] == HOOKS["fail"]:
+            raise MinknnError(f"planted failure on rank {RANK} at its step {len(calls)}")
+        return step(*args, **kwargs)
+    train.train_step = failing_step
+
+if "dump" in HOOKS:
+    build, forward = train.build, minknn.model.Model.forward
+
+    def build_kept(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    def forward_counted(self, task, input_ids, *args, **kwargs):
+        if self.training:  # a training step's batch (the key encoder and the fill run in eval)
+            encoded.append([task, len(input_ids)])
+        return forward(self, task, input_ids, *args, **kwargs)
+    replace = os.replace
+
+    def replace_kept(src, dst, *args, **kwargs):
+        written.append(str(dst))
+        return replace(src, dst, *args, **kwargs)
+    train.build, minknn.model.Model.forward, os.replace = build_kept, forward_counted, replace_kept
+
+try:
+    run(train.main)
+finally:
+    if "dump" in HOOKS and built:
+        trainer = built[0][0]
+        model = getattr(trainer.model, "module", trainer.model)  # a DDP wrapper's model
+        state = {"model": model.state_dict(), "loss": trainer.losses.state_dict(),
+                 "encoded": encoded, "written": written}
+        if trainer.moco:
+            state["memory"] = trainer.moco.memory.state_dict()
+            if trainer.moco.key_encoder:
+                state["key_encoder"] = trainer.moco.key_encoder.encoder.state_dict()
+        torch.save(state, os.path.join(HOOKS["dump"], f"rank{RANK}.pt"))
+'''
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tiny_bert_dir, tmp_path_factory):
+    """The tiny BERT without dropout (and so its heads): two runs of the same seed then differ
+    only by the arithmetic of the ranks, not by their random masks."""
+    folder = tmp_path_factory.mktemp("tiny-bert-no-dropout")
+    shutil.copytree(tiny_bert_dir, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def flags(bert_dir, case, *extra):
+    """A run of 2 epochs of 6 steps over sst's 40 examples: batches of 7 (4 + 3 on 2 ranks), the
+    last one of each pass 5 (3 + 2)."""
+    return [*CASES[case], "--model", bert_dir, "--data_dir", DATA, "--device", "cpu",
+            "--batch_size", "7", "--max_len", "16", "--max_eval", "8", "--epochs", "2",
+            "--lr", "3e-3", *extra]
+
+
+def torchrun(argv, tmp_path, hooks=None, script=None):
+    """`python -m torch.distributed.run --standalone --nproc_per_node 2 SCRIPT ARGV`, SCRIPT the
+    WRAPPER with `hooks` (default), or train.py itself: the finished process (stdout, stderr),
+    killed with its workers after TIMEOUT s."""
+    if script is None:
+        script = tmp_path / "train_hooked.py"
+        script.write_text(WRAPPER)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDP_TEST_HOOKS=json.dumps(hooks or {}),
+               PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               "2", str(script), *map(str, argv)]
+    p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers: their own session
+        out, err = p.communicate()
+        pytest.fail(f"torchrun {' '.join(map(str, argv))} did not end in {TIMEOUT} s (a rank "
+                    f"waiting for another at a collective?); its stderr ends:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(command, p.returncode, out, err)
+
+
+def lines(text):
+    """The lines a run printed, without tqdm's bars."""
+    return [line for line in text.replace("\r", "\n").splitlines() if line.strip()
+            and "%|" not in line]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """reference(argv): the folder of `python train.py ARGV` run here, once per argv, last.pt
+    kept; reference.encoded[folder]: the batch sizes its model encoded in training steps."""
+    runs, encoded = {}, {}
+
+    def reference(argv):
+        key = json.dumps(argv)
+        if key not in runs:
+            out, seen = tmp_path_factory.mktemp("one-process") / "run", []
+            forward = minknn.model.Model.forward
+
+            def counted(self, task, input_ids, *args, **kwargs):
+                if self.training:
+                    seen.append([task, len(input_ids)])
+                return forward(self, task, input_ids, *args, **kwargs)
+            with pytest.MonkeyPatch.context() as mp:
+                keep_last(mp)
+                mp.setattr(minknn.model.Model, "forward", counted)
+                train.main([*argv, "--out", str(out)])
+            runs[key], encoded[str(out)] = out, seen
+        return runs[key]
+    reference.encoded = encoded
+    return reference
+
+
+def records(folder):
+    return [{k: v for k, v in json.loads(line).items() if k != "epoch_seconds"}
+            for line in open(os.path.join(folder, "metrics.jsonl"))]
+
+
+def assert_close_records(want, got, what, where=""):
+    """metrics.jsonl's records: the same epochs, keys and figures, numbers to 1e-5."""
+    if isinstance(want, dict):
+        held = sorted(got) if isinstance(got, dict) else got
+        assert isinstance(got, dict) and got.keys() == want.keys(), \
+            f"{what}: metrics.jsonl{where} holds {held}, not {sorted(want)}"
+        for k in want:
+            assert_close_records(want[k], got[k], what, f"{where}[{k!r}]")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), \
+            f"{what}: metrics.jsonl{where}: {len(got) if isinstance(got, list) else got} " \
+            f"entries, not {len(want)}"
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert_close_records(a, b, what, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-6), \
+            f"{what}: metrics.jsonl{where} is {got}, one process's {want}"
+    else:
+        assert got == want, f"{what}: metrics.jsonl{where} is {got!r}, one process's {want!r}"
+
+
+def assert_same_tensors(want, got, what):
+    """Two state dicts (name -> tensor): the same names, and the tensors to float tolerance."""
+    assert got.keys() == want.keys(), f"{what}: other tensors: missing " \
+        f"{sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+    for name, tensor in want.items():
+        assert_close(got[name], tensor, msg=lambda m: f"{what} {name}: {m}")
+
+
+PARTS = ("model", "loss", "memory", "key_encoder")  # weights, proxies, a memory loss's
+
+
+def assert_same_run(ref, got, what, final=True):
+    """Run folder `got` holds run `ref`: the best checkpoint (weights, proxies, memory), with final
+    last.pt too (the state after the last step: those, the key encoder, the optimiser's moments
+    and step, the schedule, the batch streams' places, the random generators), and the records."""
+    for file in ["checkpoint.pt"] + ["last.pt"] * final:
+        want, state = (torch.load(os.path.join(f, file), weights_only=True) for f in (ref, got))
+        assert state["epoch"] == want["epoch"], f"{what}: {file} holds epoch {state['epoch']}, " \
+            f"one process's {want['epoch']}"
+        for part in PARTS:
+            assert (part in state) == (part in want), f"{what}: {file}: {part} is " \
+                f"{'missing' if part in want else 'there, and not in one process run'}"
+            if part in want:
+                assert_same_tensors(want[part], state[part], f"{what}: {file}: {part}")
+        if file == "last.pt":
+            # the same examples in the same steps, and the same schedule
+            assert state["streams"] == want["streams"], f"{what}: last.pt: the batch streams " \
+                f"stand elsewhere than one process's: other examples were drawn"
+            assert state["rng"] == want["rng"], f"{what}: last.pt: the batch streams' random " \
+                f"generator made other draws than one process's"
+            assert state["scheduler"] == want["scheduler"], f"{what}: last.pt: the schedule " \
+                f"is {state['scheduler']}, one process's {want['scheduler']}"
+            moments = [(i, k) for i, s in want["optimizer"]["state"].items() for k in s]
+            for i, k in moments:
+                assert_close(state["optimizer"]["state"][i][k], want["optimizer"]["state"][i][k],
+                             msg=lambda m: f"{what}: last.pt: AdamW's {k} of parameter {i}: {m}")
+    assert_close_records(records(ref), records(got), what)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process, tmp_path):
+    """torchrun with 2 ranks against one process, same flags: the same best checkpoint, final
+    state and records (a mistake in the wiring moves the weights: a local-batch loss, a rank
+    drawing its own rows, proxies or a queue not the same on every rank). Rank 0 alone writes
+    and prints: the run folder holds one process's files, each epoch's line is printed once. ce
+    runs `torchrun ... train.py` itself; the others run it with the hooks, which also show that
+    every rank ends with rank 0's weights, proxies, memory and key encoder, that each encodes
+    its slice of each batch, and that rank 1 writes no file."""
+    argv, hooked = flags(bert_dir, case), case != "ce"
+    ref, run = one_process(argv), tmp_path / "run"
+    (tmp_path / "dump").mkdir()
+    done = torchrun([*argv, "--out", run], tmp_path,
+                    {"keep_last": True, "dump": str(tmp_path / "dump")} if hooked else None,
+                    script=None if hooked else os.path.join(ROOT, "train.py"))
+    assert done.returncode == 0, f"{case}: torchrun exit {done.returncode}:\n{done.stderr[-3000:]}"
+    files = sorted(f for f in os.listdir(ref) if hooked or f != "last.pt")  # train.py removes it
+    assert sorted(os.listdir(run)) == files, \
+        f"{case}: the run folder holds {sorted(os.listdir(run))}, one process's {files}"
+    printed = lines(done.stdout)
+    for start in ("train/dev examples:", "epoch 1:", "epoch 2:", "done:"):
+        said = [line for line in printed if line.startswith(start)]
+        assert len(said) == 1, f"{case}: {len(said)} lines start with {start!r} (rank 0 alone " \
+                               f"prints): {said}"
+    assert_same_run(ref, run, f"{case}, 2 processes", final=hooked)
+    if not hooked:
+        read = done.stderr.count("ids-sst-train.csv: read 40 examples")
+        assert read == 1, f"{case}: the warning about sst's training set is printed {read} " \
+                          f"times (rank 0 alone prints; the others' warnings are noise)"
+        return
+
+    ranks = [torch.load(tmp_path / "dump" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert ranks[1]["written"] == [], f"{case}: rank 1 wrote {ranks[1]['written']} (rank 0 " \
+                                      f"alone writes the run's files)"
+    for part in PARTS:
+        if part in ranks[0]:
+            assert_same_tensors(ranks[0][part], ranks[1][part], f"{case}: rank 1's {part} (not "
+                                f"rank 0's: the ranks drifted apart)")
+    whole = one_process.encoded[str(ref)]
+    assert len(ranks[0]["encoded"]) == len(ranks[1]["encoded"]) == len(whole), \
+        f"{case}: the ranks' models encoded {len(ranks[0]['encoded'])} and " \
+        f"{len(ranks[1]['encoded'])} training batches, one process {len(whole)}"
+    for i, ((task, n), (t0, n0), (t1, n1)) in enumerate(zip(whole, *(r["encoded"] for r in ranks))):
+        assert t0 == t1 == task and n0 + n1 == n and abs(n0 - n1) <= 1, \
+            f"{case}: training forward {i + 1}: one process encodes {n} rows of {task}, the " \
+            f"ranks {n0} of {t0} and {n1} of {t1}, not a slice each of the global batch"
+
+
+def assert_stopped_after_epoch_1(folder, what):
+    """A run stopped after epoch 1: its last.pt (epoch 1) and checkpoint.pt load, no temporary
+    file is left, and summary.json says it stopped after 1 epoch."""
+    assert not glob.glob(os.path.join(folder, "*.tmp")), \
+        f"{what}: a half-written file is left: {glob.glob(os.path.join(folder, '*.tmp'))}"
+    last = load_last(str(folder))
+    assert last is not None and last["epoch"] == 1, f"{what}: last.pt holds " \
+        f"{'nothing' if last is None else 'epoch ' + str(last['epoch'])}, not epoch 1"
+    torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    assert "stopped" in summary and summary["epochs"] == 1, f"{what}: summary.json: {summary}"
+    return summary
+
+
+def test_stopped_under_two_processes_resumes_in_one(bert_dir, one_process, tmp_path, monkeypatch):
+    """torchrun SIGTERMed once rank 0 saved epoch 1 (as a cluster stops a job): the run stops
+    with "terminated" and its files whole; `python train.py --resume` then ends with the run of
+    one process left alone (knnbert: the queue and key encoder saved by rank 0 go on in 1)."""
+    argv = flags(bert_dir, "knnbert")
+    ref, run = one_process(argv), tmp_path / "run"
+    done = torchrun([*argv, "--out", run], tmp_path, {"term_after": 1})
+    assert done.returncode != 0, "torchrun SIGTERMed after epoch 1 exited 0"
+    summary = assert_stopped_after_epoch_1(run, "torchrun stopped after epoch 1")
+    assert summary["stopped"] == "terminated", f"SIGTERM: summary.json says {summary['stopped']}"
+    said = [line for line in lines(done.stderr) if line.startswith("terminated")]
+    assert len(said) == 1 and said[0].endswith(f"continue with: python train.py --resume {run}"), \
+        f"SIGTERM under torchrun: {said} (one line, from rank 0)"
+    keep_last(monkeypatch)
+    train.main(["--resume", str(run)])
+    assert_same_run(ref, run, "2 processes stopped after epoch 1, resumed in 1")
+
+
+def test_stopped_in_one_process_resumes_under_two(bert_dir, one_process, tmp_path, monkeypatch):
+    """A 1-process run stopped by Ctrl-C in epoch 2, resumed by `torchrun ... train.py --resume`:
+    every rank restores last.pt (the weights, the optimiser, the streams, the queue and key
+    encoder) and the run ends as one process left alone."""
+    argv = flags(bert_dir, "knnbert")
+    ref, run = one_process(argv), tmp_path / "run"
+    stop_at(monkeypatch, 8, KeyboardInterrupt)  # epoch 2's step 2: epoch 1 (6 steps) is saved
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--out", str(run)])
+    monkeypatch.undo()
+    assert_stopped_after_epoch_1(run, "1 process stopped in epoch 2")
+    done = torchrun(["--resume", run], tmp_path, {"keep_last": True})
+    assert done.returncode == 0, \
+        f"torchrun --resume: exit {done.returncode}:\n{done.stderr[-3000:]}"
+    assert_same_run(ref, run, "1 process stopped after epoch 1, resumed in 2")
+
+
+def test_a_rank_that_fails_stops_the_run_which_resumes(bert_dir, one_process, tmp_path,
+                                                       monkeypatch):
+    """Rank 1's train_step raises (a MinknnError) at epoch 2's step 2: torchrun exits non-zero,
+    the failure is one line `error: ...` (no traceback of it), nothing is half written, last.pt
+    holds epoch 1, and `python train.py --resume` ends as the run left alone."""
+    argv = flags(bert_dir, "ce")
+    ref, run = one_process(argv), tmp_path / "run"
+    done = torchrun([*argv, "--out", run], tmp_path, {"fail": [1, 8]})
+    assert done.returncode != 0, "torchrun exited 0 though rank 1 failed"
+    # rank 1's line may follow rank 0's progress bar on one line of the terminal
+    said = re.findall(r"[^\r\n]*planted failure[^\r\n]*", done.stderr)
+    assert len(said) == 1 and said[0].endswith("error: planted failure on rank 1 at its step 8"), \
+        f"rank 1's failure must be one line `error: ...`, once: {said}\n{done.stderr[-3000:]}"
+    assert not glob.glob(os.path.join(run, "*.tmp")), "a half-written file is left"
+    last = load_last(str(run))
+    assert last is not None and last["epoch"] == 1, "last.pt does not hold epoch 1"
+    keep_last(monkeypatch)
+    train.main(["--resume", str(run)])
+    assert_same_run(ref, run, "rank 1 failed in epoch 2, resumed in 1 process")
+    # last: the other ranks stop with a line too, not with the traceback of a collective whose
+    # peer is gone (torchrun's own report of the failure is torchrun's)
+    assert not re.search(r"\[rank\d\]: Traceback", done.stderr), \
+        f"rank 1's failure: a rank printed a traceback:\n{done.stderr[-3000:]}"
+
+
+def test_plain_python_is_one_process(monkeypatch):
+    """Without torchrun (no RANK) there is no process group: rank 0 of 1, and gather is the
+    identity, so `python train.py` is unchanged."""
+    monkeypatch.delenv("RANK", raising=False)
+    assert not distributed.launched(), "launched() without RANK"
+    assert (distributed.rank(), distributed.world(), distributed.is_main()) == (0, 1, True)
+    x = torch.randn(5, 3)
+    assert distributed.gather(x, [5]) is x, "gather without a process group must return x itself"
+    monkeypatch.setenv("RANK", "0")
+    assert distributed.launched(), "launched() with RANK=0 (torchrun's rank 0)"
