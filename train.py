@@ -9,6 +9,7 @@
     python train.py --task reuters --loss mlcon      # multi-label: BCE + 0.1 Su et al.'s loss
     python train.py --task multitask --tasks sst,mrpc,sts --pcgrad   # one BERT, three heads
     python train.py --task sst --save none           # the dev scores only: no checkpoint (grids)
+    torchrun --nproc_per_node 4 train.py --task sst  # one run on 4 GPUs (or CPU processes)
 
 A run is a list of tasks (--task T, or --task multitask --tasks a,b,c) sharing one encoder,
 each with its own head and loss as its kind says (minknn/kinds.py: classify, similarity,
@@ -21,6 +22,12 @@ bank (minknn/moco.py), filled before the first step and written after each. This
 flags, the optimiser and the training step, and the loop; the parts a run is made of (data,
 model, losses, memory, optimiser, batch streams) are built, restored from last.pt and saved by
 minknn/trainer.py, which bench.py builds its runs with too.
+
+Under torchrun (minknn/distributed.py: gloo on the CPU, NCCL on CUDA, one GPU per process) a run
+is the same run: --batch_size stays the global batch, each process encodes its slice of every
+step's batch, and the losses see the outputs of the whole batch, gathered; the steps, schedule
+and examples do not change with the number of processes, and --resume continues a run under any
+number of them. Rank 0 alone holds the folder, scores the dev set, prints and writes the files.
 
 Each run writes to its own folder (--out, a folder holding no run; default
 runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
@@ -105,7 +112,8 @@ def make_parser():
                    help="pair tasks: [CLS] a [SEP] b [SEP] as one sequence, or each text alone")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=3, help="passes over the (largest) training set")
-    g.add_argument("--batch_size", type=int, default=32, help="examples per batch, per task")
+    g.add_argument("--batch_size", type=int, default=32, help="examples per batch, per task; "
+                   "under torchrun the global batch, split between the processes")
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
     g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
@@ -325,6 +333,16 @@ def train_in_folder(args, device=None):
         kept = best_so_far(args, last) if last else "nothing was saved"
         summarise(args, last, stopped=f"diverged: {e}")
         raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
+    except RuntimeError as e:
+        if distributed.world() == 1:
+            raise
+        # under torchrun, most often a collective that lost a rank which failed (its own error
+        # comes first), after which torchrun stops the others
+        if distributed.is_main():
+            summarise(args, load_last(args.out), stopped=f"failed: {str(e).splitlines()[0]}")
+        raise MinknnError(f"rank {distributed.rank()} stopped: {str(e).splitlines()[0][:160]} "
+                          f"(most often another rank failed first: see its error); continue "
+                          f"with: python train.py --resume {args.out}") from None
     finally:
         if lock:
             close_run_folder(args.out, lock, created)
