@@ -2,12 +2,13 @@
 
     python bench.py model        # the hand-written BERT against Hugging Face's BertModel: examples/s, MFU
     python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
+    python bench.py ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
     python bench.py knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
     python bench.py multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
     python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
     python bench.py epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
 
-(epoch, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
+(epoch, ddp, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
 Every subcommand prints one line saying what ran where, then one Markdown table. With --write FILE
 that output also replaces the block between `<!-- bench.py NAME -->` and `<!-- /bench.py NAME -->`
 in FILE, so the speed tables in RESULTS.md are this script's output, never typed by hand.
@@ -274,22 +275,56 @@ def bench_epoch(args, device, timer, out):
                   f"{s / reference:.2f}" if reference else "")
 
 
-def train_py_epoch(args, device, checkout):
+def train_py_epoch(args, device, checkout, processes=1, threads=None):
     """Runs `python train.py` (of the checkout: a folder holding train.py) for one epoch on
     --examples examples and returns the epoch's seconds as it reports them (the training loop
-    alone: no model loading, dev scoring or saving)."""
+    alone: no model loading, dev scoring or saving). processes > 1: under torchrun, on one
+    machine; threads: each process's torch threads (OMP_NUM_THREADS; default: torch's)."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "train.py", "--task", args.task, "--epochs", "1",
+        command = [sys.executable, *(torchrun if processes > 1 else []), "train.py",
+                   "--task", args.task, "--epochs", "1",
                    "--max_train", str(args.examples), "--max_eval", "16", "--seed", str(args.seed),
                    "--batch_size", str(args.batch_size), "--max_len", str(args.max_len),
                    "--model", args.model, "--device", str(device), "--out", os.path.join(tmp, "run")]
         if args.data_dir:
             command += ["--data_dir", os.path.abspath(args.data_dir)]
-        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, env=env)
         if done.returncode != 0:
-            raise MinknnError(f"{checkout}/train.py failed: {done.stderr.strip().splitlines()[-1]}")
+            errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+            raise MinknnError(f"{checkout}/train.py failed: "
+                              f"{(errors or done.stderr.strip().splitlines())[-1]}")
         with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
             return json.loads(f.readline())["epoch_seconds"]
+
+
+# ---------------------------------------------------------------------------------------------
+# ddp: one run in N processes under torchrun against one process
+
+def bench_ddp(args, device, timer, out):
+    n = args.processes
+    if device.type == "cuda":  # a GPU each, against one GPU
+        if n > torch.cuda.device_count():
+            raise MinknnError(f"--processes {n}: this machine has {torch.cuda.device_count()} GPUs")
+        one, many, threads = "1 process, 1 GPU", f"{n} processes, {n} GPUs (torchrun)", (None, None)
+    else:  # the same cores, shared out two ways
+        one, many, threads = f"1 process x {n} threads", f"{n} processes x 1 thread (torchrun)", (n, 1)
+    contestants = {one: times_itself(lambda: train_py_epoch(args, device, ".", 1, threads[0])),
+                   many: times_itself(lambda: train_py_epoch(args, device, ".", n, threads[1]))}
+    cpu = "; on a CPU the processes share its cores, which says little of GPUs"
+    out.append(f"`python bench.py ddp`: {device_name(device)}, {precision_of(device)}; one epoch of "
+               f"train.py on {args.examples} {args.task} training examples (--seed {args.seed}), "
+               f"global batches of {args.batch_size}, --max_len {args.max_len}, the same steps "
+               f"either way; best of {args.rounds} alternating rounds{cpu * (device.type == 'cpu')}\n")
+    print(out[-1])
+    seconds = timer.best_of_rounds(contestants)
+    table = Table(out, "what", "seconds per epoch", "examples/s", f"time / {one}")
+    for name, s in seconds.items():
+        if s <= 0 or seconds[one] <= 0:  # tenths of a second: a tiny epoch reads 0
+            table.row(name, f"{s:.1f}", "too fast to time", "")
+            continue
+        table.row(name, f"{s:.1f}", f"{args.examples / s:.1f}", f"{s / seconds[one]:.2f}")
 
 
 def transformers_epoch(transformers, path, task, examples, batches, args, device, timer):
@@ -580,7 +615,7 @@ def bench_index(args, device, timer, out):
 
 def make_parser():
     p = Parser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,knn,multitask,index}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,ddp,knn,multitask,index}")
 
     def command(name, help, rounds, **steps):
         c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
@@ -607,6 +642,14 @@ def make_parser():
     c.add_argument("--seed", type=int, default=0, help="train.py --seed (the examples drawn)")
     c.add_argument("--compare", metavar="CHECKOUT", help="also time the train.py of another minknn "
                    "folder (e.g. a git worktree of an older commit)")
+    c = command("ddp", "one epoch of train.py in N processes (torchrun) against one", 2)
+    c.add_argument("--processes", type=int, default=2, help="torchrun's --nproc_per_node; on the "
+                   "CPU the one process gets as many threads")
+    c.add_argument("--task", default="sst", help="the task trained on")
+    c.add_argument("--examples", type=int, default=1024, help="training examples (train.py --max_train)")
+    c.add_argument("--batch_size", type=int, default=32, help="train.py --batch_size (the global batch)")
+    c.add_argument("--max_len", type=int, default=128, help="train.py --max_len")
+    c.add_argument("--seed", type=int, default=0, help="train.py --seed (the examples drawn)")
     c = command("knn", "a knnbert step against a ce step; kNN's share of evaluation", 3, steps=10)
     c.add_argument("--task", default="sst", help="the task trained and evaluated on")
     c.add_argument("--k", type=int, default=64, help="neighbours per query")
@@ -647,7 +690,7 @@ def whole_numbers(text):
 def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries"):
+    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries", "processes"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if getattr(args, "max_len", 8) < 8:
@@ -661,8 +704,8 @@ def main(argv=None):
         p.error(f"--write {args.write}: no such file")
     device = pick_device(args.device)
     out = []
-    {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn, "multitask": bench_multitask,
-     "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
+    {"model": bench_model, "epoch": bench_epoch, "ddp": bench_ddp, "knn": bench_knn,
+     "multitask": bench_multitask, "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
     if args.write:
         write_block(args.write, f"bench.py {args.command}", out)
 
