@@ -449,7 +449,8 @@ def main(argv=None):
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
         check_same_grid(args, shared, train_flags)
         failed = run_cells(args, cells, ctx)
-        text = table_and_plots(args.out, args)
+        finished = os.path.exists(os.path.join(args.out, "results.jsonl"))  # not if all failed
+        text = table_and_plots(args.out, args) if finished else ""
     if failed:  # a SLURM grid's other cells went on; the table holds them
         print(f"error: {len(failed)} of {len(cells)} cells failed (run the same command again to "
               f"retry them): {' | '.join(failed)}", file=sys.stderr)

@@ -91,17 +91,14 @@ def running(job, cluster):
     """Whether a job is still pending or running: not once its result file is written (its
     process may take seconds more to exit), else SLURM's word (sacct). A local job is a process
     (its controller): asked of the OS, since a runner run again holds no handle on the processes
-    of the one before (Linux's /proc; an ended process not yet reaped, a zombie, does not run)."""
+    of the one before (Linux's /proc; an ended process not yet reaped, a zombie, has no cmdline)."""
     if cluster == "slurm" or job.paths.result_pickle.exists():
         return not job.done()
     try:
         with open(f"/proc/{job.job_id}/cmdline", "rb") as f:
-            ours = b"submitit" in f.read()  # not another process given the same pid since
-        with open(f"/proc/{job.job_id}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return b"submitit" in f.read()  # and not another process given the same pid since
     except OSError:
         return False
-    return ours and state != "Z"
 
 
 def jobs_file(out):
@@ -145,6 +142,8 @@ def run_jobs(args, cells, todo, ctx, record):
     """The cells in `todo` as jobs: those of an earlier runner still pending or running are
     waited for, the others submitted. Each finished cell goes to record(cell, lines), as a local
     one does. Returns the failed cells' lines, '<cell>: <why>; log <path>'."""
+    if not todo:
+        return []
     submitit, cluster = import_submitit(), args.slurm_cluster
     executor = make_executor(args)
     jobs = attach(submitit, cluster, args.out, todo)

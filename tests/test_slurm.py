@@ -131,7 +131,8 @@ def test_a_slurm_grid_gives_the_in_process_figures(reference, tiny_bert_dir, tmp
     assert figures(out) == reference, \
         "runner --launcher slurm: results.jsonl differs from the in-process runner's (times aside)"
     said = capsys.readouterr().out
-    assert "submitted 4 cells as jobs" in said and said.count("] mr-6-ce-seed0: ") == 1, said
+    assert "submitted 4 cells as jobs" in said, said
+    assert said.count("] mr-6-ce-seed0: ") == 1, f"runner: a cell recorded twice?\n{said}"
     assert (out / "table.md").exists()
     assert sorted(jobs_of(out)) == sorted(line["cell"] for line in reference[::2]), \
         "slurm.save_jobs: jobs.json must hold each cell's job id"
@@ -197,10 +198,13 @@ def test_a_failed_job_is_named_with_its_log_and_the_others_finish(tiny_bert_dir,
 
 
 def test_a_preempted_job_is_requeued_and_resumes_its_cell(reference, tiny_bert_dir, tmp_path,
-                                                          monkeypatch):
+                                                          monkeypatch, capsys):
     out = tmp_path / "g"
     monkeypatch.setattr(slurm, "CellJob", PreemptedOnce)
-    on_slurm(tiny_bert_dir, out, tasks="mr", seeds="0")
+    try:
+        on_slurm(tiny_bert_dir, out, tasks="mr", seeds="0")
+    except SystemExit:
+        pytest.fail(f"the preempted job failed: {capsys.readouterr().err}")
     assert (out / "preempted").exists(), "the job was never preempted: the test checks nothing"
     log = (out / "slurm" / f"{jobs_of(out)['mr-6-ce-seed0']}_0_log.out").read_text()
     assert "Calling checkpoint method" in log and log.count("Starting with JobEnvironment") == 2, \
