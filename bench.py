@@ -3,12 +3,13 @@
     python bench.py model        # the hand-written BERT against Hugging Face's BertModel: examples/s, MFU
     python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
     python bench.py ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
+    python bench.py grid         # the runner's 20 cells with --jobs 2 against --jobs 1
     python bench.py knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
     python bench.py multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
     python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
     python bench.py epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
 
-(epoch, ddp, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
+(epoch, ddp, grid, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
 Every subcommand prints one line saying what ran where, then one Markdown table. With --write FILE
 that output also replaces the block between `<!-- bench.py NAME -->` and `<!-- /bench.py NAME -->`
 in FILE, so the speed tables in RESULTS.md are this script's output, never typed by hand.
@@ -39,6 +40,7 @@ from minknn import MinknnError, run
 from minknn.bert import BertModel, read_config, resolve_model_path
 from minknn.data import load_split, training_examples
 from minknn.engine import TrainBatches, autocast, pick_device, predict, to_device
+from minknn.grid import parse_seeds
 from minknn.kinds import kind_of
 from minknn.model import Model
 from minknn.options import Parser
@@ -325,6 +327,41 @@ def bench_ddp(args, device, timer, out):
             table.row(name, f"{s:.1f}", "too fast to time", "")
             continue
         table.row(name, f"{s:.1f}", f"{args.examples / s:.1f}", f"{s / seconds[one]:.2f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# grid: the runner's cells N at once (--jobs N) against one at a time
+
+def bench_grid(args, device, timer, out):
+    def grid(jobs):
+        def wall():
+            with tempfile.TemporaryDirectory() as tmp:
+                command = [sys.executable, "-m", "minknn.runner", "--tasks", args.tasks,
+                           "--methods", args.methods, "--sizes", args.sizes, "--seeds",
+                           args.seeds, "--out", os.path.join(tmp, "grid"), "--jobs", str(jobs),
+                           "--model", args.model, "--device", str(device), *args.train_flags]
+                if args.data_dir:
+                    command += ["--data_dir", os.path.abspath(args.data_dir)]
+                start = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True)
+                seconds = time.perf_counter() - start
+            if done.returncode != 0:
+                errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+                raise MinknnError(f"the runner failed: {(errors or done.stderr.splitlines())[-1]}")
+            return seconds
+        return times_itself(wall)
+    cells = len(args.tasks.split(",")) * len(args.sizes.split(",")) * len(parse_seeds(args.seeds))
+    contestants = {"--jobs 1": grid(1), f"--jobs {args.jobs}": grid(args.jobs)}
+    out.append(f"`python bench.py grid`: {device_name(device)}, {precision_of(device)}; the "
+               f"runner's whole command (python -m minknn.runner --tasks {args.tasks} --methods "
+               f"'{args.methods}' --sizes {args.sizes} --seeds {args.seeds} "
+               f"{' '.join(args.train_flags)}): {cells} trainings, wall time from start to the "
+               f"table; best of {args.rounds} alternating rounds\n")
+    print(out[-1])
+    seconds = timer.best_of_rounds(contestants)
+    table = Table(out, "what", "wall seconds", "cells/min", "time / --jobs 1")
+    for name, s in seconds.items():
+        table.row(name, f"{s:.1f}", f"{60 * cells / s:.1f}", f"{s / seconds['--jobs 1']:.2f}")
 
 
 def transformers_epoch(transformers, path, task, examples, batches, args, device, timer):
@@ -615,7 +652,7 @@ def bench_index(args, device, timer, out):
 
 def make_parser():
     p = Parser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,ddp,knn,multitask,index}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,ddp,grid,knn,multitask,index}")
 
     def command(name, help, rounds, **steps):
         c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
@@ -650,6 +687,14 @@ def make_parser():
     c.add_argument("--batch_size", type=int, default=32, help="train.py --batch_size (the global batch)")
     c.add_argument("--max_len", type=int, default=128, help="train.py --max_len")
     c.add_argument("--seed", type=int, default=0, help="train.py --seed (the examples drawn)")
+    c = command("grid", "the runner's grid with --jobs N against --jobs 1", 1)
+    c.add_argument("--jobs", type=int, default=2, help="the runner's --jobs against 1")
+    c.add_argument("--tasks", default="mr,cr", help="the runner's --tasks")
+    c.add_argument("--methods", default="ce", help="the runner's --methods")
+    c.add_argument("--sizes", default="16", help="the runner's --sizes")
+    c.add_argument("--seeds", default="0-9", help="the runner's --seeds")
+    c.add_argument("--train_flags", type=str.split, default="--epochs 1 --batch_size 16 "
+                   "--max_len 64 --max_eval 64", help="train.py's flags for every cell, one string")
     c = command("knn", "a knnbert step against a ce step; kNN's share of evaluation", 3, steps=10)
     c.add_argument("--task", default="sst", help="the task trained and evaluated on")
     c.add_argument("--k", type=int, default=64, help="neighbours per query")
@@ -690,7 +735,7 @@ def whole_numbers(text):
 def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries", "processes"):
+    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries", "processes", "jobs"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if getattr(args, "max_len", 8) < 8:
@@ -704,7 +749,8 @@ def main(argv=None):
         p.error(f"--write {args.write}: no such file")
     device = pick_device(args.device)
     out = []
-    {"model": bench_model, "epoch": bench_epoch, "ddp": bench_ddp, "knn": bench_knn,
+    {"model": bench_model, "epoch": bench_epoch, "ddp": bench_ddp, "grid": bench_grid,
+     "knn": bench_knn,
      "multitask": bench_multitask, "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
     if args.write:
         write_block(args.write, f"bench.py {args.command}", out)
