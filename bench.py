@@ -2,12 +2,14 @@
 
     python bench.py model        # the hand-written BERT against Hugging Face's BertModel: examples/s, MFU
     python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
+    python bench.py ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
+    python bench.py grid         # the runner's 20 cells with --jobs 2 against --jobs 1
     python bench.py knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
     python bench.py multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
     python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
     python bench.py epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
 
-(epoch, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
+(epoch, ddp, grid, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
 Every subcommand prints one line saying what ran where, then one Markdown table. With --write FILE
 that output also replaces the block between `<!-- bench.py NAME -->` and `<!-- /bench.py NAME -->`
 in FILE, so the speed tables in RESULTS.md are this script's output, never typed by hand.
@@ -38,6 +40,7 @@ from minknn import MinknnError, run
 from minknn.bert import BertModel, read_config, resolve_model_path
 from minknn.data import load_split, training_examples
 from minknn.engine import TrainBatches, autocast, pick_device, predict, to_device
+from minknn.grid import parse_seeds
 from minknn.kinds import kind_of
 from minknn.model import Model
 from minknn.options import Parser
@@ -274,22 +277,91 @@ def bench_epoch(args, device, timer, out):
                   f"{s / reference:.2f}" if reference else "")
 
 
-def train_py_epoch(args, device, checkout):
+def train_py_epoch(args, device, checkout, processes=1, threads=None):
     """Runs `python train.py` (of the checkout: a folder holding train.py) for one epoch on
     --examples examples and returns the epoch's seconds as it reports them (the training loop
-    alone: no model loading, dev scoring or saving)."""
+    alone: no model loading, dev scoring or saving). processes > 1: under torchrun, on one
+    machine; threads: each process's torch threads (OMP_NUM_THREADS; default: torch's)."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "train.py", "--task", args.task, "--epochs", "1",
+        command = [sys.executable, *(torchrun if processes > 1 else []), "train.py",
+                   "--task", args.task, "--epochs", "1",
                    "--max_train", str(args.examples), "--max_eval", "16", "--seed", str(args.seed),
                    "--batch_size", str(args.batch_size), "--max_len", str(args.max_len),
                    "--model", args.model, "--device", str(device), "--out", os.path.join(tmp, "run")]
         if args.data_dir:
             command += ["--data_dir", os.path.abspath(args.data_dir)]
-        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, env=env)
         if done.returncode != 0:
-            raise MinknnError(f"{checkout}/train.py failed: {done.stderr.strip().splitlines()[-1]}")
+            errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+            raise MinknnError(f"{checkout}/train.py failed: "
+                              f"{(errors or done.stderr.strip().splitlines())[-1]}")
         with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
             return json.loads(f.readline())["epoch_seconds"]
+
+
+# ---------------------------------------------------------------------------------------------
+# ddp: one run in N processes under torchrun against one process
+
+def bench_ddp(args, device, timer, out):
+    n = args.processes
+    if device.type == "cuda":  # a GPU each, against one GPU
+        if n > torch.cuda.device_count():
+            raise MinknnError(f"--processes {n}: this machine has {torch.cuda.device_count()} GPUs")
+        one, many, threads = "1 process, 1 GPU", f"{n} processes, {n} GPUs (torchrun)", (None, None)
+    else:  # the same cores, shared out two ways
+        one, many, threads = f"1 process x {n} threads", f"{n} processes x 1 thread (torchrun)", (n, 1)
+    contestants = {one: times_itself(lambda: train_py_epoch(args, device, ".", 1, threads[0])),
+                   many: times_itself(lambda: train_py_epoch(args, device, ".", n, threads[1]))}
+    cpu = "; on a CPU the processes share its cores, which says little of GPUs"
+    out.append(f"`python bench.py ddp`: {device_name(device)}, {precision_of(device)}; one epoch of "
+               f"train.py on {args.examples} {args.task} training examples (--seed {args.seed}), "
+               f"global batches of {args.batch_size}, --max_len {args.max_len}, the same steps "
+               f"either way; best of {args.rounds} alternating rounds{cpu * (device.type == 'cpu')}\n")
+    print(out[-1])
+    seconds = timer.best_of_rounds(contestants)
+    table = Table(out, "what", "seconds per epoch", "examples/s", f"time / {one}")
+    for name, s in seconds.items():
+        if s <= 0 or seconds[one] <= 0:  # tenths of a second: a tiny epoch reads 0
+            table.row(name, f"{s:.1f}", "too fast to time", "")
+            continue
+        table.row(name, f"{s:.1f}", f"{args.examples / s:.1f}", f"{s / seconds[one]:.2f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# grid: the runner's cells N at once (--jobs N) against one at a time
+
+def bench_grid(args, device, timer, out):
+    def grid(jobs):
+        def wall():
+            with tempfile.TemporaryDirectory() as tmp:
+                command = [sys.executable, "-m", "minknn.runner", "--tasks", args.tasks,
+                           "--methods", args.methods, "--sizes", args.sizes, "--seeds",
+                           args.seeds, "--out", os.path.join(tmp, "grid"), "--jobs", str(jobs),
+                           "--model", args.model, "--device", str(device), *args.train_flags]
+                if args.data_dir:
+                    command += ["--data_dir", os.path.abspath(args.data_dir)]
+                start = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True)
+                seconds = time.perf_counter() - start
+            if done.returncode != 0:
+                errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+                raise MinknnError(f"the runner failed: {(errors or done.stderr.splitlines())[-1]}")
+            return seconds
+        return times_itself(wall)
+    cells = len(args.tasks.split(",")) * len(args.sizes.split(",")) * len(parse_seeds(args.seeds))
+    contestants = {"--jobs 1": grid(1), f"--jobs {args.jobs}": grid(args.jobs)}
+    out.append(f"`python bench.py grid`: {device_name(device)}, {precision_of(device)}; the "
+               f"runner's whole command (python -m minknn.runner --tasks {args.tasks} --methods "
+               f"'{args.methods}' --sizes {args.sizes} --seeds {args.seeds} "
+               f"{' '.join(args.train_flags)}): {cells} trainings, wall time from start to the "
+               f"table; best of {args.rounds} alternating rounds\n")
+    print(out[-1])
+    seconds = timer.best_of_rounds(contestants)
+    table = Table(out, "what", "wall seconds", "cells/min", "time / --jobs 1")
+    for name, s in seconds.items():
+        table.row(name, f"{s:.1f}", f"{60 * cells / s:.1f}", f"{s / seconds['--jobs 1']:.2f}")
 
 
 def transformers_epoch(transformers, path, task, examples, batches, args, device, timer):
@@ -580,7 +652,7 @@ def bench_index(args, device, timer, out):
 
 def make_parser():
     p = Parser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,knn,multitask,index}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{model,epoch,ddp,grid,knn,multitask,index}")
 
     def command(name, help, rounds, **steps):
         c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
@@ -607,6 +679,22 @@ def make_parser():
     c.add_argument("--seed", type=int, default=0, help="train.py --seed (the examples drawn)")
     c.add_argument("--compare", metavar="CHECKOUT", help="also time the train.py of another minknn "
                    "folder (e.g. a git worktree of an older commit)")
+    c = command("ddp", "one epoch of train.py in N processes (torchrun) against one", 2)
+    c.add_argument("--processes", type=int, default=2, help="torchrun's --nproc_per_node; on the "
+                   "CPU the one process gets as many threads")
+    c.add_argument("--task", default="sst", help="the task trained on")
+    c.add_argument("--examples", type=int, default=1024, help="training examples (train.py --max_train)")
+    c.add_argument("--batch_size", type=int, default=32, help="train.py --batch_size (the global batch)")
+    c.add_argument("--max_len", type=int, default=128, help="train.py --max_len")
+    c.add_argument("--seed", type=int, default=0, help="train.py --seed (the examples drawn)")
+    c = command("grid", "the runner's grid with --jobs N against --jobs 1", 1)
+    c.add_argument("--jobs", type=int, default=2, help="the runner's --jobs against 1")
+    c.add_argument("--tasks", default="mr,cr", help="the runner's --tasks")
+    c.add_argument("--methods", default="ce", help="the runner's --methods")
+    c.add_argument("--sizes", default="16", help="the runner's --sizes")
+    c.add_argument("--seeds", default="0-9", help="the runner's --seeds")
+    c.add_argument("--train_flags", type=str.split, default="--epochs 1 --batch_size 16 "
+                   "--max_len 64 --max_eval 64", help="train.py's flags for every cell, one string")
     c = command("knn", "a knnbert step against a ce step; kNN's share of evaluation", 3, steps=10)
     c.add_argument("--task", default="sst", help="the task trained and evaluated on")
     c.add_argument("--k", type=int, default=64, help="neighbours per query")
@@ -647,7 +735,7 @@ def whole_numbers(text):
 def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries"):
+    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries", "processes", "jobs"):
         if getattr(args, name, 1) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if getattr(args, "max_len", 8) < 8:
@@ -661,8 +749,9 @@ def main(argv=None):
         p.error(f"--write {args.write}: no such file")
     device = pick_device(args.device)
     out = []
-    {"model": bench_model, "epoch": bench_epoch, "knn": bench_knn, "multitask": bench_multitask,
-     "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
+    {"model": bench_model, "epoch": bench_epoch, "ddp": bench_ddp, "grid": bench_grid,
+     "knn": bench_knn,
+     "multitask": bench_multitask, "index": bench_index}[args.command](args, device, Timer(device, args.rounds), out)
     if args.write:
         write_block(args.write, f"bench.py {args.command}", out)
 

@@ -9,6 +9,7 @@
     python train.py --task reuters --loss mlcon      # multi-label: BCE + 0.1 Su et al.'s loss
     python train.py --task multitask --tasks sst,mrpc,sts --pcgrad   # one BERT, three heads
     python train.py --task sst --save none           # the dev scores only: no checkpoint (grids)
+    torchrun --nproc_per_node 4 train.py --task sst  # one run on 4 GPUs (or CPU processes)
 
 A run is a list of tasks (--task T, or --task multitask --tasks a,b,c) sharing one encoder,
 each with its own head and loss as its kind says (minknn/kinds.py: classify, similarity,
@@ -21,6 +22,12 @@ bank (minknn/moco.py), filled before the first step and written after each. This
 flags, the optimiser and the training step, and the loop; the parts a run is made of (data,
 model, losses, memory, optimiser, batch streams) are built, restored from last.pt and saved by
 minknn/trainer.py, which bench.py builds its runs with too.
+
+Under torchrun (minknn/distributed.py: gloo on the CPU, NCCL on CUDA, one GPU per process) a run
+is the same run: --batch_size stays the global batch, each process encodes its slice of every
+step's batch, and the losses see the outputs of the whole batch, gathered; the steps, schedule
+and examples do not change with the number of processes, and --resume continues a run under any
+number of them. Rank 0 alone holds the folder, scores the dev set, prints and writes the files.
 
 Each run writes to its own folder (--out, a folder holding no run; default
 runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
@@ -46,6 +53,7 @@ a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). 
 norm, dev score or weight that is not finite stops the run before anything of it is saved.
 """
 import argparse
+import contextlib
 import math
 import os
 import random
@@ -55,7 +63,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from minknn import MinknnError, Terminated, run, sigterm_raises
+from minknn import MinknnError, Terminated, distributed, run, sigterm_raises
 from minknn.assignment import BY_NAME, require_written
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.engine import PRECISIONS, autocast, default_precision, pick_device, predict
@@ -68,7 +76,7 @@ from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
                          open_run_folder, saved_args, summarise, write_json)
 from minknn.tasks import TASKS
-from minknn.trainer import batch, build, restore, save
+from minknn.trainer import batch, build, forward, restore, save
 
 
 def get_args(argv=None):
@@ -104,7 +112,8 @@ def make_parser():
                    help="pair tasks: [CLS] a [SEP] b [SEP] as one sequence, or each text alone")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, default=3, help="passes over the (largest) training set")
-    g.add_argument("--batch_size", type=int, default=32, help="examples per batch, per task")
+    g.add_argument("--batch_size", type=int, default=32, help="examples per batch, per task; "
+                   "under torchrun the global batch, split between the processes")
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
     g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
@@ -200,18 +209,23 @@ def make_optimizer(model_params, loss_params, args, total_steps):
 
 
 def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, pcgrad=None,
-               rng=random, precision=None):
+               rng=random, precision=None, ddp=None):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows)).
     Returns each task's loss and parts, and with --pcgrad (pcgrad: the run's PCGrad of the
     shared encoder) how many task pairs' gradients conflicted. A memory loss's key encoder makes
     the keys first; they join the memory after.
     The forward passes run under --precision (engine.autocast); the backward follows their
-    dtypes, and the weights and their gradients stay fp32."""
+    dtypes, and the weights and their gradients stay fp32.
+    Under torchrun (ddp: the run's DistributedDataParallel) each batch's inputs are this rank's
+    slice, and the losses see the outputs of the whole batch, gathered (minknn/trainer.py
+    forward()); the backward of their sum averages the gradients over the ranks."""
     task_losses, parts = {}, {}
+    if ddp is not None:  # a PCGrad step averages its gradients itself (minknn/pcgrad.py)
+        outputs = forward(model, batches, ddp.module if pcgrad else ddp, precision)
     for name, (inputs, targets, rows) in batches.items():
         with autocast(targets.device, precision):
             keys = moco.batch_keys(model, inputs, rows) if moco else None
-            output = model(name, **inputs)
+            output = outputs[name] if ddp is not None else model(name, **inputs)
             # a memory loss also sees the memory, and the rows that name each query's own keys
             memory_args = (keys, moco.memory, rows) if moco else ()
             task_losses[name], parts[name] = losses[name](output, targets, *memory_args)
@@ -275,32 +289,74 @@ def parts_run(args):
 def main(argv=None):
     args = get_args(argv)
     require_written(parts_run(args))
-    if args.resume:  # the folder first: a run still training in it stops this one at once
-        lock, created = open_run_folder(args.out, args.save), []
-    else:
-        default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
-                                       f"{time.strftime('%Y%m%d-%H%M%S')}")
-        args.out, lock, created = new_run_folder(args.out, default)
+    if not distributed.launched():
+        return train_in_folder(args)
+    _, _, device = distributed.setup(pick_device(args.device))  # torchrun: this process is a rank
+    try:  # rank 0 alone prints (the others' errors still reach stderr)
+        with open(os.devnull, "w") as quiet, \
+                contextlib.redirect_stdout(sys.stdout if distributed.is_main() else quiet):
+            return train_in_folder(args, device)
+    finally:
+        distributed.teardown()
+
+
+def train_in_folder(args, device=None):
+    """The run in its folder (a new one, or --resume's), held while it trains; under torchrun
+    rank 0 alone holds and writes it. Ctrl-C, SIGTERM and divergence end it as the module
+    docstring says."""
+    lock, created = None, []
+    try:
+        if distributed.is_main():  # the folder first: a run training in it stops this one
+            lock, created = open_folder(args)
+    finally:  # the other ranks learn the folder rank 0 opened, or that it could not
+        args.out = distributed.broadcast_object(args.out if lock else None)
+    if args.out is None:  # not rank 0: it says why
+        sys.exit(2)
     try:
         with sigterm_raises():  # a cluster's SIGTERM stops the run as Ctrl-C does
-            return run_training(args)
+            return run_training(args, device)
     except KeyboardInterrupt as e:
         how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
-        last = load_last(args.out)
-        where = best_so_far(args, last) if last else "no epoch had finished"
-        if summarise(args, last, stopped=how) is None:  # before the first step
-            print(f"\n{how} before the first step; nothing was saved", file=sys.stderr)
-        else:
-            print(f"\n{how}: {where}; continue with: python train.py --resume {args.out}",
-                  file=sys.stderr)
+        if distributed.is_main():
+            last = load_last(args.out)
+            where = best_so_far(args, last) if last else "no epoch had finished"
+            if summarise(args, last, stopped=how) is None:  # before the first step
+                print(f"\n{how} before the first step; nothing was saved", file=sys.stderr)
+            else:
+                print(f"\n{how}: {where}; continue with: python train.py --resume {args.out}",
+                      file=sys.stderr)
         sys.exit(status)
     except Diverged as e:
+        if not distributed.is_main():  # every rank stops at the same step; rank 0 says why
+            sys.exit(2)
         last = load_last(args.out)
         kept = best_so_far(args, last) if last else "nothing was saved"
         summarise(args, last, stopped=f"diverged: {e}")
         raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
+    except RuntimeError as e:
+        if distributed.world() == 1:
+            raise
+        # under torchrun, most often a collective that lost a rank which failed (its own error
+        # comes first), after which torchrun stops the others
+        if distributed.is_main():
+            summarise(args, load_last(args.out), stopped=f"failed: {str(e).splitlines()[0]}")
+        raise MinknnError(f"rank {distributed.rank()} stopped: {str(e).splitlines()[0][:160]} "
+                          f"(most often another rank failed first: see its error); continue "
+                          f"with: python train.py --resume {args.out}") from None
     finally:
-        close_run_folder(args.out, lock, created)
+        if lock:
+            close_run_folder(args.out, lock, created)
+
+
+def open_folder(args):
+    """Locks the run's folder: --resume's, or a new one (--out, or a fresh name in runs/, then
+    set in args.out). Returns (the lock, the folders made for it)."""
+    if args.resume:
+        return open_run_folder(args.out, args.save), []
+    default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
+                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
+    args.out, lock, created = new_run_folder(args.out, default)
+    return lock, created
 
 
 def best_so_far(args, last):
@@ -312,23 +368,28 @@ def best_so_far(args, last):
             f"{os.path.join(args.out, 'summary.json')} (--save none: no checkpoint)")
 
 
-def run_training(args):
-    trainer, last = build(args, make_optimizer)  # minknn/trainer.py: what the run is made of
+def run_training(args, device=None):
+    trainer, last = build(args, make_optimizer, device=device)  # minknn/trainer.py
     best, records = restore(trainer, last) if last else (None, [])
     if args.resume:
         check_same_data(args.out, trainer.data)
     else:  # all that can fail before the first step has passed: from here on, a run to resume
         args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
-        write_json(os.path.join(args.out, "run.json"),
-                   {"args": {k: v for k, v in vars(args).items() if k != "resume"},
-                    "data": trainer.data})
+        if distributed.is_main():
+            write_json(os.path.join(args.out, "run.json"),
+                       {"args": {k: v for k, v in vars(args).items() if k != "resume"},
+                        "data": trainer.data})
+    if distributed.rank() > 0:  # its own dropout masks; rank 0 draws what one process would
+        torch.manual_seed(random.Random(f"{args.seed} {distributed.rank()} {len(records)}")
+                          .getrandbits(62))
     tasks, train, dev, steps = trainer.tasks, trainer.train, trainer.dev, trainer.steps
     sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
+    ranks = f" x {distributed.world()} processes" if trainer.ddp else ""
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
           f"{sum(p.numel() for p in trainer.params):,} trainable parameters; "
           f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
-          f"{steps} steps/epoch; {trainer.device}; run folder {args.out}")
+          f"{steps} steps/epoch; {trainer.device}{ranks}; run folder {args.out}")
     if trainer.moco and not last:
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "
               f"{trainer.fill_seconds:.0f} s")
@@ -339,24 +400,17 @@ def run_training(args):
         start = time.time()
         train_loss, conflicts = train_epoch(trainer, epoch)
         seconds = time.time() - start
-        dev_scores = evaluate(trainer.model, trainer.losses, trainer.tokenizer, tasks, dev,
-                              args, trainer.device)
-        check_epoch_finite(epoch, trainer.model, trainer.losses, dev_scores)
-        record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(seconds, 1),
-                  "dev": dev_scores}
-        if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
-            pairs = steps * len(tasks) * (len(tasks) - 1) // 2
-            record["conflicting_pairs"] = round(conflicts / pairs, 4)
-        records.append(record)
-        is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
-        if is_best:
-            best = {"epoch": epoch, "dev": dev_scores}
-        save(trainer, epoch, best, records)
-        saved = ", saved" if args.save == "best" else ""
-        print(f"epoch {epoch}: train loss {', '.join(f'{v:.4f}' for v in train_loss.values())}; "
-              f"dev {describe_run(tasks, dev_scores)}{f' (best{saved})' if is_best else ''}; "
-              f"{seconds:.0f} s")
+        stop = None
+        if distributed.is_main():  # rank 0 alone scores and saves the epoch
+            try:
+                best = end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records)
+            except Diverged as e:
+                stop = e
+        if distributed.broadcast_object(stop is not None):  # the other ranks wait for rank 0
+            raise stop or Diverged(f"epoch {epoch}: rank 0 found it not finite")
 
+    if not distributed.is_main():
+        return None
     summary = summarise(args, {"best": best, "records": records, "train": train, "dev": dev,
                                "steps": steps, "losses": trainer.losses,
                                "device": trainer.device,
@@ -367,8 +421,32 @@ def run_training(args):
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
           f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}"
           f"{'' if args.save == 'best' else ', not saved: --save none'}); "
-          f"{summary['seconds_per_epoch']:.0f} s/epoch on {trainer.device}; {args.out}")
+          f"{summary['seconds_per_epoch']:.0f} s/epoch on {trainer.device}{ranks}; {args.out}")
     return summary
+
+
+def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
+    """An epoch's dev scores, its record (appended to records), its files (checkpoint.pt if it is
+    the best) and its line. Returns the best epoch so far."""
+    args, tasks = trainer.args, trainer.tasks
+    dev_scores = evaluate(trainer.model, trainer.losses, trainer.tokenizer, tasks, trainer.dev,
+                          args, trainer.device)
+    check_epoch_finite(epoch, trainer.model, trainer.losses, dev_scores)
+    record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(seconds, 1),
+              "dev": dev_scores}
+    if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
+        pairs = trainer.steps * len(tasks) * (len(tasks) - 1) // 2
+        record["conflicting_pairs"] = round(conflicts / pairs, 4)
+    records.append(record)
+    is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
+    if is_best:
+        best = {"epoch": epoch, "dev": dev_scores}
+    save(trainer, epoch, best, records)
+    saved = ", saved" if args.save == "best" else ""
+    print(f"epoch {epoch}: train loss {', '.join(f'{v:.4f}' for v in train_loss.values())}; "
+          f"dev {describe_run(tasks, dev_scores)}{f' (best{saved})' if is_best else ''}; "
+          f"{seconds:.0f} s")
+    return best
 
 
 def train_epoch(trainer, epoch):
@@ -377,14 +455,15 @@ def train_epoch(trainer, epoch):
     trainer.model.train()
     totals, terms_sum, conflicts = dict.fromkeys(trainer.train, 0.0), {}, 0
     first = trainer.tasks[0].name
-    bar = tqdm(range(trainer.steps), desc=f"epoch {epoch}/{trainer.args.epochs}")
+    bar = tqdm(range(trainer.steps), desc=f"epoch {epoch}/{trainer.args.epochs}",
+               disable=not distributed.is_main())
     for step in bar:
         rows = {name: next(stream) for name, stream in trainer.streams.items()}
         try:
             task_losses, terms, found = train_step(
                 trainer.model, trainer.losses, trainer.optimizer, trainer.scheduler,
                 trainer.params, batch(trainer, rows), trainer.moco, trainer.pcgrad, trainer.rng,
-                trainer.args.precision)
+                trainer.args.precision, trainer.ddp)
         except Diverged as e:
             raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None
         conflicts += found or 0

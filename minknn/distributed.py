@@ -155,6 +155,16 @@ def broadcast(module):
             dist.broadcast(t, 0)
 
 
+def broadcast_object(obj):
+    """Rank 0's obj (anything picklable) on every rank: the run folder's name, how an epoch
+    ended. The other ranks wait here for rank 0."""
+    if not _grouped():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, 0)
+    return box[0]
+
+
 def all_reduce_mean(tensor):
     """The tensor averaged over the ranks, in place (PCGrad's task gradients); returns it."""
     if _grouped():

@@ -40,18 +40,21 @@ a fresh 270 MB buffer per step (22.7M parameters, 3 tasks) cost more than the su
 operating system zeroes every new page.
 
 Under DDP (minknn/distributed.py) the surgery runs on the global gradients, never on each rank's:
-backward(losses, rng, reduce=all_reduce_mean) averages each task's g_k over the ranks as soon as it
-is taken (one all-reduce per task), so every rank builds the same Gram matrix and the same g^PC
-(with the same rng: seed it alike on every rank). Projecting per rank would not be PCGrad: the
-projection is not linear in g_k, so the mean of per-rank surgeries is not the surgery of the
-means. The caller runs the forward passes and backward() inside ddp_model.no_sync(), so that
-DDP's own all-reduce does not average the gradients a second time, and then averages the
-parameters outside the surgery that DDP holds (the heads) with all_reduce_grads. A loss's proxies
-need nothing: every rank computes the same loss, so their gradient is the same on every rank.
+PCGrad(shared, reduce=all_reduce_mean, heads=...) averages each task's g_k over the ranks as soon
+as it is taken (one all-reduce per task), so every rank builds the same Gram matrix and the same
+g^PC (with the same rng: train.py's is seeded alike on every rank). Projecting per rank would not
+be PCGrad: the projection is not linear in g_k, so the mean of per-rank surgeries is not the
+surgery of the means. train.py runs a PCGrad step's forward outside DDP's hooks (on the wrapped
+module, as no_sync() would), so that DDP's own all-reduce does not average the gradients a second
+time; the model's other trainable parameters (`heads`, each its own task's) are then averaged
+here in one all-reduce, as DDP would have. A loss's proxies need nothing: every rank computes the
+same loss, so their gradient is the same on every rank.
 """
 import random
 
 import torch
+
+from minknn.distributed import all_reduce_grads
 
 
 def project_conflicting(grads, rng=random):
@@ -98,22 +101,32 @@ class PCGrad:
     """PCGrad for the parameters every task shares (the BERT encoder's), with the buffer of the
     task gradients kept for the whole run."""
 
-    def __init__(self, shared):
-        self.shared = list(shared)
+    def __init__(self, shared, reduce=None, heads=()):
+        """shared: the encoder's trainable parameters. Under DDP only: reduce, the average over
+        the ranks (distributed.all_reduce_mean) of each task's flattened g_k, in place; heads, the
+        other trainable parameters of the model, whose .grad are averaged (all_reduce_grads)."""
+        self.shared, self.reduce, self.heads = list(shared), reduce, list(heads)
         self.grads = self.update = None  # (K, P) and (P,), made at the first step
 
-    def backward(self, losses, rng=random, reduce=None):
+    def backward(self, losses, rng=random):
         """Backpropagates each task's loss on its own, then sets the shared parameters' .grad to
         sum_k g_k^PC. Every other parameter accumulates its task's gradient as usual. Call it in
         place of sum(losses).backward(), before gradient clipping and optimizer.step(). Returns
         how many pairs of tasks had conflicting gradients (g_i . g_j < 0), of the K (K - 1) / 2.
 
         losses: the tasks' scalar losses, each from its own forward pass (each backward frees its
-        graph); reduce: None, or under DDP distributed.all_reduce_mean, applied in place to each
-        flattened g_k (P,) before the surgery (the module docstring)"""
-        if not self.shared:  # nothing shared (a frozen encoder): the tasks cannot conflict
+        graph)"""
+        if self.shared:
+            conflicts = self.surgery(losses, rng)
+        else:  # nothing shared (a frozen encoder): the tasks cannot conflict
             sum(losses).backward()
-            return 0
+            conflicts = 0
+        if self.reduce is not None:  # under DDP: the heads, as DDP would have averaged them
+            all_reduce_grads(self.heads)
+        return conflicts
+
+    def surgery(self, losses, rng):
+        """backward()'s work when the encoder trains: each g_k taken, the surgery, g^PC set."""
         P = sum(p.numel() for p in self.shared)
         if self.grads is None or self.grads.shape[0] != len(losses):
             self.grads = torch.empty(len(losses), P, device=self.shared[0].device,
@@ -131,8 +144,8 @@ class PCGrad:
                     p.grad = None  # the next task's backward starts from None again
                     reached.add(n)
                 offset += p.numel()
-            if reduce is not None:
-                reduce(grads[k])  # the global g_k, the same on every rank
+            if self.reduce is not None:
+                self.reduce(grads[k])  # the global g_k, the same on every rank
         gram = grads @ grads.T  # (K, K)
         weights = pcgrad_weights(gram, rng).to(grads.dtype)  # (K,)
         update = torch.mv(grads.T, weights, out=self.update)  # (P,): sum_k w_k g_k = sum_k g_k^PC

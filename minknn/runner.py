@@ -31,6 +31,11 @@ cell.json after each cell), <out>/table.md and <out>/plots/*.png.
 One runner per grid: it holds <out>/grid.lock while it works, and a second one on the same --out
 stops in one line (it would retrain the cells the first is training). --table reads a grid in
 use: results.jsonl is only ever replaced whole, so it shows the cells finished so far.
+
+Where the cells run (--launcher): `local` (default), here, one at a time, or --jobs N at once in
+N processes, each with its share of the CPU cores (torch threads) and, on a machine with several
+GPUs, its own GPU. `slurm`: each unfinished cell a job of one SLURM array job, through submitit
+(minknn/slurm.py: time limits, preemption, failed jobs, a runner killed while its jobs run).
 """
 import concurrent.futures
 import contextlib
@@ -41,6 +46,8 @@ import os
 import shutil
 import sys
 import time
+
+import torch
 
 import train
 from minknn import MinknnError, Terminated, report, run
@@ -56,6 +63,8 @@ from minknn.tasks import get_task
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "gpus_per_cell", "slurm_max_parallel", "slurm_param",
+               "slurm_cluster")                     # --launcher slurm's
 
 
 def train_argv(cell, ctx, folder):
@@ -88,6 +97,9 @@ class Context:
         self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
         self.seeds = args.seed_list
         self._cache = {}
+
+    def __getstate__(self):  # sent to a pool's process or a cluster's job: the flags; the data
+        return {**self.__dict__, "_cache": {}}  # is read there, not shipped in every pickle
 
     def cached(self, key, make):
         if key not in self._cache:
@@ -246,7 +258,24 @@ def get_args(argv=None):
     p.add_argument("--max_eval", type=int, help="at most N test (and --select dev) examples")
     p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
     p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt")
-    p.add_argument("--jobs", type=int, default=1, help="cells at once (a GPU; the CPU runs one)")
+    p.add_argument("--launcher", default="local", choices=["local", "slurm"], help="where the "
+                   "cells run: here, or each a job on a SLURM cluster (minknn/slurm.py)")
+    p.add_argument("--jobs", type=int, help="local: N cells at once, each with cores/N torch "
+                   "threads (on several GPUs, each its own GPU); default 1")
+    s = p.add_argument_group("--launcher slurm (pip install submitit==1.5.4)")
+    s.add_argument("--slurm_partition", help="the partition (default: the cluster's)")
+    s.add_argument("--slurm_time", type=int, help="each job's time limit in minutes; "
+                   "a cell out of time is requeued and resumes from its last epoch (default 60)")
+    s.add_argument("--gpus_per_cell", type=int, help="GPUs per job (default 1)")
+    s.add_argument("--slurm_max_parallel", type=int, help="at most N jobs of the grid at once "
+                   "(the array's parallelism)")
+    s.add_argument("--slurm_param", action="append", metavar="KEY=VALUE",
+                   help="any other submitit parameter, the value read as JSON where it is, e.g. "
+                   "cpus_per_task=8, mem_gb=32, slurm_constraint=a100, "
+                   "slurm_additional_parameters='{\"qos\": \"high\"}'; repeatable")
+    s.add_argument("--slurm_cluster", choices=["slurm", "local"], help="local: "
+                   "for testing without a cluster, each job a process on this machine, all at once "
+                   "(submitit's LocalExecutor)")
     g = p.add_argument_group("the table")
     g.add_argument("--table", metavar="OUT", help="only redraw OUT's table and plots from its "
                    "results.jsonl")
@@ -266,9 +295,24 @@ def get_args(argv=None):
     for name in ("tasks", "out"):
         if not getattr(args, name):
             p.error(f"--{name} is required (or --table OUT to redraw a table)")
-    for name in ("max_eval", "jobs"):
+    for name in ("max_eval", "jobs", "slurm_time", "slurm_max_parallel"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    slurm_given = [name for name in SLURM_FLAGS if getattr(args, name) not in (None, [])]
+    if args.launcher == "local" and slurm_given:
+        p.error(f"--{slurm_given[0]} is for --launcher slurm")
+    if args.gpus_per_cell is not None and args.gpus_per_cell < 0:
+        p.error(f"--gpus_per_cell must be at least 0, got {args.gpus_per_cell}")
+    if args.launcher == "slurm":
+        if args.jobs is not None:
+            p.error("--jobs is --launcher local's; a SLURM grid runs --slurm_max_parallel jobs at "
+                    "once")
+        from minknn.slurm import import_submitit
+        import_submitit()  # one line on how to install it, before the grid is checked
+    args.jobs, args.slurm_time = args.jobs or 1, args.slurm_time or 60
+    args.slurm_cluster = args.slurm_cluster or "slurm"
+    args.gpus_per_cell = 1 if args.gpus_per_cell is None else args.gpus_per_cell
+    args.slurm_params = dict(slurm_param(p, text) for text in args.slurm_param or [])
     owned = [f for f in rest if f.startswith("--") and f[2:].split("=")[0] in RUNNER_OWNS]
     if owned:
         p.error(f"{', '.join(owned)}: the runner sets {'it' if len(owned) == 1 else 'them'} "
@@ -284,6 +328,17 @@ def get_args(argv=None):
     args.size_list = parse_sizes(args.sizes)
     args.seed_list = parse_seeds(args.seeds)
     return args, rest
+
+
+def slurm_param(p, text):
+    """--slurm_param key=value: (key, value), the value read as JSON where it parses."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        p.error(f"--slurm_param {text}: give key=value, e.g. cpus_per_task=8")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 def check_grid(args, train_flags, cells):
@@ -326,9 +381,7 @@ def check_grid(args, train_flags, cells):
                           f"(e.g. {lacking[0]}); run them with another --out (or --keep next time)")
     if args.write:  # found now, not after the grid has trained
         report.block_file(args.write, report.runner_tag(args.out))
-    if args.jobs > 1 and pick_device(parsed.device).type != "cuda":
-        raise MinknnError(f"--jobs {args.jobs}: cells run side by side on a GPU; on the CPU one "
-                          f"cell already uses every core (leave out --jobs)")
+    ctx.device = pick_device(parsed.device)  # --jobs: split the cores, or give each cell a GPU
     return ctx, shared
 
 
@@ -395,12 +448,20 @@ def main(argv=None):
     ctx, shared = check_grid(args, train_flags, cells)
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
         check_same_grid(args, shared, train_flags)
-        run_cells(args, cells, ctx)
-        return table_and_plots(args.out, args)
+        failed = run_cells(args, cells, ctx)
+        finished = os.path.exists(os.path.join(args.out, "results.jsonl"))  # not if all failed
+        text = table_and_plots(args.out, args) if finished else ""
+    if failed:  # a SLURM grid's other cells went on; the table holds them
+        print(f"error: {len(failed)} of {len(cells)} cells failed (run the same command again to "
+              f"retry them): {' | '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+    return text
 
 
 def run_cells(args, cells, ctx):
-    """Every cell of the grid, the finished ones read back, into <out>/results.jsonl."""
+    """Every cell of the grid, the finished ones read back, into <out>/results.jsonl. Returns
+    the cells that failed on SLURM, each '<cell>: <why>; log <path>' (a local failure stops
+    the grid)."""
     finished = {c: None for c in cells}
     start, todo = time.time(), [c for c in cells
                                 if saved_lines(os.path.join(args.out, "runs", c.name)) is None]
@@ -419,16 +480,19 @@ def run_cells(args, cells, ctx):
         when = f"{minutes:.0f} min" + (f", about {minutes / ran * left:.0f} min left"
                                        if ran and left else "")
         print(f"[{done}/{len(cells)}, {when}] {cell.name}: {summary}", flush=True)
+    failed = []
     try:
         for cell in cells:  # the finished ones first: results.jsonl holds them from the start
             if cell not in todo:
                 record(cell, run_cell(cell, cells[cell], ctx))
-        if args.jobs == 1:
+        if args.launcher == "slurm":
+            from minknn import slurm
+            failed = slurm.run_jobs(args, cells, todo, ctx, record)
+        elif args.jobs == 1:
             for cell in todo:
                 record(cell, run_cell(cell, cells[cell], ctx))
         else:
-            spawn = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
+            with cell_pool(args.jobs, ctx.device) as pool:
                 futures = {pool.submit(run_cell, c, cells[c], ctx): c for c in todo}
                 try:
                     for future in concurrent.futures.as_completed(futures):
@@ -441,10 +505,42 @@ def run_cells(args, cells, ctx):
         status = e.code if isinstance(e, SystemExit) else 143 if isinstance(e, Terminated) else 130
         if status not in (130, 143):
             raise
+        jobs = "; its jobs go on, and the rerun waits for them" if args.launcher == "slurm" else ""
         print(f"\n{'terminated' if status == 143 else 'interrupted'}; run the same command again "
-              f"to go on (finished cells are kept in {args.out}/runs)", file=sys.stderr)
+              f"to go on (finished cells are kept in {args.out}/runs){jobs}", file=sys.stderr)
         sys.exit(status)
     print(f"grid done in {(time.time() - start) / 60:.1f} min; results in {results}")
+    return failed
+
+
+def cell_pool(jobs, device):
+    """--jobs N: N processes, each with cores / N torch threads (the cores torch would use here,
+    split), and on a machine with several GPUs its own one: process i takes the i-th, round robin,
+    through CUDA_VISIBLE_DEVICES (set before the process touches CUDA, so the cell's `cuda` is
+    that GPU). A --device cuda:N given names one GPU for every cell, and is left alone."""
+    spawn = multiprocessing.get_context("spawn")
+    return concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=spawn, initializer=start_worker,
+        initargs=(max(1, torch.get_num_threads() // jobs), gpus_to_share(device),
+                  spawn.Value("i", 0)))
+
+
+def gpus_to_share(device):
+    """The GPUs --jobs spreads the cells over: those visible, when there are several and the
+    cells' device is `cuda` (or auto) with no index; else none."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
+    return gpus if device.type == "cuda" and device.index is None and len(gpus) > 1 else []
+
+
+def start_worker(threads, gpus, started):
+    """A pool process, before its first cell: its threads, and its GPU (started: how many
+    processes took one before it)."""
+    torch.set_num_threads(threads)
+    if gpus:
+        with started.get_lock():
+            i, started.value = started.value, started.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
 
 
 def table_and_plots(folder, args):
@@ -471,5 +567,6 @@ def describe_line(line):
     return text + (f" ({params})" if params else "")
 
 
-if __name__ == "__main__":
-    run(main)
+if __name__ == "__main__":  # main of the module by its name, not of __main__: a SLURM job unpickles
+    from minknn import runner  # the cells' Context (and run_cell) from minknn.runner
+    run(runner.main)

@@ -24,26 +24,37 @@ A Trainer is no framework, only the parts (the loop is train.py's):
     base                  --option pretrain: the base model's folder, which checkpoints name
                           instead of holding a copy of the frozen BERT
     args                  the run's arguments (build fills in --queue_size)
+    ddp                   under torchrun: DistributedDataParallel of Forward(model), which
+                          averages the gradients over the ranks (None in one process)
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads,
 the losses' parameters, the memory fill, then the streams. Another order trains another run from
 the same seed, and a resumed run would not be the run it continues.
+
+Under torchrun (minknn/distributed.py) every rank builds the same parts from the same seed and
+draws the same batches' rows; batch() encodes only the rank's slice of each batch, and forward()
+gathers the slices' outputs, so that every loss sees the whole batch. Rank 0 alone saves.
 """
 import dataclasses
 import os
 import random
 
 import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 from minknn import MinknnError
 from minknn.bert import BertModel, resolve_model_path
 from minknn.checkpoint import base_model, save_checkpoint, signals_held
 from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
                          require_labels, run_data, training_examples)
-from minknn.engine import TrainBatches, encode_batch, pick_device, seed_everything, to_device
+from minknn.distributed import (all_reduce_mean, broadcast, gather_output, rank, sizes,
+                                slice_of, world)
+from minknn.engine import (TrainBatches, autocast, encode_batch, pick_device, seed_everything,
+                           to_device)
 from minknn.kinds import kind_of
 from minknn.losses import MEMORY_LOSSES, build_losses
-from minknn.model import Model
+from minknn.model import Model, Output
 from minknn.moco import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
 from minknn.runs import (check_last_fits, load_last, random_states, save_last, set_random_states,
@@ -73,15 +84,17 @@ class Trainer:  # the fields the module docstring describes; None where a run ha
     rng: random.Random
     streams: dict
     pcgrad: PCGrad
+    ddp: DistributedDataParallel = None
 
 
-def build(args, make_optimizer, examples=None):
+def build(args, make_optimizer, examples=None, device=None):
     """(the run's Trainer, last.pt's state with --resume, else None). make_optimizer: train.py's
     (model_params, loss_params, args, total_steps) -> (optimizer, scheduler). examples: (train,
     dev), each task name -> its examples, already read (bench.py); by default they are read as
-    the arguments say, and their fingerprints kept for the run folder."""
+    the arguments say, and their fingerprints kept for the run folder. device: under torchrun,
+    this rank's (distributed.setup); by default --device's."""
     seed_everything(args.seed)
-    device = pick_device(args.device)
+    device = device or pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
     bert = BertModel.from_pretrained(model_path).set_attention(args.attention)  # and its weights
@@ -107,12 +120,19 @@ def build(args, make_optimizer, examples=None):
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
     rng = random.Random(args.seed)
     streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
-    pcgrad = PCGrad(p for p in model.bert.parameters() if p.requires_grad) if args.pcgrad else None
+    pcgrad = make_pcgrad(model) if args.pcgrad else None
+    ddp = None
+    if world() > 1:  # DDP copies rank 0's model to every rank; the proxies are not in it
+        broadcast(losses)
+        # find_unused_parameters: some parameters take no part in a step (BERT's pooler when
+        # --pooling is not cls), and DDP would wait for their gradients for ever
+        ddp = DistributedDataParallel(Forward(model), find_unused_parameters=True,
+                                      device_ids=[device] if device.type == "cuda" else None)
     return Trainer(args=args, device=device, tokenizer=tokenizer, base=base, tasks=tasks,
                    train=train, dev=dev, data=data, model=model, losses=losses, moco=moco,
                    fill_seconds=fill_seconds, params=model_params + loss_params,
                    optimizer=optimizer, scheduler=scheduler, steps=steps, rng=rng,
-                   streams=streams, pcgrad=pcgrad), last
+                   streams=streams, pcgrad=pcgrad, ddp=ddp), last
 
 
 def read_last(args, bert, base, model_path):
@@ -166,17 +186,62 @@ def make_memory(args, model, tokenizer, task, train, last, device):
     return moco, seconds
 
 
+def make_pcgrad(model):
+    """PCGrad of the encoder's trainable parameters; under torchrun it averages each task's
+    gradient over the ranks before the surgery, and the heads' after (minknn/pcgrad.py)."""
+    shared = [p for p in model.bert.parameters() if p.requires_grad]
+    if world() == 1:
+        return PCGrad(shared)
+    heads = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("bert.")]
+    return PCGrad(shared, all_reduce_mean, heads)
+
+
 def batch(trainer, rows):
     """One step's batch, task -> (inputs, targets, rows), of the rows each task's stream drew
-    (rows: task -> row indices into its training examples)."""
+    (rows: task -> row indices into its training examples). Under torchrun the inputs are this
+    rank's slice of the batch (distributed.slice_of), the targets and rows the whole batch's."""
     batches = {}
     for t in trainer.tasks:
         examples = [trainer.train[t.name][i] for i in rows[t.name]]
-        inputs = encode_batch(trainer.tokenizer, examples, trainer.model.siamese(t))
+        start, stop = slice_of(len(examples), rank(), world())
+        # a rank with no rows (a last batch smaller than the ranks) still runs its forward, as
+        # DDP needs, on one example that forward() then drops
+        mine = examples[start:stop] or examples[-1:]
+        inputs = encode_batch(trainer.tokenizer, mine, trainer.model.siamese(t))
         batches[t.name] = (to_device(inputs, trainer.device),
                            kind_of(t).targets(t, examples, trainer.device),
                            torch.tensor(rows[t.name], device=trainer.device))
     return batches
+
+
+class Forward(nn.Module):
+    """Every task's forward of a step in one call, task -> Output: DistributedDataParallel
+    expects one forward per backward, and a multi-task step has one per task."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs):
+        return {name: self.model(name, **x) for name, x in inputs.items()}
+
+
+def forward(model, batches, ddp, precision=None):
+    """Under torchrun: each task's Output of the whole batch, for the losses. ddp (the run's
+    DistributedDataParallel of Forward(model), or for a PCGrad step its module, which leaves
+    DDP's averaging out) encodes this rank's slices; their outputs are gathered from every rank
+    with their gradients (distributed.gather_output)."""
+    device = next(iter(batches.values()))[1].device
+    with autocast(device, precision):
+        outputs = ddp({name: inputs for name, (inputs, _, _) in batches.items()})
+    gathered = {}
+    for name, (_, _, rows) in batches.items():
+        n, output = sizes(len(rows), world()), outputs[name]
+        if n[rank()] == 0:  # batch()'s stand-in example: no rows of this rank's
+            output = Output(output.logits[:0], output.embeddings[:0], retrieval=None
+                            if output.retrieval is None else output.retrieval[:0])
+        gathered[name] = gather_output(output, n, model.siamese(model.tasks[name]))
+    return gathered
 
 
 def modules(trainer):

@@ -175,7 +175,7 @@ def pcgrad_step(n=7):
     torch.manual_seed(0)
     model = Tasks()
     net = DistributedDataParallel(model) if world() > 1 else model
-    pcgrad = PCGrad(model.encoder.parameters())
+    pcgrad = PCGrad(model.encoder.parameters(), all_reduce_mean, model.heads.parameters())
     mine, slices = local(n)
     with net.no_sync() if world() > 1 else contextlib.nullcontext():
         losses = []
@@ -184,8 +184,7 @@ def pcgrad_step(n=7):
                                     (inputs(n, seed=1), targets[1])]):
             output = gather_output(net(k, x[mine]), slices)
             losses.append(F.mse_loss(output.logits, t))
-        conflicts = pcgrad.backward(losses, random.Random(0), reduce=all_reduce_mean)
-    all_reduce_grads(model.heads.parameters())
+        conflicts = pcgrad.backward(losses, random.Random(0))
     return {"conflicts": torch.tensor(conflicts), **grads("model", model)}
 
 

@@ -9,6 +9,8 @@ is one of
     python bench.py ...              bench.main        `error: ...` and exit status 2
     python -m minknn.runner ...      minknn.runner.main
     python -m minknn.assignment ...  minknn.assignment.main
+    torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
+                                     --nproc_per_node 2 train.py ..., 1 thread each (gloo)
 or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
 environment the tests already run in, installs packages, sets MINKNN_DATA, or is the test suite
 itself). A command of any other kind fails the test until it is added to one or the other.
@@ -46,6 +48,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -86,6 +89,9 @@ BENCH = {"model": ["--steps", "1", "--batch_size", "2", "--lengths", "16"],
          "epoch": ["--examples", "16", "--batch_size", "8", "--max_len", "32"],
          "knn": ["--steps", "1", "--k", "4"],
          "multitask": ["--steps", "1"],
+         "ddp": ["--examples", "16", "--batch_size", "8", "--max_len", "32"],
+         "grid": ["--sizes", "16", "--seeds", "0-1",
+                  "--train_flags", "--epochs 1 --max_len 32 --batch_size 8 --max_eval 8"],
          "index": ["--sizes", "1000", "--dim", "16", "--queries", "10", "--k", "4"]}
 
 
@@ -122,7 +128,7 @@ def script(words, where):
             return None
     for prefix, name in ((["python", "train.py"], "train"), (["python", "evaluate.py"], "evaluate"),
                          (["python", "bench.py"], "bench"), (["python", "-m", "minknn.runner"], "runner"),
-                         (["python", "-m", "minknn.assignment"], "assignment")):
+                         (["python", "-m", "minknn.assignment"], "assignment"), (["torchrun"], "torchrun")):
         if words[:len(prefix)] == prefix:
             return name, words[len(prefix):]
     raise AssertionError(f"{where}: `{' '.join(words)}`: the test does not know this command; run it in "
@@ -149,6 +155,10 @@ def tiny_args(name, args, model, stopped):
                        "--device", "cpu", "--sizes", "16", "--seeds", "0"]
     if name == "bench":
         return args + ["--model", model, "--device", "cpu", "--rounds", "1"] + BENCH.get(args[0], [])
+    if name == "torchrun":  # torchrun's own flags become one machine's 2 processes
+        assert "train.py" in args, f"torchrun {' '.join(args)}: the test runs train.py under torchrun only"
+        script_args = args[args.index("train.py") + 1:]
+        return ["--standalone", "--nproc_per_node", "2", "train.py"] + tiny_args("train", script_args, model, ())
     return args
 
 
@@ -229,12 +239,25 @@ def test_every_command_runs(page, user, tmp_path, monkeypatch, capsys):
         with monkeypatch.context() as m:
             if stop:
                 stop_at(m, 2, KeyboardInterrupt)  # the first step of epoch 2: one a step
-            status = run_main(MAINS[name], argv, where)
-        err = capsys.readouterr().err
+            if name == "torchrun":
+                status, err = run_torchrun(argv, where)
+            else:
+                status, err = run_main(MAINS[name], argv, where), capsys.readouterr().err
         said = [line for line in err.splitlines() if line.startswith("error") or "interrupted" in line]
         want = 130 if stop else 0
         assert status == want, (f"{where} exited with status {status}, not {want}: "
                                 f"{said[-1] if said else err.strip()[-500:]}")
+
+
+def run_torchrun(argv, where):
+    """(exit status, stderr) of `python -m torch.distributed.run ARGV` in the working folder."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    try:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{where} ran for more than 300 s") from None
+    return done.returncode, done.stderr
 
 
 def run_main(main, argv, where):

@@ -2,6 +2,7 @@
 a grid completes, its table holds the runs' own figures, a killed grid finishes without
 retraining, the choices never look at the test split."""
 import json
+import multiprocessing
 import os
 import shutil
 
@@ -176,8 +177,12 @@ def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, cap
     assert "the runner sets it for each cell" in capsys.readouterr().err
     with pytest.raises(MinknnError, match="proxy inference needs a proxy loss"):
         run_grid(tiny_bert_dir, out, methods="ce+proxy")
-    with pytest.raises(MinknnError, match="--jobs 2"):
-        run_grid(tiny_bert_dir, out, "--jobs", "2")
+    with pytest.raises(SystemExit):
+        run_grid(tiny_bert_dir, out, "--slurm_partition", "gpu")
+    assert "--slurm_partition is for --launcher slurm" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_grid(tiny_bert_dir, out, "--launcher", "slurm", "--jobs", "2")
+    assert "--jobs is --launcher local's" in capsys.readouterr().err
     with pytest.raises(MinknnError, match="--per_class 50"):
         runner.main(["--tasks", "mr", "--sizes", "50pc", "--out", str(out), "--model",
                      tiny_bert_dir, "--data_dir", DATA])
@@ -199,15 +204,39 @@ def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, cap
                  "--epochs", "2", "--data_dir", DATA, "--model", tiny_bert_dir])  # reordered
 
 
-def test_jobs_run_cells_side_by_side(tiny_bert_dir, tmp_path, monkeypatch):
-    """--jobs is for a GPU; here the check is told the device is one, and the cells (in spawned
-    processes, which see the real CPU) must give the figures of a one-at-a-time grid."""
-    run_grid(tiny_bert_dir, tmp_path / "one", tasks="mr", methods="ce")
-    monkeypatch.setattr(runner, "pick_device", lambda name: torch.device("cuda"))
+def test_jobs_run_cells_side_by_side_on_the_cpu(tiny_bert_dir, tmp_path):
+    """--jobs 2 on the CPU: two processes, each with half of the cores' torch threads; the cells
+    give the figures of a one-at-a-time grid run with that many threads (the number of threads
+    changes a float sum's last bits, so the reference runs with as many)."""
+    threads = max(1, torch.get_num_threads() // 2)
+    with runner.cell_pool(2, torch.device("cpu")) as pool:
+        seen = {pool.submit(torch.get_num_threads).result() for _ in range(4)}
+    assert seen == {threads}, f"runner.start_worker: a --jobs 2 process runs {seen} threads, " \
+                              f"not half of this machine's {torch.get_num_threads()}"
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        run_grid(tiny_bert_dir, tmp_path / "one", tasks="mr", methods="ce")
+    finally:
+        torch.set_num_threads(before)
     run_grid(tiny_bert_dir, tmp_path / "two", "--jobs", "2", tasks="mr", methods="ce")
     strip = [[{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(tmp_path / name)]
              for name in ("one", "two")]
     assert strip[0] == strip[1], "runner --jobs 2: the cells' figures differ from --jobs 1's"
+
+
+def test_each_pool_process_takes_its_own_gpu(monkeypatch):
+    """On a machine with several GPUs, --jobs gives the processes the visible GPUs in turn (its
+    CUDA_VISIBLE_DEVICES), for `--device cuda` or auto; a device with an index is every cell's."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,7")
+    assert runner.gpus_to_share(torch.device("cuda")) == ["4", "7"]
+    assert runner.gpus_to_share(torch.device("cuda:1")) == [] == runner.gpus_to_share(torch.device("cpu"))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # not this process's
+    started, took = multiprocessing.get_context("spawn").Value("i", 0), []
+    for _ in range(3):
+        runner.start_worker(1, ["4", "7"], started)
+        took.append(os.environ["CUDA_VISIBLE_DEVICES"])
+    assert took == ["4", "7", "4"], f"runner.start_worker: the processes took GPUs {took}"
 
 
 def test_a_task_without_test_labels_is_scored_on_the_rest_of_dev(tiny_bert_dir, tmp_path):
