@@ -54,24 +54,27 @@ CASES = {"ce": ["--task", "sst"],
 # train.py with a test's hooks. torchrun starts it on every rank; the flags are train.py's.
 WRAPPER = '''"""train.py with a test's hooks (tests/test_ddp.py writes this file); $DDP_TEST_HOOKS
 is a JSON object naming them:
-  keep_last    last.pt stays when the run ends (train.py removes it): the final state to compare
+  keep_last    last.pt stays when a run ends (train.py removes it): the final state to compare
   term_after   N: once rank 0 saved epoch N, SIGTERM to torchrun (this process's parent), as a
                cluster stops a job; rank 0 waits in here for it to come back
   fail         [rank, step]: that rank's train_step raises a MinknnError at its step `step`
-  dump         a folder: at the end each rank writes rank<r>.pt, its weights, proxies, memory
-               and key encoder, the batch sizes its model encoded in training, and the files it
-               wrote (os.replace: every save of minknn's is a rename, checkpoint.atomic_save)
+  runs         [[argv, dump], ...]: train.py's runs one after the other in one process group
+               (without it: one run of this file's arguments); after each, each rank writes
+               into its dump folder rank<r>.pt: its exit status, weights, proxies, memory and
+               key encoder, the batch sizes its model encoded in training, and the files it
+               wrote (os.replace: each of minknn's saves is a rename, checkpoint.atomic_save)
 """
 import json
 import os
 import signal
+import sys
 import time
 
 import torch
 
 import minknn.model
 import train
-from minknn import MinknnError, run
+from minknn import MinknnError, distributed, run
 
 HOOKS, RANK = json.loads(os.environ["DDP_TEST_HOOKS"]), int(os.environ.get("RANK", 0))
 built, encoded, written = [], [], []
@@ -101,37 +104,63 @@ if "fail" in HOOKS:
         return step(*args, **kwargs)
     train.train_step = failing_step
 
-if "dump" in HOOKS:
-    build, forward = train.build, minknn.model.Model.forward
-
-    def build_kept(*args, **kwargs):
-        built.append(build(*args, **kwargs))
-        return built[-1]
-
-    def forward_counted(self, task, input_ids, *args, **kwargs):
-        if self.training:  # a training step's batch (the key encoder and the fill run in eval)
-            encoded.append([task, len(input_ids)])
-        return forward(self, task, input_ids, *args, **kwargs)
-    replace = os.replace
-
-    def replace_kept(src, dst, *args, **kwargs):
-        written.append(str(dst))
-        return replace(src, dst, *args, **kwargs)
-    train.build, minknn.model.Model.forward, os.replace = build_kept, forward_counted, replace_kept
-
-try:
+if "runs" not in HOOKS:
     run(train.main)
-finally:
-    if "dump" in HOOKS and built:
+    sys.exit()
+
+build, forward, replace = train.build, minknn.model.Model.forward, os.replace
+
+
+def build_kept(*args, **kwargs):
+    built.append(build(*args, **kwargs))
+    return built[-1]
+
+
+def forward_counted(self, task, input_ids, *args, **kwargs):
+    if self.training:  # a training step's batch (the key encoder and the fill run in eval)
+        encoded.append([task, len(input_ids)])
+    return forward(self, task, input_ids, *args, **kwargs)
+
+
+def replace_kept(src, dst, *args, **kwargs):
+    written.append(str(dst))
+    return replace(src, dst, *args, **kwargs)
+
+
+def dump(folder, status):
+    state = {"exit": status, "encoded": encoded, "written": written}
+    if built:
         trainer = built[0][0]
         model = getattr(trainer.model, "module", trainer.model)  # a DDP wrapper's model
-        state = {"model": model.state_dict(), "loss": trainer.losses.state_dict(),
-                 "encoded": encoded, "written": written}
+        state.update(model=model.state_dict(), loss=trainer.losses.state_dict())
         if trainer.moco:
             state["memory"] = trainer.moco.memory.state_dict()
             if trainer.moco.key_encoder:
                 state["key_encoder"] = trainer.moco.key_encoder.encoder.state_dict()
-        torch.save(state, os.path.join(HOOKS["dump"], f"rank{RANK}.pt"))
+    torch.save(state, os.path.join(folder, f"rank{RANK}.pt"))
+
+
+# one process group for all the runs: train.main's setup joins it once, its teardown waits
+group, setup, teardown = [], distributed.setup, distributed.teardown
+
+
+def setup_once(device):
+    if not group:
+        group.extend(setup(device))
+    return group
+
+
+distributed.setup, distributed.teardown = setup_once, lambda: None
+train.build, minknn.model.Model.forward, os.replace = build_kept, forward_counted, replace_kept
+for argv, folder in HOOKS["runs"]:
+    del built[:], encoded[:], written[:]
+    try:
+        run(lambda: train.main(argv))
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    dump(folder, status)
+teardown()
 '''
 
 
@@ -155,10 +184,10 @@ def flags(bert_dir, case, *extra):
             "--lr", "3e-3", *extra]
 
 
-def torchrun(argv, tmp_path, hooks=None, script=None):
+def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT):
     """`python -m torch.distributed.run --standalone --nproc_per_node 2 SCRIPT ARGV`, SCRIPT the
     WRAPPER with `hooks` (default), or train.py itself: the finished process (stdout, stderr),
-    killed with its workers after TIMEOUT s."""
+    killed with its workers after `timeout` s."""
     if script is None:
         script = tmp_path / "train_hooked.py"
         script.write_text(WRAPPER)
@@ -171,11 +200,11 @@ def torchrun(argv, tmp_path, hooks=None, script=None):
     p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, err = p.communicate(timeout=TIMEOUT)
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers: their own session
         out, err = p.communicate()
-        pytest.fail(f"torchrun {' '.join(map(str, argv))} did not end in {TIMEOUT} s (a rank "
+        pytest.fail(f"torchrun {' '.join(map(str, argv))} did not end in {timeout} s (a rank "
                     f"waiting for another at a collective?); its stderr ends:\n{err[-3000:]}")
     return subprocess.CompletedProcess(command, p.returncode, out, err)
 
@@ -277,8 +306,40 @@ def assert_same_run(ref, got, what, final=True):
     assert_close_records(records(ref), records(got), what)
 
 
+HOOKED = [case for case in CASES if case != "ce"]  # ce runs train.py itself
+
+
+@pytest.fixture(scope="module")
+def two_processes(bert_dir, tmp_path_factory):
+    """One torchrun of 2 ranks training each HOOKED case in turn, in one process group (a
+    torchrun costs seconds of start-up): (the finished torchrun, case -> its folder, holding
+    run/ and dump/)."""
+    root, runs, folders = tmp_path_factory.mktemp("two-processes"), [], {}
+    for case in HOOKED:
+        folders[case] = root / case.replace(" ", "-")
+        (folders[case] / "dump").mkdir(parents=True)
+        runs.append([[*flags(bert_dir, case), "--out", str(folders[case] / "run")],
+                     str(folders[case] / "dump")])
+    done = torchrun([], root, {"keep_last": True, "runs": runs}, timeout=TIMEOUT + 30 * len(runs))
+    return done, folders
+
+
+def printed_once(stdout, run, what):
+    """Rank 0 alone prints: the lines of the run in `run` (from its first line, which names its
+    folder, to the next run's), each epoch's and the last one once."""
+    blocks = re.split(r"^(?=train/dev examples:)", stdout, flags=re.M)
+    mine = [lines(b) for b in blocks if b.split("\n")[0].endswith(f"run folder {run}")]
+    assert len(mine) == 1, f"{what}: {len(mine)} first lines name the run folder {run} (rank 0 " \
+                           f"alone prints)"
+    for start in ("epoch 1:", "epoch 2:", "done:"):
+        said = [line for line in mine[0] if line.startswith(start)]
+        assert len(said) == 1, f"{what}: {len(said)} lines start with {start!r} (rank 0 alone " \
+                               f"prints): {said}"
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process, tmp_path):
+def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process, tmp_path,
+                                                    request):
     """torchrun with 2 ranks against one process, same flags: the same best checkpoint, final
     state and records (a mistake in the wiring moves the weights: a local-batch loss, a rank
     drawing its own rows, proxies or a queue not the same on every rank). Rank 0 alone writes
@@ -286,29 +347,35 @@ def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process,
     runs `torchrun ... train.py` itself; the others run it with the hooks, which also show that
     every rank ends with rank 0's weights, proxies, memory and key encoder, that each encodes
     its slice of each batch, and that rank 1 writes no file."""
-    argv, hooked = flags(bert_dir, case), case != "ce"
-    ref, run = one_process(argv), tmp_path / "run"
-    (tmp_path / "dump").mkdir()
-    done = torchrun([*argv, "--out", run], tmp_path,
-                    {"keep_last": True, "dump": str(tmp_path / "dump")} if hooked else None,
-                    script=None if hooked else os.path.join(ROOT, "train.py"))
-    assert done.returncode == 0, f"{case}: torchrun exit {done.returncode}:\n{done.stderr[-3000:]}"
-    files = sorted(f for f in os.listdir(ref) if hooked or f != "last.pt")  # train.py removes it
-    assert sorted(os.listdir(run)) == files, \
-        f"{case}: the run folder holds {sorted(os.listdir(run))}, one process's {files}"
-    printed = lines(done.stdout)
-    for start in ("train/dev examples:", "epoch 1:", "epoch 2:", "done:"):
-        said = [line for line in printed if line.startswith(start)]
-        assert len(said) == 1, f"{case}: {len(said)} lines start with {start!r} (rank 0 alone " \
-                               f"prints): {said}"
-    assert_same_run(ref, run, f"{case}, 2 processes", final=hooked)
-    if not hooked:
+    argv = flags(bert_dir, case)
+    ref = one_process(argv)
+    if case == "ce":
+        run = tmp_path / "run"
+        done = torchrun([*argv, "--out", run], tmp_path, script=os.path.join(ROOT, "train.py"))
+        assert done.returncode == 0, f"ce: torchrun exit {done.returncode}:\n{done.stderr[-3000:]}"
+        files = sorted(set(os.listdir(ref)) - {"last.pt"})  # train.py removes it at the end
+        assert sorted(os.listdir(run)) == files, \
+            f"ce: the run folder holds {sorted(os.listdir(run))}, one process's {files}"
+        printed_once(done.stdout, run, "ce")
+        assert_same_run(ref, run, "ce, 2 processes", final=False)
         read = done.stderr.count("ids-sst-train.csv: read 40 examples")
-        assert read == 1, f"{case}: the warning about sst's training set is printed {read} " \
-                          f"times (rank 0 alone prints; the others' warnings are noise)"
+        assert read == 1, f"ce: the warning about sst's training set is printed {read} times " \
+                          f"(rank 0 alone prints; the others' warnings are noise)"
         return
 
-    ranks = [torch.load(tmp_path / "dump" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    done, folders = request.getfixturevalue("two_processes")
+    run, dump = folders[case] / "run", folders[case] / "dump"
+    if not all((dump / f"rank{r}.pt").exists() for r in (0, 1)):
+        pytest.fail(f"{case}: a rank never finished this run; torchrun exit {done.returncode}:\n"
+                    f"{done.stderr[-3000:]}")
+    ranks = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert ranks[0]["exit"] == ranks[1]["exit"] == 0, f"{case}: the ranks exited " \
+        f"{ranks[0]['exit']} and {ranks[1]['exit']}; torchrun's stderr:\n{done.stderr[-3000:]}"
+    assert sorted(os.listdir(run)) == sorted(os.listdir(ref)), \
+        f"{case}: the run folder holds {sorted(os.listdir(run))}, one process's " \
+        f"{sorted(os.listdir(ref))}"
+    printed_once(done.stdout, run, case)
+    assert_same_run(ref, run, f"{case}, 2 processes")
     assert ranks[1]["written"] == [], f"{case}: rank 1 wrote {ranks[1]['written']} (rank 0 " \
                                       f"alone writes the run's files)"
     for part in PARTS:
