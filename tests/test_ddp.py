@@ -61,8 +61,9 @@ is a JSON object naming them:
   runs         [[argv, dump], ...]: train.py's runs one after the other in one process group
                (without it: one run of this file's arguments); after each, each rank writes
                into its dump folder rank<r>.pt: its exit status, weights, proxies, memory and
-               key encoder, the batch sizes its model encoded in training, and the files it
-               wrote (os.replace: each of minknn's saves is a rename, checkpoint.atomic_save)
+               key encoder, the batch sizes its model encoded in training, each step's gradient
+               norm before clipping, and the files it wrote (os.replace: each of minknn's saves
+               is a rename, checkpoint.atomic_save)
 """
 import json
 import os
@@ -77,7 +78,7 @@ import train
 from minknn import MinknnError, distributed, run
 
 HOOKS, RANK = json.loads(os.environ["DDP_TEST_HOOKS"]), int(os.environ.get("RANK", 0))
-built, encoded, written = [], [], []
+built, encoded, norms, written = [], [], [], []
 
 if HOOKS.get("keep_last"):
     remove = os.remove
@@ -109,6 +110,7 @@ if "runs" not in HOOKS:
     sys.exit()
 
 build, forward, replace = train.build, minknn.model.Model.forward, os.replace
+clip = torch.nn.utils.clip_grad_norm_
 
 
 def build_kept(*args, **kwargs):
@@ -122,13 +124,18 @@ def forward_counted(self, task, input_ids, *args, **kwargs):
     return forward(self, task, input_ids, *args, **kwargs)
 
 
+def clip_kept(*args, **kwargs):
+    norms.append(clip(*args, **kwargs).item())
+    return torch.tensor(norms[-1])
+
+
 def replace_kept(src, dst, *args, **kwargs):
     written.append(str(dst))
     return replace(src, dst, *args, **kwargs)
 
 
 def dump(folder, status):
-    state = {"exit": status, "encoded": encoded, "written": written}
+    state = {"exit": status, "encoded": encoded, "norms": norms, "written": written}
     if built:
         trainer = built[0][0]
         model = getattr(trainer.model, "module", trainer.model)  # a DDP wrapper's model
@@ -152,8 +159,9 @@ def setup_once(device):
 
 distributed.setup, distributed.teardown = setup_once, lambda: None
 train.build, minknn.model.Model.forward, os.replace = build_kept, forward_counted, replace_kept
+torch.nn.utils.clip_grad_norm_ = clip_kept
 for argv, folder in HOOKS["runs"]:
-    del built[:], encoded[:], written[:]
+    del built[:], encoded[:], norms[:], written[:]
     try:
         run(lambda: train.main(argv))
         status = 0
@@ -218,26 +226,32 @@ def lines(text):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """reference(argv): the folder of `python train.py ARGV` run here, once per argv, last.pt
-    kept; reference.encoded[folder]: the batch sizes its model encoded in training steps."""
-    runs, encoded = {}, {}
+    kept; reference.encoded[folder]: the batch sizes its model encoded in training steps, and
+    reference.norms[folder] each step's gradient norm before clipping."""
+    runs, encoded, norms = {}, {}, {}
 
     def reference(argv):
         key = json.dumps(argv)
         if key not in runs:
-            out, seen = tmp_path_factory.mktemp("one-process") / "run", []
-            forward = minknn.model.Model.forward
+            out, seen, norm = tmp_path_factory.mktemp("one-process") / "run", [], []
+            forward, clip = minknn.model.Model.forward, torch.nn.utils.clip_grad_norm_
 
             def counted(self, task, input_ids, *args, **kwargs):
                 if self.training:
                     seen.append([task, len(input_ids)])
                 return forward(self, task, input_ids, *args, **kwargs)
+
+            def clip_kept(*args, **kwargs):
+                norm.append(clip(*args, **kwargs).item())
+                return torch.tensor(norm[-1])
             with pytest.MonkeyPatch.context() as mp:
                 keep_last(mp)
                 mp.setattr(minknn.model.Model, "forward", counted)
+                mp.setattr(torch.nn.utils, "clip_grad_norm_", clip_kept)
                 train.main([*argv, "--out", str(out)])
-            runs[key], encoded[str(out)] = out, seen
+            runs[key], encoded[str(out)], norms[str(out)] = out, seen, norm
         return runs[key]
-    reference.encoded = encoded
+    reference.encoded, reference.norms = encoded, norms
     return reference
 
 
@@ -366,8 +380,8 @@ def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process,
     done, folders = request.getfixturevalue("two_processes")
     run, dump = folders[case] / "run", folders[case] / "dump"
     if not all((dump / f"rank{r}.pt").exists() for r in (0, 1)):
-        pytest.fail(f"{case}: a rank never finished this run; torchrun exit {done.returncode}:\n"
-                    f"{done.stderr[-3000:]}")
+        pytest.fail(f"{case}: a rank never finished this run (a case that crashes stops the ones "
+                    f"after it); torchrun exit {done.returncode}:\n{done.stderr[-3000:]}")
     ranks = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert ranks[0]["exit"] == ranks[1]["exit"] == 0, f"{case}: the ranks exited " \
         f"{ranks[0]['exit']} and {ranks[1]['exit']}; torchrun's stderr:\n{done.stderr[-3000:]}"
@@ -390,6 +404,21 @@ def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process,
         assert t0 == t1 == task and n0 + n1 == n and abs(n0 - n1) <= 1, \
             f"{case}: training forward {i + 1}: one process encodes {n} rows of {task}, the " \
             f"ranks {n0} of {t0} and {n1} of {t1}, not a slice each of the global batch"
+    # AdamW's step hardly changes when every gradient is scaled alike (a gather that drops the
+    # other ranks' share of the gradient: 1/N of it): the norms before clipping show a scale
+    want = one_process.norms[str(ref)]
+    for r, rank in enumerate(ranks):
+        assert len(rank["norms"]) == len(want), \
+            f"{case}: rank {r} took {len(rank['norms'])} steps, one process {len(want)}"
+        for i, (got, norm) in enumerate(zip(rank["norms"], want)):
+            assert math.isclose(got, norm, rel_tol=1e-4), \
+                f"{case}: step {i + 1}: rank {r}'s gradient norm (before clipping) is {got:.6g}, " \
+                f"one process's {norm:.6g}: the gradients are not the whole batch's"
+
+
+# epochs of 4 steps: epoch 1 ends 28 rows into sst's pass of 40, so a rank that resumed without
+# the streams' places (or the generator's) would draw other batches than rank 0
+MID_PASS = ("--steps_per_epoch", "4")
 
 
 def assert_stopped_after_epoch_1(folder, what):
@@ -410,7 +439,7 @@ def test_stopped_under_two_processes_resumes_in_one(bert_dir, one_process, tmp_p
     """torchrun SIGTERMed once rank 0 saved epoch 1 (as a cluster stops a job): the run stops
     with "terminated" and its files whole; `python train.py --resume` then ends with the run of
     one process left alone (knnbert: the queue and key encoder saved by rank 0 go on in 1)."""
-    argv = flags(bert_dir, "knnbert")
+    argv = flags(bert_dir, "knnbert", *MID_PASS)
     ref, run = one_process(argv), tmp_path / "run"
     done = torchrun([*argv, "--out", run], tmp_path, {"term_after": 1})
     assert done.returncode != 0, "torchrun SIGTERMed after epoch 1 exited 0"
@@ -419,6 +448,8 @@ def test_stopped_under_two_processes_resumes_in_one(bert_dir, one_process, tmp_p
     said = [line for line in lines(done.stderr) if line.startswith("terminated")]
     assert len(said) == 1 and said[0].endswith(f"continue with: python train.py --resume {run}"), \
         f"SIGTERM under torchrun: {said} (one line, from rank 0)"
+    assert not re.search(r"\[rank\d\]: Traceback|error: ", done.stderr), \
+        f"SIGTERM under torchrun: a rank printed an error or a traceback:\n{done.stderr[-3000:]}"
     keep_last(monkeypatch)
     train.main(["--resume", str(run)])
     assert_same_run(ref, run, "2 processes stopped after epoch 1, resumed in 1")
@@ -428,9 +459,9 @@ def test_stopped_in_one_process_resumes_under_two(bert_dir, one_process, tmp_pat
     """A 1-process run stopped by Ctrl-C in epoch 2, resumed by `torchrun ... train.py --resume`:
     every rank restores last.pt (the weights, the optimiser, the streams, the queue and key
     encoder) and the run ends as one process left alone."""
-    argv = flags(bert_dir, "knnbert")
+    argv = flags(bert_dir, "knnbert", *MID_PASS)
     ref, run = one_process(argv), tmp_path / "run"
-    stop_at(monkeypatch, 8, KeyboardInterrupt)  # epoch 2's step 2: epoch 1 (6 steps) is saved
+    stop_at(monkeypatch, 6, KeyboardInterrupt)  # epoch 2's step 2: epoch 1 (4 steps) is saved
     with pytest.raises(SystemExit):
         train.main([*argv, "--out", str(run)])
     monkeypatch.undo()
@@ -444,8 +475,9 @@ def test_stopped_in_one_process_resumes_under_two(bert_dir, one_process, tmp_pat
 def test_a_rank_that_fails_stops_the_run_which_resumes(bert_dir, one_process, tmp_path,
                                                        monkeypatch):
     """Rank 1's train_step raises (a MinknnError) at epoch 2's step 2: torchrun exits non-zero,
-    the failure is one line `error: ...` (no traceback of it), nothing is half written, last.pt
-    holds epoch 1, and `python train.py --resume` ends as the run left alone."""
+    the failure is one line `error: ...` (no traceback of it, nor of the collective the other
+    rank was in), nothing is half written, last.pt holds epoch 1, summary.json says the run
+    stopped, and `python train.py --resume` ends as the run left alone."""
     argv = flags(bert_dir, "ce")
     ref, run = one_process(argv), tmp_path / "run"
     done = torchrun([*argv, "--out", run], tmp_path, {"fail": [1, 8]})
@@ -454,9 +486,7 @@ def test_a_rank_that_fails_stops_the_run_which_resumes(bert_dir, one_process, tm
     said = re.findall(r"[^\r\n]*planted failure[^\r\n]*", done.stderr)
     assert len(said) == 1 and said[0].endswith("error: planted failure on rank 1 at its step 8"), \
         f"rank 1's failure must be one line `error: ...`, once: {said}\n{done.stderr[-3000:]}"
-    assert not glob.glob(os.path.join(run, "*.tmp")), "a half-written file is left"
-    last = load_last(str(run))
-    assert last is not None and last["epoch"] == 1, "last.pt does not hold epoch 1"
+    assert_stopped_after_epoch_1(run, "rank 1 failed in epoch 2")
     keep_last(monkeypatch)
     train.main(["--resume", str(run)])
     assert_same_run(ref, run, "rank 1 failed in epoch 2, resumed in 1 process")
