@@ -62,8 +62,8 @@ is a JSON object naming them:
                (without it: one run of this file's arguments); after each, each rank writes
                into its dump folder rank<r>.pt: its exit status, weights, proxies, memory and
                key encoder, the batch sizes its model encoded in training, each step's gradient
-               norm before clipping, and the files it wrote (os.replace: each of minknn's saves
-               is a rename, checkpoint.atomic_save)
+               norm before clipping, the files it wrote (os.replace: each of minknn's saves is a
+               rename, checkpoint.atomic_save) and the `error:` lines it printed
 """
 import json
 import os
@@ -134,8 +134,23 @@ def replace_kept(src, dst, *args, **kwargs):
     return replace(src, dst, *args, **kwargs)
 
 
-def dump(folder, status):
-    state = {"exit": status, "encoded": encoded, "norms": norms, "written": written}
+class Said:
+    """sys.stderr, keeping the lines that start with `error:`."""
+
+    def __init__(self, stream):
+        self.stream, self.errors = stream, []
+
+    def write(self, text):
+        self.errors += [line for line in text.splitlines() if line.startswith("error:")]
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def dump(folder, status, errors):
+    state = {"exit": status, "encoded": encoded, "norms": norms, "written": written,
+             "errors": errors}
     if built:
         trainer = built[0][0]
         model = getattr(trainer.model, "module", trainer.model)  # a DDP wrapper's model
@@ -162,12 +177,13 @@ train.build, minknn.model.Model.forward, os.replace = build_kept, forward_counte
 torch.nn.utils.clip_grad_norm_ = clip_kept
 for argv, folder in HOOKS["runs"]:
     del built[:], encoded[:], norms[:], written[:]
+    stderr = sys.stderr = Said(sys.__stderr__)
     try:
         run(lambda: train.main(argv))
         status = 0
     except SystemExit as e:
         status = e.code
-    dump(folder, status)
+    dump(folder, status, stderr.errors)
 teardown()
 '''
 
@@ -384,7 +400,8 @@ def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process,
                     f"after it); torchrun exit {done.returncode}:\n{done.stderr[-3000:]}")
     ranks = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert ranks[0]["exit"] == ranks[1]["exit"] == 0, f"{case}: the ranks exited " \
-        f"{ranks[0]['exit']} and {ranks[1]['exit']}; torchrun's stderr:\n{done.stderr[-3000:]}"
+        f"{ranks[0]['exit']} and {ranks[1]['exit']}, saying {ranks[0]['errors']} and " \
+        f"{ranks[1]['errors']}"
     assert sorted(os.listdir(run)) == sorted(os.listdir(ref)), \
         f"{case}: the run folder holds {sorted(os.listdir(run))}, one process's " \
         f"{sorted(os.listdir(ref))}"
@@ -430,6 +447,8 @@ def assert_stopped_after_epoch_1(folder, what):
     assert last is not None and last["epoch"] == 1, f"{what}: last.pt holds " \
         f"{'nothing' if last is None else 'epoch ' + str(last['epoch'])}, not epoch 1"
     torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)
+    assert os.path.exists(os.path.join(folder, "summary.json")), \
+        f"{what}: no summary.json: rank 0 did not say how the run stopped"
     summary = json.load(open(os.path.join(folder, "summary.json")))
     assert "stopped" in summary and summary["epochs"] == 1, f"{what}: summary.json: {summary}"
     return summary
