@@ -1,0 +1,527 @@
+"""`torchrun --nproc_per_node 2 train.py ...` end to end: 2 gloo processes on the CPU train the run
+one process trains. The rule (minknn/distributed.py): --batch_size is the global batch, each rank
+encodes its slice of it, and every rank computes one process's loss on the gathered batch; so the
+steps, the schedule and the examples do not change with the number of processes, and with dropout
+0 the weights, proxies, memory, key encoder and records of a run are one process's, to float
+tolerance (the ranks pad their slices to other lengths, so not to the bit).
+
+- each kind of run (ce, supcon, proxyanchor, knnbert's queue, multi-task PCGrad, mlcon on a
+  multi-label task), with a batch of 7 that 2 ranks split 4 + 3 and a last batch of 5 (3 + 2):
+  the run folder against one process's, every rank's final state against rank 0's, and the
+  batch sizes each rank's model encoded against its slice;
+- only rank 0 writes and prints: the run folder holds a 1-process run's files, each epoch's line
+  is printed once;
+- --resume across world sizes: stopped under 2 processes (torchrun SIGTERMed after epoch 1, as a
+  cluster stops a job) then resumed by `python train.py --resume`, and the other way round;
+- one rank's failure: an error line from that rank, no half-written file, and the run resumes.
+
+The 2-process runs start `python -m torch.distributed.run --standalone` (torchrun; a free port of
+its own) on a copy of train.py with a test's hooks (WRAPPER below: keep last.pt, stop, fail,
+dump each rank's state), each rank on 1 thread; every one of them is killed after TIMEOUT s. The
+1-process references run here, in-process (train.main), once per set of flags.
+"""
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import minknn.distributed as distributed
+import minknn.model
+import train
+from minknn.runs import load_last
+from tests.conftest import DATA
+from tests.test_runs import keep_last, stop_at
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 120  # seconds, for any one torchrun: a hung collective fails the test, never hangs it
+
+CASES = {"ce": ["--task", "sst"],
+         "supcon": ["--task", "sst", "--loss", "supcon"],
+         "proxyanchor": ["--task", "sst", "--loss", "proxyanchor"],  # the proxies: "loss"
+         "knnbert": ["--task", "sst", "--loss", "knnbert"],  # the queue, the key encoder
+         "multitask pcgrad": ["--task", "multitask", "--tasks", "sst,mrpc,sts", "--pcgrad"],
+         "mlcon": ["--task", "goemotions", "--loss", "mlcon"]}  # multi-label: multi-hot targets
+
+# train.py with a test's hooks. torchrun starts it on every rank; the flags are train.py's.
+WRAPPER = '''"""train.py with a test's hooks (tests/test_ddp.py writes this file); $DDP_TEST_HOOKS
+is a JSON object naming them:
+  keep_last    last.pt stays when a run ends (train.py removes it): the final state to compare
+  term_after   N: once rank 0 saved epoch N, SIGTERM to torchrun (this process's parent), as a
+               cluster stops a job; rank 0 waits in here for it to come back
+  fail         [rank, step]: that rank's train_step raises a MinknnError at its step `step`
+  runs         [[argv, dump], ...]: train.py's runs one after the other in one process group
+               (without it: one run of this file's arguments); after each, each rank writes
+               into its dump folder rank<r>.pt: its exit status, weights, proxies, memory and
+               key encoder, the batch sizes its model encoded in training, each step's gradient
+               norm before clipping, the files it wrote (os.replace: each of minknn's saves is a
+               rename, checkpoint.atomic_save) and the `error:` lines it printed
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import minknn.model
+import train
+from minknn import MinknnError, distributed, run
+
+HOOKS, RANK = json.loads(os.environ["DDP_TEST_HOOKS"]), int(os.environ.get("RANK", 0))
+built, encoded, norms, written = [], [], [], []
+
+if HOOKS.get("keep_last"):
+    remove = os.remove
+    os.remove = lambda path: None if str(path).endswith("last.pt") else remove(path)
+
+if "term_after" in HOOKS:
+    save = train.save
+
+    def save_then_stop(trainer, epoch, *rest):
+        save(trainer, epoch, *rest)
+        if RANK == 0 and epoch == HOOKS["term_after"]:
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(60)  # torchrun sends SIGTERM on to its workers: it stops the run in here
+            raise SystemExit("rank 0: torchrun sent no SIGTERM back within 60 s")
+    train.save = save_then_stop
+
+if "fail" in HOOKS:
+    step, calls = train.train_step, []
+
+    def failing_step(*args, **kwargs):
+        calls.append(1)
+        if [RANK, len(calls)] == HOOKS["fail"]:
+            raise MinknnError(f"planted failure on rank {RANK} at its step {len(calls)}")
+        return step(*args, **kwargs)
+    train.train_step = failing_step
+
+if "runs" not in HOOKS:
+    run(train.main)
+    sys.exit()
+
+build, forward, replace = train.build, minknn.model.Model.forward, os.replace
+clip = torch.nn.utils.clip_grad_norm_
+
+
+def build_kept(*args, **kwargs):
+    built.append(build(*args, **kwargs))
+    return built[-1]
+
+
+def forward_counted(self, task, input_ids, *args, **kwargs):
+    if self.training:  # a training step's batch (the key encoder and the fill run in eval)
+        encoded.append([task, len(input_ids)])
+    return forward(self, task, input_ids, *args, **kwargs)
+
+
+def clip_kept(*args, **kwargs):
+    norms.append(clip(*args, **kwargs).item())
+    return torch.tensor(norms[-1])
+
+
+def replace_kept(src, dst, *args, **kwargs):
+    written.append(str(dst))
+    return replace(src, dst, *args, **kwargs)
+
+
+class Said:
+    """sys.stderr, keeping the lines that start with `error:`."""
+
+    def __init__(self, stream):
+        self.stream, self.errors = stream, []
+
+    def write(self, text):
+        self.errors += [line for line in text.splitlines() if line.startswith("error:")]
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def dump(folder, status, errors):
+    state = {"exit": status, "encoded": encoded, "norms": norms, "written": written,
+             "errors": errors}
+    if built:
+        trainer = built[0][0]
+        model = getattr(trainer.model, "module", trainer.model)  # a DDP wrapper's model
+        state.update(model=model.state_dict(), loss=trainer.losses.state_dict())
+        if trainer.moco:
+            state["memory"] = trainer.moco.memory.state_dict()
+            if trainer.moco.key_encoder:
+                state["key_encoder"] = trainer.moco.key_encoder.encoder.state_dict()
+    torch.save(state, os.path.join(folder, f"rank{RANK}.pt"))
+
+
+# one process group for all the runs: train.main's setup joins it once, its teardown waits
+group, setup, teardown = [], distributed.setup, distributed.teardown
+
+
+def setup_once(device):
+    if not group:
+        group.extend(setup(device))
+    return group
+
+
+distributed.setup, distributed.teardown = setup_once, lambda: None
+train.build, minknn.model.Model.forward, os.replace = build_kept, forward_counted, replace_kept
+torch.nn.utils.clip_grad_norm_ = clip_kept
+for argv, folder in HOOKS["runs"]:
+    del built[:], encoded[:], norms[:], written[:]
+    stderr = sys.stderr = Said(sys.__stderr__)
+    try:
+        run(lambda: train.main(argv))
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    dump(folder, status, stderr.errors)
+teardown()
+'''
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tiny_bert_dir, tmp_path_factory):
+    """The tiny BERT without dropout (and so its heads): two runs of the same seed then differ
+    only by the arithmetic of the ranks, not by their random masks."""
+    folder = tmp_path_factory.mktemp("tiny-bert-no-dropout")
+    shutil.copytree(tiny_bert_dir, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def flags(bert_dir, case, *extra):
+    """A run of 2 epochs of 6 steps over sst's 40 examples: batches of 7 (4 + 3 on 2 ranks), the
+    last one of each pass 5 (3 + 2)."""
+    return [*CASES[case], "--model", bert_dir, "--data_dir", DATA, "--device", "cpu",
+            "--batch_size", "7", "--max_len", "16", "--max_eval", "8", "--epochs", "2",
+            "--lr", "3e-3", *extra]
+
+
+def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT):
+    """`python -m torch.distributed.run --standalone --nproc_per_node 2 SCRIPT ARGV`, SCRIPT the
+    WRAPPER with `hooks` (default), or train.py itself: the finished process (stdout, stderr),
+    killed with its workers after `timeout` s."""
+    if script is None:
+        script = tmp_path / "train_hooked.py"
+        script.write_text(WRAPPER)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDP_TEST_HOOKS=json.dumps(hooks or {}),
+               PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])]))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               "2", str(script), *map(str, argv)]
+    p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers: their own session
+        out, err = p.communicate()
+        pytest.fail(f"torchrun {' '.join(map(str, argv))} did not end in {timeout} s (a rank "
+                    f"waiting for another at a collective?); its stderr ends:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(command, p.returncode, out, err)
+
+
+def lines(text):
+    """The lines a run printed, without tqdm's bars."""
+    return [line for line in text.replace("\r", "\n").splitlines() if line.strip()
+            and "%|" not in line]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """reference(argv): the folder of `python train.py ARGV` run here, once per argv, last.pt
+    kept; reference.encoded[folder]: the batch sizes its model encoded in training steps, and
+    reference.norms[folder] each step's gradient norm before clipping."""
+    runs, encoded, norms = {}, {}, {}
+
+    def reference(argv):
+        key = json.dumps(argv)
+        if key not in runs:
+            out, seen, norm = tmp_path_factory.mktemp("one-process") / "run", [], []
+            forward, clip = minknn.model.Model.forward, torch.nn.utils.clip_grad_norm_
+
+            def counted(self, task, input_ids, *args, **kwargs):
+                if self.training:
+                    seen.append([task, len(input_ids)])
+                return forward(self, task, input_ids, *args, **kwargs)
+
+            def clip_kept(*args, **kwargs):
+                norm.append(clip(*args, **kwargs).item())
+                return torch.tensor(norm[-1])
+            with pytest.MonkeyPatch.context() as mp:
+                keep_last(mp)
+                mp.setattr(minknn.model.Model, "forward", counted)
+                mp.setattr(torch.nn.utils, "clip_grad_norm_", clip_kept)
+                train.main([*argv, "--out", str(out)])
+            runs[key], encoded[str(out)], norms[str(out)] = out, seen, norm
+        return runs[key]
+    reference.encoded, reference.norms = encoded, norms
+    return reference
+
+
+def records(folder):
+    return [{k: v for k, v in json.loads(line).items() if k != "epoch_seconds"}
+            for line in open(os.path.join(folder, "metrics.jsonl"))]
+
+
+def assert_close_records(want, got, what, where=""):
+    """metrics.jsonl's records: the same epochs, keys and figures, numbers to 1e-5."""
+    if isinstance(want, dict):
+        held = sorted(got) if isinstance(got, dict) else got
+        assert isinstance(got, dict) and got.keys() == want.keys(), \
+            f"{what}: metrics.jsonl{where} holds {held}, not {sorted(want)}"
+        for k in want:
+            assert_close_records(want[k], got[k], what, f"{where}[{k!r}]")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), \
+            f"{what}: metrics.jsonl{where}: {len(got) if isinstance(got, list) else got} " \
+            f"entries, not {len(want)}"
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert_close_records(a, b, what, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-6), \
+            f"{what}: metrics.jsonl{where} is {got}, one process's {want}"
+    else:
+        assert got == want, f"{what}: metrics.jsonl{where} is {got!r}, one process's {want!r}"
+
+
+def assert_same_tensors(want, got, what):
+    """Two state dicts (name -> tensor): the same names, and the tensors to float tolerance."""
+    assert got.keys() == want.keys(), f"{what}: other tensors: missing " \
+        f"{sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+    for name, tensor in want.items():
+        assert_close(got[name], tensor, msg=lambda m: f"{what} {name}: {m}")
+
+
+PARTS = ("model", "loss", "memory", "key_encoder")  # weights, proxies, a memory loss's
+
+
+def assert_same_run(ref, got, what, final=True):
+    """Run folder `got` holds run `ref`: the best checkpoint (weights, proxies, memory), with final
+    last.pt too (the state after the last step: those, the key encoder, the optimiser's moments
+    and step, the schedule, the batch streams' places, the random generators), and the records."""
+    for file in ["checkpoint.pt"] + ["last.pt"] * final:
+        want, state = (torch.load(os.path.join(f, file), weights_only=True) for f in (ref, got))
+        assert state["epoch"] == want["epoch"], f"{what}: {file} holds epoch {state['epoch']}, " \
+            f"one process's {want['epoch']}"
+        for part in PARTS:
+            assert (part in state) == (part in want), f"{what}: {file}: {part} is " \
+                f"{'missing' if part in want else 'there, and not in one process run'}"
+            if part in want:
+                assert_same_tensors(want[part], state[part], f"{what}: {file}: {part}")
+        if file == "last.pt":
+            # the same examples in the same steps, and the same schedule
+            assert state["streams"] == want["streams"], f"{what}: last.pt: the batch streams " \
+                f"stand elsewhere than one process's: other examples were drawn"
+            assert state["rng"] == want["rng"], f"{what}: last.pt: the batch streams' random " \
+                f"generator made other draws than one process's"
+            assert state["scheduler"] == want["scheduler"], f"{what}: last.pt: the schedule " \
+                f"is {state['scheduler']}, one process's {want['scheduler']}"
+            moments = [(i, k) for i, s in want["optimizer"]["state"].items() for k in s]
+            for i, k in moments:
+                assert_close(state["optimizer"]["state"][i][k], want["optimizer"]["state"][i][k],
+                             msg=lambda m: f"{what}: last.pt: AdamW's {k} of parameter {i}: {m}")
+    assert_close_records(records(ref), records(got), what)
+
+
+HOOKED = [case for case in CASES if case != "ce"]  # ce runs train.py itself
+
+
+@pytest.fixture(scope="module")
+def two_processes(bert_dir, tmp_path_factory):
+    """One torchrun of 2 ranks training each HOOKED case in turn, in one process group (a
+    torchrun costs seconds of start-up): (the finished torchrun, case -> its folder, holding
+    run/ and dump/)."""
+    root, runs, folders = tmp_path_factory.mktemp("two-processes"), [], {}
+    for case in HOOKED:
+        folders[case] = root / case.replace(" ", "-")
+        (folders[case] / "dump").mkdir(parents=True)
+        runs.append([[*flags(bert_dir, case), "--out", str(folders[case] / "run")],
+                     str(folders[case] / "dump")])
+    done = torchrun([], root, {"keep_last": True, "runs": runs}, timeout=TIMEOUT + 30 * len(runs))
+    return done, folders
+
+
+def printed_once(stdout, run, what):
+    """Rank 0 alone prints: the lines of the run in `run` (from its first line, which names its
+    folder, to the next run's), each epoch's and the last one once."""
+    blocks = re.split(r"^(?=train/dev examples:)", stdout, flags=re.M)
+    mine = [lines(b) for b in blocks if b.split("\n")[0].endswith(f"run folder {run}")]
+    assert len(mine) == 1, f"{what}: {len(mine)} first lines name the run folder {run} (rank 0 " \
+                           f"alone prints)"
+    for start in ("epoch 1:", "epoch 2:", "done:"):
+        said = [line for line in mine[0] if line.startswith(start)]
+        assert len(said) == 1, f"{what}: {len(said)} lines start with {start!r} (rank 0 alone " \
+                               f"prints): {said}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process, tmp_path,
+                                                    request):
+    """torchrun with 2 ranks against one process, same flags: the same best checkpoint, final
+    state and records (a mistake in the wiring moves the weights: a local-batch loss, a rank
+    drawing its own rows, proxies or a queue not the same on every rank). Rank 0 alone writes
+    and prints: the run folder holds one process's files, each epoch's line is printed once. ce
+    runs `torchrun ... train.py` itself; the others run it with the hooks, which also show that
+    every rank ends with rank 0's weights, proxies, memory and key encoder, that each encodes
+    its slice of each batch, and that rank 1 writes no file."""
+    argv = flags(bert_dir, case)
+    ref = one_process(argv)
+    if case == "ce":
+        run = tmp_path / "run"
+        done = torchrun([*argv, "--out", run], tmp_path, script=os.path.join(ROOT, "train.py"))
+        assert done.returncode == 0, f"ce: torchrun exit {done.returncode}:\n{done.stderr[-3000:]}"
+        files = sorted(set(os.listdir(ref)) - {"last.pt"})  # train.py removes it at the end
+        assert sorted(os.listdir(run)) == files, \
+            f"ce: the run folder holds {sorted(os.listdir(run))}, one process's {files}"
+        printed_once(done.stdout, run, "ce")
+        assert_same_run(ref, run, "ce, 2 processes", final=False)
+        read = done.stderr.count("ids-sst-train.csv: read 40 examples")
+        assert read == 1, f"ce: the warning about sst's training set is printed {read} times " \
+                          f"(rank 0 alone prints; the others' warnings are noise)"
+        return
+
+    done, folders = request.getfixturevalue("two_processes")
+    run, dump = folders[case] / "run", folders[case] / "dump"
+    if not all((dump / f"rank{r}.pt").exists() for r in (0, 1)):
+        pytest.fail(f"{case}: a rank never finished this run (a case that crashes stops the ones "
+                    f"after it); torchrun exit {done.returncode}:\n{done.stderr[-3000:]}")
+    ranks = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert ranks[0]["exit"] == ranks[1]["exit"] == 0, f"{case}: the ranks exited " \
+        f"{ranks[0]['exit']} and {ranks[1]['exit']}, saying {ranks[0]['errors']} and " \
+        f"{ranks[1]['errors']}"
+    assert sorted(os.listdir(run)) == sorted(os.listdir(ref)), \
+        f"{case}: the run folder holds {sorted(os.listdir(run))}, one process's " \
+        f"{sorted(os.listdir(ref))}"
+    printed_once(done.stdout, run, case)
+    assert_same_run(ref, run, f"{case}, 2 processes")
+    assert ranks[1]["written"] == [], f"{case}: rank 1 wrote {ranks[1]['written']} (rank 0 " \
+                                      f"alone writes the run's files)"
+    for part in PARTS:
+        if part in ranks[0]:
+            assert_same_tensors(ranks[0][part], ranks[1][part], f"{case}: rank 1's {part} (not "
+                                f"rank 0's: the ranks drifted apart)")
+    whole = one_process.encoded[str(ref)]
+    assert len(ranks[0]["encoded"]) == len(ranks[1]["encoded"]) == len(whole), \
+        f"{case}: the ranks' models encoded {len(ranks[0]['encoded'])} and " \
+        f"{len(ranks[1]['encoded'])} training batches, one process {len(whole)}"
+    for i, ((task, n), (t0, n0), (t1, n1)) in enumerate(zip(whole, *(r["encoded"] for r in ranks))):
+        assert t0 == t1 == task and n0 + n1 == n and abs(n0 - n1) <= 1, \
+            f"{case}: training forward {i + 1}: one process encodes {n} rows of {task}, the " \
+            f"ranks {n0} of {t0} and {n1} of {t1}, not a slice each of the global batch"
+    # AdamW's step hardly changes when every gradient is scaled alike (a gather that drops the
+    # other ranks' share of the gradient: 1/N of it): the norms before clipping show a scale
+    want = one_process.norms[str(ref)]
+    for r, rank in enumerate(ranks):
+        assert len(rank["norms"]) == len(want), \
+            f"{case}: rank {r} took {len(rank['norms'])} steps, one process {len(want)}"
+        for i, (got, norm) in enumerate(zip(rank["norms"], want)):
+            assert math.isclose(got, norm, rel_tol=1e-4), \
+                f"{case}: step {i + 1}: rank {r}'s gradient norm (before clipping) is {got:.6g}, " \
+                f"one process's {norm:.6g}: the gradients are not the whole batch's"
+
+
+# epochs of 4 steps: epoch 1 ends 28 rows into sst's pass of 40, so a rank that resumed without
+# the streams' places (or the generator's) would draw other batches than rank 0
+MID_PASS = ("--steps_per_epoch", "4")
+
+
+def assert_stopped_after_epoch_1(folder, what):
+    """A run stopped after epoch 1: its last.pt (epoch 1) and checkpoint.pt load, no temporary
+    file is left, and summary.json says it stopped after 1 epoch."""
+    assert not glob.glob(os.path.join(folder, "*.tmp")), \
+        f"{what}: a half-written file is left: {glob.glob(os.path.join(folder, '*.tmp'))}"
+    last = load_last(str(folder))
+    assert last is not None and last["epoch"] == 1, f"{what}: last.pt holds " \
+        f"{'nothing' if last is None else 'epoch ' + str(last['epoch'])}, not epoch 1"
+    torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)
+    assert os.path.exists(os.path.join(folder, "summary.json")), \
+        f"{what}: no summary.json: rank 0 did not say how the run stopped"
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    assert "stopped" in summary and summary["epochs"] == 1, f"{what}: summary.json: {summary}"
+    return summary
+
+
+def test_stopped_under_two_processes_resumes_in_one(bert_dir, one_process, tmp_path, monkeypatch):
+    """torchrun SIGTERMed once rank 0 saved epoch 1 (as a cluster stops a job): the run stops
+    with "terminated" and its files whole; `python train.py --resume` then ends with the run of
+    one process left alone (knnbert: the queue and key encoder saved by rank 0 go on in 1)."""
+    argv = flags(bert_dir, "knnbert", *MID_PASS)
+    ref, run = one_process(argv), tmp_path / "run"
+    done = torchrun([*argv, "--out", run], tmp_path, {"term_after": 1})
+    assert done.returncode != 0, "torchrun SIGTERMed after epoch 1 exited 0"
+    summary = assert_stopped_after_epoch_1(run, "torchrun stopped after epoch 1")
+    assert summary["stopped"] == "terminated", f"SIGTERM: summary.json says {summary['stopped']}"
+    said = [line for line in lines(done.stderr) if line.startswith("terminated")]
+    assert len(said) == 1 and said[0].endswith(f"continue with: python train.py --resume {run}"), \
+        f"SIGTERM under torchrun: {said} (one line, from rank 0)"
+    assert not re.search(r"\[rank\d\]: Traceback|error: ", done.stderr), \
+        f"SIGTERM under torchrun: a rank printed an error or a traceback:\n{done.stderr[-3000:]}"
+    keep_last(monkeypatch)
+    train.main(["--resume", str(run)])
+    assert_same_run(ref, run, "2 processes stopped after epoch 1, resumed in 1")
+
+
+def test_stopped_in_one_process_resumes_under_two(bert_dir, one_process, tmp_path, monkeypatch):
+    """A 1-process run stopped by Ctrl-C in epoch 2, resumed by `torchrun ... train.py --resume`:
+    every rank restores last.pt (the weights, the optimiser, the streams, the queue and key
+    encoder) and the run ends as one process left alone."""
+    argv = flags(bert_dir, "knnbert", *MID_PASS)
+    ref, run = one_process(argv), tmp_path / "run"
+    stop_at(monkeypatch, 6, KeyboardInterrupt)  # epoch 2's step 2: epoch 1 (4 steps) is saved
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--out", str(run)])
+    monkeypatch.undo()
+    assert_stopped_after_epoch_1(run, "1 process stopped in epoch 2")
+    done = torchrun(["--resume", run], tmp_path, {"keep_last": True})
+    assert done.returncode == 0, \
+        f"torchrun --resume: exit {done.returncode}:\n{done.stderr[-3000:]}"
+    assert_same_run(ref, run, "1 process stopped after epoch 1, resumed in 2")
+
+
+def test_a_rank_that_fails_stops_the_run_which_resumes(bert_dir, one_process, tmp_path,
+                                                       monkeypatch):
+    """Rank 1's train_step raises (a MinknnError) at epoch 2's step 2: torchrun exits non-zero,
+    the failure is one line `error: ...` (no traceback of it, nor of the collective the other
+    rank was in), nothing is half written, last.pt holds epoch 1, summary.json says the run
+    stopped, and `python train.py --resume` ends as the run left alone."""
+    argv = flags(bert_dir, "ce")
+    ref, run = one_process(argv), tmp_path / "run"
+    done = torchrun([*argv, "--out", run], tmp_path, {"fail": [1, 8]})
+    assert done.returncode != 0, "torchrun exited 0 though rank 1 failed"
+    # rank 1's line may follow rank 0's progress bar on one line of the terminal
+    said = re.findall(r"[^\r\n]*planted failure[^\r\n]*", done.stderr)
+    assert len(said) == 1 and said[0].endswith("error: planted failure on rank 1 at its step 8"), \
+        f"rank 1's failure must be one line `error: ...`, once: {said}\n{done.stderr[-3000:]}"
+    assert_stopped_after_epoch_1(run, "rank 1 failed in epoch 2")
+    keep_last(monkeypatch)
+    train.main(["--resume", str(run)])
+    assert_same_run(ref, run, "rank 1 failed in epoch 2, resumed in 1 process")
+    # last: the other ranks stop with a line too, not with the traceback of a collective whose
+    # peer is gone (torchrun's own report of the failure is torchrun's)
+    assert not re.search(r"\[rank\d\]: Traceback", done.stderr), \
+        f"rank 1's failure: a rank printed a traceback:\n{done.stderr[-3000:]}"
+
+
+def test_plain_python_is_one_process(monkeypatch):
+    """Without torchrun (no RANK) there is no process group: rank 0 of 1, and gather is the
+    identity, so `python train.py` is unchanged."""
+    monkeypatch.delenv("RANK", raising=False)
+    assert not distributed.launched(), "launched() without RANK"
+    assert (distributed.rank(), distributed.world(), distributed.is_main()) == (0, 1, True)
+    x = torch.randn(5, 3)
+    assert distributed.gather(x, [5]) is x, "gather without a process group must return x itself"
+    monkeypatch.setenv("RANK", "0")
+    assert distributed.launched(), "launched() with RANK=0 (torchrun's rank 0)"
