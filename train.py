@@ -334,15 +334,14 @@ def train_in_folder(args, device=None):
         summarise(args, last, stopped=f"diverged: {e}")
         raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
     except RuntimeError as e:
-        if distributed.world() == 1:
+        if not distributed.lost_peer(e):
             raise
-        # under torchrun, most often a collective that lost a rank which failed (its own error
-        # comes first), after which torchrun stops the others
+        # under torchrun: a collective lost a rank that failed (its own error comes first), and
+        # torchrun stops the others
         if distributed.is_main():
-            summarise(args, load_last(args.out), stopped=f"failed: {str(e).splitlines()[0]}")
-        raise MinknnError(f"rank {distributed.rank()} stopped: {str(e).splitlines()[0][:160]} "
-                          f"(most often another rank failed first: see its error); continue "
-                          f"with: python train.py --resume {args.out}") from None
+            summarise(args, load_last(args.out), stopped="failed: another rank failed")
+        raise MinknnError(f"rank {distributed.rank()} stopped: another rank failed (see its "
+                          f"error); continue with: python train.py --resume {args.out}") from None
     finally:
         if lock:
             close_run_folder(args.out, lock, created)

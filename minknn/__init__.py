@@ -1,5 +1,6 @@
 """minknn: fine-tune a hand-written BERT with kNN classifiers and metric-learning losses."""
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -14,6 +15,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, what a cluster sends a job before it stops or preempts it, raised where Ctrl-C
     raises KeyboardInterrupt (a subclass of it: every handler of Ctrl-C handles it too), so a run
     stops the same way: its files whole, summary.json saying so, a line saying how to go on."""
+
+
+def warn(message):
+    """`warning: message` on stderr, once: under torchrun rank 0 alone says it (every process reads
+    the same files and would say the same)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"warning: {message}", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -40,13 +40,12 @@ import dataclasses
 import hashlib
 import os
 import signal
-import sys
 import tempfile
 import threading
 
 import torch
 
-from minknn import MinknnError
+from minknn import MinknnError, warn
 from minknn.bert import BertConfig, check_finite, check_fits, read_json, read_weights, weights_file
 from minknn.losses import build_losses
 from minknn.model import Model
@@ -150,8 +149,8 @@ def check_contents(obj, name, remedy):
     (remedy: what to do then). A dict saved before minknn wrote checksums loads with a warning."""
     saved = obj.pop(CHECKSUM, None)
     if saved is None:
-        print(f"warning: {name}: saved without a checksum (by an earlier minknn), so damage to it "
-              f"would go unnoticed", file=sys.stderr)
+        warn(f"{name}: saved without a checksum (by an earlier minknn), so damage to it would go "
+             f"unnoticed")
     elif content_sha256(obj) != saved:
         raise MinknnError(f"{name}: its contents do not match the checksum saved with it (the file "
                           f"was damaged after it was written); {remedy}")

@@ -27,7 +27,6 @@ import http.client
 import json
 import os
 import random
-import sys
 import tempfile
 import urllib.request
 from collections import defaultdict
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minknn import MinknnError
+from minknn import MinknnError, warn
 
 
 class DataError(MinknnError):
@@ -137,8 +136,8 @@ def read_source(task, source, data_dir=None):
         seen.add(e.id)
     expected = task.counts.get(source)
     if expected is not None and len(examples) != expected:
-        print(f"warning: {', '.join(paths)}: read {len(examples)} examples, but the official "
-              f"{task.name} {source} split has {expected}", file=sys.stderr)
+        warn(f"{', '.join(paths)}: read {len(examples)} examples, but the official {task.name} "
+             f"{source} split has {expected}")
     return examples
 
 

@@ -80,6 +80,13 @@ def is_main():
     return rank() == 0
 
 
+def lost_peer(error):
+    """Whether an error is a collective's that lost another rank (it failed or was killed): gloo's
+    "Connection closed by peer" or "reset by peer", or torch's DistError. Any other RuntimeError
+    is a bug of this rank's, to show with its traceback."""
+    return _grouped() and (isinstance(error, dist.DistError) or "by peer" in str(error))
+
+
 def sizes(n, world):
     """The slice sizes of a batch of n over `world` ranks: the first n % world one larger."""
     return [n // world + (r < n % world) for r in range(world)]
