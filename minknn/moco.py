@@ -155,7 +155,8 @@ class MoCo:
         rows. Under DDP `batch` is this rank's slice of the batch and `rows` the whole batch's:
         the keys of all ranks' slices are gathered, so every rank has the whole batch's keys."""
         if self.kind == "queue":
-            return gather_keys(self.encode_keys(model, batch), sizes(len(rows), world()))
+            n = sizes(len(rows), world())  # a rank with no rows encodes a stand-in: none of it
+            return gather_keys(self.encode_keys(model, batch)[:n[rank()]], n)
         return self.memory.keys[rows]  # already float32 unit vectors
 
     def encode_keys(self, model, batch):
