@@ -124,8 +124,8 @@ def build(args, make_optimizer, examples=None, device=None):
     ddp = None
     if world() > 1:  # DDP copies rank 0's model to every rank; the proxies are not in it
         broadcast(losses)
-        # find_unused_parameters: some parameters take no part in a step (BERT's pooler when
-        # --pooling is not cls), and DDP would wait for their gradients for ever
+        # find_unused_parameters: some parameters take no part in a step (BERT's pooler, which
+        # no --pooling reads), and DDP would wait for their gradients for ever
         ddp = DistributedDataParallel(Forward(model), find_unused_parameters=True,
                                       device_ids=[device] if device.type == "cuda" else None)
     return Trainer(args=args, device=device, tokenizer=tokenizer, base=base, tasks=tasks,
