@@ -125,7 +125,7 @@ def build(args, make_optimizer, examples=None, device=None):
     if world() > 1:  # DDP copies rank 0's model to every rank; the proxies are not in it
         broadcast(losses)
         # find_unused_parameters: some parameters take no part in a step (BERT's pooler, which
-        # no --pooling reads), and DDP would wait for their gradients for ever
+        # no --pooling reads); without it DDP stops at the second step, still waiting for theirs
         ddp = DistributedDataParallel(Forward(model), find_unused_parameters=True,
                                       device_ids=[device] if device.type == "cuda" else None)
     return Trainer(args=args, device=device, tokenizer=tokenizer, base=base, tasks=tasks,
