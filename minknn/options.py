@@ -5,6 +5,7 @@ Each value's own bounds (bad_values) also hold for a resumed run's run.json (che
 import argparse
 import json
 import math
+import os
 import re
 import sys
 
@@ -33,7 +34,8 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.I)
 
     def error(self, message):
-        print(f"error: {message}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the same flags
+            print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -530,3 +530,16 @@ def test_plain_python_is_one_process(monkeypatch):
     assert distributed.gather(x, [5]) is x, "gather without a process group must return x itself"
     monkeypatch.setenv("RANK", "0")
     assert distributed.launched(), "launched() with RANK=0 (torchrun's rank 0)"
+
+
+def test_a_bad_flag_is_one_line_under_torchrun(bert_dir, tmp_path):
+    """Every rank parses the same command line: rank 0 alone says what is wrong with it (not one
+    line per process), and no run folder is made."""
+    run = tmp_path / "run"
+    done = torchrun([*flags(bert_dir, "ce"), "--lr", "-1", "--out", run], tmp_path,
+                    script=os.path.join(ROOT, "train.py"))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode != 0 and errors == ["error: --lr must be a finite number >= 0, got "
+                                               "-1.0"], \
+        f"torchrun train.py --lr -1: exit {done.returncode}, error lines {errors} (want one)"
+    assert not run.exists(), "torchrun train.py --lr -1 made the run folder"
