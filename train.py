@@ -52,9 +52,7 @@ A task's dev score is its first metric (accuracy; CoLA's MCC; Pearson; multi-lab
 a run's, the mean over its tasks, each put in [0, 1] (minBERT's overall score). A loss, gradient
 norm, dev score or weight that is not finite stops the run before anything of it is saved.
 """
-import argparse
 import contextlib
-import math
 import os
 import random
 import sys
@@ -66,17 +64,18 @@ from tqdm import tqdm
 from minknn import MinknnError, Terminated, distributed, run, sigterm_raises
 from minknn.assignment import BY_NAME, require_written
 from minknn.bert import ATTENTION, ATTENTIONS
-from minknn.engine import PRECISIONS, autocast, default_precision, pick_device, predict
-from minknn.kinds import describe_run, kind_of, overall, score
+from minknn.engine import PRECISIONS, autocast, default_precision, pick_device
+from minknn.kinds import describe_run
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES
 from minknn.model import POOLINGS
 from minknn.moco import QUEUE_SIZE
-from minknn.options import DEFAULT_TASKS, Parser, check_args, check_saved
-from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
-from minknn.runs import (check_same_data, close_run_folder, load_last, new_run_folder,
-                         open_run_folder, saved_args, summarise, write_json)
+from minknn.options import DEFAULT_TASKS, Parser, check_args, resumed_args
+from minknn.proxy import PROXY_LOSSES
+from minknn.runs import (best_so_far, check_same_data, close_run_folder, load_last, open_folder,
+                         summarise, write_json)
 from minknn.tasks import TASKS
-from minknn.trainer import batch, build, forward, restore, save
+from minknn.trainer import (Diverged, batch, build, check_epoch_finite, evaluate, forward,
+                            restore, save)
 
 
 def get_args(argv=None):
@@ -148,31 +147,6 @@ def make_parser():
                    "completed epoch, with its own flags (only --device may change) (default: start "
                    "a new run)")
     return p
-
-
-def resumed_args(p, args):
-    """--resume RUN: the run's own arguments, checked as the command line's (a hand-edited
-    run.json gets one line naming the key); any other flag but --device is refused."""
-    given = [a.option_strings[0] for a in p._actions if a.dest not in ("help", "resume", "device")
-             and getattr(args, a.dest) != a.default]
-    if given:
-        p.error(f"--resume continues a run with the flags it started with; leave out "
-                f"{', '.join(given)} (or start a new run with another --out)")
-    # runs from before --save kept the best; runs from before --per_class had none
-    saved = {"save": "best", "per_class": None, **saved_args(args.resume)}
-    missing = [a.dest for a in p._actions
-               if a.dest not in saved and a.dest not in ("help", "resume")]
-    if missing:
-        p.error(f"--resume {args.resume}: run.json has no {', '.join(missing)}; it was not written "
-                f"by this version of train.py")
-    check_saved(p, os.path.join(args.resume, "run.json"), saved)
-    return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
-                                 "device": args.device})
-
-
-class Diverged(MinknnError):
-    """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
-    of the epoch in progress is saved."""
 
 
 def make_optimizer(model_params, loss_params, args, total_steps):
@@ -256,21 +230,6 @@ def train_step(model, losses, optimizer, scheduler, params, batches, moco=None, 
     return task_losses, parts, conflicts
 
 
-def evaluate(model, losses, tokenizer, tasks, dev, args, device):
-    """Each task's dev scores and the overall score. A proxy loss at --lam 1 leaves the linear
-    head untrained: its task is scored by the nearest proxy (proxy inference, alpha = 1)."""
-    scores = {}
-    for t in tasks:
-        outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
-                             progress=f"{t.name} dev", precision=args.precision)
-        if getattr(losses[t.name], "lam", 0) == 1 and has_proxies(losses[t.name]):
-            outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), 1.0).cpu()
-        kind = kind_of(t)
-        pred = kind.decide(kind.probabilities(outputs))
-        scores[t.name] = score(t, pred, kind.gold(t, dev[t.name]))
-    return {**scores, "overall": overall(tasks, scores)}
-
-
 def parts_run(args):
     """The parts of the assignment (minknn/assignment.py) this run calls: BERT, pooling and the
     training step, and the run's metric loss, memory, PCGrad and proxy inference where it has
@@ -281,7 +240,7 @@ def parts_run(args):
     parts += [p for p in ({"moco": "moco-loss"}.get(args.loss, args.loss), args.pair_loss)
               if p in BY_NAME]
     parts += ["memory"] * (args.loss in MEMORY_LOSSES) + ["pcgrad"] * args.pcgrad
-    # a proxy loss at --lam 1 is scored by its proxies (evaluate() below)
+    # a proxy loss at --lam 1 is scored by its proxies (minknn/trainer.py evaluate())
     parts += ["proxy-inference"] * (args.lam == 1 and args.loss in PROXY_LOSSES)
     return parts
 
@@ -345,26 +304,6 @@ def train_in_folder(args, device=None):
     finally:
         if lock:
             close_run_folder(args.out, lock, created)
-
-
-def open_folder(args):
-    """Locks the run's folder: --resume's, or a new one (--out, or a fresh name in runs/, then
-    set in args.out). Returns (the lock, the folders made for it)."""
-    if args.resume:
-        return open_run_folder(args.out, args.save), []
-    default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
-                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
-    args.out, lock, created = new_run_folder(args.out, default)
-    return lock, created
-
-
-def best_so_far(args, last):
-    """Where a stopped run's best epoch so far is (last: the state in last.pt)."""
-    if args.save == "best":
-        return (f"the best checkpoint (epoch {last['best']['epoch']}) is "
-                f"{os.path.join(args.out, 'checkpoint.pt')}")
-    return (f"the best epoch so far ({last['best']['epoch']}) is in "
-            f"{os.path.join(args.out, 'summary.json')} (--save none: no checkpoint)")
 
 
 def run_training(args, device=None):
@@ -473,18 +412,6 @@ def train_epoch(trainer, epoch):
         shown = {"loss": totals[first], **terms_sum} if len(totals) == 1 else totals
         bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in shown.items()})  # means so far
     return {name: total / trainer.steps for name, total in totals.items()}, conflicts
-
-
-def check_epoch_finite(epoch, model, losses, dev_scores):
-    """Refuses to save an epoch whose dev scores or weights are not finite."""
-    bad = [f"{task} {metric}" for task, scores in dev_scores.items() if isinstance(scores, dict)
-           for metric, value in scores.items() if not math.isfinite(value)]
-    if bad:
-        raise Diverged(f"epoch {epoch}: the dev score{'s' * (len(bad) > 1)} {', '.join(bad)} "
-                       f"{'are' if len(bad) > 1 else 'is'} not finite")
-    for name, p in [*model.named_parameters(), *losses.named_parameters()]:
-        if not torch.isfinite(p).all():
-            raise Diverged(f"epoch {epoch}: the weight {name} is not finite")
 
 
 if __name__ == "__main__":

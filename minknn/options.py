@@ -15,6 +15,7 @@ from minknn.losses import BASE_LOSSES, LOSSES, MEMORY_LOSSES, check_loss_name, l
 from minknn.losses.knnbert import M_LEAST, M_MOST
 from minknn.moco import MOMENTUM
 from minknn.proxy import PROXY_LOSSES
+from minknn.runs import saved_args
 from minknn.tasks import get_task
 
 # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
@@ -212,3 +213,23 @@ def check_memory_flags(p, args):
         if args.m_most < 0 or args.m_least < 0 or args.m_most + args.m_least < 1:
             p.error(f"--m_most and --m_least must be >= 0 and select at least one positive, "
                     f"got {args.m_most} and {args.m_least}")
+
+
+def resumed_args(p, args):
+    """--resume RUN: the run's own arguments, checked as the command line's (a hand-edited
+    run.json gets one line naming the key); any other flag but --device is refused."""
+    given = [a.option_strings[0] for a in p._actions if a.dest not in ("help", "resume", "device")
+             and getattr(args, a.dest) != a.default]
+    if given:
+        p.error(f"--resume continues a run with the flags it started with; leave out "
+                f"{', '.join(given)} (or start a new run with another --out)")
+    # runs from before --save kept the best; runs from before --per_class had none
+    saved = {"save": "best", "per_class": None, **saved_args(args.resume)}
+    missing = [a.dest for a in p._actions
+               if a.dest not in saved and a.dest not in ("help", "resume")]
+    if missing:
+        p.error(f"--resume {args.resume}: run.json has no {', '.join(missing)}; it was not written "
+                f"by this version of train.py")
+    check_saved(p, os.path.join(args.resume, "run.json"), saved)
+    return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
+                                 "device": args.device})

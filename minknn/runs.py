@@ -28,6 +28,7 @@ import json
 import os
 import random
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -351,3 +352,23 @@ def check_last_fits(state, folder, parts, streams):
     if missing:
         raise MinknnError(f"{path}: has no batch stream of {', '.join(missing)}; it is not the "
                           f"state of this run's tasks")
+
+
+def open_folder(args):
+    """Locks the run's folder: --resume's, or a new one (--out, or a fresh name in runs/, then
+    set in args.out). Returns (the lock, the folders made for it)."""
+    if args.resume:
+        return open_run_folder(args.out, args.save), []
+    default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
+                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
+    args.out, lock, created = new_run_folder(args.out, default)
+    return lock, created
+
+
+def best_so_far(args, last):
+    """Where a stopped run's best epoch so far is (last: the state in last.pt)."""
+    if args.save == "best":
+        return (f"the best checkpoint (epoch {last['best']['epoch']}) is "
+                f"{os.path.join(args.out, 'checkpoint.pt')}")
+    return (f"the best epoch so far ({last['best']['epoch']}) is in "
+            f"{os.path.join(args.out, 'summary.json')} (--save none: no checkpoint)")

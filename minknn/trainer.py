@@ -5,6 +5,8 @@ from last.pt, and saved after each epoch. train.py's loop steps them; bench.py t
     best, records = restore(trainer, last) if last else (None, [])
     batches = batch(trainer, {name: next(stream) for name, stream in trainer.streams.items()})
     save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
+evaluate() gives an epoch's dev scores, and check_epoch_finite() stops a run (Diverged) whose
+scores or weights are not finite, before the epoch is saved.
 
 A Trainer is no framework, only the parts (the loop is train.py's):
     device, tokenizer     --device; the model folder's vocabulary, cut at --max_len
@@ -36,6 +38,7 @@ draws the same batches' rows; batch() encodes only the rank's slice of each batc
 gathers the slices' outputs, so that every loss sees the whole batch. Rank 0 alone saves.
 """
 import dataclasses
+import math
 import os
 import random
 
@@ -50,17 +53,23 @@ from minknn.data import (DataError, check_every_class_present, eval_subset, load
                          require_labels, run_data, training_examples)
 from minknn.distributed import (all_reduce_mean, broadcast, gather_output, rank, sizes,
                                 slice_of, world)
-from minknn.engine import (TrainBatches, autocast, encode_batch, pick_device, seed_everything,
-                           to_device)
-from minknn.kinds import kind_of
+from minknn.engine import (TrainBatches, autocast, encode_batch, pick_device, predict,
+                           seed_everything, to_device)
+from minknn.kinds import kind_of, overall, score
 from minknn.losses import MEMORY_LOSSES, build_losses
 from minknn.model import Model, Output
 from minknn.moco import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
+from minknn.proxy import has_proxies, proxy_logits
 from minknn.runs import (check_last_fits, load_last, random_states, save_last, set_random_states,
                          write_jsonl)
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
+
+
+class Diverged(MinknnError):
+    """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
+    of the epoch in progress is saved."""
 
 
 @dataclasses.dataclass
@@ -296,3 +305,30 @@ def save(trainer, epoch, best, records):
         # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records, **state(trainer))
         write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
+
+
+def evaluate(model, losses, tokenizer, tasks, dev, args, device):
+    """Each task's dev scores and the overall score. A proxy loss at --lam 1 leaves the linear
+    head untrained: its task is scored by the nearest proxy (proxy inference, alpha = 1)."""
+    scores = {}
+    for t in tasks:
+        outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
+                             progress=f"{t.name} dev", precision=args.precision)
+        if getattr(losses[t.name], "lam", 0) == 1 and has_proxies(losses[t.name]):
+            outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), 1.0).cpu()
+        kind = kind_of(t)
+        pred = kind.decide(kind.probabilities(outputs))
+        scores[t.name] = score(t, pred, kind.gold(t, dev[t.name]))
+    return {**scores, "overall": overall(tasks, scores)}
+
+
+def check_epoch_finite(epoch, model, losses, dev_scores):
+    """Refuses to save an epoch whose dev scores or weights are not finite."""
+    bad = [f"{task} {metric}" for task, scores in dev_scores.items() if isinstance(scores, dict)
+           for metric, value in scores.items() if not math.isfinite(value)]
+    if bad:
+        raise Diverged(f"epoch {epoch}: the dev score{'s' * (len(bad) > 1)} {', '.join(bad)} "
+                       f"{'are' if len(bad) > 1 else 'is'} not finite")
+    for name, p in [*model.named_parameters(), *losses.named_parameters()]:
+        if not torch.isfinite(p).all():
+            raise Diverged(f"epoch {epoch}: the weight {name} is not finite")
