@@ -1,6 +1,7 @@
 """train.py's flags that depend on each other: defaults filled in from the run's tasks and loss,
 and the combinations that cannot work refused with one line, before any training data is read.
-Each value's own bounds (bad_values) also hold for a resumed run's run.json (check_saved).
+Each value's own bounds (bad_values) also hold for a resumed run's run.json (check_saved), which
+resumed_args reads back for --resume.
 """
 import argparse
 import json
