@@ -40,7 +40,7 @@ from minknn import MinknnError, run
 from minknn.bert import BertModel, read_config, resolve_model_path
 from minknn.data import load_split, training_examples
 from minknn.engine import TrainBatches, autocast, pick_device, predict, to_device
-from minknn.grid import parse_seeds
+from minknn.grid import parse_seeds, parse_sizes
 from minknn.kinds import kind_of
 from minknn.model import Model
 from minknn.options import Parser
@@ -294,9 +294,7 @@ def train_py_epoch(args, device, checkout, processes=1, threads=None):
             command += ["--data_dir", os.path.abspath(args.data_dir)]
         done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, env=env)
         if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-            raise MinknnError(f"{checkout}/train.py failed: "
-                              f"{(errors or done.stderr.strip().splitlines())[-1]}")
+            raise MinknnError(f"{checkout}/train.py failed: {why_failed(done)}")
         with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
             return json.loads(f.readline())["epoch_seconds"]
 
@@ -314,11 +312,11 @@ def bench_ddp(args, device, timer, out):
         one, many, threads = f"1 process x {n} threads", f"{n} processes x 1 thread (torchrun)", (n, 1)
     contestants = {one: times_itself(lambda: train_py_epoch(args, device, ".", 1, threads[0])),
                    many: times_itself(lambda: train_py_epoch(args, device, ".", n, threads[1]))}
-    cpu = "; on a CPU the processes share its cores, which says little of GPUs"
+    cpu = "; on a CPU the processes share its cores, which says little of GPUs" if threads[0] else ""
     out.append(f"`python bench.py ddp`: {device_name(device)}, {precision_of(device)}; one epoch of "
                f"train.py on {args.examples} {args.task} training examples (--seed {args.seed}), "
                f"global batches of {args.batch_size}, --max_len {args.max_len}, the same steps "
-               f"either way; best of {args.rounds} alternating rounds{cpu * (device.type == 'cpu')}\n")
+               f"either way; best of {args.rounds} alternating rounds{cpu}\n")
     print(out[-1])
     seconds = timer.best_of_rounds(contestants)
     table = Table(out, "what", "seconds per epoch", "examples/s", f"time / {one}")
@@ -346,8 +344,7 @@ def bench_grid(args, device, timer, out):
                 done = subprocess.run(command, capture_output=True, text=True)
                 seconds = time.perf_counter() - start
             if done.returncode != 0:
-                errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-                raise MinknnError(f"the runner failed: {(errors or done.stderr.splitlines())[-1]}")
+                raise MinknnError(f"the runner failed: {why_failed(done)}")
             return seconds
         return times_itself(wall)
     cells = len(args.tasks.split(",")) * len(args.sizes.split(",")) * len(parse_seeds(args.seeds))
@@ -362,6 +359,12 @@ def bench_grid(args, device, timer, out):
     table = Table(out, "what", "wall seconds", "cells/min", "time / --jobs 1")
     for name, s in seconds.items():
         table.row(name, f"{s:.1f}", f"{60 * cells / s:.1f}", f"{s / seconds['--jobs 1']:.2f}")
+
+
+def why_failed(done):
+    """A failed command's own `error:` line (torchrun adds its report after it), or its last line."""
+    lines = done.stderr.strip().splitlines() or ["no output"]
+    return ([line for line in lines if line.startswith("error:")] or lines)[-1]
 
 
 def transformers_epoch(transformers, path, task, examples, batches, args, device, timer):
@@ -745,6 +748,9 @@ def main(argv=None):
     if args.command == "index" and min(args.sizes) < args.k:
         p.error(f"--sizes {min(args.sizes)}: a datastore of fewer keys than --k {args.k} has no "
                 f"{args.k} neighbours to find")
+    if args.command == "grid":  # the runner's own grammar, read here before any grid runs
+        parse_sizes(args.sizes)
+        parse_seeds(args.seeds)
     if args.write and not os.path.isfile(args.write):
         p.error(f"--write {args.write}: no such file")
     device = pick_device(args.device)

@@ -17,10 +17,16 @@ class Terminated(KeyboardInterrupt):
     stops the same way: its files whole, summary.json saying so, a line saying how to go on."""
 
 
+def first_process():
+    """Not under torchrun, or its rank 0 (read from RANK, so before any process group exists):
+    the one process that says what every process would say alike (a warning, a bad flag)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def warn(message):
     """`warning: message` on stderr, once: under torchrun rank 0 alone says it (every process reads
     the same files and would say the same)."""
-    if os.environ.get("RANK", "0") == "0":
+    if first_process():
         print(f"warning: {message}", file=sys.stderr)
 
 

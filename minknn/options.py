@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-from minknn import MinknnError
+from minknn import MinknnError, first_process
 from minknn.kinds import KINDS
 from minknn.losses import BASE_LOSSES, LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
 from minknn.losses.knnbert import M_LEAST, M_MOST
@@ -36,7 +36,7 @@ class Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.I)
 
     def error(self, message):
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the same flags
+        if first_process():  # under torchrun every rank reads the same flags
             print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 

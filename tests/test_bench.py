@@ -44,6 +44,11 @@ BAD_FLAGS = [  # argv, what the one line says
     (["index", "--ef_search", "many"], "argument --ef_search: 'many'"),
     (["index", "--sizes", "50"], "--sizes 50: a datastore of fewer keys than --k 64"),
     (["model", "--lengths", "64,100", "--model", None], "--lengths 100: longer than the model's 64 positions"),
+    (["ddp", "--processes", "0"], "--processes must be at least 1, got 0"),
+    (["ddp", "--examples", "0"], "--examples must be at least 1, got 0"),
+    (["grid", "--jobs", "0"], "--jobs must be at least 1, got 0"),
+    (["grid", "--seeds", "0-x"], "--seeds: '0-x' is not a seed or a range"),
+    (["grid", "--sizes", "many"], "--sizes: 'many' is not full"),
 ]
 
 
@@ -53,7 +58,7 @@ def test_bad_flags_are_one_line_before_anything_runs(argv, says, tiny_bert_dir, 
     line naming the flag, exit status 2, before a model is loaded or anything is timed."""
     def nothing_slow(*args, **kwargs):
         pytest.fail(f"bench.py {' '.join(argv)}: work started before the flags were checked")
-    for name in ("bench_epoch", "bench_knn", "bench_multitask", "bench_index"):
+    for name in ("bench_epoch", "bench_ddp", "bench_grid", "bench_knn", "bench_multitask", "bench_index"):
         monkeypatch.setattr(bench, name, nothing_slow)
     monkeypatch.setattr(bench.BertModel, "from_pretrained", nothing_slow)
     argv = [tiny_bert_dir if a is None else a for a in argv]
