@@ -168,8 +168,9 @@ class Tasks(nn.Module):
 
 
 def pcgrad_step(n=7):
-    """One PCGrad step under DDP as train.py takes it: the forwards and PCGrad's backwards under
-    no_sync(), each task's g_k all-reduced before the surgery, then the heads' gradients averaged.
+    """One PCGrad step under DDP: the forwards and PCGrad's backwards under no_sync(), so that DDP
+    averages nothing itself (train.py goes round DDP's hooks altogether, on its module: the same
+    gradients), each task's g_k all-reduced before the surgery, then the heads' averaged.
     Tasks 0 and 1 have the same inputs and opposite targets: their gradients conflict. Returns
     the gradients and the number of conflicting pairs."""
     torch.manual_seed(0)
