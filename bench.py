@@ -37,7 +37,9 @@ import torch
 import torch.nn as nn
 
 from minknn import MinknnError, run
-from minknn.bert import BertModel, read_config, resolve_model_path
+from minknn import backbones
+from minknn.backbones import read_config
+from minknn.bert import resolve_model_path
 from minknn.data import load_split, training_examples
 from minknn.engine import TrainBatches, autocast, pick_device, predict, to_device
 from minknn.grid import parse_seeds, parse_sizes
@@ -173,9 +175,9 @@ def bench_model(args, device, timer, out):
                           f"positions")
     sst = [TASKS["sst"]]  # a 5-class head, as on SST
     torch.manual_seed(0)
-    models = {"minknn": Model(BertModel.from_pretrained(path), sst, "mean")}
+    models = {"minknn": Model(backbones.from_pretrained(path), sst, "mean")}
     # --attention explicit, the student edition's default: attention() as written, same weights
-    models["minknn explicit"] = Model(BertModel.from_pretrained(path).set_attention("explicit"),
+    models["minknn explicit"] = Model(backbones.from_pretrained(path).set_attention("explicit"),
                                       sst, "mean")
     models["minknn explicit"].heads.load_state_dict(models["minknn"].heads.state_dict())
     transformers = check_transformers()
@@ -240,7 +242,7 @@ def bench_epoch(args, device, timer, out):
     path = resolve_model_path(args.model)
     examples = training_examples(task, args.data_dir, args.examples, args.seed)
     tokenizer = Tokenizer.from_folder(path, args.max_len)
-    config = BertModel.from_pretrained(path).config
+    config = backbones.from_pretrained(path).config
     # train.py's first pass: the same shuffled batches of the same examples (its rng, its seed)
     batches = [rows for rows, _ in zip(TrainBatches(len(examples), args.batch_size,
                                                     random.Random(args.seed)),
@@ -455,7 +457,7 @@ def bench_knn(args, device, timer, out):
     del trainers, steps
 
     torch.manual_seed(0)
-    model = Model(BertModel.from_pretrained(path), [task], "mean").to(device)
+    model = Model(backbones.from_pretrained(path), [task], "mean").to(device)
     start = time.perf_counter()
     _, keys = predict(model, tokenizer, task, train[task.name], 64, device)
     datastore = Datastore(keys, [e.label for e in train[task.name]], [e.id for e in train[task.name]],
@@ -609,7 +611,7 @@ def bench_index(args, device, timer, out):
     tokenizer = Tokenizer.from_folder(path, 128)
     task = get_task("sst", args.data_dir)
     torch.manual_seed(0)
-    model = Model(BertModel.from_pretrained(path), [task], "mean").to(device)
+    model = Model(backbones.from_pretrained(path), [task], "mean").to(device)
     dev = load_split(task, "dev", args.data_dir)
     encode = timer.seconds(lambda: predict(model, tokenizer, task, dev, 64, device), warmup=0) / len(dev)
     sets = []

@@ -8,7 +8,8 @@ Bidirectional Transformers"; the layer itself is Vaswani et al. 2017's post-LN t
 
 Module and parameter names follow the Hugging Face checkpoints (`encoder.layer.3.attention.
 self.query.weight`, ...), so `from_pretrained` loads any BERT folder by name, with no
-renaming table to read.
+renaming table to read. RoBERTa and DistilBERT are this model with a few changes, each written
+where it acts in minknn/backbones.py, which also decides from config.json which one a folder holds.
 
 Padding costs little here. A batch padded to its longest example (B, T) holds N real tokens, and
 on short sentences N is about half of B T. Every matmul, GELU and LayerNorm works on each token
@@ -36,13 +37,13 @@ from minknn.safetensors import load_safetensors
 # (and what another value would need). Hugging Face writes only non-default options, so a plain
 # BERT folder names few of these; any other value is refused rather than run differently.
 NOT_IMPLEMENTED = {
-    "model_type": ("bert", "another architecture"),
     "hidden_act": ("gelu", "another activation"),
     "position_embedding_type": ("absolute", "relative position embeddings"),
     "is_decoder": (False, "a decoder's causal mask"),
     "add_cross_attention": (False, "cross-attention layers"),
     "pruned_heads": ({}, "pruned attention heads"),
 }
+ARCHITECTURES = ("bert", "roberta", "distilbert")  # config.json's model_type: minknn/backbones.py
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
 # --attention: "explicit" runs attention() below, as written; "fused" runs PyTorch's
 # F.scaled_dot_product_attention, which computes the same thing in one kernel (tests/test_bert.py
@@ -65,6 +66,15 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
+    model_type: str = "bert"  # which of ARCHITECTURES (minknn/backbones.py says what each changes)
+
+    @property
+    def max_tokens(self):
+        """The longest sequence the position table holds: RoBERTa's positions start after its
+        padding index (minknn/backbones.py), so 514 positions hold 512 tokens."""
+        if self.model_type == "roberta":
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
 
     @classmethod
     def from_dict(cls, d, source="config.json"):
@@ -80,7 +90,9 @@ class BertConfig:
                                   f"{json.dumps(only)}")
         for f in fields(cls):
             v = d.get(f.name, f.default)
-            if f.name == "pad_token_id":
+            if f.name == "model_type":
+                ok, want = v in ARCHITECTURES, f"one of {', '.join(ARCHITECTURES)}"
+            elif f.name == "pad_token_id":
                 ok, want = v is None or (type(v) is int and v >= 0), "a whole number >= 0, or null"
             elif f.type is int:
                 ok, want = type(v) is int and v >= 1, "a whole number >= 1"
@@ -95,6 +107,13 @@ class BertConfig:
             raise MinknnError(f"{source}: hidden_size {config.hidden_size} is not a multiple of "
                               f"num_attention_heads {config.num_attention_heads}; each head "
                               f"takes hidden_size / num_attention_heads dimensions")
+        if config.model_type == "roberta" and config.pad_token_id is None:
+            raise MinknnError(f"{source}: pad_token_id is null, but RoBERTa's positions start "
+                              f"after it (minknn/backbones.py)")
+        if config.max_tokens < 1:
+            raise MinknnError(f"{source}: max_position_embeddings {config.max_position_embeddings} "
+                              f"leaves no position for a token after RoBERTa's padding index "
+                              f"{config.pad_token_id}")
         if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
             raise MinknnError(f"{source}: pad_token_id {config.pad_token_id} is not a row of the "
                               f"{config.vocab_size}-row embedding (vocab_size)")
@@ -297,12 +316,16 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
+    # What RoBERTa and DistilBERT change of this class (minknn/backbones.py): the embeddings, the
+    # pooler (they have none), the checkpoints' prefix and heads, and the weights' names.
+    Embeddings, pooler_class, prefix, heads = BertEmbeddings, BertPooler, "bert.", HEADS
+
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = self.Embeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = self.pooler_class(config) if self.pooler_class else None
         self.apply(self._init_weights)
 
     @staticmethod
@@ -316,9 +339,12 @@ class BertModel(nn.Module):
         """input_ids, attention_mask, token_type_ids: (B, T) integer tensors; attention_mask is
         1 for real tokens and 0 for padding. Returns the last hidden states (B, T, H), and with
         pooled=True also the pooler's output (B, H)."""
-        if input_ids.size(1) > self.config.max_position_embeddings:
+        if input_ids.size(1) > self.config.max_tokens:
             raise MinknnError(f"sequence of {input_ids.size(1)} tokens is longer than the model's "
-                              f"{self.config.max_position_embeddings} positions; lower --max_len")
+                              f"{self.config.max_tokens} positions; lower --max_len")
+        if pooled and self.pooler is None:
+            raise MinknnError(f"{self.config.model_type} has no pooler; pool the hidden states "
+                              f"(--pooling)")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         packing = Packing(attention_mask)  # the layers see the real tokens only (the docstring)
@@ -337,23 +363,28 @@ class BertModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path):
         """Builds the model from a Hugging Face-format BERT folder: config.json and
-        model.safetensors (or pytorch_model.bin). Every weight is loaded by name."""
+        model.safetensors (or pytorch_model.bin). Every weight is loaded by name. (Any of
+        ARCHITECTURES' folders: minknn.backbones.from_pretrained.)"""
         path = resolve_model_path(path)
-        model = cls(read_config(path))
+        config = read_config(path)
+        if config.model_type != "bert":
+            raise MinknnError(f"{path}: holds a {config.model_type} model; load it with "
+                              f"minknn.backbones.from_pretrained")
+        model = cls(config)
         model.load_weights(*read_weights(path))
         return model
 
     def load_weights(self, state, source="the weights"):
-        """Loads a Hugging Face BERT state dict (source: its file, for messages), dropping the
-        `bert.` prefix of task models. Task and pre-training heads (HEADS) are left out, named in
+        """Loads a Hugging Face state dict (source: its file, for messages), dropping the prefix
+        of task models (`bert.`). Task and pre-training heads (self.heads) are left out, named in
         one printed note; a missing, unexpected, wrongly shaped or non-finite tensor is an error."""
         weights, heads = {}, {}
         for name, v in state.items():
-            k = name.removeprefix("bert.")
-            if k.startswith(HEADS):
+            k = self.own_name(name.removeprefix(self.prefix))
+            if k.startswith(self.heads):
                 head = k.split(".")[0] + ".*"
                 heads[head] = heads.get(head, 0) + 1
-            elif k != "embeddings.position_ids":  # a buffer holding 0, 1, 2, ...: nothing learned
+            elif k not in BUFFERS:
                 check_finite(name, v, source)
                 weights[k] = v
         if heads:
@@ -361,6 +392,15 @@ class BertModel(nn.Module):
                   f"use: {', '.join(f'{h} ({n})' for h, n in heads.items())}")
         check_fits(self.state_dict(), weights, source, "config.json")
         self.load_state_dict({k: v.float() for k, v in weights.items()})
+
+    @staticmethod
+    def own_name(name):
+        """A checkpoint's tensor name as this model calls it: BERT's are the same."""
+        return name
+
+
+# buffers some checkpoints hold (0, 1, 2, ... and zeros): nothing learned, so nothing to load
+BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 
 def check_fits(own, state, source, built_from):

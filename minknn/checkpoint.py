@@ -50,7 +50,7 @@ from minknn.bert import BertConfig, check_finite, check_fits, read_json, read_we
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
-from minknn.tokenizer import Tokenizer
+from minknn.tokenizer import RobertaTokenizer, Tokenizer
 
 FORMAT = "minknn-checkpoint-2"
 
@@ -171,6 +171,7 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
         "tokenizer": tokenizer.options,
+        **({"merges": tokenizer.merges} if isinstance(tokenizer, RobertaTokenizer) else {}),
         "model": state, "loss": losses.state_dict(), "epoch": epoch, "dev": dev,
         **({"memory": memory.state_dict()} if memory is not None else {}),
         **({"data": data} if data is not None else {}),
@@ -278,8 +279,14 @@ def rebuild(ckpt):
                           f"checkpoint (train the run again)")
     # the tokenizer's options; a checkpoint that stored only `lowercase` used the defaults
     options = ckpt.get("tokenizer", {"lowercase": ckpt["lowercase"]})
-    tokenizer = Tokenizer(ckpt["vocab"], max_len=ckpt["max_len"], **options)
     config = BertConfig.from_dict(ckpt["bert_config"], f"{name}: bert_config")
+    if config.model_type == "roberta":  # byte-level BPE: its merges were saved with the vocabulary
+        if not isinstance(ckpt.get("merges"), list):
+            raise MinknnError(f"{name}: has no merges (RoBERTa's BPE rules); it is not a whole "
+                              f"minknn checkpoint (train the run again)")
+        tokenizer = RobertaTokenizer(ckpt["vocab"], ckpt["merges"], ckpt["max_len"], **options)
+    else:
+        tokenizer = Tokenizer(ckpt["vocab"], max_len=ckpt["max_len"], **options)
     model = Model.from_config(config, checkpoint_tasks(ckpt), args["pooling"], args["pair_mode"],
                               args["decoupled"])
     if base is not None:  # the frozen encoder: the run's config, the base model's weights

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minknn.bert import BertModel
+from minknn import backbones
 from minknn.kinds import kind_of
 
 POOLINGS = ("cls", "mean", "max")
@@ -120,4 +120,4 @@ class Model(nn.Module):
 
     @classmethod
     def from_config(cls, bert_config, tasks, pooling, pair_mode="cross", decoupled=False):
-        return cls(BertModel(bert_config), tasks, pooling, pair_mode, decoupled=decoupled)
+        return cls(backbones.build(bert_config), tasks, pooling, pair_mode, decoupled=decoupled)

@@ -1,4 +1,5 @@
-"""WordPiece tokenisation for BERT, through the `tokenizers` package.
+"""WordPiece tokenisation for BERT and DistilBERT, byte-level BPE for RoBERTa, through the
+`tokenizers` package.
 
     "A great film!"           -> [CLS] a great film ! [SEP]                token types 0 ... 0
     ("Is it?", "Yes it is.")  -> [CLS] is it ? [SEP] yes it is . [SEP]   token types 0 ... 0 1 ... 1
@@ -9,6 +10,12 @@ BertTokenizer's options and defaults; its fast tokenizer lets them override toke
     strip_accents           "café" -> "cafe"; null: strip when lower-casing  (default null)
     tokenize_chinese_chars  a space around each CJK character, so each is a word  (default true)
 
+RoBERTa (RobertaTokenizer) splits bytes, not words: vocab.json + merges.txt are GPT-2's byte-level
+BPE (Radford et al. 2019), so no text is [UNK] and nothing is lower-cased; a space belongs to the
+word after it ("Ġgreat"). Its templates:
+    "A great film!"           -> <s> A Ġgreat Ġfilm ! </s>
+    ("Is it?", "Yes it is.")  -> <s> Is Ġit ? </s></s> Yes Ġit Ġis . </s>     token types all 0
+
 A batch is padded to its longest sequence, not to --max_len: SST sentences average ~25
 tokens, so padding every batch to 64 or 128 would spend most of the CPU time on padding.
 Sequences longer than max_len are truncated (for pairs, the longer text loses tokens first).
@@ -17,10 +24,13 @@ import json
 import os
 
 import torch
-from tokenizers import BertWordPieceTokenizer
+from tokenizers import AddedToken, BertWordPieceTokenizer
+from tokenizers import Tokenizer as BpeEngine
+from tokenizers import models, pre_tokenizers, processors
 
 from minknn import MinknnError
-from minknn.bert import read_config, read_json
+from minknn.backbones import read_config
+from minknn.bert import read_json
 
 # tokenizer_config.json key -> (our option, default, the values it may take)
 OPTIONS = {"do_lower_case": ("lowercase", True, (True, False)),
@@ -47,28 +57,22 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, path, max_len=128):
-        """Reads vocab.txt and tokenizer_config.json from a BERT folder, and checks them against
-        its config.json: every token needs a row of the embedding, and max_len a position."""
+        """The tokenizer of a model folder, as its config.json's model_type says: RoBERTa's BPE
+        (RobertaTokenizer), else WordPiece from vocab.txt and tokenizer_config.json. Checked
+        against config.json: every token needs a row of the embedding, and max_len a position."""
+        config = read_config(path)
+        if config.model_type == "roberta":
+            return RobertaTokenizer.read(path, config, max_len)
         vocab_path = os.path.join(path, "vocab.txt")
         if not os.path.exists(vocab_path):
-            raise MinknnError(f"{vocab_path}: not found (a BERT folder needs vocab.txt)")
+            raise MinknnError(f"{vocab_path}: not found (a {config.model_type} folder needs "
+                              f"vocab.txt)")
         try:
             with open(vocab_path, encoding="utf-8") as f:
                 vocab = [line.rstrip("\n") for line in f]
         except UnicodeDecodeError as e:
             raise MinknnError(f"{vocab_path}: not UTF-8 text ({e})") from None
-        config = read_config(path)
-        if len(vocab) > config.vocab_size:
-            raise MinknnError(f"{vocab_path}: {len(vocab)} tokens, but config.json's vocab_size "
-                              f"gives the embedding only {config.vocab_size} rows")
-        if len(vocab) < 0.9 * config.vocab_size:  # a few spare rows are common; most, never
-            raise MinknnError(f"{vocab_path}: {len(vocab)} tokens for a {config.vocab_size}-row "
-                              f"embedding (config.json's vocab_size); the vocabulary and the "
-                              f"weights do not belong together")
-        if max_len > config.max_position_embeddings:
-            raise MinknnError(f"--max_len {max_len} is longer than the model's "
-                              f"{config.max_position_embeddings} positions (config.json's "
-                              f"max_position_embeddings); use at most that")
+        check_fits_config(vocab_path, len(vocab), config, max_len)
         return cls(vocab, max_len=max_len, **read_options(path))
 
     def encode(self, texts, texts_b=None):
@@ -92,6 +96,91 @@ class Tokenizer:
 
     def __call__(self, texts, texts_b=None):
         return self.pad(self.encode(texts, texts_b))
+
+
+class RobertaTokenizer(Tokenizer):
+    SPECIAL = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+
+    def __init__(self, vocab, merges, max_len=128, add_prefix_space=False):
+        """vocab: the BPE tokens in id order (vocab.json's keys sorted by id); merges: the merge
+        rules in order, each "a b" (the lines of merges.txt); add_prefix_space as in
+        tokenizer_config.json (a space before the first word, so it reads as one mid-sentence)."""
+        self.vocab, self.merges, self.max_len = list(vocab), list(merges), max_len
+        self.options, self.lowercase = dict(add_prefix_space=add_prefix_space), False
+        ids = {w: i for i, w in enumerate(self.vocab)}
+        for special in self.SPECIAL:
+            if special not in ids:
+                raise MinknnError(f"the vocabulary has no {special} token")
+        self.tok = BpeEngine(models.BPE(ids, [tuple(m.split(" ")) for m in self.merges]))
+        # bytes -> printable characters (a space is Ġ), split as GPT-2 splits words
+        self.tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
+        # <s> a </s> and <s> a </s></s> b </s>, token types all 0 (the module docstring)
+        self.tok.post_processor = processors.RobertaProcessing(
+            ("</s>", ids["</s>"]), ("<s>", ids["<s>"]), add_prefix_space=add_prefix_space)
+        # the special tokens stay whole when a text contains them; <mask> takes the space before
+        # it, as RoBERTa's own tokenizer does
+        self.tok.add_special_tokens([AddedToken(t, lstrip=t == "<mask>") for t in self.SPECIAL])
+        self.tok.enable_truncation(max_len)
+        self.pad_id = ids["<pad>"]
+
+    @classmethod
+    def read(cls, path, config, max_len):
+        """From a RoBERTa folder: vocab.json + merges.txt, else tokenizer.json's BPE model."""
+        vocab_file, merges_file = (os.path.join(path, f) for f in ("vocab.json", "merges.txt"))
+        if os.path.exists(vocab_file) and os.path.exists(merges_file):
+            vocab, merges, source = read_json(vocab_file), read_merges(merges_file), vocab_file
+        elif os.path.exists(os.path.join(path, "tokenizer.json")):
+            source = os.path.join(path, "tokenizer.json")
+            model = read_json(source).get("model", {})
+            if model.get("type") != "BPE":
+                raise MinknnError(f"{source}: not a BPE tokenizer (model type "
+                                  f"{json.dumps(model.get('type'))}); RoBERTa's is BPE")
+            vocab, merges = model.get("vocab"), [m if isinstance(m, str) else " ".join(m)
+                                                 for m in model.get("merges", [])]
+        else:
+            raise MinknnError(f"{path}: has neither vocab.json + merges.txt nor tokenizer.json "
+                              f"(a roberta folder needs its BPE vocabulary)")
+        if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
+            raise MinknnError(f"{source}: the vocabulary is not a map of tokens to the ids "
+                              f"0, 1, 2, ... (one each)")
+        check_fits_config(source, len(vocab), config, max_len)
+        options = read_json(os.path.join(path, "tokenizer_config.json")) if os.path.exists(
+            os.path.join(path, "tokenizer_config.json")) else {}
+        prefix = options.get("add_prefix_space", False) if isinstance(options, dict) else None
+        if not isinstance(prefix, bool):
+            raise MinknnError(f"{os.path.join(path, 'tokenizer_config.json')}: add_prefix_space "
+                              f"is {json.dumps(prefix)}; it must be true or false")
+        return cls(sorted(vocab, key=vocab.get), merges, max_len, add_prefix_space=prefix)
+
+
+def read_merges(path):
+    """merges.txt's rules, "a b" each, in order (its "#version" line and blank lines left out)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as e:
+        raise MinknnError(f"{path}: not UTF-8 text ({e})") from None
+    merges = [m for m in lines if m and not m.startswith("#version")]
+    for row, m in enumerate(merges, 1):
+        if len(m.split(" ")) != 2:
+            raise MinknnError(f"{path}: rule {row} '{m}' is not two tokens separated by a space")
+    return merges
+
+
+def check_fits_config(file, n, config, max_len):
+    """A vocabulary of n tokens read from `file` and --max_len, against the config.json."""
+    if n > config.vocab_size:
+        raise MinknnError(f"{file}: {n} tokens, but config.json's vocab_size gives the embedding "
+                          f"only {config.vocab_size} rows")
+    if n < 0.9 * config.vocab_size:  # a few spare rows are common; most, never
+        raise MinknnError(f"{file}: {n} tokens for a {config.vocab_size}-row embedding "
+                          f"(config.json's vocab_size); the vocabulary and the weights do not "
+                          f"belong together")
+    if max_len > config.max_tokens:
+        raise MinknnError(f"--max_len {max_len} is longer than the model's {config.max_tokens} "
+                          f"positions (config.json's max_position_embeddings"
+                          f"{', less the padding index and 1 for RoBERTa' if config.model_type == 'roberta' else ''}"
+                          f"); use at most that")
 
 
 def read_options(path):

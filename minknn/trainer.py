@@ -47,7 +47,8 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from minknn import MinknnError
-from minknn.bert import BertModel, resolve_model_path
+from minknn import backbones
+from minknn.bert import resolve_model_path
 from minknn.checkpoint import base_model, save_checkpoint, signals_held
 from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
                          require_labels, run_data, training_examples)
@@ -106,7 +107,7 @@ def build(args, make_optimizer, examples=None, device=None):
     device = device or pick_device(args.device)
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
-    bert = BertModel.from_pretrained(model_path).set_attention(args.attention)  # and its weights
+    bert = backbones.from_pretrained(model_path).set_attention(args.attention)  # and its weights
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = read_last(args, bert, base, model_path) if args.resume else None

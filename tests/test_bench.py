@@ -60,7 +60,7 @@ def test_bad_flags_are_one_line_before_anything_runs(argv, says, tiny_bert_dir, 
         pytest.fail(f"bench.py {' '.join(argv)}: work started before the flags were checked")
     for name in ("bench_epoch", "bench_ddp", "bench_grid", "bench_knn", "bench_multitask", "bench_index"):
         monkeypatch.setattr(bench, name, nothing_slow)
-    monkeypatch.setattr(bench.BertModel, "from_pretrained", nothing_slow)
+    monkeypatch.setattr(bench.backbones, "from_pretrained", nothing_slow)
     argv = [tiny_bert_dir if a is None else a for a in argv]
     with pytest.raises(SystemExit) as exit_:
         run(lambda: bench.main(argv))
