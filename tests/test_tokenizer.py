@@ -242,10 +242,12 @@ def test_roberta_add_prefix_space_from_tokenizer_config(tmp_path):
     on = Tokenizer.from_folder(bpe_folder(tmp_path / "on", tokenizer_config={"add_prefix_space": True}))
     assert on.options == {"add_prefix_space": True}
     assert tokens(on, ["the film"], ["a film"]) == [
-        ["<s>", "Ġthe", "Ġfilm", "</s>", "</s>", "Ġa", "Ġfilm", "</s>"]]
+        ["<s>", "Ġthe", "Ġfilm", "</s>", "</s>", "Ġa", "Ġfilm", "</s>"]], \
+        "tokenizer_config.json's add_prefix_space true must reach the BPE's pre-tokenizer"
     for config in ({"add_prefix_space": False}, {}, None):
         off = Tokenizer.from_folder(bpe_folder(tmp_path / "off", tokenizer_config=config))
-        assert tokens(off, ["the film"]) == [["<s>", "the", "Ġfilm", "</s>"]], config
+        assert tokens(off, ["the film"]) == [["<s>", "the", "Ġfilm", "</s>"]], \
+            f"tokenizer_config.json {config}: add_prefix_space is false (its default)"
 
 
 # texts whose bytes are not all merged: accents, emoji, other scripts, spaces
