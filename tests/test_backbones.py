@@ -1,0 +1,126 @@
+"""RoBERTa and DistilBERT (minknn/backbones.py) and their tokenizers (minknn/tokenizer.py)."""
+import os
+
+import pytest
+import torch
+
+from minknn import backbones
+from minknn.tokenizer import Tokenizer
+
+# Parity with transformers, from stored outputs
+#
+# tests/fixtures/backbones_golden.pt holds what Hugging Face transformers' tokenizers
+# (RobertaTokenizerFast, DistilBertTokenizerFast) and encoders (RobertaModel, DistilBertModel,
+# eager attention, eval, fp32) give on the tiny random folders of tests/hf_folders.py (seed 0; the
+# conftest fixtures tiny_roberta_dir and tiny_distilbert_dir), for four batches: single texts and
+# pairs, padded, and the same truncated at max_len 16, with accents, emoji, Japanese, Cyrillic,
+# Arabic, double and leading spaces, digits and punctuation. tests/fixtures/make_backbones.py made
+# it (it needs transformers; these tests do not). Ids must be identical; hidden states equal within
+# atol 1e-5, rtol 1e-4 on real tokens (padding positions are not compared: transformers computes
+# values there, minknn leaves zeros).
+
+GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "fixtures", "backbones_golden.pt"),
+                    weights_only=True)
+KINDS = ("roberta", "distilbert")
+BATCHES = ("singles", "pairs", "truncated singles", "truncated pairs")
+CASES = [pytest.param(kind, batch, id=f"{kind}-{batch.replace(' ', '_')}")
+         for kind in KINDS for batch in BATCHES]
+REFERENCE = f"transformers {GOLDEN['transformers_version']}'s (tests/fixtures/backbones_golden.pt)"
+
+
+@pytest.fixture
+def folder(request):
+    kind = request.node.callspec.params["kind"]
+    return request.getfixturevalue(f"tiny_{kind}_dir")
+
+
+def texts_of(golden, i):
+    a, b = golden["texts"][i], golden["texts_b"] and golden["texts_b"][i]
+    return repr(a) if b is None else f"({a!r}, {b!r})"
+
+
+def assert_close_on_real_tokens(h, g, what):
+    """h (B, T, H) against the stored last hidden states on real tokens; the message names `what`,
+    and the text and token where the difference is largest."""
+    real = g["attention_mask"].bool()
+    assert h.shape[:2] == real.shape, f"{what}: hidden states of shape {tuple(h.shape)}, " \
+                                      f"for a batch of {tuple(real.shape)} tokens"
+    diff = ((h - g["last_hidden_state"]).abs().amax(-1) * real).nan_to_num(float("inf"))
+    i, t = divmod(diff.argmax().item(), diff.size(1))
+    torch.testing.assert_close(h[real], g["last_hidden_state"][real], atol=1e-5, rtol=1e-4,
+                               msg=lambda m: f"{what}: the last hidden states on real tokens "
+                               f"differ from {REFERENCE}, most at text {i} {texts_of(g, i)}, "
+                               f"token {t} of {real[i].sum().item()}: {m}")
+
+
+def test_golden_covers_what_it_claims():
+    """The fixture itself: padding, truncation at max_len, pairs and non-Latin text in it, so a
+    regenerated file that lost one of them does not pass the tests below for nothing."""
+    for kind in KINDS:
+        g = GOLDEN[kind]
+        assert g["singles"]["attention_mask"].min() == 0 and g["pairs"]["texts_b"], kind
+        for batch in ("truncated singles", "truncated pairs"):
+            lengths = g[batch]["attention_mask"].sum(1)
+            assert (lengths == g[batch]["max_len"]).any() and (lengths < g[batch]["max_len"]).any()
+        texts = " ".join(g["singles"]["texts"] + g["pairs"]["texts"] + g["pairs"]["texts_b"])
+        for sample in ("é", "ï", "😀", "日本", "Москва", "هذا", "  "):
+            assert sample in texts, (kind, sample)
+
+
+@pytest.mark.parametrize("kind,batch", CASES)
+def test_tokenizer_ids_equal_transformers(kind, batch, folder):
+    """minknn's tokenizer (Tokenizer.from_folder) gives transformers' ids and attention mask,
+    exactly: the BPE or WordPiece split, the special tokens and pair template, the truncation of
+    the longer text first, the padding id; and for RoBERTa every token type 0."""
+    g = GOLDEN[kind][batch]
+    got = Tokenizer.from_folder(folder, max_len=g["max_len"])(g["texts"], g["texts_b"])
+    want_ids, want_mask = g["input_ids"], g["attention_mask"]
+    for i in range(len(g["texts"])):
+        ours, theirs = (x[i][m[i].bool()].tolist() for x, m in ((got["input_ids"], got["attention_mask"]),
+                                                                 (want_ids, want_mask)))
+        assert ours == theirs, (f"{kind}, batch '{batch}' (max_len {g['max_len']}): the token ids "
+                                f"of text {i} {texts_of(g, i)} differ from {REFERENCE}:\n"
+                                f"  minknn       {ours}\n  transformers {theirs}")
+    assert got["input_ids"].shape == want_ids.shape, (
+        f"{kind}, batch '{batch}': input_ids padded to {tuple(got['input_ids'].shape)}, "
+        f"transformers to {tuple(want_ids.shape)} (the longest example's length)")
+    assert got["attention_mask"].tolist() == want_mask.tolist(), (
+        f"{kind}, batch '{batch}': the attention mask differs from {REFERENCE} (1 on each text's "
+        f"tokens, 0 on the padding after them)")
+    pads = [x[want_mask == 0].unique().tolist() for x in (got["input_ids"], want_ids)]
+    assert pads[0] == pads[1], (f"{kind}, batch '{batch}': minknn pads with ids {pads[0]}, "
+                                f"{REFERENCE} with {pads[1]} (the pad token's id)")
+    if kind == "roberta":  # type_vocab_size 1: a pair is told apart by </s></s>, not by type 1
+        for i, types in enumerate(got["token_type_ids"].tolist()):
+            assert not any(types), (
+                f"roberta, batch '{batch}': the token types of text {i} {texts_of(g, i)} are "
+                f"{types}; RoBERTa has one token type (type_vocab_size 1), so every token, of "
+                f"either text, is type 0")
+
+
+@pytest.mark.parametrize("how", ("fused", "explicit"))
+@pytest.mark.parametrize("kind,batch", CASES)
+def test_hidden_states_equal_transformers(kind, batch, how, folder):
+    """minknn's encoder (backbones.from_pretrained) on transformers' own ids gives its last hidden
+    states on every real token: the weight names, RoBERTa's positions from padding_idx + 1 and its
+    one-row token-type table, DistilBERT's layer, the attention mask."""
+    g = GOLDEN[kind][batch]
+    model = backbones.from_pretrained(folder).eval()
+    model.set_attention(how)
+    with torch.no_grad():
+        h = model(g["input_ids"], g["attention_mask"])
+    assert_close_on_real_tokens(h, g, f"{kind}, batch '{batch}', {how} attention")
+
+
+@pytest.mark.parametrize("kind,batch", CASES)
+def test_text_to_hidden_states_equal_transformers(kind, batch, folder):
+    """The whole path a run takes, texts -> minknn's tokenizer -> minknn's encoder, token types
+    included, gives transformers' hidden states (a tokenizer and an encoder that each pass alone
+    but disagree on what the token types mean fail here)."""
+    g = GOLDEN[kind][batch]
+    model = backbones.from_pretrained(folder).eval()
+    batch_in = Tokenizer.from_folder(folder, max_len=g["max_len"])(g["texts"], g["texts_b"])
+    with torch.no_grad():
+        h = model(batch_in["input_ids"], batch_in["attention_mask"], batch_in["token_type_ids"])
+    assert_close_on_real_tokens(h, g, f"{kind}, batch '{batch}', from the texts through "
+                                      f"minknn's tokenizer and encoder")
