@@ -1,6 +1,6 @@
 """What minknn's work costs, one subcommand each, every figure a ratio measured side by side in one run.
 
-    python bench.py model        # the hand-written BERT against Hugging Face's BertModel: examples/s, MFU
+    python bench.py model        # the hand-written encoder against Hugging Face's (BERT, RoBERTa, DistilBERT): examples/s, MFU
     python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
     python bench.py ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
     python bench.py grid         # the runner's 20 cells with --jobs 2 against --jobs 1
@@ -155,21 +155,27 @@ def check_transformers():
 # model: the hand-written BERT against Hugging Face's, step for step, on random tokens
 
 class Reference(nn.Module):
-    """Hugging Face's BertModel behind the same call signature as ours."""
+    """Hugging Face's model of the folder's architecture (BertModel, RobertaModel or
+    DistilBertModel) behind the same call signature as ours."""
 
     def __init__(self, transformers, path):
         super().__init__()
-        self.hf = transformers.BertModel.from_pretrained(path, add_pooling_layer=False)
-        self.config = self.hf.config
+        self.config = read_config(path)  # ours: Model reads its hidden size and dropout
+        kind = self.config.model_type
+        name = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel"}
+        pooler = {} if kind == "distilbert" else {"add_pooling_layer": False}  # minknn has none
+        self.hf = getattr(transformers, name[kind]).from_pretrained(path, **pooler)
+        self.types = kind != "distilbert"  # DistilBERT takes no token types
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
+        types = {"token_type_ids": token_type_ids} if self.types else {}
         return self.hf(input_ids=input_ids, attention_mask=attention_mask,
-                       token_type_ids=token_type_ids).last_hidden_state
+                       **types).last_hidden_state
 
 
 def bench_model(args, device, timer, out):
     path = resolve_model_path(args.model)
-    positions = read_config(path).max_position_embeddings
+    positions = read_config(path).max_tokens
     if max(args.lengths) > positions:
         raise MinknnError(f"--lengths {max(args.lengths)}: longer than the model's {positions} "
                           f"positions")

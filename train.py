@@ -100,7 +100,8 @@ def make_parser():
     g.add_argument("--max_eval", type=int, help="score a fixed subset of N dev examples per "
                    "task (default: all)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="minilm", help="minilm (the default weights), or a folder")
+    g.add_argument("--model", default="minilm", help="minilm (the default weights), or a Hugging "
+                   "Face BERT, RoBERTa or DistilBERT folder")
     g.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
                    help="finetune trains everything; pretrain freezes BERT, trains the heads")
     g.add_argument("--pooling", default="mean", choices=POOLINGS, help="z from the hidden states")

@@ -453,8 +453,8 @@ def read_json(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
-        raise MinknnError(f"{path}: not found (a BERT folder needs config.json, weights and "
-                          f"vocab.txt)") from None
+        raise MinknnError(f"{path}: not found (a model folder needs config.json, its weights "
+                          f"and its vocabulary)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MinknnError(f"{path}: not valid JSON ({e})") from None
     except OSError as e:

@@ -5,7 +5,7 @@
     logits = W dropout(z) + b         (B, C)    the task's head (minknn/kinds.py says its shape)
 
 Pooling (--pooling):
-    cls   z = h[:, 0], the [CLS] token's last hidden state
+    cls   z = h[:, 0], the first token's last hidden state ([CLS]; RoBERTa's <s>)
     mean  z = sum_t m_t h_t / sum_t m_t, the average over real tokens (m is the attention mask)
     max   z_d = max over real tokens t of h_t,d
 The representation z (before dropout) is what the metric-learning losses and, by default, the kNN
