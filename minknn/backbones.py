@@ -35,13 +35,14 @@ class RobertaEmbeddings(BertEmbeddings):
         BERT's sum, E = Dropout(LayerNorm(word[x] + position[i] + token_type[t])), with RoBERTa's
         positions."""
         # RoBERTa keeps fairseq's numbering: position padding_idx belongs to padding, and a real
-        # token's position is padding_idx + 1 + the count of real tokens before it in its row.
-        # Padding comes last in each row (Tokenizer.pad), so that count is the token's index in
-        # its row: positions padding_idx + 1, ..., padding_idx + T (hence roberta-base's 514
-        # positions for 512 tokens). Counting from 0, as BERT does, would read the wrong rows.
-        first = self.word_embeddings.padding_idx + 1
-        positions = first + torch.arange(input_ids.size(1), device=input_ids.device)
-        positions = positions.expand_as(input_ids)
+        # token's position is padding_idx + 1 + the count of real tokens before it in its row:
+        # padding_idx + 1, ..., padding_idx + T (hence roberta-base's 514 positions for 512
+        # tokens). Counting from 0, as BERT does, would read the wrong rows. A token is real when
+        # its id is not the padding id, as fairseq and transformers count: a "<pad>" written in
+        # a text is that id, takes position padding_idx, and is not counted.
+        pad = self.word_embeddings.padding_idx
+        real = (input_ids != pad).long()
+        positions = pad + real.cumsum(1) * real  # (B, T)
         ids, positions, types = (packing.pack(x) for x in (input_ids, positions, token_type_ids))
         # token_type_embeddings has one row (type_vocab_size 1): every token is type 0
         e = (self.word_embeddings(ids) + self.position_embeddings(positions)
@@ -122,6 +123,8 @@ def config_from_dict(d, source="config.json"):
     if model_type not in ARCHITECTURES:
         raise MinknnError(f"{source}: model_type {json.dumps(model_type)} is not implemented; "
                           f"minknn's encoder runs {', '.join(ARCHITECTURES)}")
+    if model_type == "roberta":  # transformers' RobertaConfig defaults, where they are not BERT's
+        d = {"pad_token_id": 1, "vocab_size": 50265, **d}
     if model_type == "distilbert":
         if d.get("sinusoidal_pos_embds", False) is not False:
             raise MinknnError(f"{source}: sinusoidal_pos_embds {json.dumps(d['sinusoidal_pos_embds'])}"
