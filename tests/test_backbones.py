@@ -76,8 +76,8 @@ def test_tokenizer_ids_equal_transformers(kind, batch, folder):
     got = Tokenizer.from_folder(folder, max_len=g["max_len"])(g["texts"], g["texts_b"])
     want_ids, want_mask = g["input_ids"], g["attention_mask"]
     for i in range(len(g["texts"])):
-        ours, theirs = (x[i][m[i].bool()].tolist() for x, m in ((got["input_ids"], got["attention_mask"]),
-                                                                 (want_ids, want_mask)))
+        ours = got["input_ids"][i][got["attention_mask"][i].bool()].tolist()
+        theirs = want_ids[i][want_mask[i].bool()].tolist()
         assert ours == theirs, (f"{kind}, batch '{batch}' (max_len {g['max_len']}): the token ids "
                                 f"of text {i} {texts_of(g, i)} differ from {REFERENCE}:\n"
                                 f"  minknn       {ours}\n  transformers {theirs}")
