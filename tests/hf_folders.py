@@ -13,8 +13,11 @@ The values are random, seeded, and not the usual 1 and 0 of LayerNorm weights an
     every bias                N(0, 0.02)
 so a LayerNorm or a bias loaded into the wrong place, or not at all, changes the outputs.
 
-    write_roberta(folder, seed=0, pooler=False, **config)   vocab.json + merges.txt (fixtures/bpe)
-    write_distilbert(folder, seed=0, **config)              vocab.txt (conftest.tiny_vocab), uncased
+    write_roberta(folder, seed=0, pooler=False, vocab=None, merges=None, **config)
+        vocab.json + merges.txt: tests/fixtures/bpe unless given; no pooler, as roberta-base
+    write_distilbert(folder, seed=0, vocab=None, **config)
+        vocab.txt: conftest.tiny_vocab() unless given; tokenizer_config.json: do_lower_case
+(**config: config.json's keys to change, e.g. hidden_size=768.)
 """
 import json
 import os
