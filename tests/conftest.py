@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random BERT folder in the Hugging Face layout, and the tiny datasets.
+"""Shared fixtures: a tiny random BERT folder in the Hugging Face layout, and the tiny datasets;
+tiny RoBERTa and DistilBERT folders (tests/hf_folders.py).
 
 The tiny BERT (2 layers, 32 wide) is written with the same file formats as a real one
 (config.json, model.safetensors, vocab.txt), so the whole loading path is exercised in
@@ -13,6 +14,7 @@ import torch
 
 from minknn.bert import BertConfig, BertModel
 from minknn.safetensors import save_safetensors
+from hf_folders import write_distilbert, write_roberta
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 DATA = os.path.join(FIXTURES, "data")
@@ -64,6 +66,23 @@ def tiny_bert_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bert(tiny_bert_dir):
     return BertModel.from_pretrained(tiny_bert_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta_dir(tmp_path_factory):
+    """A tiny random RoBERTa folder (tests/hf_folders.py, seed 0: the one whose transformers
+    outputs tests/fixtures/backbones_golden.pt holds). Read it; do not change it."""
+    folder = str(tmp_path_factory.mktemp("tiny-roberta"))
+    write_roberta(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert_dir(tmp_path_factory):
+    """A tiny random DistilBERT folder, as tiny_roberta_dir."""
+    folder = str(tmp_path_factory.mktemp("tiny-distilbert"))
+    write_distilbert(folder)
+    return folder
 
 
 @pytest.fixture
