@@ -13,8 +13,11 @@ The values are random, seeded, and not the usual 1 and 0 of LayerNorm weights an
     every bias                N(0, 0.02)
 so a LayerNorm or a bias loaded into the wrong place, or not at all, changes the outputs.
 
-    write_roberta(folder, seed=0, pooler=False, **config)     vocab.json + merges.txt (tests/fixtures/bpe)
-    write_distilbert(folder, seed=0, **config)                vocab.txt (conftest.tiny_vocab), lower-cased
+    write_roberta(folder, seed=0, pooler=False, vocab=None, merges=None, **config)
+        vocab.json + merges.txt: tests/fixtures/bpe unless given; no pooler, as roberta-base
+    write_distilbert(folder, seed=0, vocab=None, **config)
+        vocab.txt: conftest.tiny_vocab() unless given; tokenizer_config.json: do_lower_case
+(**config: config.json's keys to change, e.g. hidden_size=768.)
 """
 import json
 import os
@@ -24,7 +27,7 @@ import torch
 from minknn.safetensors import save_safetensors
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-BPE = os.path.join(FIXTURES, "bpe")  # a byte-level BPE trained on tests/fixtures/data (make_backbones.py)
+BPE = os.path.join(FIXTURES, "bpe")  # a byte-level BPE trained on fixtures/data (make_backbones.py)
 
 # roberta-base's config.json, made tiny: 64 tokens fit, as positions start after padding_idx = 1
 ROBERTA = dict(model_type="roberta", architectures=["RobertaForMaskedLM"], hidden_size=32,
@@ -84,7 +87,8 @@ def distilbert_shapes(c):
     for i in range(c["n_layers"]):
         p = f"distilbert.transformer.layer.{i}."
         shapes.update({**linear(p + "attention.q_lin", D, D), **linear(p + "attention.k_lin", D, D),
-                       **linear(p + "attention.v_lin", D, D), **linear(p + "attention.out_lin", D, D),
+                       **linear(p + "attention.v_lin", D, D),
+                       **linear(p + "attention.out_lin", D, D),
                        **layer_norm(p + "sa_layer_norm", D),
                        **linear(p + "ffn.lin1", F, D), **linear(p + "ffn.lin2", D, F),
                        **layer_norm(p + "output_layer_norm", D)})

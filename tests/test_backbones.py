@@ -6,6 +6,8 @@ import shutil
 
 import pytest
 import torch
+from tokenizers import Tokenizer as BpeEngine
+from tokenizers import models
 
 import evaluate
 import minknn.bert
@@ -57,6 +59,15 @@ def texts_of(golden, i):
     return repr(a) if b is None else f"({a!r}, {b!r})"
 
 
+def assert_same_ids(got, g, what):
+    """Each text's real token ids in `got` (a tokenizer's batch) against the stored ones."""
+    for i in range(len(g["texts"])):
+        ours = got["input_ids"][i][got["attention_mask"][i].bool()].tolist()
+        theirs = g["input_ids"][i][g["attention_mask"][i].bool()].tolist()
+        assert ours == theirs, (f"{what}: the token ids of text {i} {texts_of(g, i)} differ from "
+                                f"{REFERENCE}:\n  minknn       {ours}\n  transformers {theirs}")
+
+
 def assert_close_on_real_tokens(h, g, what):
     """h (B, T, H) against the stored last hidden states on real tokens; the message names `what`,
     and the text and token where the difference is largest."""
@@ -93,12 +104,7 @@ def test_tokenizer_ids_equal_transformers(kind, batch, folder):
     g = GOLDEN[kind][batch]
     got = Tokenizer.from_folder(folder, max_len=g["max_len"])(g["texts"], g["texts_b"])
     want_ids, want_mask = g["input_ids"], g["attention_mask"]
-    for i in range(len(g["texts"])):
-        ours, theirs = (x[i][m[i].bool()].tolist() for x, m in ((got["input_ids"], got["attention_mask"]),
-                                                                 (want_ids, want_mask)))
-        assert ours == theirs, (f"{kind}, batch '{batch}' (max_len {g['max_len']}): the token ids "
-                                f"of text {i} {texts_of(g, i)} differ from {REFERENCE}:\n"
-                                f"  minknn       {ours}\n  transformers {theirs}")
+    assert_same_ids(got, g, f"{kind}, batch '{batch}' (max_len {g['max_len']})")
     assert got["input_ids"].shape == want_ids.shape, (
         f"{kind}, batch '{batch}': input_ids padded to {tuple(got['input_ids'].shape)}, "
         f"transformers to {tuple(want_ids.shape)} (the longest example's length)")
@@ -142,6 +148,26 @@ def test_text_to_hidden_states_equal_transformers(kind, batch, folder):
         h = model(batch_in["input_ids"], batch_in["attention_mask"], batch_in["token_type_ids"])
     assert_close_on_real_tokens(h, g, f"{kind}, batch '{batch}', from the texts through "
                                       f"minknn's tokenizer and encoder")
+
+
+@pytest.mark.parametrize("merges_as", ("pairs", "strings"))
+def test_roberta_tokenizer_json_gives_transformers_ids(merges_as, tiny_roberta_dir, tmp_path):
+    """A RoBERTa folder with tokenizer.json instead of vocab.json + merges.txt gives the same ids.
+    Its merges are ["a", "b"] pairs as tokenizers writes them now, or "a b" strings as older files
+    (roberta-base's own tokenizer.json) hold them."""
+    folder = tmp_path / "roberta"
+    shutil.copytree(tiny_roberta_dir, folder, ignore=shutil.ignore_patterns("vocab.json", "merges.txt"))
+    bpe = models.BPE.from_file(*(os.path.join(tiny_roberta_dir, f) for f in ("vocab.json", "merges.txt")))
+    BpeEngine(bpe).save(str(folder / "tokenizer.json"))
+    if merges_as == "strings":
+        saved = json.loads((folder / "tokenizer.json").read_text())
+        saved["model"]["merges"] = [" ".join(m) for m in saved["model"]["merges"]]
+        (folder / "tokenizer.json").write_text(json.dumps(saved))
+    for batch in BATCHES:
+        g = GOLDEN["roberta"][batch]
+        got = Tokenizer.from_folder(str(folder), max_len=g["max_len"])(g["texts"], g["texts_b"])
+        assert_same_ids(got, g, f"roberta from tokenizer.json (merges as {merges_as}), batch "
+                                f"'{batch}'")
 
 
 # Configs, weights and names
