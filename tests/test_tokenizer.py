@@ -250,31 +250,6 @@ def test_roberta_add_prefix_space_from_tokenizer_config(tmp_path):
             f"tokenizer_config.json {config}: add_prefix_space is false (its default)"
 
 
-# texts whose bytes are not all merged: accents, emoji, other scripts, spaces
-BPE_TEXTS = ["the film", " the  film ", "Café naïve 😀", "日本語 the film", "Москва", "the\tfilm\n"]
-
-
-@pytest.mark.parametrize("merges_as", ["pairs", "strings"])
-def test_roberta_tokenizer_json_gives_the_ids_of_vocab_json_and_merges_txt(tmp_path, merges_as):
-    """A folder with only tokenizer.json (its BPE model: vocab and merges, written by `tokenizers`
-    itself) tokenises as vocab.json + merges.txt do; merges are ["a", "b"] pairs in newer files,
-    "a b" strings in older ones."""
-    files = Tokenizer.from_folder(bpe_folder(tmp_path / "files", tokenizer_config={"add_prefix_space": True}))
-    path = bpe_folder(tmp_path / "json", tokenizer_config={"add_prefix_space": True})
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(bpe_vocab(), [tuple(m.split()) for m in MERGES]))
-    bpe.save(os.path.join(path, "tokenizer.json"))
-    saved = json.load(open(os.path.join(path, "tokenizer.json")))
-    saved["model"]["merges"] = [" ".join(m) if merges_as == "strings" else m.split() if isinstance(m, str) else m
-                                for m in saved["model"]["merges"]]
-    json.dump(saved, open(os.path.join(path, "tokenizer.json"), "w"))
-    os.remove(os.path.join(path, "vocab.json"))
-    os.remove(os.path.join(path, "merges.txt"))
-    from_json = Tokenizer.from_folder(path)
-    assert from_json.merges == files.merges and from_json.vocab == files.vocab
-    assert from_json.encode(BPE_TEXTS) == files.encode(BPE_TEXTS)
-    assert from_json.encode(BPE_TEXTS, BPE_TEXTS[::-1]) == files.encode(BPE_TEXTS, BPE_TEXTS[::-1])
-
-
 @pytest.mark.parametrize("change, says", [
     ("no vocabulary files", "{path}: has neither vocab.json + merges.txt nor tokenizer.json"),
     ("no merges.txt", "{path}: has neither vocab.json + merges.txt nor tokenizer.json"),
