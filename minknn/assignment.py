@@ -371,11 +371,11 @@ to `explicit` (your `attention()`); `--attention fused` runs PyTorch's kernel in
 CPU the two take the same time (RESULTS.md, `bench.py model`); on a GPU the fused one should be
 faster (unmeasured).
 """
-    backbones = "" if not {"attention", "layer"} & set(parts) else """
+    backbones = "" if not {"embeddings", "attention", "layer"} & set(parts) else """
 The parts are BERT's, and the tests grade them on BERT. RoBERTa and DistilBERT
-(`minknn/backbones.py`) reuse them: only their embeddings are written in that file, and their
-layers are your attention and transformer layer, so your BERT runs all three (`--model` a RoBERTa
-or DistilBERT folder).
+(`minknn/backbones.py`) reuse them: that file changes only their tables (RoBERTa's positions,
+DistilBERT's missing token types) and runs your embeddings, attention and layer, so your BERT runs
+all three (`--model` a RoBERTa or DistilBERT folder).
 """
     rows = "\n".join(f"| {NUMBER[n]} | {n} | `{BY_NAME[n].file}` | {BY_NAME[n].statement} | "
                      f"{BY_NAME[n].source} | `{BY_NAME[n].test}` |" for n in parts)
