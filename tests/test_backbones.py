@@ -327,7 +327,7 @@ def test_distilberts_names_matter_query_and_key_swapped_load_otherwise(tmp_path)
     folder = str(tmp_path / "d")
     weights = write_distilbert(folder)
     model = backbones.from_pretrained(folder).eval()
-    q, k = "distilbert.transformer.layer.0.attention.q_lin.weight", "distilbert.transformer.layer.0.attention.k_lin.weight"
+    q, k = (f"distilbert.transformer.layer.0.attention.{m}.weight" for m in ("q_lin", "k_lin"))
     rewrite_weights(folder, {**weights, q: weights[k], k: weights[q]})
     swapped = backbones.from_pretrained(folder).eval()
     attention = model.encoder.layer[0].attention.self
@@ -351,7 +351,8 @@ def test_a_missing_tensor_is_named(kind, drop, says, tmp_path):
     rewrite_weights(folder, {n: v for n, v in weights.items() if n != drop})
     with pytest.raises(MinknnError) as e:
         backbones.from_pretrained(folder)
-    assert says in str(e.value) and str(e.value).startswith(f"{folder}/model.safetensors: ") and one_line(e), str(e.value)
+    assert str(e.value).startswith(f"{folder}/model.safetensors: ") and says in str(e.value), str(e.value)
+    assert one_line(e)
 
 
 def test_an_unexpected_tensor_is_named(tmp_path):
@@ -455,7 +456,8 @@ def test_robertas_embeddings_gradients_and_the_position_rows_they_reach():
     emb.zero_grad()
     emb(input_ids, torch.zeros_like(input_ids), Packing(attention_mask)).pow(2).sum().backward()
     reached = emb.position_embeddings.weight.grad.abs().sum(1).nonzero().squeeze(1).tolist()
-    assert reached == [2, 3, 4, 5], f"RoBERTa's 4-token row reads position rows {reached}, not 2 to 5 (padding_idx 1 + 1 on)"
+    assert reached == [2, 3, 4, 5], \
+        f"RoBERTa's 4-token row reads position rows {reached}, not 2 to 5 (padding_idx 1 + 1 on)"
 
 
 def test_distilbert_has_no_token_types():
@@ -579,7 +581,8 @@ def test_train_evaluate_and_a_rebuilt_checkpoint_on_each_backbone(kind, folder, 
     trained = predict(saved["model"], saved["tokenizer"], task, dev, 8, torch.device("cpu"))
     rebuilt = predict(model, tokenizer, task, dev, 8, torch.device("cpu"))
     for what, a, b in zip(("logits", "representations"), rebuilt, trained):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"{kind}: the rebuilt checkpoint's {what} differ: {m}")
+        torch.testing.assert_close(a, b, rtol=0, atol=0,
+                                   msg=lambda m: f"{kind}: the rebuilt checkpoint's {what} differ: {m}")
     scored = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--device", "cpu"])["sst"]
     assert (scored["acc"], scored["macro_f1"]) == (summary["dev"]["sst"]["acc"], summary["dev"]["sst"]["macro_f1"])
 
@@ -643,7 +646,8 @@ def test_a_stopped_roberta_run_resumes_as_if_never_stopped(tiny_roberta_dir, dat
     assert stopped.value.code == 130, capsys.readouterr().err
     monkeypatch.setattr(train, "train_step", real_step)
     train.main(["--resume", str(tmp_path / "stopped")])
-    assert_same_run(tmp_path / "alone", tmp_path / "stopped", "roberta, --loss knnbert resumed after epoch 1", final=True)
+    assert_same_run(tmp_path / "alone", tmp_path / "stopped", "roberta, --loss knnbert resumed after epoch 1",
+                    final=True)
 
 
 def test_the_runner_on_a_roberta_folder(tiny_roberta_dir, tmp_path):

@@ -262,7 +262,8 @@ def test_roberta_add_prefix_space_from_tokenizer_config(tmp_path):
     ("add_prefix_space a string", '{path}/tokenizer_config.json: add_prefix_space is "yes"; it must be true or false'),
     ("tokenizer_config.json a list", "{path}/tokenizer_config.json: not a JSON object"),
     ("no <pad>", "{path}/vocab.json: has no <pad> token"),
-    ("vocab_size too small", "{path}/vocab.json: {n} tokens, but config.json's vocab_size gives the embedding only {m} rows"),
+    ("vocab_size too small",
+     "{path}/vocab.json: {n} tokens, but config.json's vocab_size gives the embedding only {m} rows"),
     ("tokenizer.json of WordPiece", '{path}/tokenizer.json: not a BPE tokenizer (model type "WordPiece")'),
     ("tokenizer.json with a rule of three tokens", "{path}/tokenizer.json: rule 2 't he x' is not two tokens"),
 ])
