@@ -131,13 +131,17 @@ class RobertaTokenizer(Tokenizer):
             source, rules = vocab_file, merges_file
         elif os.path.exists(os.path.join(path, "tokenizer.json")):
             source = rules = os.path.join(path, "tokenizer.json")
-            model = read_json(source).get("model", {})
-            if model.get("type") != "BPE":
-                raise MinknnError(f"{source}: not a BPE tokenizer (model type "
-                                  f"{json.dumps(model.get('type'))}); RoBERTa's is BPE")
+            model = read_json(source)
+            model = model.get("model") if isinstance(model, dict) else None
+            kind = model.get("type") if isinstance(model, dict) else None
+            if kind != "BPE":
+                raise MinknnError(f"{source}: not a BPE tokenizer (model type {json.dumps(kind)}); "
+                                  f"RoBERTa's is BPE")
+            if not isinstance(model.get("merges"), list):
+                raise MinknnError(f"{source}: its BPE model has no list of merges")
             # newer files write each rule as ["a", "b"], older ones as "a b"
             vocab, merges = model.get("vocab"), [" ".join(m) if isinstance(m, list) else m
-                                                 for m in model.get("merges", [])]
+                                                 for m in model["merges"]]
         else:
             raise MinknnError(f"{path}: has neither vocab.json + merges.txt nor tokenizer.json "
                               f"(a roberta folder needs its BPE vocabulary)")
