@@ -266,6 +266,8 @@ def test_roberta_add_prefix_space_from_tokenizer_config(tmp_path):
      "{path}/vocab.json: {n} tokens, but config.json's vocab_size gives the embedding only {m} rows"),
     ("tokenizer.json of WordPiece", '{path}/tokenizer.json: not a BPE tokenizer (model type "WordPiece")'),
     ("tokenizer.json with a rule of three tokens", "{path}/tokenizer.json: rule 2 't he x' is not two tokens"),
+    ("tokenizer.json a list", "{path}/tokenizer.json: not a BPE tokenizer (model type null)"),
+    ("tokenizer.json without merges", "{path}/tokenizer.json: its BPE model has no list of merges"),
 ])
 def test_bad_roberta_folders_are_one_line_naming_the_file(tmp_path, change, says):
     vocab, merges, config, tokenizer_config = bpe_vocab(), list(MERGES), {}, None
@@ -304,6 +306,12 @@ def test_bad_roberta_folders_are_one_line_naming_the_file(tmp_path, change, says
         os.remove(os.path.join(path, "merges.txt"))
         model = {"type": "BPE", "vocab": vocab, "merges": [["h", "e"], ["t", "he", "x"]]}
         (tmp_path / "tokenizer.json").write_text(json.dumps({"model": model}))
+    elif change == "tokenizer.json without merges":
+        os.remove(os.path.join(path, "merges.txt"))
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}}))
+    elif change == "tokenizer.json a list":
+        os.remove(os.path.join(path, "merges.txt"))
+        (tmp_path / "tokenizer.json").write_text("[]")
     with pytest.raises(MinknnError) as e:
         Tokenizer.from_folder(path)
     want = says.format(path=path, n=len(vocab), m=len(vocab) - 1)
