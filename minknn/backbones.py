@@ -4,14 +4,14 @@ This file is also the one place that reads which of them a model folder holds (c
 
     RoBERTa (Liu et al. 2019)   the same post-LN transformer and the same weight names under
                                 `roberta.`; what differs:
-        positions               numbered from padding_idx + 1, not 0 (RobertaEmbeddings)
+        positions               numbered from padding_idx + 1, not 0 (RobertaPositions)
         token types             a table of one row: every token is type 0, and a pair is told
                                 apart by its separators, <s> a </s></s> b </s> (minknn/tokenizer.py)
         tokenizer               byte-level BPE (vocab.json + merges.txt), not WordPiece
         pooler                  none trained: roberta-base's checkpoint carries no pooler weights,
                                 and minknn pools the hidden states itself (minknn/model.py)
     DistilBERT (Sanh et al. 2019)   BERT with half the layers, distilled; what differs:
-        token types             none (DistilBertEmbeddings)
+        token types             none (NoTokenTypes)
         attention output        added to its input without dropout (DistilBertModel)
         config.json, weights    other names for the same numbers (DISTILBERT_CONFIG and
                                 DISTILBERT_NAMES translate them to BERT's)
@@ -23,30 +23,36 @@ import json
 import os
 
 import torch
+import torch.nn as nn
 
 from minknn import MinknnError
 from minknn.bert import (ARCHITECTURES, HEADS, BertConfig, BertEmbeddings, BertModel,
                          read_json, read_weights, resolve_model_path)
 
 
+class RobertaPositions(nn.Embedding):
+    """RoBERTa's position table. It keeps fairseq's numbering: row padding_idx belongs to padding,
+    and the token at index i of its row (0, 1, ..., as BERT counts) reads row padding_idx + 1 + i;
+    hence roberta-base's 514 rows for 512 tokens. Read from row 0, as BERT's, it would give every
+    token another position's vector."""
+
+    def __init__(self, config):
+        super().__init__(config.max_position_embeddings, config.hidden_size)
+        self.first = config.pad_token_id + 1
+
+    def forward(self, positions):
+        return super().forward(positions + self.first)
+
+
 class RobertaEmbeddings(BertEmbeddings):
-    def forward(self, input_ids, token_type_ids, packing):
-        """input_ids, token_type_ids: (B, T). Returns the real tokens' embeddings, packed: (N, H).
-        BERT's sum, E = Dropout(LayerNorm(word[x] + position[i] + token_type[t])), with RoBERTa's
-        positions."""
-        # RoBERTa keeps fairseq's numbering: position padding_idx belongs to padding, and a real
-        # token's position is padding_idx + 1 + the count of real tokens before it in its row.
-        # Padding comes last in each row (Tokenizer.pad), so that count is the token's index in
-        # its row: positions padding_idx + 1, ..., padding_idx + T (hence roberta-base's 514
-        # positions for 512 tokens). Counting from 0, as BERT does, would read the wrong rows.
-        first = self.word_embeddings.padding_idx + 1
-        positions = first + torch.arange(input_ids.size(1), device=input_ids.device)
-        positions = positions.expand_as(input_ids)
-        ids, positions, types = (packing.pack(x) for x in (input_ids, positions, token_type_ids))
-        # token_type_embeddings has one row (type_vocab_size 1): every token is type 0
-        e = (self.word_embeddings(ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings(types))
-        return self.dropout(self.LayerNorm(e))
+    """BERT's embeddings (BertEmbeddings.forward, unchanged) with RoBERTa's position table. Its
+    token-type table has one row (type_vocab_size 1): every token is type 0.
+    (transformers counts positions over the ids that are not <pad>, so there a "<pad>" written
+    inside a text takes no position; here, as every other token, it takes the next one.)"""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.position_embeddings = RobertaPositions(config)
 
 
 class RobertaModel(BertModel):
@@ -54,18 +60,25 @@ class RobertaModel(BertModel):
     heads = ("lm_head.", "classifier.", "pooler.")  # a pooler, when a checkpoint has one, unused
 
 
+class NoTokenTypes(nn.Module):
+    """DistilBERT has no token-type (segment) table: a token's type adds nothing (zeros, (N, H)),
+    and a pair's types are ignored (DistilBERT was trained without them). Nothing to load."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.register_buffer("zeros", torch.zeros(config.hidden_size), persistent=False)
+
+    def forward(self, types):
+        return self.zeros.expand(*types.shape, -1)
+
+
 class DistilBertEmbeddings(BertEmbeddings):
+    """BERT's embeddings (BertEmbeddings.forward, unchanged) without the token types:
+    E = Dropout(LayerNorm(word[x] + position[i]))."""
+
     def __init__(self, config):
         super().__init__(config)
-        del self.token_type_embeddings  # DistilBERT has no token-type (segment) embeddings
-
-    def forward(self, input_ids, token_type_ids, packing):
-        """As BertEmbeddings, without the token types: E = Dropout(LayerNorm(word[x] +
-        position[i])). The pair's token types are ignored (DistilBERT was trained without them)."""
-        positions = torch.arange(input_ids.size(1), device=input_ids.device).expand_as(input_ids)
-        ids, positions = packing.pack(input_ids), packing.pack(positions)
-        return self.dropout(self.LayerNorm(self.word_embeddings(ids)
-                                           + self.position_embeddings(positions)))
+        self.token_type_embeddings = NoTokenTypes(config)
 
 
 # DistilBERT's config.json keys -> BERT's, with DistilBERT's defaults (transformers'
@@ -122,6 +135,8 @@ def config_from_dict(d, source="config.json"):
     if model_type not in ARCHITECTURES:
         raise MinknnError(f"{source}: model_type {json.dumps(model_type)} is not implemented; "
                           f"minknn's encoder runs {', '.join(ARCHITECTURES)}")
+    if model_type == "roberta":  # transformers' RobertaConfig defaults, where they are not BERT's
+        d = {"pad_token_id": 1, "vocab_size": 50265, **d}
     if model_type == "distilbert":
         if d.get("sinusoidal_pos_embds", False) is not False:
             raise MinknnError(f"{source}: sinusoidal_pos_embds {json.dumps(d['sinusoidal_pos_embds'])}"

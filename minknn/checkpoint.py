@@ -4,8 +4,10 @@ A checkpoint is one torch.save'd dict:
     format       "minknn-checkpoint-2"
     args         the exact train.py arguments (a dict)
     tasks        task name -> {"kind", "labels", "pair"}, checked against the registry on loading
-    bert_config  the BERT config (a dict), so no model folder is needed to rebuild
+    bert_config  the encoder's config (a dict), so no model folder is needed to rebuild; its
+                 model_type is the architecture (bert, roberta or distilbert: minknn/backbones.py)
     vocab, lowercase, max_len, tokenizer   the tokenizer and its options (tokenizer_config.json)
+    merges       RoBERTa's only: its BPE rules, in order (the vocabulary alone cannot tokenise)
     model, loss  the state dicts of the model (encoder and heads) and of the tasks' losses
                  (proxies, when a loss has some)
     base_model   only when the encoder was frozen (--option pretrain): {"folder", "sha256"}, the

@@ -39,6 +39,8 @@ OPTIONS = {"do_lower_case": ("lowercase", True, (True, False)),
 
 
 class Tokenizer:
+    SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # what the templates and padding use
+
     def __init__(self, vocab, lowercase=True, max_len=128, strip_accents=None, chinese_chars=True):
         """vocab: the list of WordPiece tokens, in id order (the lines of vocab.txt); the other
         options as in tokenizer_config.json (above)."""
@@ -46,9 +48,7 @@ class Tokenizer:
         self.options = dict(lowercase=lowercase, strip_accents=strip_accents,
                             chinese_chars=chinese_chars)
         self.lowercase = lowercase  # the one option checkpoints stored before `options`
-        for special in ("[PAD]", "[UNK]", "[CLS]", "[SEP]"):
-            if special not in self.vocab:
-                raise MinknnError(f"the vocabulary has no {special} token")
+        check_special(self.vocab, self.SPECIAL)
         self.tok = BertWordPieceTokenizer({w: i for i, w in enumerate(self.vocab)},
                                           lowercase=lowercase, strip_accents=strip_accents,
                                           handle_chinese_chars=chinese_chars)
@@ -73,6 +73,7 @@ class Tokenizer:
         except UnicodeDecodeError as e:
             raise MinknnError(f"{vocab_path}: not UTF-8 text ({e})") from None
         check_fits_config(vocab_path, len(vocab), config, max_len)
+        check_special(vocab, cls.SPECIAL, vocab_path)
         return cls(vocab, max_len=max_len, **read_options(path))
 
     def encode(self, texts, texts_b=None):
@@ -108,9 +109,7 @@ class RobertaTokenizer(Tokenizer):
         self.vocab, self.merges, self.max_len = list(vocab), list(merges), max_len
         self.options, self.lowercase = dict(add_prefix_space=add_prefix_space), False
         ids = {w: i for i, w in enumerate(self.vocab)}
-        for special in self.SPECIAL:
-            if special not in ids:
-                raise MinknnError(f"the vocabulary has no {special} token")
+        check_special(ids, self.SPECIAL)
         self.tok = BpeEngine(models.BPE(ids, [tuple(m.split(" ")) for m in self.merges]))
         # bytes -> printable characters (a space is Ġ), split as GPT-2 splits words
         self.tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
@@ -128,15 +127,21 @@ class RobertaTokenizer(Tokenizer):
         """From a RoBERTa folder: vocab.json + merges.txt, else tokenizer.json's BPE model."""
         vocab_file, merges_file = (os.path.join(path, f) for f in ("vocab.json", "merges.txt"))
         if os.path.exists(vocab_file) and os.path.exists(merges_file):
-            vocab, merges, source = read_json(vocab_file), read_merges(merges_file), vocab_file
+            vocab, merges = read_json(vocab_file), read_merges(merges_file)
+            source, rules = vocab_file, merges_file
         elif os.path.exists(os.path.join(path, "tokenizer.json")):
-            source = os.path.join(path, "tokenizer.json")
-            model = read_json(source).get("model", {})
-            if model.get("type") != "BPE":
-                raise MinknnError(f"{source}: not a BPE tokenizer (model type "
-                                  f"{json.dumps(model.get('type'))}); RoBERTa's is BPE")
-            vocab, merges = model.get("vocab"), [m if isinstance(m, str) else " ".join(m)
-                                                 for m in model.get("merges", [])]
+            source = rules = os.path.join(path, "tokenizer.json")
+            model = read_json(source)
+            model = model.get("model") if isinstance(model, dict) else None
+            kind = model.get("type") if isinstance(model, dict) else None
+            if kind != "BPE":
+                raise MinknnError(f"{source}: not a BPE tokenizer (model type {json.dumps(kind)}); "
+                                  f"RoBERTa's is BPE")
+            if not isinstance(model.get("merges"), list):
+                raise MinknnError(f"{source}: its BPE model has no list of merges")
+            # newer files write each rule as ["a", "b"], older ones as "a b"
+            vocab, merges = model.get("vocab"), [" ".join(m) if isinstance(m, list) else m
+                                                 for m in model["merges"]]
         else:
             raise MinknnError(f"{path}: has neither vocab.json + merges.txt nor tokenizer.json "
                               f"(a roberta folder needs its BPE vocabulary)")
@@ -144,12 +149,16 @@ class RobertaTokenizer(Tokenizer):
             raise MinknnError(f"{source}: the vocabulary is not a map of tokens to the ids "
                               f"0, 1, 2, ... (one each)")
         check_fits_config(source, len(vocab), config, max_len)
-        options = read_json(os.path.join(path, "tokenizer_config.json")) if os.path.exists(
-            os.path.join(path, "tokenizer_config.json")) else {}
-        prefix = options.get("add_prefix_space", False) if isinstance(options, dict) else None
+        check_special(vocab, cls.SPECIAL, source)
+        check_merges(merges, vocab, rules, source)
+        file = os.path.join(path, "tokenizer_config.json")
+        options = read_json(file) if os.path.exists(file) else {}
+        if not isinstance(options, dict):
+            raise MinknnError(f"{file}: not a JSON object")
+        prefix = options.get("add_prefix_space", False)
         if not isinstance(prefix, bool):
-            raise MinknnError(f"{os.path.join(path, 'tokenizer_config.json')}: add_prefix_space "
-                              f"is {json.dumps(prefix)}; it must be true or false")
+            raise MinknnError(f"{file}: add_prefix_space is {json.dumps(prefix)}; it must be true "
+                              f"or false")
         return cls(sorted(vocab, key=vocab.get), merges, max_len, add_prefix_space=prefix)
 
 
@@ -160,11 +169,30 @@ def read_merges(path):
             lines = f.read().splitlines()
     except UnicodeDecodeError as e:
         raise MinknnError(f"{path}: not UTF-8 text ({e})") from None
-    merges = [m for m in lines if m and not m.startswith("#version")]
+    return [m for m in lines if m and not m.startswith("#version")]
+
+
+def check_merges(merges, vocab, file, vocab_file):
+    """Each BPE rule "a b" joins two tokens of the vocabulary into a third (`tokenizers` would
+    stop with an error, or a panic, on a rule that does not)."""
     for row, m in enumerate(merges, 1):
-        if len(m.split(" ")) != 2:
-            raise MinknnError(f"{path}: rule {row} '{m}' is not two tokens separated by a space")
-    return merges
+        pair = m.split(" ") if isinstance(m, str) else None
+        if pair is None or len(pair) != 2:
+            raise MinknnError(f"{file}: rule {row} {m!r} is not two tokens separated by a space")
+        for t in pair:
+            if t not in vocab:
+                raise MinknnError(f"{file}: rule {row} '{m}': '{t}' is not a token of "
+                                  f"{os.path.basename(vocab_file)}")
+        if "".join(pair) not in vocab:
+            raise MinknnError(f"{file}: rule {row} '{m}': its result '{''.join(pair)}' is not a "
+                              f"token of {os.path.basename(vocab_file)}")
+
+
+def check_special(vocab, special, file="the vocabulary"):
+    """A vocabulary (its tokens) must hold the special tokens its templates and padding use."""
+    for t in special:
+        if t not in vocab:
+            raise MinknnError(f"{file}: has no {t} token (the special tokens: {' '.join(special)})")
 
 
 def check_fits_config(file, n, config, max_len):

@@ -20,6 +20,7 @@ import torch
 import evaluate
 import minknn.moco
 import train
+from hf_folders import write_roberta
 from minknn import Terminated, run, runner
 from minknn.checkpoint import CHECKSUM, sealed
 from minknn.runs import lock_folder
@@ -46,6 +47,15 @@ def broken_model(edit):
         shutil.copytree(tiny, folder)
         edit(folder)
         return str(folder)
+    return make
+
+
+def roberta(edit):
+    """A tiny random RoBERTa folder (tests/hf_folders.py: 66 positions, 64 tokens), changed by edit(folder)."""
+    def make(tmp, tiny):
+        write_roberta(tmp / "model")
+        edit(tmp / "model")
+        return str(tmp / "model")
     return make
 
 
@@ -362,8 +372,18 @@ MODEL_CASES = [
      'config.json: position_embedding_type "relative_key" is not implemented'),
     ("config-pruned-heads", "train", trainer(model=broken_model(edit_config(pruned_heads={"0": [1]}))),
      "config.json: pruned_heads"),
-    ("config-roberta", "train", trainer(model=broken_model(edit_config(model_type="roberta"))),
-     'config.json: model_type "roberta" is not implemented'),
+    ("config-unknown-architecture", "train", trainer(model=broken_model(edit_config(model_type="albert"))),
+     'config.json: model_type "albert" is not implemented; minknn\'s encoder runs bert, roberta, distilbert'),
+    ("config-distilbert-sine-positions", "train",
+     trainer(model=broken_model(edit_config(model_type="distilbert", sinusoidal_pos_embds=True))),
+     "config.json: sinusoidal_pos_embds true is not implemented"),
+    ("roberta-without-its-bpe-files", "train", trainer(model=broken_model(edit_config(model_type="roberta"))),
+     "has neither vocab.json + merges.txt nor tokenizer.json"),
+    ("roberta-merges-rule-of-unknown-tokens", "train",
+     trainer(model=roberta(lambda f: (f / "merges.txt").write_text("#version: 0.2\nzz yy\n"))),
+     "merges.txt: rule 1 'zz yy': 'zz' is not a token of vocab.json"),
+    ("roberta-max-len-past-its-positions", "train", trainer("--max_len", "65", model=roberta(lambda f: None)),
+     "--max_len 65 is longer than the model's 64 positions"),
     ("tokenizer-config-malformed-json", "train",
      trainer(model=broken_model(lambda f: (f / "tokenizer_config.json").write_text("{do_lower_case: true}"))),
      "tokenizer_config.json: not valid JSON"),

@@ -9,7 +9,7 @@ import torch
 
 from minknn import MinknnError
 from minknn.bert import resolve_model_path
-from minknn.tokenizer import Tokenizer
+from minknn.tokenizer import RobertaTokenizer, Tokenizer
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
 
@@ -161,3 +161,164 @@ def test_vocabulary_and_max_len_must_fit_the_model(tmp_path):
     Tokenizer.from_folder(path, max_len=64)
     with pytest.raises(MinknnError, match="--max_len 65 is longer than the model's 64 positions"):
         Tokenizer.from_folder(path, max_len=65)
+
+
+# RoBERTa's byte-level BPE (RobertaTokenizer), on a hand-made vocabulary: its specials, the 256
+# byte characters, and a few merges, so that the tokens of a text can be written out by hand.
+SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]
+MERGES = ["h e", "t he", "Ġ the", "f i", "l m", "fi lm", "Ġ film", "Ġ a"]
+
+
+def bpe_vocab():
+    """{token: id}: the specials, the byte alphabet, the merges' results, <mask> last (as in
+    roberta-base's vocab.json)."""
+    tokens = SPECIAL + sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tokens += [m.replace(" ", "") for m in MERGES] + ["<mask>"]
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def bpe_folder(tmp_path, vocab=None, merges=None, tokenizer_config=None, **config):
+    """A RoBERTa tokenizer folder: vocab.json and merges.txt (its "#version" header first, as
+    GPT-2's), config.json (vocab_size fits the vocabulary unless given) and, when given,
+    tokenizer_config.json (a dict, or the file's text)."""
+    vocab = bpe_vocab() if vocab is None else vocab
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    lines = ["#version: 0.2"] + (MERGES if merges is None else merges)
+    (tmp_path / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "roberta", "vocab_size": len(vocab) if isinstance(vocab, dict) else 300,
+        "pad_token_id": 1, "max_position_embeddings": 514, **config}))
+    if tokenizer_config is not None:
+        text = tokenizer_config if isinstance(tokenizer_config, str) else json.dumps(tokenizer_config)
+        (tmp_path / "tokenizer_config.json").write_text(text)
+    return str(tmp_path)
+
+
+def tokens(tok, texts, texts_b=None):
+    """Each text's tokens, as strings."""
+    return [[tok.vocab[i] for i in ids] for ids, _ in tok.encode(texts, texts_b)]
+
+
+def test_roberta_templates_and_token_types(tmp_path):
+    """<s> a </s> and <s> a </s></s> b </s>, every token type 0 (RoBERTa has one type), padding
+    with <pad>; a space belongs to the word after it (Ġfilm), and the first word has none."""
+    tok = Tokenizer.from_folder(bpe_folder(tmp_path))
+    assert isinstance(tok, RobertaTokenizer), "a roberta folder's tokenizer is RobertaTokenizer"
+    assert tokens(tok, ["the film", "a"]) == [["<s>", "the", "Ġfilm", "</s>"], ["<s>", "a", "</s>"]]
+    assert tokens(tok, ["the film"], ["a film"]) == [
+        ["<s>", "the", "Ġfilm", "</s>", "</s>", "a", "Ġfilm", "</s>"]], \
+        "RoBERTa's pair template is <s> a </s></s> b </s> (two </s> between the texts)"
+    batch = tok(["the film", "a"], ["a film", "the"])
+    assert batch["token_type_ids"].tolist() == [[0] * 8] * 2, \
+        "RoBERTa's token types are all 0, in either text (type_vocab_size 1)"
+    assert batch["input_ids"][1].tolist()[-2:] == [1, 1] and tok.pad_id == 1, "pad with <pad>"
+    assert batch["attention_mask"].tolist() == [[1] * 8, [1] * 6 + [0] * 2]
+
+
+def test_roberta_truncates_to_max_len_the_longer_text_first(tmp_path):
+    tok = Tokenizer.from_folder(bpe_folder(tmp_path), max_len=8)
+    long = "the film the film the film"
+    assert tokens(tok, [long]) == [["<s>", "the", "Ġfilm", "Ġthe", "Ġfilm", "Ġthe", "Ġfilm", "</s>"]]
+    assert tokens(tok, [long + " the film"]) == tokens(tok, [long]), "truncated to max_len 8"
+    assert tokens(tok, [long], ["a film"]) == [["<s>", "the", "Ġfilm", "</s>", "</s>", "a", "Ġfilm", "</s>"]], \
+        "a pair loses tokens from its longer text first"
+    assert tokens(tok, ["a film"], [long]) == [["<s>", "a", "Ġfilm", "</s>", "</s>", "the", "Ġfilm", "</s>"]]
+    assert tokens(tok, [long], [long]) == [["<s>", "the", "Ġfilm", "</s>", "</s>", "the", "Ġfilm", "</s>"]], \
+        "two long texts: each loses tokens in turn"
+
+
+def test_roberta_special_tokens_in_text_stay_whole(tmp_path):
+    """<mask> (and every special token) written in a text is that token, not its characters;
+    <mask> takes the space before it, as roberta-base's tokenizer does."""
+    tok = Tokenizer.from_folder(bpe_folder(tmp_path))
+    assert tokens(tok, ["the <mask> film", "a</s>the"]) == [
+        ["<s>", "the", "<mask>", "Ġfilm", "</s>"], ["<s>", "a", "</s>", "the", "</s>"]]
+
+
+def test_roberta_add_prefix_space_from_tokenizer_config(tmp_path):
+    """add_prefix_space: a space before the first word (of each text), so it is tokenised as it
+    would be mid-sentence: Ġthe, not the."""
+    on = Tokenizer.from_folder(bpe_folder(tmp_path / "on", tokenizer_config={"add_prefix_space": True}))
+    assert on.options == {"add_prefix_space": True}
+    assert tokens(on, ["the film"], ["a film"]) == [
+        ["<s>", "Ġthe", "Ġfilm", "</s>", "</s>", "Ġa", "Ġfilm", "</s>"]], \
+        "tokenizer_config.json's add_prefix_space true must reach the BPE's pre-tokenizer"
+    for config in ({"add_prefix_space": False}, {}, None):
+        off = Tokenizer.from_folder(bpe_folder(tmp_path / "off", tokenizer_config=config))
+        assert tokens(off, ["the film"]) == [["<s>", "the", "Ġfilm", "</s>"]], \
+            f"tokenizer_config.json {config}: add_prefix_space is false (its default)"
+
+
+@pytest.mark.parametrize("change, says", [
+    ("no vocabulary files", "{path}: has neither vocab.json + merges.txt nor tokenizer.json"),
+    ("no merges.txt", "{path}: has neither vocab.json + merges.txt nor tokenizer.json"),
+    ("ids not 0..n-1", "{path}/vocab.json: the vocabulary is not a map of tokens to the ids 0, 1, 2"),
+    ("a list, not a map", "{path}/vocab.json: the vocabulary is not a map of tokens to the ids 0, 1, 2"),
+    ("not JSON", "{path}/vocab.json: not valid JSON"),
+    ("a rule of three tokens", "{path}/merges.txt: rule 3 'Ġ t he' is not two tokens separated by a space"),
+    ("a rule of an unknown token", "{path}/merges.txt: rule 2 'zz q': 'zz' is not a token of vocab.json"),
+    ("a rule whose result is unknown", "{path}/merges.txt: rule 1 'h e': its result 'he' is not a token of vocab.json"),
+    ("add_prefix_space a string", '{path}/tokenizer_config.json: add_prefix_space is "yes"; it must be true or false'),
+    ("tokenizer_config.json a list", "{path}/tokenizer_config.json: not a JSON object"),
+    ("no <pad>", "{path}/vocab.json: has no <pad> token"),
+    ("vocab_size too small",
+     "{path}/vocab.json: {n} tokens, but config.json's vocab_size gives the embedding only {m} rows"),
+    ("tokenizer.json of WordPiece", '{path}/tokenizer.json: not a BPE tokenizer (model type "WordPiece")'),
+    ("tokenizer.json with a rule of three tokens", "{path}/tokenizer.json: rule 2 't he x' is not two tokens"),
+    ("tokenizer.json a list", "{path}/tokenizer.json: not a BPE tokenizer (model type null)"),
+    ("tokenizer.json without merges", "{path}/tokenizer.json: its BPE model has no list of merges"),
+])
+def test_bad_roberta_folders_are_one_line_naming_the_file(tmp_path, change, says):
+    vocab, merges, config, tokenizer_config = bpe_vocab(), list(MERGES), {}, None
+    if change == "ids not 0..n-1":
+        vocab["<mask>"] += 1
+    elif change == "a list, not a map":
+        vocab = list(vocab)
+    elif change == "a rule of three tokens":
+        merges[2] = "Ġ t he"
+    elif change == "a rule of an unknown token":
+        merges.insert(1, "zz q")
+    elif change == "a rule whose result is unknown":
+        del vocab["he"]
+        vocab = {t: i for i, t in enumerate(vocab)}
+    elif change == "add_prefix_space a string":
+        tokenizer_config = {"add_prefix_space": "yes"}
+    elif change == "tokenizer_config.json a list":
+        tokenizer_config = "[true]"
+    elif change == "no <pad>":
+        vocab = {t: i for i, t in enumerate(t for t in vocab if t != "<pad>")}
+    elif change == "vocab_size too small":
+        config = {"vocab_size": len(vocab) - 1}
+    path = bpe_folder(tmp_path, vocab, merges, tokenizer_config, **config)
+    if change == "no vocabulary files":
+        os.remove(os.path.join(path, "vocab.json"))
+        os.remove(os.path.join(path, "merges.txt"))
+    elif change == "no merges.txt":
+        os.remove(os.path.join(path, "merges.txt"))
+    elif change == "not JSON":
+        (tmp_path / "vocab.json").write_text("{<s>: 0}")
+    elif change == "tokenizer.json of WordPiece":
+        os.remove(os.path.join(path, "merges.txt"))
+        wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
+        wordpiece.save(os.path.join(path, "tokenizer.json"))
+    elif change == "tokenizer.json with a rule of three tokens":
+        os.remove(os.path.join(path, "merges.txt"))
+        model = {"type": "BPE", "vocab": vocab, "merges": [["h", "e"], ["t", "he", "x"]]}
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"model": model}))
+    elif change == "tokenizer.json without merges":
+        os.remove(os.path.join(path, "merges.txt"))
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}}))
+    elif change == "tokenizer.json a list":
+        os.remove(os.path.join(path, "merges.txt"))
+        (tmp_path / "tokenizer.json").write_text("[]")
+    with pytest.raises(MinknnError) as e:
+        Tokenizer.from_folder(path)
+    want = says.format(path=path, n=len(vocab), m=len(vocab) - 1)
+    assert str(e.value).startswith(want) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_wordpiece_vocabulary_without_its_special_tokens_names_vocab_txt(tmp_path):
+    path = folder(tmp_path, [t for t in accent_vocab() if t != "[SEP]"])
+    with pytest.raises(MinknnError, match=re.escape(f"{path}/vocab.txt: has no [SEP] token")):
+        Tokenizer.from_folder(path)
