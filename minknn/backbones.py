@@ -138,7 +138,7 @@ def config_from_dict(d, source="config.json"):
     if model_type == "roberta":  # transformers' RobertaConfig defaults, where they are not BERT's
         d = {"pad_token_id": 1, "vocab_size": 50265, **d}
     if model_type == "distilbert":
-        if d.get("sinusoidal_pos_embds", False) is not False:
+        if d.get("sinusoidal_pos_embds", False):  # transformers reads it as a truth value
             raise MinknnError(f"{source}: sinusoidal_pos_embds {json.dumps(d['sinusoidal_pos_embds'])}"
                               f" is not implemented (fixed sine positions; the released DistilBERT "
                               f"checkpoints learn their positions, as BERT does)")

@@ -209,7 +209,8 @@ def test_distilbert_sine_positions_are_refused_saying_why():
         assert str(e.value).startswith(f"config.json: sinusoidal_pos_embds {json.dumps(value)} is "
                                        f"not implemented (fixed sine positions; the released "
                                        f"DistilBERT checkpoints learn their positions") and one_line(e)
-    assert backbones.config_from_dict({"model_type": "distilbert", "sinusoidal_pos_embds": False})
+    for value in (False, 0):  # transformers reads the flag as a truth value
+        assert backbones.config_from_dict({"model_type": "distilbert", "sinusoidal_pos_embds": value})
 
 
 def test_distilbert_activation_other_than_gelu_is_refused_naming_it():

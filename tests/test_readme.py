@@ -29,7 +29,8 @@ checked:
     assignment    nothing: writing an edition copies files, already quick
     bench.py      --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
 TINY is a random 2-layer BERT 32 wide (tests/conftest.py's, with 128 positions: bench.py knn
-encodes at length 128). Three things stand in for what would take long or reach outside:
+encodes at length 128); where the page's own --model names a RoBERTa or DistilBERT folder
+(`path/to/roberta-base`), TINY is a tiny one of that architecture (tests/hf_folders.py). Three things stand in for what would take long or reach outside:
 - A train line whose run a later `--resume` line continues is stopped by Ctrl-C in its second
   epoch (`--epochs 2 --steps_per_epoch 1` appended), the stop the resume line's comment means;
   the test expects its exit status 130 and then the resumed run to finish.
@@ -60,6 +61,7 @@ import minknn.data
 import minknn.runner
 import train
 from conftest import DATA, TINY, tiny_vocab
+from hf_folders import write_distilbert, write_roberta
 from minknn import run
 from minknn.bert import BertConfig, BertModel
 from minknn.data import DataError
@@ -208,11 +210,26 @@ def user(tmp_path_factory):
     return write_bert(str(base / "bert")), user_data(str(base / "data"))
 
 
+@pytest.fixture(scope="module")
+def tiny_models(user, tmp_path_factory):
+    """The tiny folder that stands in for a page's --model, by the architecture its name says."""
+    base = tmp_path_factory.mktemp("models")
+    for kind, write in (("roberta", write_roberta), ("distilbert", write_distilbert)):
+        write(str(base / kind))
+    return {"bert": user[0], "roberta": str(base / "roberta"), "distilbert": str(base / "distilbert")}
+
+
+def stand_in(args, models):
+    """The tiny model for a command: RoBERTa's or DistilBERT's where its --model names one."""
+    named = (flag(args, "--model") or "").lower()
+    return next((models[kind] for kind in ("distilbert", "roberta") if kind in named), models["bert"])
+
+
 # ------------------------------------------------------------------------ the tests
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_command_runs(page, user, tmp_path, monkeypatch, capsys):
-    model, data = user
+def test_every_command_runs(page, user, tiny_models, tmp_path, monkeypatch, capsys):
+    data = user[1]
     for name in ("train.py", "evaluate.py", "bench.py", "minknn"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     monkeypatch.chdir(tmp_path)
@@ -233,6 +250,7 @@ def test_every_command_runs(page, user, tmp_path, monkeypatch, capsys):
         if what is None:
             continue
         name, args = what
+        model = stand_in(args, tiny_models)
         argv = tiny_args(name, args, model, resumed)
         where = f"{page}:{number}: `{' '.join(words)}` (run as {name} {' '.join(argv).replace(model, 'TINY')})"
         stop = name == "train" and flag(args, "--out") in resumed
