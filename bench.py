@@ -1,6 +1,6 @@
 """What minknn's work costs, one subcommand each, every figure a ratio measured side by side in one run.
 
-    python bench.py model        # the hand-written encoder against Hugging Face's (BERT, RoBERTa, DistilBERT): examples/s, MFU
+    python bench.py model        # the hand-written encoder (BERT, RoBERTa, DistilBERT) against Hugging Face's
     python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
     python bench.py ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
     python bench.py grid         # the runner's 20 cells with --jobs 2 against --jobs 1

@@ -205,10 +205,10 @@ def check_fits_config(file, n, config, max_len):
                           f"(config.json's vocab_size); the vocabulary and the weights do not "
                           f"belong together")
     if max_len > config.max_tokens:
+        rows = "max_position_embeddings" if config.model_type != "roberta" else \
+            "max_position_embeddings less pad_token_id + 1, where RoBERTa's positions start"
         raise MinknnError(f"--max_len {max_len} is longer than the model's {config.max_tokens} "
-                          f"positions (config.json's max_position_embeddings"
-                          f"{', less the padding index and 1 for RoBERTa' if config.model_type == 'roberta' else ''}"
-                          f"); use at most that")
+                          f"positions (config.json's {rows}); use at most that")
 
 
 def read_options(path):
