@@ -121,6 +121,17 @@ class DistilBertModel(BertModel):
                     return f"encoder.layer.{n}.{ours}{rest[len(theirs):]}"
         return name  # the embeddings' names are BERT's; anything else is refused by name
 
+    @staticmethod
+    def file_name(name):
+        """encoder.layer.3.intermediate.dense.weight -> transformer.layer.3.ffn.lin1.weight, so
+        that a message names a tensor as the file does."""
+        if name.startswith("encoder.layer."):
+            _, _, n, rest = name.split(".", 3)
+            for theirs, ours in DISTILBERT_NAMES.items():
+                if rest.startswith(ours + "."):
+                    return f"transformer.layer.{n}.{theirs}{rest[len(ours):]}"
+        return name
+
 
 MODELS = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel}
 assert tuple(MODELS) == ARCHITECTURES
@@ -138,9 +149,10 @@ def config_from_dict(d, source="config.json"):
     if model_type == "roberta":  # transformers' RobertaConfig defaults, where they are not BERT's
         d = {"pad_token_id": 1, "vocab_size": 50265, **d}
     if model_type == "distilbert":
-        if d.get("sinusoidal_pos_embds", False):  # transformers reads it as a truth value
-            raise MinknnError(f"{source}: sinusoidal_pos_embds {json.dumps(d['sinusoidal_pos_embds'])}"
-                              f" is not implemented (fixed sine positions; the released DistilBERT "
+        sine = d.get("sinusoidal_pos_embds", False)  # transformers reads it as a truth value
+        if sine:
+            raise MinknnError(f"{source}: sinusoidal_pos_embds {json.dumps(sine)} is not "
+                              f"implemented (fixed sine positions; the released DistilBERT "
                               f"checkpoints learn their positions, as BERT does)")
         if d.get("activation", "gelu") != "gelu":
             raise MinknnError(f"{source}: activation {json.dumps(d['activation'])} is not "

@@ -390,7 +390,7 @@ class BertModel(nn.Module):
         if heads:
             print(f"note: {source}: ignoring {sum(heads.values())} tensors the encoder does not "
                   f"use: {', '.join(f'{h} ({n})' for h, n in heads.items())}")
-        check_fits(self.state_dict(), weights, source, "config.json")
+        check_fits(self.state_dict(), weights, source, "config.json", self.file_name)
         self.load_state_dict({k: v.float() for k, v in weights.items()})
 
     @staticmethod
@@ -398,16 +398,22 @@ class BertModel(nn.Module):
         """A checkpoint's tensor name as this model calls it: BERT's are the same."""
         return name
 
+    @staticmethod
+    def file_name(name):
+        """own_name's inverse, for messages: BERT's names are the file's."""
+        return name
+
 
 # buffers some checkpoints hold (0, 1, 2, ... and zeros): nothing learned, so nothing to load
 BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 
-def check_fits(own, state, source, built_from):
+def check_fits(own, state, source, built_from, shown=lambda name: name):
     """Refuses, in one line, a state dict that does not fit `own` (a module's state_dict()):
-    a tensor missing or unexpected, or of another shape. built_from: what made `own`."""
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
+    a tensor missing or unexpected, or of another shape. built_from: what made `own`; shown: a
+    tensor's name as the file would call it."""
+    missing = sorted(shown(k) for k in set(own) - set(state))
+    unexpected = sorted(shown(k) for k in set(state) - set(own))
     if missing or unexpected:
         names = [f"{what} {ks[:5]}{'...' if len(ks) > 5 else ''}"
                  for what, ks in (("missing", missing), ("unexpected", unexpected)) if ks]
@@ -415,8 +421,8 @@ def check_fits(own, state, source, built_from):
                           f"{'; '.join(names)}")
     for k, v in state.items():
         if v.shape != own[k].shape:
-            raise MinknnError(f"{source}: '{k}' has shape {tuple(v.shape)}, but the model built "
-                              f"from {built_from} has {tuple(own[k].shape)}")
+            raise MinknnError(f"{source}: '{shown(k)}' has shape {tuple(v.shape)}, but the model "
+                              f"built from {built_from} has {tuple(own[k].shape)}")
 
 
 def check_finite(name, v, source):
