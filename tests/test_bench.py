@@ -68,3 +68,22 @@ def test_bad_flags_are_one_line_before_anything_runs(argv, says, tiny_bert_dir, 
     assert exit_.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), \
         f"bench.py {' '.join(argv)}: exit {exit_.value.code}, stderr {err} (one line, `error: ...`, was expected)"
     assert says in err[0], f"bench.py {' '.join(argv)}: the error does not name {says!r}: {err[0]}"
+
+
+@pytest.mark.parametrize("kind", ["roberta", "distilbert"])
+def test_model_runs_on_every_backbone(kind, tiny_roberta_dir, tiny_distilbert_dir, monkeypatch, capsys):
+    """`bench.py model --model FOLDER` on a RoBERTa or DistilBERT folder: a row per length and
+    step, each ratio a number (without transformers, as in CI: no reference column). RoBERTa's
+    lengths stop at its 64 usable positions (66 rows, less padding_idx + 1), not at 66."""
+    folder = tiny_roberta_dir if kind == "roberta" else tiny_distilbert_dir
+    monkeypatch.setattr(bench, "check_transformers", lambda: None)
+    monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
+    run(lambda: bench.main(["model", "--model", folder, "--device", "cpu", "--lengths", "8,64",
+                            "--batch_size", "2", "--steps", "1", "--rounds", "1"]))
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| 8 |", "| 64 |"))]
+    assert len(rows) == 4, f"bench.py model on {kind}: expected 4 rows (2 lengths x train, inference), got {rows}"
+    if kind == "roberta":
+        with pytest.raises(SystemExit) as e:
+            run(lambda: bench.main(["model", "--model", folder, "--device", "cpu", "--lengths", "65"]))
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--lengths 65: longer than the model's 64 positions" in err, err
