@@ -56,7 +56,7 @@ class RobertaEmbeddings(BertEmbeddings):
 
 
 class RobertaModel(BertModel):
-    Embeddings, pooler_class, prefix = RobertaEmbeddings, None, "roberta."
+    embeddings_class, pooler_class, prefix = RobertaEmbeddings, None, "roberta."
     heads = ("lm_head.", "classifier.", "pooler.")  # a pooler, when a checkpoint has one, unused
 
 
@@ -102,7 +102,7 @@ DISTILBERT_NAMES = {"attention.q_lin": "attention.self.query",
 
 
 class DistilBertModel(BertModel):
-    Embeddings, pooler_class, prefix = DistilBertEmbeddings, None, "distilbert."
+    embeddings_class, pooler_class, prefix = DistilBertEmbeddings, None, "distilbert."
     heads = ("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.",
              *HEADS)
 

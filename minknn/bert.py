@@ -318,12 +318,12 @@ class BertPooler(nn.Module):
 class BertModel(nn.Module):
     # What RoBERTa and DistilBERT change of this class (minknn/backbones.py): the embeddings, the
     # pooler (they have none), the checkpoints' prefix and heads, and the weights' names.
-    Embeddings, pooler_class, prefix, heads = BertEmbeddings, BertPooler, "bert.", HEADS
+    embeddings_class, pooler_class, prefix, heads = BertEmbeddings, BertPooler, "bert.", HEADS
 
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.embeddings = self.Embeddings(config)
+        self.embeddings = self.embeddings_class(config)
         self.encoder = BertEncoder(config)
         self.pooler = self.pooler_class(config) if self.pooler_class else None
         self.apply(self._init_weights)

@@ -12,7 +12,6 @@ import torch
 
 from minknn import MinknnError
 from minknn import backbones
-from minknn.bert import resolve_model_path
 from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import eval_subset, examples_fingerprint
 from minknn.engine import pick_device, predict
@@ -129,7 +128,7 @@ def representation_map(ctx, task, ckpt, tokenizer, test, z_after, device, precis
     sample = [test[i] for i in rows]
 
     def before():
-        bert = backbones.from_pretrained(resolve_model_path(ckpt["args"]["model"]))
+        bert = backbones.from_pretrained(ckpt["args"]["model"])  # 'minilm' or a folder
         base = Model(bert, [task], ckpt["args"]["pooling"], ckpt["args"]["pair_mode"]).to(device)
         return predict(base, tokenizer, task, sample, 64, device, precision=precision)[1]
     z_before = ctx.cached(("before", task.name, len(test)), before)

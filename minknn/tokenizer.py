@@ -41,14 +41,15 @@ OPTIONS = {"do_lower_case": ("lowercase", True, (True, False)),
 class Tokenizer:
     SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # what the templates and padding use
 
-    def __init__(self, vocab, lowercase=True, max_len=128, strip_accents=None, chinese_chars=True):
+    def __init__(self, vocab, lowercase=True, max_len=128, strip_accents=None, chinese_chars=True,
+                 source="the vocabulary"):
         """vocab: the list of WordPiece tokens, in id order (the lines of vocab.txt); the other
-        options as in tokenizer_config.json (above)."""
+        options as in tokenizer_config.json (above); source: where vocab came from, for errors."""
         self.vocab, self.max_len = list(vocab), max_len
         self.options = dict(lowercase=lowercase, strip_accents=strip_accents,
                             chinese_chars=chinese_chars)
         self.lowercase = lowercase  # the one option checkpoints stored before `options`
-        check_special(self.vocab, self.SPECIAL)
+        check_special(self.vocab, self.SPECIAL, source)
         self.tok = BertWordPieceTokenizer({w: i for i, w in enumerate(self.vocab)},
                                           lowercase=lowercase, strip_accents=strip_accents,
                                           handle_chinese_chars=chinese_chars)
@@ -73,8 +74,7 @@ class Tokenizer:
         except UnicodeDecodeError as e:
             raise MinknnError(f"{vocab_path}: not UTF-8 text ({e})") from None
         check_fits_config(vocab_path, len(vocab), config, max_len)
-        check_special(vocab, cls.SPECIAL, vocab_path)
-        return cls(vocab, max_len=max_len, **read_options(path))
+        return cls(vocab, max_len=max_len, source=vocab_path, **read_options(path))
 
     def encode(self, texts, texts_b=None):
         """texts (and texts_b for pairs): lists of strings. Returns each example's token ids and
@@ -102,14 +102,15 @@ class Tokenizer:
 class RobertaTokenizer(Tokenizer):
     SPECIAL = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 
-    def __init__(self, vocab, merges, max_len=128, add_prefix_space=False):
+    def __init__(self, vocab, merges, max_len=128, add_prefix_space=False, source="the vocabulary"):
         """vocab: the BPE tokens in id order (vocab.json's keys sorted by id); merges: the merge
         rules in order, each "a b" (the lines of merges.txt); add_prefix_space as in
-        tokenizer_config.json (a space before the first word, so it reads as one mid-sentence)."""
+        tokenizer_config.json (a space before the first word, so it reads as one mid-sentence);
+        source: where vocab came from, for errors."""
         self.vocab, self.merges, self.max_len = list(vocab), list(merges), max_len
         self.options, self.lowercase = dict(add_prefix_space=add_prefix_space), False
         ids = {w: i for i, w in enumerate(self.vocab)}
-        check_special(ids, self.SPECIAL)
+        check_special(ids, self.SPECIAL, source)
         self.tok = BpeEngine(models.BPE(ids, [tuple(m.split(" ")) for m in self.merges]))
         # bytes -> printable characters (a space is Ġ), split as GPT-2 splits words
         self.tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
@@ -149,7 +150,6 @@ class RobertaTokenizer(Tokenizer):
             raise MinknnError(f"{source}: the vocabulary is not a map of tokens to the ids "
                               f"0, 1, 2, ... (one each)")
         check_fits_config(source, len(vocab), config, max_len)
-        check_special(vocab, cls.SPECIAL, source)
         check_merges(merges, vocab, rules, source)
         file = os.path.join(path, "tokenizer_config.json")
         options = read_json(file) if os.path.exists(file) else {}
@@ -159,7 +159,8 @@ class RobertaTokenizer(Tokenizer):
         if not isinstance(prefix, bool):
             raise MinknnError(f"{file}: add_prefix_space is {json.dumps(prefix)}; it must be true "
                               f"or false")
-        return cls(sorted(vocab, key=vocab.get), merges, max_len, add_prefix_space=prefix)
+        return cls(sorted(vocab, key=vocab.get), merges, max_len, add_prefix_space=prefix,
+                   source=source)
 
 
 def read_merges(path):

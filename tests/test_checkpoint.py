@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from minknn import MinknnError, Terminated, sigterm_raises
+from minknn import MinknnError, Terminated, backbones, sigterm_raises
 from minknn.bert import BertModel
 from minknn.checkpoint import (CHECKSUM, atomic_save, base_model, content_sha256, load_checkpoint, rebuild,
                                save_checkpoint)
@@ -51,6 +51,33 @@ def test_rebuild_from_checkpoint_alone(tiny_bert_dir, tmp_path):
     assert losses_again["sts"].loss == "l1" and list(again.heads) == ["sst"]  # a siamese sts score has no head
     assert ckpt["tasks"]["sst"] == {"kind": "classify", "labels": TASKS["sst"].labels, "pair": False}
     assert ckpt["args"] == ARGS
+
+
+@pytest.mark.parametrize("kind", ["roberta", "distilbert"])
+def test_a_checkpoint_rebuilds_its_architecture_and_tokenizer(kind, request, tmp_path):
+    """bert_config's model_type rebuilds a RobertaModel or DistilBertModel (not a BERT with their
+    weights' shapes), and a RoBERTa checkpoint its byte-level BPE from the merges saved beside the
+    vocabulary; one saved without them is refused in one line."""
+    folder = request.getfixturevalue(f"tiny_{kind}_dir")
+    torch.manual_seed(0)
+    model = Model(backbones.from_pretrained(folder), [TASKS["sst"]], ARGS["pooling"]).eval()
+    tok = Tokenizer.from_folder(folder, max_len=16)
+    save_checkpoint(tmp_path / "checkpoint.pt", model, build_losses(model, ARGS), tok, ARGS, epoch=1, dev={})
+    again, _, tok2 = rebuild(load_checkpoint(str(tmp_path)))
+    assert type(again.bert) is type(model.bert) and type(tok2) is type(tok), (
+        f"{kind}: rebuilt a {type(again.bert).__name__} with a {type(tok2).__name__}, "
+        f"saved a {type(model.bert).__name__} with a {type(tok).__name__}")
+    texts = ["the film is great", "ça, c'est très bien 😀"]
+    assert tok2(texts)["input_ids"].tolist() == tok(texts)["input_ids"].tolist(), \
+        f"{kind}: the rebuilt tokenizer's ids differ from the saved one's"
+    batch = tok(texts)
+    torch.testing.assert_close(again.eval()("sst", **batch).logits, model("sst", **batch).logits, rtol=0, atol=0,
+                               msg=f"{kind}: the rebuilt model's logits differ from the saved model's")
+    if kind == "roberta":
+        ckpt = load_checkpoint(str(tmp_path))
+        del ckpt["merges"]
+        with pytest.raises(MinknnError, match="has no merges"):
+            rebuild(ckpt)
 
 
 def test_interrupted_write_keeps_the_previous_checkpoint(tiny_bert_dir, tmp_path):
