@@ -357,17 +357,18 @@ def test_steps_trains_n_optimiser_steps_whatever_the_data(tiny_bert_dir, data_di
 def test_a_steps_run_with_a_probe_head_resumes_to_the_run_left_alone(tiny_bert_dir, data_dir, tmp_path,
                                                                      monkeypatch):
     """--steps and --head_init probe are the run's (run.json): Ctrl-C in epoch 2 of 3, then --resume, ends with the
-    records of the run left alone, after the 4 steps left of the 6; the resumed run does not fit the probe again
+    records of the run left alone, after the 6 steps left of the 9 (3 an epoch, where a pass over the 10 examples
+    is 2); the resumed run does not fit the probe again
     (last.pt holds the heads as trained; a refit would overwrite nothing, but is the fit's time, and wrong if it
     came after the restore)."""
     import minknn.trainer
     fits, fit_head = [], minknn.trainer.fit_head
     monkeypatch.setattr(minknn.trainer, "fit_head", lambda *a, **k: fits.append(a[2].name) or fit_head(*a, **k))
-    flags = ("--steps", "6", "--epochs", "3", "--max_train", "10", "--head_init", "probe", "--lr", "1e-3")
+    flags = ("--steps", "9", "--epochs", "3", "--max_train", "10", "--head_init", "probe", "--lr", "1e-3")
     run_train(tiny_bert_dir, data_dir, tmp_path / "alone", *flags)
     assert fits == ["sst"], f"--head_init probe: fit_head ran for {fits}, not once for sst"
     original = train.train_step
-    recording_steps(monkeypatch, stop_at=4)  # epoch 2's second step
+    recording_steps(monkeypatch, stop_at=5)  # epoch 2's second step
     with pytest.raises(SystemExit):
         run_train(tiny_bert_dir, data_dir, tmp_path / "stopped", *flags)
     fits.clear()
@@ -375,8 +376,8 @@ def test_a_steps_run_with_a_probe_head_resumes_to_the_run_left_alone(tiny_bert_d
     seen = recording_steps(monkeypatch)
     train.main(["--resume", str(tmp_path / "stopped")])
     assert fits == [], f"--resume refit the probe ({fits}): last.pt holds the heads (minknn/trainer.py build)"
-    assert len(seen) == 4 and seen[-1][1].last_epoch == 6, \
-        f"--resume after epoch 1 of a --steps 6 run: {len(seen)} steps, the schedule at {seen[-1][1].last_epoch}"
+    assert len(seen) == 6 and seen[-1][1].last_epoch == 9, \
+        f"--resume after epoch 1 of a --steps 9 run: {len(seen)} steps, the schedule at {seen[-1][1].last_epoch}"
     alone, resumed = ([{k: r[k] for k in ("epoch", "train_loss", "dev")}
                        for r in map(json.loads, open(tmp_path / run / "metrics.jsonl"))] for run in ("alone", "stopped"))
     assert resumed == alone, f"stopped and resumed: {resumed}; left alone: {alone}"
