@@ -15,13 +15,17 @@ A run is a list of tasks (--task T, or --task multitask --tasks a,b,c) sharing o
 each with its own head and loss as its kind says (minknn/kinds.py: classify, similarity,
 multilabel). Each step takes one batch of every task; their losses are summed, or with --pcgrad
 their gradients combined by gradient surgery (minknn/pcgrad.py). An epoch is one pass over the
-largest task; a smaller task starts a new shuffled pass when it runs out. AdamW, linear warm-up
-over the first 6% of steps then linear decay to 0, gradients clipped to norm 1; a loss's own
-parameters (proxies) get --proxy_lr. A memory loss (knnbert, moco) keeps a MoCo queue or memory
-bank (minknn/moco.py), filled before the first step and written after each. This file holds the
-flags, the optimiser and the training step, and the loop; the parts a run is made of (data,
-model, losses, memory, optimiser, batch streams) are built, restored from last.pt and saved by
-minknn/trainer.py, which bench.py builds its runs with too.
+largest task; a smaller task starts a new shuffled pass when it runs out. --steps N trains N
+steps in all instead, whatever the data's size (Zhang et al. 2021, "Revisiting Few-sample BERT
+Fine-tuning"), the dev set scored every N / --epochs of them. AdamW, linear warm-up over the
+first 6% of the run's steps then linear decay to 0, gradients clipped to norm 1; a loss's own
+parameters (proxies) get --proxy_lr. --head_init probe (the default with --option pretrain)
+starts each classification and multi-label head as a logistic regression fit on the encoder as
+loaded (LP-FT, Kumar et al. 2022; minknn/probe.py). A memory loss (knnbert, moco) keeps a
+MoCo queue or memory bank (minknn/moco.py), filled before the first step and written after each.
+This file holds the flags, the optimiser and the training step, and the loop; the parts a run
+is made of (data, model, losses, memory, optimiser, batch streams) are built, restored from
+last.pt and saved by minknn/trainer.py, which bench.py builds its runs with too.
 
 Under torchrun (minknn/distributed.py: gloo on the CPU, NCCL on CUDA, one GPU per process) a run
 is the same run: --batch_size stays the global batch, each process encodes its slice of every
@@ -67,6 +71,7 @@ from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.engine import PRECISIONS, autocast, default_precision, pick_device
 from minknn.kinds import describe_run
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES
+from minknn.losses.mlcon import REDUCTIONS as MLCON_REDUCTIONS
 from minknn.model import POOLINGS
 from minknn.moco import QUEUE_SIZE
 from minknn.options import DEFAULT_TASKS, Parser, check_args, resumed_args
@@ -111,13 +116,21 @@ def make_parser():
     g.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"],
                    help="pair tasks: [CLS] a [SEP] b [SEP] as one sequence, or each text alone")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=3, help="passes over the (largest) training set")
+    g.add_argument("--epochs", type=int, default=3, help="passes over the (largest) training set; "
+                   "with --steps, how many times the dev set is scored")
+    g.add_argument("--steps", type=int, help="train N optimiser steps in all, whatever the "
+                   "training set's size (Zhang et al. 2021), a multiple of --epochs: each epoch is "
+                   "N / --epochs steps (default: --epochs passes over the largest task)")
     g.add_argument("--batch_size", type=int, default=32, help="examples per batch, per task; "
                    "under torchrun the global batch, split between the processes")
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
     g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
+    g.add_argument("--head_init", choices=["random", "probe"], help="the classification and "
+                   "multi-label heads' start: random, or probe: a logistic regression fit on the "
+                   "encoder as loaded, before the first step (LP-FT, minknn/probe.py) (default: "
+                   "random; probe with --option pretrain, whose head starts as that regression)")
     g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, the draw")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     g.add_argument("--precision", choices=PRECISIONS, help="bf16 autocast or plain fp32 "
@@ -131,6 +144,9 @@ def make_parser():
                    "this metric loss on the two texts' vectors (default: none)")
     g.add_argument("--m_most", type=int, help="knnbert: most similar positives (default: 50)")
     g.add_argument("--m_least", type=int, help="knnbert: least similar positives (default: 100)")
+    g.add_argument("--mlcon_reduction", choices=MLCON_REDUCTIONS, help="mlcon: L_con summed over "
+                   "the batch as Su et al. write it, or its mean over the examples that share a "
+                   "label with another, on BCE's scale (minknn/losses/mlcon.py) (default: sum)")
     g = p.add_argument_group("memory (knnbert, moco)")
     g.add_argument("--memory", choices=["queue", "bank"], help="MoCo's queue or a memory bank "
                    "(default: queue)")
@@ -327,7 +343,8 @@ def run_training(args, device=None):
     print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
           f"{sum(p.numel() for p in trainer.params):,} trainable parameters; "
           f"loss {args.loss or args.sts_loss}"
-          f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}; "
+          f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}"
+          f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}; "
           f"{steps} steps/epoch; {trainer.device}{ranks}; run folder {args.out}")
     if trainer.moco and not last:
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "

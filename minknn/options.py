@@ -65,6 +65,8 @@ def check_args(p, args):
         p.error("--lr 0 would train nothing; give a positive learning rate")
     for name, must in bad_values(args):
         p.error(f"--{name} must be {must}, got {getattr(args, name)}")
+    if args.steps is not None and args.steps_per_epoch is not None:
+        p.error("--steps N makes each epoch N / --epochs steps; leave out --steps_per_epoch")
     if args.max_train and args.per_class:
         p.error("--max_train and --per_class both choose the training examples; give one")
     for name in ("data_dir", "out", "model"):
@@ -101,6 +103,12 @@ def check_args(p, args):
         p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair "
                 f"task), not multi-task ones")
     check_memory_flags(p, args)
+    check_head_init(p, args, tasks)
+    if args.mlcon_reduction is not None and args.loss != "mlcon":
+        p.error(f"--mlcon_reduction is a flag of --loss mlcon, not of --loss "
+                f"{args.loss or args.sts_loss}")
+    if args.loss == "mlcon" and args.mlcon_reduction is None:
+        args.mlcon_reduction = "sum"  # the paper's equations as written (minknn/losses/mlcon.py)
     if proxy_lr_given and args.loss not in PROXY_LOSSES:
         p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
                 f"({', '.join(PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} has none")
@@ -113,7 +121,7 @@ def check_args(p, args):
 
 
 WHOLE_NUMBERS = ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",
-                 "steps_per_epoch", "queue_size")  # each at least 1
+                 "steps", "steps_per_epoch", "queue_size")  # each at least 1
 BOUNDED = (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None), ("warmup", 0, 1),
            ("lam", 0, 1))
 
@@ -131,6 +139,8 @@ def bad_values(args):
             yield name, f"a finite number {f'in [{low}, {high}]' if high else f'>= {low}'}"
     if args.lr == 0:
         yield "lr", "positive (0 would train nothing)"
+    if args.steps and args.epochs and args.epochs >= 1 and args.steps % args.epochs:
+        yield "steps", f"a multiple of --epochs {args.epochs} (each epoch is N / --epochs steps)"
     if args.max_len is not None and args.max_len < 8:
         yield "max_len", "at least 8 ([CLS] a [SEP] b [SEP] and a few words)"
     if not 0 <= args.seed < 2 ** 32:  # numpy's seeds are 32-bit
@@ -155,7 +165,7 @@ def check_saved(p, path, saved):
     def refuse(name, must):
         raise MinknnError(f"{path}: {name} is {json.dumps(saved[name])}; it must be {must} "
                           f"(was the file edited?)")
-    filled = ("lr", "proxy_lr", "precision")  # check_args and get_args filled them in
+    filled = ("lr", "proxy_lr", "precision", "head_init")  # check_args and get_args filled them
     for a in p._actions:
         name, value = a.dest, saved.get(a.dest)
         if name in ("help", "resume", "device", "out"):  # the command line's, not the run's
@@ -216,6 +226,20 @@ def check_memory_flags(p, args):
                     f"got {args.m_most} and {args.m_least}")
 
 
+def check_head_init(p, args, tasks):
+    """--head_init: probe by default with --option pretrain where a head can be fit (the head
+    alone trains there, and from the probe it starts at the frozen encoder's best linear fit),
+    else random; probe refused where no task has a head on one vector per example."""
+    fittable = [t for t in tasks if t.kind in ("classify", "multilabel")
+                and not (t.pair and args.pair_mode == "siamese")]
+    if args.head_init is None:
+        args.head_init = "probe" if args.option == "pretrain" and fittable else "random"
+    elif args.head_init == "probe" and not fittable:
+        p.error(f"--head_init probe fits a classification or multi-label head on one vector per "
+                f"example, and {','.join(args.tasks)} has none (a similarity task, or a pair task "
+                f"under --pair_mode siamese)")
+
+
 def resumed_args(p, args):
     """--resume RUN: the run's own arguments, checked as the command line's (a hand-edited
     run.json gets one line naming the key); any other flag but --device is refused."""
@@ -224,8 +248,10 @@ def resumed_args(p, args):
     if given:
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
-    # runs from before --save kept the best; runs from before --per_class had none
-    saved = {"save": "best", "per_class": None, **saved_args(args.resume)}
+    # runs from before --save kept the best; runs from before --per_class, --steps, --head_init
+    # and --mlcon_reduction had none (a random head; mlcon's sum, which a None builds)
+    saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
+             "mlcon_reduction": None, **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]
     if missing:

@@ -14,13 +14,15 @@ A Trainer is no framework, only the parts (the loop is train.py's):
                           --max_train or --per_class draw) and its dev examples (a --max_eval
                           subset); data: the data root and the training sets' fingerprints
     model                 BERT and a head per task (minknn/model.py); a multi-label head starts
-                          at its classes' priors
+                          at its classes' priors, and with --head_init probe each classification
+                          or multi-label head as the logistic regression on the loaded encoder
     losses                each task's loss (minknn/losses/), with a loss's parameters (proxies)
     moco, fill_seconds    a memory loss's queue or bank and key encoder (minknn/moco.py), filled
                           from the training examples before the first step
     params, optimizer, scheduler   what trains (the model's and the losses' parameters), and
                           train.py's make_optimizer for them: AdamW, warm-up then linear decay
-    steps, rng, streams   steps per epoch (a pass over the largest task, or --steps_per_epoch);
+    steps, rng, streams   steps per epoch (a pass over the largest task, --steps_per_epoch, or
+                          --steps / --epochs);
                           each task's batch stream, all drawn from one random.Random(--seed)
     pcgrad                --pcgrad: gradient surgery on the shared encoder (minknn/pcgrad.py)
     base                  --option pretrain: the base model's folder, which checkpoints name
@@ -29,9 +31,9 @@ A Trainer is no framework, only the parts (the loop is train.py's):
     ddp                   under torchrun: DistributedDataParallel of Forward(model), which
                           averages the gradients over the ranks (None in one process)
 
-build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads,
-the losses' parameters, the memory fill, then the streams. Another order trains another run from
-the same seed, and a resumed run would not be the run it continues.
+build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
+(a probe fit draws nothing), the losses' parameters, the memory fill, then the streams. Another
+order trains another run from the same seed, and a resumed run would not be the run it continues.
 
 Under torchrun (minknn/distributed.py) every rank builds the same parts from the same seed and
 draws the same batches' rows; batch() encodes only the rank's slice of each batch, and forward()
@@ -61,6 +63,7 @@ from minknn.losses import MEMORY_LOSSES, build_losses
 from minknn.model import Model, Output
 from minknn.moco import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
+from minknn.probe import fit_head
 from minknn.proxy import has_proxies, proxy_logits
 from minknn.runs import (check_last_fits, load_last, random_states, save_last, set_random_states,
                          write_jsonl)
@@ -118,6 +121,8 @@ def build(args, make_optimizer, examples=None, device=None):
     model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
     model.start_heads(train)
     model.to(device)
+    if args.head_init == "probe" and not last:  # resumed: last.pt holds the heads
+        fit_probes(args, model, tokenizer, tasks, train, device)
     losses = build_losses(model, vars(args)).to(device)
     moco, fill_seconds = make_memory(args, model, tokenizer, tasks[0], train[tasks[0].name], last,
                                      device)
@@ -126,7 +131,9 @@ def build(args, make_optimizer, examples=None, device=None):
     if not model_params + loss_params:
         raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese "
                           "similarity task has no head")
-    steps = args.steps_per_epoch or max(-(-len(e) // args.batch_size) for e in train.values())
+    # --steps N: N / --epochs steps an epoch, whatever the data's size (options.py: a multiple)
+    steps = (args.steps // args.epochs if args.steps else args.steps_per_epoch
+             or max(-(-len(e) // args.batch_size) for e in train.values()))
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
     rng = random.Random(args.seed)
     streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
@@ -143,6 +150,19 @@ def build(args, make_optimizer, examples=None, device=None):
                    fill_seconds=fill_seconds, params=model_params + loss_params,
                    optimizer=optimizer, scheduler=scheduler, steps=steps, rng=rng,
                    streams=streams, pcgrad=pcgrad, ddp=ddp), last
+
+
+def fit_probes(args, model, tokenizer, tasks, train, device):
+    """--head_init probe: each classification and multi-label head (one vector per example) set
+    to the logistic regression on the encoder's z of the training examples, as loaded (LP-FT;
+    minknn/probe.py). It draws no random numbers, so the run's draws stay in build()'s order.
+    Under torchrun every rank fits it from the same examples and weights, and
+    DistributedDataParallel then copies rank 0's parameters to every rank (build()), so every
+    rank starts from rank 0's fit, bit for bit."""
+    for t in tasks:
+        if t.kind in ("classify", "multilabel") and not model.siamese(t):
+            fit_head(model, tokenizer, t, train[t.name], 2 * args.batch_size, device,
+                     args.precision)
 
 
 def read_last(args, bert, base, model_path):

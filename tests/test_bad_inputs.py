@@ -219,6 +219,14 @@ FLAG_CASES = [
      "names the predictions file"),
     ("evaluate --k without --knn", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--k", "5"],
      "--k is a kNN option; add --knn"),
+    ("steps not a multiple of epochs", "train", trainer("--steps", "5", "--epochs", "2"),
+     "--steps must be a multiple of --epochs 2 (each epoch is N / --epochs steps), got 5"),
+    ("steps with steps_per_epoch", "train", trainer("--steps", "4", "--steps_per_epoch", "4"),
+     "--steps N makes each epoch N / --epochs steps; leave out --steps_per_epoch"),
+    ("head_init probe with no head to fit", "train", trainer("--task", "sts", "--head_init", "probe"),
+     "--head_init probe fits a classification or multi-label head on one vector per example, and sts has none"),
+    ("mlcon_reduction with another loss", "train", trainer("--task", "goemotions", "--mlcon_reduction", "mean"),
+     "--mlcon_reduction is a flag of --loss mlcon, not of --loss bce"),
     ("proxy_lr with a loss without proxies", "train", trainer("--proxy_lr", "0.01"),
      "--proxy_lr is the learning rate of a proxy loss's proxies (softtriple, proxynca, proxyanchor); --loss ce has "
      "none"),
@@ -245,6 +253,10 @@ FLAG_CASES = [
      "run.json: pcgrad is 1; it must be true or false"),
     ("resume pooling sum", "train", resume_edited(with_arg("pooling", "sum")),
      'run.json: pooling is "sum"; it must be one of: cls, mean, max'),
+    ("resume steps not a multiple of epochs", "train", resume_edited(with_arg("steps", 7)),  # --epochs 2
+     "run.json: steps is 7; it must be a multiple of --epochs 2 (each epoch is N / --epochs steps)"),
+    ("resume head_init null", "train", resume_edited(with_arg("head_init", None)),
+     "run.json: head_init is null; it must be a string"),
     ("resume no data", "train", resume_edited(lambda saved: saved.pop("data")), 'run.json: no "data" object'),
     ("resume epochs below those done", "train", resume_edited(with_arg("epochs", 1)),  # stopped in epoch 2
      "run.json's epochs is 1, and the run has done 1 (last.pt); was the file edited?"),

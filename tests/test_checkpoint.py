@@ -273,6 +273,21 @@ def test_rebuild_keeps_the_tokenizer_options(tiny_bert_dir, tmp_path):
     assert rebuild(ckpt)[2].options == ckpt["tokenizer"]
 
 
+@pytest.mark.parametrize("saved, built", [("mean", "mean"), ("sum", "sum"), (None, "sum")],
+                         ids=["mean", "sum", "from-before-the-flag"])
+def test_a_checkpoint_rebuilds_mlcons_reduction(tiny_bert_dir, tmp_path, saved, built):
+    """--mlcon_reduction is saved with the run's args and rebuilds the loss it trained (loss_flags); a checkpoint
+    from before the flag (no such key) rebuilds the sum it trained with."""
+    args = {"pooling": "mean", "loss": "mlcon", "task": "goemotions", "pair_mode": "cross", "decoupled": False,
+            **({"mlcon_reduction": saved} if saved else {})}
+    model = Model(BertModel.from_pretrained(tiny_bert_dir), [TASKS["goemotions"]], "mean", "cross")
+    save_checkpoint(tmp_path / "checkpoint.pt", model, build_losses(model, args),
+                    Tokenizer.from_folder(tiny_bert_dir, max_len=16), args, epoch=1, dev={})
+    _, losses, _ = rebuild(load_checkpoint(str(tmp_path)))
+    assert losses["goemotions"].metric.reduction == built, \
+        f"a checkpoint saved with mlcon_reduction {saved} rebuilt {losses['goemotions'].metric.reduction}"
+
+
 @pytest.mark.parametrize("edit, says", [
     (lambda c: c.pop("vocab"), r"checkpoint.pt: has no vocab; it is not a whole minknn checkpoint"),
     (lambda c: c["args"].pop("pooling"), r"checkpoint.pt: has no args\['pooling'\]"),

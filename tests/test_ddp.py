@@ -6,7 +6,7 @@ steps, the schedule and the examples do not change with the number of processes,
 tolerance (the ranks pad their slices to other lengths, so not to the bit).
 
 - each kind of run (ce, supcon, proxyanchor, knnbert's queue, multi-task PCGrad, mlcon on a
-  multi-label task), with a batch of 7 that 2 ranks split 4 + 3 and a last batch of 5 (3 + 2):
+  multi-label task, a probe head trained for --steps), with a batch of 7 that 2 ranks split 4 + 3 and a last batch of 5 (3 + 2):
   the run folder against one process's, every rank's final state against rank 0's, and the
   batch sizes each rank's model encoded against its slice;
 - only rank 0 writes and prints: the run folder holds a 1-process run's files, each epoch's line
@@ -51,6 +51,9 @@ CASES = {"ce": ["--task", "sst"],
          "knnbert": ["--task", "sst", "--loss", "knnbert"],  # the queue, the key encoder
          "multitask pcgrad": ["--task", "multitask", "--tasks", "sst,mrpc,sts", "--pcgrad"],
          "mlcon": ["--task", "goemotions", "--loss", "mlcon"],  # multi-label: multi-hot targets
+         # the head fit on every rank before DDP copies rank 0's (minknn/trainer.py fit_probes);
+         # 2 epochs of 5 steps, not of a pass's 6
+         "probe head, --steps": ["--task", "sst", "--head_init", "probe", "--steps", "10"],
          # 29 examples: each pass ends in a batch of 1, which leaves rank 1 no rows (it encodes a
          # stand-in example that its outputs and keys then drop)
          "knnbert, a batch of 1": ["--task", "sst", "--loss", "knnbert", "--max_train", "29"]}

@@ -1225,6 +1225,30 @@ def test_mlcon_by_hand_sums_over_the_batch():
        f"{got.item():.6g}, expected 3 log 2: L_con sums the rows, it is not their mean")
 
 
+def test_mlcon_mean_divides_the_sum_by_the_anchors_with_a_sharer():
+    """--mlcon_reduction mean (mlcon.py's docstring): L_con / n, n the examples that share a label with another
+    of the batch. Worked by hand on the batch above: rows 0, 1, 2 each -log(1/3), row 3 shares nothing, so
+    sum 3 log 3 and mean log 3 (not / 4 examples, nor / 12 pairs)."""
+    y = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0], [0, 0, 1]], dtype=torch.float64)
+    h = torch.zeros(4, 2, dtype=torch.float64)
+    total, mean = (run("mlcon", make("mlcon", mlcon_reduction=r), h, y) for r in ("sum", "mean"))
+    assert near(total, 3 * math.log(3), atol=1e-6) and near(mean, math.log(3), atol=1e-6), \
+        f"mlcon.py MultiLabelContrastiveLoss: sum {total.item():.6g} (expected 3 log 3), mean {mean.item():.6g} " \
+        f"(expected log 3: the sum over the 3 anchors with a sharer, divided by 3)"
+    torch.manual_seed(0)  # spread-out z: mean = sum / 3 still, the sharers counted from the labels alone
+    z = torch.randn(4, 2, dtype=torch.float64)
+    torch.testing.assert_close(run("mlcon", make("mlcon", mlcon_reduction="mean"), z, y), mlcon(z, y) / 3,
+                               msg="--mlcon_reduction mean on random z: mlcon()'s sum / 3 anchors with a sharer")
+    alone = torch.eye(3, dtype=torch.float64)  # nobody shares a label: no anchor, 0 (not 0 / 0)
+    got = run("mlcon", make("mlcon", mlcon_reduction="mean"), torch.randn(3, 2, dtype=torch.float64), alone)
+    assert got.item() == 0, f"--mlcon_reduction mean with no label shared in the batch: got {got.item()}, not 0"
+    assert make("mlcon").reduction == "sum", "mlcon's reduction defaults to the paper's sum"
+    assert task_loss(TASKS["reuters"], D, {"loss": "mlcon", "mlcon_reduction": "mean"}).metric.reduction == "mean", \
+        "--mlcon_reduction must reach the loss (MultiLabelContrastiveLoss.flags)"
+    assert task_loss(TASKS["reuters"], D, {"loss": "mlcon"}).metric.reduction == "sum", \
+        "a run or checkpoint from before --mlcon_reduction must build the sum it trained with"
+
+
 def test_mlcon_falls_as_label_sharers_come_together():
     y = torch.tensor([[1, 0, 0, 0]] * 3 + [[0, 1, 0, 0]] * 3 + [[0, 0, 1, 1]] * 3,
                      dtype=torch.float64)

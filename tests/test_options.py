@@ -33,6 +33,32 @@ def test_defaults_follow_the_run():
     assert train.get_args(["--task", "sts"]).out is None  # train.main names a fresh folder (test_runs.py)
 
 
+def test_head_init_probe_is_pretrains_default_where_a_head_can_be_fit():
+    """--option pretrain trains the head alone: it starts as the probe (the logistic regression on the frozen
+    encoder), unless no task has a head on one vector; fine-tuning keeps the random head unless asked."""
+    default = {" ".join(flags): train.get_args(flags).head_init for flags in (
+        ["--task", "sst"], ["--task", "sst", "--option", "pretrain"], ["--task", "goemotions", "--option", "pretrain"],
+        ["--task", "sts", "--option", "pretrain"], ["--task", "quora", "--pair_mode", "siamese", "--option", "pretrain"],
+        ["--task", "multitask", "--option", "pretrain"])}
+    assert default == {"--task sst": "random", "--task sst --option pretrain": "probe",
+                       "--task goemotions --option pretrain": "probe", "--task sts --option pretrain": "random",
+                       "--task quora --pair_mode siamese --option pretrain": "random",
+                       "--task multitask --option pretrain": "probe"}, \
+        f"--head_init's defaults (minknn/options.py check_head_init): {default}"
+    assert train.get_args(["--option", "pretrain", "--head_init", "random"]).head_init == "random", \
+        "--head_init random under --option pretrain must be kept"
+
+
+def test_steps_and_mlcon_reduction_are_kept_and_filled():
+    args = train.get_args(["--steps", "200", "--epochs", "10"])
+    assert (args.steps, args.epochs, args.steps_per_epoch) == (200, 10, None), "--steps: kept as given"
+    assert train.get_args(["--task", "reuters", "--loss", "mlcon"]).mlcon_reduction == "sum", \
+        "--loss mlcon's reduction defaults to the paper's sum"
+    assert train.get_args(["--task", "reuters", "--loss", "mlcon", "--mlcon_reduction", "mean"]).mlcon_reduction \
+        == "mean"
+    assert train.get_args(["--task", "reuters"]).mlcon_reduction is None, "bce has no --mlcon_reduction"
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--tasks", "sst,sts"], "--tasks is for --task multitask"),
     (["--task", "multitask", "--tasks", "sst,sts,sst"], "--tasks sst,sts,sst names a task twice"),
@@ -68,6 +94,20 @@ def test_defaults_follow_the_run():
                                                                      "--memory queue"),
     (["--loss", "knnbert", "--m_most", "0", "--m_least", "0"], "must be >= 0 and select at least one positive"),
     (["--pooling", "sum"], "argument --pooling: invalid choice: 'sum'"),
+    (["--steps", "10", "--epochs", "3"], "--steps must be a multiple of --epochs 3 (each epoch is N / --epochs "
+                                         "steps), got 10"),
+    (["--steps", "0"], "--steps must be at least 1, got 0"),
+    (["--steps", "6", "--epochs", "3", "--steps_per_epoch", "2"], "--steps N makes each epoch N / --epochs steps; "
+                                                                  "leave out --steps_per_epoch"),
+    (["--task", "sts", "--head_init", "probe"], "--head_init probe fits a classification or multi-label head on one "
+                                                "vector per example, and sts has none"),
+    (["--task", "quora", "--pair_mode", "siamese", "--head_init", "probe"], "and quora has none (a similarity task, "
+                                                                             "or a pair task under --pair_mode siamese)"),
+    (["--task", "goemotions", "--mlcon_reduction", "mean"], "--mlcon_reduction is a flag of --loss mlcon, not of "
+                                                             "--loss bce"),
+    (["--task", "sst", "--loss", "supcon", "--mlcon_reduction", "sum"], "--mlcon_reduction is a flag of --loss "
+                                                                          "mlcon, not of --loss supcon"),
+    (["--task", "reuters", "--loss", "mlcon", "--mlcon_reduction", "max"], "--mlcon_reduction: invalid choice"),
 ])
 def test_impossible_flags_are_one_line(capsys, flags, message):
     assert message in refused(capsys, *flags)
@@ -99,7 +139,8 @@ BOUNDS = [("epochs", 0, "at least 1"), ("batch_size", -3, "at least 1"), ("max_l
           ("steps_per_epoch", 0, "at least 1"), ("max_eval", 0, "at least 1"), ("lr", -1e-4, "a finite number >= 0"),
           ("lr", 0, "positive"), ("proxy_lr", float("inf"), "a finite number >= 0"),
           ("weight_decay", -1, "a finite number >= 0"), ("warmup", 1.5, "a finite number in [0, 1]"),
-          ("seed", 2 ** 32, "in [0, 2**32)"), ("seed", -1, "in [0, 2**32)")]
+          ("seed", 2 ** 32, "in [0, 2**32)"), ("seed", -1, "in [0, 2**32)"), ("steps", 0, "at least 1"),
+          ("steps", 7, "a multiple of --epochs 3")]
 
 
 @pytest.mark.parametrize("name, value, must", BOUNDS, ids=[f"{b[0]}={b[1]}" for b in BOUNDS])

@@ -319,6 +319,104 @@ def test_knn_and_memory_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
     assert (code, err) == (2, "error: --queue_size 41: the queue is filled from the 40 training examples, so it must be between 1 and 40")
 
 
+def recording_steps(monkeypatch, stop_at=None):
+    """train.train_step, recorded: a list of (the lr the step takes, the scheduler), one per call; with stop_at,
+    Ctrl-C at that call (before its step)."""
+    seen, real = [], train.train_step
+
+    def step(model, losses, optimizer, scheduler, *args, **kwargs):
+        if len(seen) + 1 == stop_at:
+            raise KeyboardInterrupt
+        seen.append((optimizer.param_groups[0]["lr"], scheduler))
+        return real(model, losses, optimizer, scheduler, *args, **kwargs)
+    monkeypatch.setattr(train, "train_step", step)
+    return seen
+
+
+def test_steps_trains_n_optimiser_steps_whatever_the_data(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    """--steps 12 --epochs 3 on 10 examples (a pass: 2 batches of 8): 12 optimiser steps in all, 4 an epoch (the
+    streams start new passes), the dev set scored 3 times; the schedule (3 warm-up steps) spans the 12, its last
+    step at lr / 9 and 0 after it (Zhang et al. 2021: train for a number of steps, not of epochs)."""
+    seen = recording_steps(monkeypatch)
+    summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--steps", "12", "--epochs", "3", "--max_train",
+                        "10", "--warmup", "0.25", "--lr", "1e-3")
+    assert len(seen) == 12, f"--steps 12: the optimiser took {len(seen)} steps (minknn/trainer.py build(): steps)"
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["epoch"] for r in records] == [1, 2, 3] and summary["steps_per_epoch"] == 4, \
+        f"--steps 12 --epochs 3: {len(records)} dev scorings, {summary['steps_per_epoch']} steps each, not 3 of 4"
+    lrs, scheduler = [lr for lr, _ in seen], seen[-1][1]
+    torch.testing.assert_close(lrs, [1e-3 * factor(s, 12, 0.25) for s in range(12)], rtol=1e-12, atol=0,
+                               msg=lambda m: f"--steps 12: each step's lr, warm-up then decay over the 12 steps "
+                                             f"(make_optimizer's total_steps must be --steps): {m}")
+    assert scheduler.last_epoch == 12 and scheduler.get_last_lr()[0] == 0, \
+        f"--steps 12: after the last step the schedule stands at step {scheduler.last_epoch}, lr " \
+        f"{scheduler.get_last_lr()[0]}, not 12 and 0"
+    assert json.load(open(tmp_path / "run" / "run.json"))["args"]["steps"] == 12, "run.json must keep --steps"
+
+
+def test_a_steps_run_with_a_probe_head_resumes_to_the_run_left_alone(tiny_bert_dir, data_dir, tmp_path,
+                                                                     monkeypatch):
+    """--steps and --head_init probe are the run's (run.json): Ctrl-C in epoch 2 of 3, then --resume, ends with the
+    records of the run left alone, after the 6 steps left of the 9 (3 an epoch, where a pass over the 10 examples
+    is 2); the resumed run does not fit the probe again
+    (last.pt holds the heads as trained; a refit would overwrite nothing, but is the fit's time, and wrong if it
+    came after the restore)."""
+    import minknn.trainer
+    fits, fit_head = [], minknn.trainer.fit_head
+    monkeypatch.setattr(minknn.trainer, "fit_head", lambda *a, **k: fits.append(a[2].name) or fit_head(*a, **k))
+    flags = ("--steps", "9", "--epochs", "3", "--max_train", "10", "--head_init", "probe", "--lr", "1e-3")
+    run_train(tiny_bert_dir, data_dir, tmp_path / "alone", *flags)
+    assert fits == ["sst"], f"--head_init probe: fit_head ran for {fits}, not once for sst"
+    original = train.train_step
+    recording_steps(monkeypatch, stop_at=5)  # epoch 2's second step
+    with pytest.raises(SystemExit):
+        run_train(tiny_bert_dir, data_dir, tmp_path / "stopped", *flags)
+    fits.clear()
+    monkeypatch.setattr(train, "train_step", original)
+    seen = recording_steps(monkeypatch)
+    train.main(["--resume", str(tmp_path / "stopped")])
+    assert fits == [], f"--resume refit the probe ({fits}): last.pt holds the heads (minknn/trainer.py build)"
+    assert len(seen) == 6 and seen[-1][1].last_epoch == 9, \
+        f"--resume after epoch 1 of a --steps 9 run: {len(seen)} steps, the schedule at {seen[-1][1].last_epoch}"
+    alone, resumed = ([{k: r[k] for k in ("epoch", "train_loss", "dev")}
+                       for r in map(json.loads, open(tmp_path / run / "metrics.jsonl"))] for run in ("alone", "stopped"))
+    assert resumed == alone, f"stopped and resumed: {resumed}; left alone: {alone}"
+
+
+@pytest.mark.parametrize("task, flags", [("sst", ["--option", "pretrain"]), ("cfimdb", ["--head_init", "probe"]),
+                                         ("goemotions", ["--head_init", "probe"])],
+                         ids=["5 classes, pretrain's default", "2 classes", "multi-label"])
+def test_the_probe_head_is_the_logistic_regression_before_the_first_step(tiny_bert_dir, data_dir, tmp_path,
+                                                                         monkeypatch, task, flags):
+    """--head_init probe (LP-FT): at the first step the model's outputs on its training examples are
+    fit_logistic's on the same z (the encoder as loaded, no dropout): softmax's logits for a class task, one sigmoid
+    per label for a multi-label one (after Model.start_heads' priors, which it replaces)."""
+    from minknn.engine import predict
+    from minknn.kinds import kind_of
+    from minknn.probe import fit_logistic
+    built, first = [], []
+    build = train.build
+    monkeypatch.setattr(train, "build", lambda *a, **k: built.append(build(*a, **k)) or built[-1])
+    real = train.train_step
+
+    def step(model, *args, **kwargs):
+        if not first:
+            trainer = built[0][0]
+            t = trainer.tasks[0]
+            first.append((t, *predict(model, trainer.tokenizer, t, trainer.train[t.name], 16, trainer.device),
+                          kind_of(t).targets(t, trainer.train[t.name], "cpu")))
+            model.train()
+        return real(model, *args, **kwargs)
+    monkeypatch.setattr(train, "train_step", step)
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--task", task, "--epochs", "1", "--steps_per_epoch", "1",
+              "--max_train", "16", *flags)
+    t, outputs, z, y = first[0]
+    W, b = fit_logistic(z, y, len(t.labels), multilabel=t.kind == "multilabel")
+    torch.testing.assert_close(outputs, z @ W.T + b, msg=lambda m: f"{task} {' '.join(flags)}: the head's outputs "
+                               f"at the first step are not fit_logistic's on the loaded encoder's z "
+                               f"(minknn/trainer.py fit_probes): {m}")
+
+
 def run_multitask(tiny_bert_dir, data_dir, out, *extra):
     return train.main(["--task", "multitask", "--tasks", "sst,quora,sts", "--model", tiny_bert_dir, "--data_dir", data_dir,
                        "--out", str(out), "--batch_size", "8", "--max_len", "32", "--device", "cpu", *extra])

@@ -89,8 +89,10 @@ def loss_kind(name):
 
 def loss_flags(name, args):
     """The train.py flags (a dict of them) that loss `name` is built with, e.g. knnbert's
-    --m_most."""
-    return {flag: args[flag] for flag in getattr(METRIC_LOSSES.get(name), "flags", ())}
+    --m_most. A flag a run or checkpoint does not hold (older than the flag) is left out, so the
+    loss's own default builds it (mlcon's --mlcon_reduction: sum, as runs were before)."""
+    return {flag: args[flag] for flag in getattr(METRIC_LOSSES.get(name), "flags", ())
+            if args.get(flag) is not None}
 
 
 class Objective(nn.Module):

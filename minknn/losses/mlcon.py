@@ -23,8 +23,30 @@ Edge cases, both finite:
 A batch of one example has no pair and gives 0.
 
 Hyper-parameters (the paper's): tau' = 10; trained as L = BCE + gamma L_con with gamma = --lam =
-0.1 (AAPD's; 0.01 on RCV1-V2). Note the sum: L_con adds up the batch's examples, it is not their
-mean, so its size grows with the batch (the paper trains BERT with batches of 128).
+0.1 (AAPD's; 0.01 on RCV1-V2), batches of 128, Adam at 1e-3 (their appendix A).
+
+The reduction (--mlcon_reduction sum|mean, default sum). What the paper writes (sec. 3.3): "the
+contrastive loss for the whole minibatch is the summation over all the instance pairs",
+L_con = sum_i sum_{j in g(i)} L_con^ij, and L = L_BCE + gamma L_con. Since beta_i. sums to 1
+over j, the sum over j is already a weighted mean, one cross-entropy per anchor i (about
+log(b - 1) while the distances are alike, as at the start); the sum over i then adds one such
+term per example that shares a label with another, so L_con grows with the batch. L_BCE's reduction is not given: the
+paper names the loss only, and no code of theirs is published. PyTorch's default (and bce.py's)
+is the mean over the B x C (example, label) cells, each term at most a few tenths once the
+mostly-absent labels are learnt. So as written, with a mean BCE, gamma L_con at b = 32 is
+0.1 x ~32 anchors x ~3.4 (log 31 at the start) ~ 11 against a BCE below 1: the contrastive term
+drives the encoder, whatever gamma was meant to trade off.
+    sum    the equations as written: L_con above (mlcon() below). Keep it to reproduce the paper.
+    mean   L_con / n, n = the number of anchors i with at least one label-sharer in the batch
+           (sum_k C_ik > 0): the mean over the examples that carry a term, each a cross-entropy
+           over the batch, so that L_con is a per-example mean as BCE is and does not grow with
+           b. Why that n: an example without a sharer adds no term (beta_i. = 0), so counting it
+           (dividing by b) would make the loss smaller on a batch of rarer labels for no change
+           in the model; dividing by the pairs (b (b - 1)) would divide twice, since beta already
+           normalises over j. It is how SupCon (Khosla et al. 2020) and knnbert.py average over
+           anchors with a positive. BCE's own 1/C is not matched: each anchor's term is one
+           cross-entropy over the batch, not a sum over labels, and gamma weighs what remains.
+           A batch where nobody shares a label gives 0, as the sum does.
 """
 import torch
 import torch.nn as nn
@@ -53,13 +75,31 @@ def mlcon(z, y, tau=10.0):
     # END part mlcon
 
 
-class MultiLabelContrastiveLoss(nn.Module):
-    lam = 0.1                 # gamma
-    kind = "multilabel"       # L = BCE + lam L_con (Objective)
+def anchors_with_a_sharer(y):
+    """y (B, C) multi-hot labels: how many examples share a label with another of the batch (the
+    anchors i with a term in L_con, sum_{k != i} C_ik > 0), as a float tensor."""
+    shared = (y @ y.T).fill_diagonal_(0)                                 # (B, B) C without C_ii
+    return (shared.sum(1) > 0).sum().to(y.dtype)
 
-    def __init__(self, num_classes=None, dim=None, tau=10.0):
+
+REDUCTIONS = ("sum", "mean")  # --mlcon_reduction: the docstring says what each is
+
+
+class MultiLabelContrastiveLoss(nn.Module):
+    lam = 0.1                       # gamma
+    kind = "multilabel"             # L = BCE + lam L_con (Objective)
+    flags = ("mlcon_reduction",)    # train.py flags this loss is built with
+
+    def __init__(self, num_classes=None, dim=None, tau=10.0, mlcon_reduction="sum"):
         super().__init__()
-        self.tau = tau
+        if mlcon_reduction not in REDUCTIONS:
+            raise ValueError(f"mlcon_reduction must be one of {REDUCTIONS}, "
+                             f"got {mlcon_reduction!r}")
+        self.tau, self.reduction = tau, mlcon_reduction
 
     def forward(self, h, labels):
-        return mlcon(h, labels.to(h.dtype), self.tau)
+        y = labels.to(h.dtype)
+        total = mlcon(h, y, self.tau)                                    # the paper's sum
+        if self.reduction == "mean":  # over the anchors with a sharer; none: 0 / 1
+            return total / anchors_with_a_sharer(y).clamp(min=1)
+        return total
