@@ -67,7 +67,7 @@ def parse_grid(text, where, flag="--methods"):
     grid = {}
     for item in filter(None, text.split(";")):
         name, _, values = item.partition("=")
-        if not name.strip() or not values.strip():
+        if not name or not values:
             raise MinknnError(f"{flag} {where}: '{item}' is not name=value,value")
         grid[name.strip()] = [number(v.strip()) for v in values.split(",")]
     return grid

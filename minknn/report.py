@@ -121,10 +121,10 @@ def table(lines, metrics=None, baseline=None, test="t"):
     out += budget_note(lines, methods, labels)
     if select == "none":
         out.append("Selection (none): the last epoch and the given values; no dev labels choose "
-                   "anything (each epoch's dev scores, on as many dev examples as training ones, "
-                   "draw the learning curve only). Scored on "
-                   + "; ".join(f"{t} {size}: {name} ({n_test})"
-                               for (t, size), (name, n_test, _) in splits.items()) + ".")
+                   "anything (each epoch's dev scores draw the learning curve only). "
+                   + "; ".join(f"{t} {size}: the curve on {n_sel} dev examples, scored on {name} "
+                               f"({n_test})" for (t, size), (name, n_test, n_sel) in splits.items())
+                   + ".")
     else:
         out.append(f"Selection ({select}): the epoch and every hyper-parameter, on "
                    + "; ".join(f"{t} {size}: {n_sel} dev examples, scored on {name} ({n_test})"
@@ -228,7 +228,10 @@ def budget_note(lines, methods, labels):
     if len(full) == len(methods):
         return [f"Budget: {top} training{'s' * (top > 1)} per task, size and seed for every "
                 f"method{searched}."]
-    most = {flag: max(len(values[m][flag]) for m in full) for m in full for flag in values[m]}
+    most = {}  # flag -> the most values a method of the full budget has
+    for m in full:
+        for flag, vs in values[m].items():
+            most[flag] = max(most.get(flag, 0), len(vs))
     parts = []
     for m in methods:
         if m in full:
@@ -237,7 +240,7 @@ def budget_note(lines, methods, labels):
         why = [f"{flag} does not apply" if flag in search else f"no {flag}"
                for flag in most if flag not in values[m]]
         why += [f"its own {flag}={','.join(map(str, sorted(values[m][flag])))}"
-                for flag in most if 0 < len(values[m][flag]) < most[flag]]
+                for flag in most if 0 < len(values[m].get(flag, ())) < most[flag]]
         parts.append(f"{labels[m]}: {n} training{'s' * (n != '1')}"
                      + (f" ({', '.join(why)})" if why else ""))
     rest = f"{labels[full[0]]}: {top} trainings" if len(full) == 1 else f"the others {top}"

@@ -222,8 +222,8 @@ def trained_with(monkeypatch):
 
     def main(argv):
         last = {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--")}
-        seen.append((last["--loss"], last.get("--lr") and float(last["--lr"]), last.get("--lam") and float(last["--lam"]),
-                     last["--save"]))
+        number = {f: last.get(f"--{f}") and float(last[f"--{f}"]) for f in ("lr", "lam")}
+        seen.append((last["--loss"], number["lr"], number["lam"], last["--save"]))
         return real(argv)
     monkeypatch.setattr(train, "main", main)
     return seen
