@@ -40,7 +40,9 @@ runs/<task>-<loss>-seed<S>-<time>), which no other run may use (minknn/runs.py):
                     so it holds only what trained (heads, proxies) and names the base model's
                     folder and weights' sha256, which must be there unchanged to evaluate it:
                     0.5 MB, nearly all of it the vocabulary. --save none writes no checkpoint:
-                    the scores below are all the run keeps (a grid of runs)
+                    the scores below are all the run keeps (a grid of runs); --save last
+                    keeps the last epoch's instead, written every epoch (a fixed recipe that no
+                    dev labels choose: the runner's --select none)
     metrics.jsonl   one line per epoch: training losses and dev scores
     summary.json    the final summary, also printed as one line ("stopped" if it did not finish)
     run.json, last.pt, run.lock   the arguments, the state after the last completed epoch, and
@@ -158,8 +160,9 @@ def make_parser():
     g.add_argument("--steps_per_epoch", type=int, help="(default: a pass over the largest task)")
     p.add_argument("--out", help="run folder, new or empty (default: "
                    "runs/<task>-<loss>-seed<seed>-<time>)")
-    p.add_argument("--save", default="best", choices=["best", "none"], help="best: checkpoint.pt "
-                   "of the best epoch; none: no checkpoint, only the scores (grids of runs)")
+    p.add_argument("--save", default="best", choices=["best", "last", "none"], help="best: "
+                   "checkpoint.pt of the best epoch by the dev score; last: of the last epoch, "
+                   "written every epoch; none: no checkpoint, only the scores (grids of runs)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
                    "completed epoch, with its own flags (only --device may change) (default: start "
                    "a new run)")
@@ -375,10 +378,13 @@ def run_training(args, device=None):
     decoupled = " + decoupled" if args.decoupled else ""
     print(f"done: {','.join(args.tasks)} {summary['loss']}{decoupled}"
           f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
-          f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}"
-          f"{'' if args.save == 'best' else ', not saved: --save none'}); "
+          f"{describe_run(tasks, best['dev'])} (epoch {best['epoch']}{SAVED_NOTE[args.save]}); "
           f"{summary['seconds_per_epoch']:.0f} s/epoch on {trainer.device}{ranks}; {args.out}")
     return summary
+
+
+SAVED_NOTE = {"best": "", "none": ", not saved: --save none",
+              "last": "; checkpoint.pt holds the last epoch: --save last"}
 
 
 def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
@@ -399,9 +405,10 @@ def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
         best = {"epoch": epoch, "dev": dev_scores}
     save(trainer, epoch, best, records)
     saved = ", saved" if args.save == "best" else ""
+    mark = f" (best{saved})" if is_best else ""
+    mark += " (saved: --save last)" if args.save == "last" else ""
     print(f"epoch {epoch}: train loss {', '.join(f'{v:.4f}' for v in train_loss.values())}; "
-          f"dev {describe_run(tasks, dev_scores)}{f' (best{saved})' if is_best else ''}; "
-          f"{seconds:.0f} s")
+          f"dev {describe_run(tasks, dev_scores)}{mark}; {seconds:.0f} s")
     return best
 
 

@@ -5,13 +5,16 @@ A method is a training loss, optionally with an inference rule: `ce`, `proxyanch
 minknn/proxy.py), `knn` (the model mixed with kNN, minknn/knn.py) and `knn-only` (kNN alone).
 Either part may carry a small grid in brackets: `proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25,0.5]`,
 `knnbert+knn[k=16,64;phi=0.25,0.5]`; a training parameter is any train.py flag, an inference one
-alpha (proxy), k and phi (knn; knn-only has phi 1).
+alpha (proxy), k and phi (knn; knn-only has phi 1). The runner's --search 'lr=1e-5,3e-5;lam=0.1'
+adds its training values to every method they apply to (with_search), as if written in each
+method's brackets; a method's own values for a flag win.
 
 A cell is (task, size, loss and one value of each training parameter, seed): it is trained once,
 and every rule its methods ask for is scored on that one model, so `proxyanchor` and
 `proxyanchor+proxy` share their training. Sizes: `full`, N (N examples drawn by class, train.py
 --max_train) or Npc (N of each class, --per_class).
 """
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass
@@ -59,13 +62,13 @@ def split_top(text, sep):
     return parts + [text[start:]]
 
 
-def parse_grid(text, where):
+def parse_grid(text, where, flag="--methods"):
     """'lam=0.1,0.5;k=16' -> {'lam': [0.1, 0.5], 'k': [16]} (numbers where they parse)."""
     grid = {}
     for item in filter(None, text.split(";")):
         name, _, values = item.partition("=")
         if not name or not values:
-            raise MinknnError(f"--methods {where}: '{item}' is not name=value,value")
+            raise MinknnError(f"{flag} {where}: '{item}' is not name=value,value")
         grid[name.strip()] = [number(v.strip()) for v in values.split(",")]
     return grid
 
@@ -101,6 +104,21 @@ def parse_method(text):
             need = "a whole number >= 1" if name == "k" else "a number in [0, 1]"
             raise MinknnError(f"--methods {text}: {name} must be {need}, got {bad[0]}")
     return Method(text.strip(), loss, parse_grid(train_text or "", text), rule, rule_grid)
+
+
+def with_search(method, search, applies):
+    """The method trained with every value of --search that applies to it (applies(flag) says
+    whether train.py takes the flag with this method's loss); its own bracketed values win:
+    `ce[lr=1e-5]` with --search 'lr=1e-5,3e-5;lam=0.1,0.5' trains ce at lr 1e-5 only, and
+    without lam, which ce has no term to weigh."""
+    added = {flag: values for flag, values in search.items()
+             if flag not in method.train_grid and applies(flag)}
+    return dataclasses.replace(method, train_grid={**added, **method.train_grid})
+
+
+def search_text(search):
+    """--search as one canonical string (grid.json, the table): 'lr=1e-05,3e-05;lam=0.1'."""
+    return ";".join(f"{k}={','.join(map(str, v))}" for k, v in search.items())
 
 
 def parse_sizes(text):

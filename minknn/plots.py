@@ -120,8 +120,10 @@ def draw_sweep(group, task, size, metric, name, color, folder, written):
         n, col = " / ".join(names), color[names[0]]
         band(left, phis, [{p: r[kk, p] for kk, p in r if kk == k} for r in runs], n, col)
         band(right, ks, [{kk: r[kk, p] for kk, p in r if p == phi} for r in runs], n, col)
-    def how(given):
-        return "chosen on the selection split" if given else "KNN-BERT's default"
+    def how(given):  # --select none: the one value given, chosen by nothing
+        fixed = knn[0].get("select") == "none"
+        return ("given" if fixed else "chosen on the selection split") if given else \
+            "KNN-BERT's default"
     left.set(xlabel="phi (weight of the kNN vote; 1 = kNN alone)", title=f"K = {k} "
              f"({how(k_chosen)})")
     right.set(xlabel="K (neighbours, log scale)", xscale="log", title=f"phi = {phi:g} "
@@ -194,8 +196,10 @@ def draw_curves(group, task, size, metric, color, folder, written):
         ax.remove()
     for ax in (dev, *loss_axes[:len(by_training)]):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    split = "a dev sample (no choice: --select none)" if group[0].get("select") == "none" else \
+        "the selection split"
     dev.set(xlabel="epoch", ylabel=axis_label("dev", metric),
-            title=f"{METRICS[metric][1]} on the selection split")
+            title=f"{METRICS[metric][1]} on {split}")
     fig.suptitle(f"{task}, {size}: learning curves of each training (mean +- std over seeds)")
     fig.tight_layout()
     fig.legend(*dev.get_legend_handles_labels(), title="trained with", fontsize=8,

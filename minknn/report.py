@@ -8,12 +8,18 @@ Selection, per task, size and method: every candidate (a value of each training 
 each inference parameter) gets the mean over seeds of its selection score in the first --metric;
 the best candidate is the method's, and its test scores are the ones reported. The test split
 never takes part: its labels could be anything (tests/test_runner.py poisons them to check).
+A grid run with --select none has no selection scores and one candidate per method, which wins.
+
+Under the tables: the budget (each method's trainings per task, size and seed, and why two
+differ: a --search value that does not apply to a method's loss), the values chosen, the
+selection and the test split.
 """
 import collections
 import os
 import re
 
 from minknn import MinknnError
+from minknn.grid import search_text
 from minknn.metrics import METRICS
 from minknn.checkpoint import atomic_save
 from minknn.runs import read_jsonl
@@ -58,7 +64,16 @@ def choose(lines, metric):
                 by_candidate[candidate(line, entry)][line["seed"]] = entry
         common = set.intersection(*map(set, by_candidate.values())) if by_candidate else set()
         best = None
+        unscored = [c for c, seeds in by_candidate.items()
+                    if not all(e.get("select") for e in seeds.values())]
+        if unscored and len(by_candidate) > 1:  # --select none: nothing to choose between them
+            raise MinknnError(f"{task} {size} {method}: {len(by_candidate)} candidates and no "
+                              f"selection scores to choose one (--select none takes one value "
+                              f"of each parameter)")
         for cand, seeds in by_candidate.items():  # the first of equals wins: the grid's order
+            if unscored:  # the only candidate
+                best = (None, cand)
+                break
             values = [e["select"][name] for s, e in seeds.items() if s in common or not common]
             value = sum(values) / len(values)
             if best is None or better(name, value, best[0]):
@@ -94,7 +109,7 @@ def table(lines, metrics=None, baseline=None, test="t"):
         for metric_of in tables:
             out += size_table(size, {t: metric_of[t] for t in here}, here, methods, labels,
                               chosen, baseline, test)
-        out += choices_note(size, here, methods, labels, chosen)
+        out += choices_note(size, here, methods, labels, chosen, lines[0].get("select"))
     splits = {(ln["task"], ln["size"]): (ln["test_split"], ln["n_test"], ln["n_select"])
               for ln in lines if "grid" in ln}
     used = {m for metric_of in tables for m in metric_of.values()}
@@ -102,10 +117,18 @@ def table(lines, metrics=None, baseline=None, test="t"):
     select = next(ln["select"] for ln in lines)
     out += ["", f"Test split, mean ± std over seeds ({scale}). Bold: the best mean of a column "
             f"(the lowest Hamming loss). p: the two-sided {TESTS[test]} against {labels[baseline]} "
-            f"over the seeds both have; * p < 0.05. mean: each seed's mean over the tasks.",
-            f"Selection ({select}): the epoch and every hyper-parameter, on "
-            + "; ".join(f"{t} {size}: {n_sel} dev examples, scored on {name} ({n_test})"
-                        for (t, size), (name, n_test, n_sel) in splits.items()) + "."]
+            f"over the seeds both have; * p < 0.05. mean: each seed's mean over the tasks."]
+    out += budget_note(lines, methods, labels)
+    if select == "none":
+        out.append("Selection (none): the last epoch and the given values; no dev labels choose "
+                   "anything (each epoch's dev scores draw the learning curve only). "
+                   + "; ".join(f"{t} {size}: the curve on {n_sel} dev examples, scored on {name} "
+                               f"({n_test})" for (t, size), (name, n_test, n_sel) in splits.items())
+                   + ".")
+    else:
+        out.append(f"Selection ({select}): the epoch and every hyper-parameter, on "
+                   + "; ".join(f"{t} {size}: {n_sel} dev examples, scored on {name} ({n_test})"
+                               for (t, size), (name, n_test, n_sel) in splits.items()) + ".")
     counted = {}  # a cell's time once, whichever methods read it
     for ln in lines:
         if "seconds" in ln:
@@ -183,7 +206,48 @@ def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test):
         (["", *notes] if notes else [])
 
 
-def choices_note(size, tasks, methods, labels, chosen):
+def budget_note(lines, methods, labels):
+    """Each method's trainings per task, size and seed (its training candidates), and where it has
+    fewer than the most, the flags it lacks: a --search flag that does not apply to its loss (or
+    one it was not given), or fewer values of its own."""
+    trainings = collections.defaultdict(lambda: collections.defaultdict(set))  # method -> cell
+    values = collections.defaultdict(lambda: collections.defaultdict(set))  # method -> flag
+    search = {}
+    for ln in lines:
+        key = (ln["task"], ln["size"], ln["seed"])
+        trainings[ln["method"]][key].add(tuple(sorted(ln["train_params"].items())))
+        for flag, value in ln["train_params"].items():
+            values[ln["method"]][flag].add(value)
+        search.update(ln.get("search") or {})
+    counts = {m: sorted({len(t) for t in trainings[m].values()}) for m in methods}
+    top = max(c[-1] for c in counts.values())
+    searched = f" (--search {search_text(search)})" if search else ""
+    if top == 1 and not search:
+        return []  # one training each, nothing searched: nothing to say
+    full = [m for m in methods if counts[m] == [top]]
+    if len(full) == len(methods):
+        return [f"Budget: {top} training{'s' * (top > 1)} per task, size and seed for every "
+                f"method{searched}."]
+    most = {}  # flag -> the most values a method of the full budget has
+    for m in full:
+        for flag, vs in values[m].items():
+            most[flag] = max(most.get(flag, 0), len(vs))
+    parts = []
+    for m in methods:
+        if m in full:
+            continue
+        n = "-".join(map(str, counts[m]))
+        why = [f"{flag} does not apply" if flag in search else f"no {flag}"
+               for flag in most if flag not in values[m]]
+        why += [f"its own {flag}={','.join(map(str, sorted(values[m][flag])))}"
+                for flag in most if 0 < len(values[m].get(flag, ())) < most[flag]]
+        parts.append(f"{labels[m]}: {n} training{'s' * (n != '1')}"
+                     + (f" ({', '.join(why)})" if why else ""))
+    rest = f"{labels[full[0]]}: {top} trainings" if len(full) == 1 else f"the others {top}"
+    return [f"Budget, trainings per task, size and seed{searched}: {', '.join(parts)}, {rest}."]
+
+
+def choices_note(size, tasks, methods, labels, chosen, select=None):
     notes = []
     for method in methods:
         for task in tasks:
@@ -196,7 +260,8 @@ def choices_note(size, tasks, methods, labels, chosen):
                              f"{', '.join(map(str, c['diverged']))} (left out)")
             if params:
                 notes.append(f"{labels[method]} on {task}: {', '.join(params)}")
-    return ["", f"Chosen ({size}): " + "; ".join(notes) + "."] if notes else []
+    what = "Given, chosen by nothing" if select == "none" else "Chosen"
+    return ["", f"{what} ({size}): " + "; ".join(notes) + "."] if notes else []
 
 
 def block_file(path, tag):

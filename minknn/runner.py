@@ -13,11 +13,27 @@ model (minknn/rules.py). A seed draws the same training examples for every metho
 comparisons are paired. Any flag the runner does not know (--epochs, --batch_size, --lr,
 --max_len, --model, ...) is train.py's and goes to every cell.
 
+A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): every method is
+trained with each combination of the values that apply to it, as if they were written in its
+brackets (`method[lr=...;lam=...]`), and chosen on the selection split like any other value.
+A value applies to a method when train.py takes its flag with the method's loss (train.py's own
+check_args decides: lam only for a loss with a metric term, m_most only for knnbert; lr, epochs,
+warmup for every loss); a method's own bracketed values win over --search's for the same flag.
+The table says each method's budget, the trainings per task, size and seed, and why two differ.
+
 Selection (--select): `sample` (default, the strict few-shot practice) picks the best epoch and
 every hyper-parameter on a fixed sample of dev as large as the training set; `dev` on the whole
-dev set (as the DML paper did; capped by --max_eval). The scores reported are on the task's
-labelled test split; a task without one is scored on dev less the selection sample (and
-refuses --select dev). --max_eval caps the test split too (a fixed draw, the same for every cell).
+dev set (as the DML paper did; capped by --max_eval); `none` uses no labelled data beyond the
+training set: a fixed recipe, the last epoch (train.py --save last) and each value given once,
+so a grid with anything to choose is refused. Under `none` each epoch is still scored on the dev
+sample, for the learning curve only; the result lines carry no selection scores. Why a fixed
+recipe and not k-fold cross-validation inside the few-shot set: Perez, Kiela and Cho 2021 ("True
+Few-Shot Learning with Language Models", NeurIPS) found that cross-validation and minimum
+description length on the few-shot set chose prompts and hyper-parameters barely better than at
+random, at k times the cost; SetFit too trains with fixed defaults. The scores reported are on
+the task's labelled test split; a task without one is scored on dev less the selection sample
+(and refuses --select dev). --max_eval caps the test split too (a fixed draw, the same for every
+cell).
 
 Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/cell.json
 once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
@@ -53,7 +69,8 @@ import train
 from minknn import MinknnError, Terminated, report, run
 from minknn.data import eval_subset, labelled, load_split, split_recipe, training_examples
 from minknn.engine import pick_device
-from minknn.grid import cells_of, parse_method, parse_seeds, parse_sizes, size_flags, split_top
+from minknn.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes, search_text,
+                         size_flags, split_top, with_search)
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES
 from minknn.rules import line_head, score_cell
@@ -69,8 +86,9 @@ SLURM_FLAGS = ("slurm_partition", "slurm_time", "gpus_per_cell", "slurm_max_para
 
 def train_argv(cell, ctx, folder):
     """train.py's flags for a cell: the pass-through ones, then the cell's own."""
+    save = "last" if ctx.select == "none" else "best"  # none: the last epoch, chosen by nothing
     argv = list(ctx.train_flags) + ["--task", cell.task, "--loss", cell.loss, "--seed",
-                                    str(cell.seed), "--out", folder, "--save", "best"]
+                                    str(cell.seed), "--out", folder, "--save", save]
     argv += size_flags(cell.size)
     for flag, value in cell.params:
         argv += [f"--{flag}", str(value)]
@@ -83,8 +101,9 @@ def train_argv(cell, ctx, folder):
 
 
 def selection_size(ctx, n_train):
-    """How many dev examples choose the epoch and the hyper-parameters (None: all)."""
-    if ctx.select == "sample":
+    """How many dev examples choose the epoch and the hyper-parameters (None: all); under
+    --select none, the dev sample each epoch is scored on for the learning curve alone."""
+    if ctx.select in ("sample", "none"):
         return n_train if not ctx.max_eval else min(n_train, ctx.max_eval)
     return ctx.max_eval
 
@@ -95,7 +114,7 @@ class Context:
     def __init__(self, args, train_flags):
         self.out, self.select, self.max_eval = args.out, args.select, args.max_eval
         self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
-        self.seeds = args.seed_list
+        self.seeds, self.search = args.seed_list, args.search_grid
         self._cache = {}
 
     def __getstate__(self):  # sent to a pool's process or a cluster's job: the flags; the data
@@ -180,6 +199,12 @@ def run_cell(cell, methods, ctx):
         new = [dict(line_head(cell, m, ctx), diverged=stopped) for m in wanted]
     else:
         new = score_cell(cell, wanted, ctx, folder)
+    for line in new:
+        if ctx.search:  # the table's budget note: what was searched, and what did not apply
+            line["search"] = ctx.search
+        if ctx.select == "none":  # scored for nothing: no dev label chooses under --select none
+            for entry in line.get("grid", []):
+                entry.pop("select", None)
     lines = {**saved, **{line["method"]: line for line in new}}
     write_json(done, {"cell": cell.name, "lines": list(lines.values())})
     drop_checkpoints(folder, ctx)
@@ -253,8 +278,12 @@ def get_args(argv=None):
                    "per class)")
     p.add_argument("--seeds", default="0", help="e.g. 0-4 or 0,3,7")
     p.add_argument("--out", help="the grid's folder (its cells, results.jsonl, table.md, plots/)")
-    p.add_argument("--select", default="sample", choices=["sample", "dev"], help="choose the epoch "
-                   "and hyper-parameters on a dev sample as large as the training set, or all dev")
+    p.add_argument("--search", metavar="FLAG=V,V;...", help="train every method with each "
+                   "combination of these train.py values that apply to it, e.g. "
+                   "'lr=1e-5,3e-5,1e-4;lam=0.1,0.5' (a method's own [values] win)")
+    p.add_argument("--select", default="sample", choices=["sample", "dev", "none"], help="choose "
+                   "the epoch and hyper-parameters on a dev sample as large as the training set, "
+                   "or all dev; none: no dev labels, the last epoch and the values given")
     p.add_argument("--max_eval", type=int, help="at most N test (and --select dev) examples")
     p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
     p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt")
@@ -327,7 +356,81 @@ def get_args(argv=None):
             raise MinknnError(f"--methods: {m.name} is given twice{also}; give each method once")
     args.size_list = parse_sizes(args.sizes)
     args.seed_list = parse_seeds(args.seeds)
+    args.search_grid = parse_grid(args.search or "", args.search, flag="--search")
+    owned = [name for name in args.search_grid if name in RUNNER_OWNS]
+    if owned:
+        raise MinknnError(f"--search {args.search}: {', '.join(owned)} is the runner's to set for "
+                          f"each cell (--tasks, --sizes, --seeds, ...), not a search's")
+    if args.select == "none":
+        check_nothing_to_choose(args)
     return args, rest
+
+
+def check_nothing_to_choose(args):
+    """--select none has no labels to choose with: one value of every parameter."""
+    grids = [("--search", args.search, args.search_grid)]
+    grids += [("--methods", m.name, g) for m in args.method_list for g in (m.train_grid,
+                                                                           m.rule_grid)]
+    for flag, where, grid in grids:
+        many = next((k for k, v in grid.items() if len(v) > 1), None)
+        if many:
+            raise MinknnError(f"{flag} {where}: {len(grid[many])} values of {many}, and --select "
+                              f"none has no dev labels to choose one; give one value (or "
+                              f"--select sample)")
+
+
+def search_methods(args, train_flags):
+    """--methods with --search's values added to each method they apply to (grid.with_search).
+    A flag applies to a method when train.py takes it with that method's loss on every task of the
+    grid; a flag that no method takes, or one that train.py takes at some values only, is one
+    line."""
+    verdicts = {(m.name, flag): search_applies(args, train_flags, m, flag)
+                for m in args.method_list for flag in args.search_grid
+                if flag not in m.train_grid}
+    for flag in args.search_grid:
+        said = [verdicts[m.name, flag] for m in args.method_list if (m.name, flag) in verdicts]
+        if said and not any(ok for ok, _ in said):
+            why = " | ".join(dict.fromkeys(why for _, why in said))  # each refusal once
+            hint = ("; alpha, k and phi are inference values: give them in a method's brackets, "
+                    "e.g. ce+knn[k=16,64]" if flag in ("alpha", "k", "phi") else "")
+            raise MinknnError(f"--search {flag}: no method of --methods takes it ({why}){hint}")
+    return [with_search(m, args.search_grid, lambda flag: verdicts[m.name, flag][0])
+            for m in args.method_list]
+
+
+def search_applies(args, train_flags, method, flag):
+    """(whether train.py takes --flag at each of its --search values with this method's loss and
+    own values, on every task; train.py's refusal where it does not)."""
+    refused, tried = [], 0
+    for task in args.task_list:
+        base = [*train_flags, "--task", task, "--loss", method.loss,
+                *size_flags(args.size_list[0]),
+                *(["--data_dir", args.data_dir] if args.data_dir else [])]
+        base += [a for f, v in method.train_grid.items() for a in (f"--{f}", str(v[0]))]
+        if train_refusal(base):  # the method fails without the flag too: check_grid says why
+            return True, None
+        for value in args.search_grid[flag]:
+            tried += 1
+            why = train_refusal([*base, f"--{flag}", str(value)])
+            if why:
+                refused.append((value, why))
+    if refused and len(refused) < tried:  # taken at other values: this value is wrong
+        value, why = refused[0]
+        raise MinknnError(f"--search {flag}={value}: {why} (with --methods {method.name})")
+    return not refused, refused[0][1] if refused else None
+
+
+def train_refusal(argv):
+    """train.py's one-line refusal of these flags (its check_args), or None if it takes them."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            train.get_args(argv)
+    except SystemExit:
+        return captured.getvalue().strip().removeprefix("error: ")
+    except MinknnError as e:
+        return str(e)
+    return None
 
 
 def slurm_param(p, text):
@@ -414,7 +517,8 @@ def check_splits(ctx, task, n_train):
 def check_same_grid(args, shared, train_flags):
     """A grid folder's cells must all come from the same train.py flags and selection."""
     path = os.path.join(args.out, "grid.json")
-    grid = {"train_args": shared, "select": args.select, "max_eval": args.max_eval}
+    grid = {"train_args": shared, "select": args.select, "max_eval": args.max_eval,
+            "search": search_text(args.search_grid) or None}
     if not os.path.exists(path):
         write_json(path, grid)
         return
@@ -425,7 +529,9 @@ def check_same_grid(args, shared, train_flags):
     was = saved["train_args"]
     changed = [f"--{k} {was.get(k, '(not given)')}" for k in sorted(set(was) | set(shared))
                if was.get(k) != shared.get(k)]
-    changed += [f"--{k} {saved.get(k)}" for k in ("select", "max_eval") if saved.get(k) != grid[k]]
+    changed += [f"--{k} {'(not given)' if saved.get(k) is None else saved.get(k)}"
+                for k in ("select", "max_eval", "search")  # a grid.json from before --search
+                if saved.get(k) != grid[k]]                # has none: as none given
     if changed:
         raise MinknnError(f"--out {args.out} holds a grid run with {', '.join(changed)}; use the "
                           f"same flags to go on with it, or another --out")
@@ -444,6 +550,7 @@ def main(argv=None):
     args, train_flags = get_args(argv)
     if args.table:  # allowed while a runner works: results.jsonl is only ever replaced whole
         return table_and_plots(args.table, args)
+    args.method_list = search_methods(args, train_flags)
     cells = cells_of(args.task_list, args.method_list, args.size_list, args.seed_list)
     ctx, shared = check_grid(args, train_flags, cells)
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells

@@ -11,7 +11,8 @@ A run folder (train.py --out) holds:
                     and schedule, every random generator, the batch streams' places in their
                     passes, the memory and key encoder of a memory loss, the epochs' records.
                     Deleted when the run finishes: only a run that can still go on needs it.
-    checkpoint.pt   the best epoch (minknn/checkpoint.py); none with train.py --save none
+    checkpoint.pt   the best epoch (minknn/checkpoint.py); the last with train.py --save last,
+                    none with --save none
     metrics.jsonl, summary.json   every epoch's scores, and the run's best
 Every file is written to a temporary name and renamed (checkpoint.atomic_save), so a kill leaves
 each file either old or new; the temporary files a kill leaves behind are removed when the run
@@ -148,10 +149,10 @@ def open_run_folder(folder, save="best"):
         close_run_folder(folder, lock, [])
         raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to "
                           f"resume ({finished_hint(folder)}; a new run needs another --out)")
-    if save == "best" and os.path.exists(os.path.join(folder, "last.pt")) and \
+    if save != "none" and os.path.exists(os.path.join(folder, "last.pt")) and \
             not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         close_run_folder(folder, lock, [])
-        raise MinknnError(f"--resume {folder}: checkpoint.pt, the best epoch so far, is missing; "
+        raise MinknnError(f"--resume {folder}: checkpoint.pt, the {save} epoch so far, is missing; "
                           f"the run cannot go on without it (start it again)")
     for tmp in glob.glob(os.path.join(folder, "*.tmp")):
         os.remove(tmp)
@@ -369,6 +370,9 @@ def best_so_far(args, last):
     """Where a stopped run's best epoch so far is (last: the state in last.pt)."""
     if args.save == "best":
         return (f"the best checkpoint (epoch {last['best']['epoch']}) is "
+                f"{os.path.join(args.out, 'checkpoint.pt')}")
+    if args.save == "last":
+        return (f"the last epoch's checkpoint (epoch {last['epoch']}) is "
                 f"{os.path.join(args.out, 'checkpoint.pt')}")
     return (f"the best epoch so far ({last['best']['epoch']}) is in "
             f"{os.path.join(args.out, 'summary.json')} (--save none: no checkpoint)")

@@ -313,13 +313,14 @@ def state(trainer):
 
 
 def save(trainer, epoch, best, records):
-    """An epoch's files in the run folder: checkpoint.pt if the epoch is the best (--save best),
-    then last.pt, then metrics.jsonl. Ctrl-C and SIGTERM wait until all three are written."""
+    """An epoch's files in the run folder: checkpoint.pt if the epoch is the best (--save best)
+    or every epoch (--save last), then last.pt, then metrics.jsonl. Ctrl-C and SIGTERM wait until
+    all three are written."""
     args = trainer.args
     with signals_held():
-        if best["epoch"] == epoch and args.save == "best":
+        if best["epoch"] == epoch and args.save == "best" or args.save == "last":
             save_checkpoint(os.path.join(args.out, "checkpoint.pt"), trainer.model, trainer.losses,
-                            trainer.tokenizer, vars(args), epoch, best["dev"],
+                            trainer.tokenizer, vars(args), epoch, records[-1]["dev"],
                             trainer.moco.memory if trainer.moco else None, data=trainer.data,
                             base=trainer.base)
         # then the state to resume from, then the records: a kill -9 between two of these

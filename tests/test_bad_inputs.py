@@ -208,7 +208,7 @@ FLAG_CASES = [
     ("resume a run.json missing a flag", "train", resume_without_lr, "run.json has no lr"),
     ("resume without the best checkpoint", "train", resume_without_checkpoint, "checkpoint.pt, the best epoch so far, "
                                                                                 "is missing"),
-    ("save last", "train", trainer("--save", "last"), "argument --save: invalid choice: 'last'"),
+    ("save latest", "train", trainer("--save", "latest"), "argument --save: invalid choice: 'latest'"),
     ("device mps", "train", trainer("--device", "mps"), "--device 'mps': minknn runs on auto, cpu, cuda or cuda:N"),
     ("device meta", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--device", "meta"], "--device 'meta'"),
     ("empty data_dir", "train", trainer("--data_dir", ""), "--data_dir is empty"),

@@ -29,3 +29,23 @@ def test_cells_are_shared_by_the_methods_of_one_training():
     ce = grid.Cell("mr", "20", 0, "ce", ())
     assert [m.name for m in cells[ce]] == ["ce", "ce+knn"]
     assert list(cells)[0].seed == 0 and list(cells)[-1].seed == 1, "whole seeds first"
+
+
+def test_search_adds_the_values_that_apply_and_a_methods_own_win():
+    search = grid.parse_grid("lr=1e-5,3e-5;lam=0.1,0.5", "lr=1e-5,3e-5;lam=0.1,0.5", flag="--search")
+    assert search == {"lr": [1e-5, 3e-5], "lam": [0.1, 0.5]}
+    takes_lam = {"supcon", "proxyanchor"}  # train.py's answer, as runner.search_applies asks it
+
+    def expanded(text):
+        m = grid.parse_method(text)
+        return grid.with_search(m, search, lambda flag: flag != "lam" or m.loss in takes_lam)
+    assert expanded("ce").train_grid == {"lr": [1e-5, 3e-5]}, "grid.with_search: lam does not apply to ce"
+    assert expanded("supcon").train_grid == {"lr": [1e-5, 3e-5], "lam": [0.1, 0.5]}
+    assert expanded("proxyanchor[lam=0.9]+proxy").train_grid == {"lr": [1e-5, 3e-5], "lam": [0.9]}, \
+        "grid.with_search: the method's own lam must win over --search's"
+    cells = grid.cells_of(["mr"], [expanded(t) for t in ("ce", "ce+knn", "supcon")], ["20"], [0])
+    per_loss = {loss: sum(c.loss == loss for c in cells) for loss in ("ce", "supcon")}
+    assert per_loss == {"ce": 2, "supcon": 4}, f"grid.cells_of: ce and ce+knn share 2 trainings, supcon 4: {per_loss}"
+    assert grid.search_text(search) == "lr=1e-05,3e-05;lam=0.1,0.5"
+    with pytest.raises(MinknnError, match="--search lr: 'lr' is not name=value"):
+        grid.parse_grid("lr", "lr", flag="--search")

@@ -137,3 +137,54 @@ def test_a_bad_write_file_stops_before_the_table_is_written(tmp_path):
     (tmp_path / "R.md").write_text("a\n<!-- runner g -->\nold\n<!-- /runner g -->\nb\n")
     report.write_report(str(folder), write=str(tmp_path / "R.md"))
     assert "| supcon |" in (tmp_path / "R.md").read_text() and (folder / "table.md").exists()
+
+
+def searched(task, method, seed, params, select, test, search=None):
+    """A result line of a --search grid: the training parameters of its cell, one entry."""
+    line = result(task, method, seed, test)
+    line["train_params"], line["cell"] = params, f"{task}-{method}-{params}-{seed}"
+    line["grid"][0]["select"] = {"acc": select}
+    if search:
+        line["search"] = search
+    return line
+
+
+def test_the_budget_line_says_each_methods_trainings_and_why_they_differ():
+    search = {"lr": [1e-5, 3e-5], "lam": [0.1, 0.5]}
+    lines = []
+    for seed in range(3):
+        lines += [searched("mr", "ce", seed, {"lr": lr}, 0.6, 0.6, search) for lr in search["lr"]]
+        lines += [searched("mr", "supcon", seed, {"lr": lr, "lam": lam}, 0.7, 0.7, search)
+                  for lr in search["lr"] for lam in search["lam"]]
+        lines += [searched("mr", "pa", seed, {"lr": lr, "lam": 0.9}, 0.7, 0.7, search) for lr in search["lr"]]
+    text = report.table(lines)
+    assert "Budget, trainings per task, size and seed (--search lr=1e-05,3e-05;lam=0.1,0.5): ce: 2 trainings " \
+           "(lam does not apply), pa: 2 trainings (its own lam=0.9), supcon: 4 trainings." in text, text
+    same = [ln for ln in lines if ln["method"] == "supcon"]
+    assert "Budget: 4 trainings per task, size and seed for every method (--search lr=1e-05,3e-05;lam=0.1,0.5)." \
+        in report.table(same), "report: an equal budget is one plain sentence"
+    assert "Budget" not in report.table([result("mr", "ce", s, 0.6) for s in range(3)]), \
+        "report: a grid with one training per method and no --search has no budget to state"
+
+
+def test_choose_searched_values_on_selection_and_without_selection_scores():
+    lines = []
+    for seed in range(2):  # lr 1e-5: better on selection, worse on test
+        lines += [searched("mr", "ce", seed, {"lr": 1e-5}, 0.8, 0.5),
+                  searched("mr", "ce", seed, {"lr": 3e-5}, 0.6, 0.9)]
+    c = report.choose(lines, "acc")["mr", "20", "ce"]
+    assert c["params"] == ((("lr", 1e-5),), ()) and c["test"] == {0: {"acc": 0.5}, 1: {"acc": 0.5}}, \
+        f"report.choose: the searched lr must be chosen on selection scores, not test: {c['params']}"
+    assert "Chosen (20): ce on mr: lr=1e-05." in report.table(lines), "the chosen searched value is listed"
+    fixed = [searched("mr", "ce", seed, {}, 0.0, 0.7) for seed in range(2)]  # --select none: no scores
+    for ln in fixed:
+        ln["select"] = "none"
+        del ln["grid"][0]["select"]
+    c = report.choose(fixed, "acc")["mr", "20", "ce"]
+    assert c["params"] == ((), ()) and c["test"] == {0: {"acc": 0.7}, 1: {"acc": 0.7}}, \
+        "report.choose: without selection scores the only candidate wins"
+    assert "Selection (none): the last epoch and the given values; no dev labels choose anything" in \
+        report.table(fixed)
+    two = fixed + [dict(ln, train_params={"lr": 1e-5}) for ln in fixed]
+    with pytest.raises(MinknnError, match="mr 20 ce: 2 candidates and no selection scores to choose one"):
+        report.choose(two, "acc")

@@ -1,6 +1,7 @@
 """The experiment runner (minknn/runner.py) and its table (minknn/report.py) on the tiny fixtures:
 a grid completes, its table holds the runs' own figures, a killed grid finishes without
 retraining, the choices never look at the test split."""
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -202,6 +203,135 @@ def test_bad_grids_stop_in_one_line_before_training(tiny_bert_dir, tmp_path, cap
     runner.main(["--tasks", "mr", "--methods", "ce", "--sizes", "6", "--seeds", "0-1", "--out",
                  str(out), "--device=cpu", "--max_len", "32", "--batch_size", "4", "--lr", "3e-3",
                  "--epochs", "2", "--data_dir", DATA, "--model", tiny_bert_dir])  # reordered
+
+
+SEARCH = "lr=1e-3,3e-3;lam=0.1,0.5"
+
+
+def run_small(tiny_bert_dir, out, *extra, methods, data_dir=DATA, epochs="2"):
+    """One task (sst2, labelled test), one seed: the --search and --select none grids."""
+    return runner.main(["--tasks", "sst2", "--methods", methods, "--sizes", "6", "--seeds", "0",
+                        "--out", str(out), "--model", tiny_bert_dir, "--data_dir", data_dir,
+                        "--epochs", epochs, "--batch_size", "4", "--max_len", "32",
+                        "--device", "cpu", *extra])
+
+
+def trained_with(monkeypatch):
+    """Records each cell's train.py flags as (loss, lr, lam, save), None where not given."""
+    seen, real = [], train.main
+
+    def main(argv):
+        last = {flag: value for flag, value in zip(argv, argv[1:]) if flag.startswith("--")}
+        number = {f: last.get(f"--{f}") and float(last[f"--{f}"]) for f in ("lr", "lam")}
+        seen.append((last["--loss"], number["lr"], number["lam"], last["--save"]))
+        return real(argv)
+    monkeypatch.setattr(train, "main", main)
+    return seen
+
+
+def test_search_trains_each_method_at_the_values_that_apply(tiny_bert_dir, tmp_path, monkeypatch):
+    """--search lr x lam: ce without lam (train.py refuses --lam for the base loss alone), supcon
+    at every pair, proxyanchor at its own lam 0.9; the choice on the selection split (a poisoned
+    test split changes nothing chosen); the budget and the chosen values under the table; a rerun
+    with another --search refused in one line."""
+    methods = "ce,ce+knn,supcon,proxyanchor[lam=0.9]+proxy"
+    seen = trained_with(monkeypatch)
+    run_small(tiny_bert_dir, tmp_path / "clean", "--search", SEARCH, methods=methods)
+    lrs = (1e-3, 3e-3)
+    want = {("ce", lr, None) for lr in lrs} | {("supcon", lr, lam) for lr in lrs for lam in (0.1, 0.5)} | \
+        {("proxyanchor", lr, 0.9) for lr in lrs}
+    assert {s[:3] for s in seen} == want and len(seen) == len(want), \
+        f"runner.search_methods: the cells trained {sorted(seen, key=str)}, not {sorted(want, key=str)}"
+    lines = lines_of(tmp_path / "clean")
+    assert sorted(len([ln for ln in lines if ln["method"] == m]) for m in grid.split_top(methods, ",")) == \
+        [2, 2, 2, 4], "one result line per method and training"
+    text = (tmp_path / "clean" / "table.md").read_text()
+    assert "Budget, trainings per task, size and seed (--search lr=0.001,0.003;lam=0.1,0.5): ce: 2 trainings " \
+           "(lam does not apply), ce+knn: 2 trainings (lam does not apply), proxyanchor+proxy: 2 trainings " \
+           "(its own lam=0.9), supcon: 4 trainings." in text, text
+    chosen = text.split("Chosen (6): ")[1].split("\n")[0]
+    for method, values in (("ce", "lr="), ("supcon", "lam=0."), ("supcon", "lr="), ("proxyanchor+proxy", "lam=0.9")):
+        assert values in chosen.split(f"{method} on sst2: ")[1].split(";")[0], \
+            f"report: the chosen {values} of {method} must be listed: {chosen}"
+
+    run_small(tiny_bert_dir, tmp_path / "poisoned", "--search", SEARCH, methods=methods,
+              data_dir=poisoned_copy(tmp_path))
+    poisoned = lines_of(tmp_path / "poisoned")
+    assert [ln["grid"][0]["test"] for ln in lines] != [ln["grid"][0]["test"] for ln in poisoned], \
+        "the poisoning must change the test scores, or this test checks nothing"
+    assert {k: v["params"] for k, v in report.choose(lines, "acc").items()} == \
+        {k: v["params"] for k, v in report.choose(poisoned, "acc").items()}, \
+        "report.choose: the searched values chosen changed with the test labels"
+    with pytest.raises(MinknnError, match=r"holds a grid run with --search lr=0.001,0.003;lam=0.1,0.5; use "):
+        run_small(tiny_bert_dir, tmp_path / "clean", "--search", "lr=1e-3", methods=methods)
+    with pytest.raises(MinknnError, match=r"holds a grid run with --search lr=0.001,0.003;lam=0.1,0.5; use "):
+        run_small(tiny_bert_dir, tmp_path / "clean", methods=methods)
+
+
+def test_bad_searches_and_choices_under_select_none_stop_in_one_line(tiny_bert_dir, tmp_path):
+    out = tmp_path / "g"
+    for extra, methods, says in (
+            (["--search", "lam=2"], "ce,supcon", r"--search lam: no method of --methods takes it \(--lam must be "
+             r"a finite number in \[0, 1\], got 2.0\)$"),  # each refusal once
+            (["--search", "m_most=5"], "ce,supcon", r"--search m_most: no method of --methods takes it \(--m_most "
+             r"is a flag of --loss knnbert, not of --loss ce \| --m_most .* not of --loss supcon\)"),
+            (["--search", "lr=1e-3,-1"], "ce", r"--search lr=-1: --lr must be a finite number >= 0, got -1.0 "
+             r"\(with --methods ce\)"),
+            (["--search", "k=4,16"], "ce+knn", "unrecognized arguments: --k 4.*are inference values"),
+            (["--search", "seed=1"], "ce", "seed is the runner's to set"),
+            (["--search", "lr"], "ce", "--search lr: 'lr' is not name=value"),
+            (["--select", "none"], "ce,proxyanchor[lam=0.1,0.5]", r"--methods proxyanchor\[lam=0.1,0.5\]: 2 "
+             r"values of lam, and --select none has no dev labels to choose one"),
+            (["--select", "none"], "ce+knn[k=1,2]", r"--methods ce\+knn\[k=1,2\]: 2 values of k, and --select"),
+            (["--select", "none", "--search", "lr=1e-3,3e-3"], "ce", "--search lr=1e-3,3e-3: 2 values of lr")):
+        with pytest.raises(MinknnError, match=says):
+            run_small(tiny_bert_dir, out, *extra, methods=methods)
+    assert not out.exists(), "nothing is written before the grid is checked"
+
+
+def falling_dev(monkeypatch):
+    """Every epoch's overall dev score lower than the one before: epoch 1 is the best on dev."""
+    real = train.evaluate
+
+    def falling(*args, **kwargs):
+        path = os.path.join(args[5].out, "metrics.jsonl")  # args[5]: the run's arguments
+        epoch = 1 + (len(open(path).readlines()) if os.path.exists(path) else 0)
+        return {**real(*args, **kwargs), "overall": 1.0 - 0.1 * epoch}
+    monkeypatch.setattr(train, "evaluate", falling)
+
+
+def test_select_none_scores_the_last_epoch_and_chooses_nothing(tiny_bert_dir, tmp_path, monkeypatch):
+    """--select none: each cell trains with --save last and is scored at its last epoch, though the
+    first was the best on dev; the lines carry no selection scores, the table says nothing was
+    chosen, the plots are drawn; a rerun with another --select is refused in one line."""
+    out = tmp_path / "g"
+    seen = trained_with(monkeypatch)
+    falling_dev(monkeypatch)
+    run_small(tiny_bert_dir, out, "--select", "none", "--keep", methods="ce,ce+knn[k=2]", epochs="3")
+    assert [s[3] for s in seen] == ["last"], f"runner.train_argv: --select none must train with --save last: {seen}"
+    lines = lines_of(out)
+    cell = out / "runs" / lines[0]["cell"]
+    assert json.load(open(cell / "summary.json"))["best_epoch"] == 1, \
+        "the falling dev scores must make epoch 1 the best, or this test checks nothing"
+    for ln in lines:
+        assert ln["best_epoch"] == 3, f"{ln['method']}: scored at epoch {ln['best_epoch']}, not the last (3)"
+        assert all("select" not in e for e in ln["grid"]), f"{ln['method']}: --select none keeps no selection scores"
+    scored = evaluate.main(["--checkpoint", str(cell), "--split", "test", "--device", "cpu",
+                            "--out", str(tmp_path / "check.csv")])
+    ce = next(ln for ln in lines if ln["method"] == "ce")
+    assert scored["sst2"]["acc"] == pytest.approx(ce["grid"][0]["test"]["acc"]), \
+        "runner: ce's test figure is not the last epoch's checkpoint's"
+    text = (out / "table.md").read_text()
+    assert "Selection (none): the last epoch and the given values; no dev labels choose anything" in text, text
+    assert "Given, chosen by nothing (6): ce+knn on sst2: k=2, phi=0.25." in text, text
+    if importlib.util.find_spec("matplotlib"):  # an optional extra
+        assert {"curves-sst2-6.png", "bars-6.png", "sweep-sst2-6.png"} <= set(os.listdir(out / "plots"))
+    with pytest.raises(MinknnError, match=r"holds a grid run with --select none; use the same flags"):
+        run_small(tiny_bert_dir, out, "--keep", methods="ce,ce+knn[k=2]", epochs="3")
+    grid_json = json.load(open(out / "grid.json"))  # a grid.json from before --search: as none given
+    del grid_json["search"]
+    (out / "grid.json").write_text(json.dumps(grid_json))
+    run_small(tiny_bert_dir, out, "--select", "none", "--keep", methods="ce,ce+knn[k=2]", epochs="3")
 
 
 def test_jobs_run_cells_side_by_side_on_the_cpu(tiny_bert_dir, tmp_path):

@@ -290,6 +290,53 @@ def test_save_none_keeps_the_scores_and_still_resumes(tiny_bert_dir, data_dir, t
         assert summary["save"] == "none" and "stopped" not in summary and summary["dev"], summary
 
 
+def dev_falling(monkeypatch):
+    """Makes every epoch's overall dev score lower than the one before, so that epoch 1 is the best (the epoch
+    scored: one more than the run's metrics.jsonl holds, so a resumed run scores as the run left alone)."""
+    real = train.evaluate
+
+    def falling(*args, **kwargs):
+        path = os.path.join(args[5].out, "metrics.jsonl")  # args[5]: the run's arguments
+        epoch = 1 + (len(open(path).readlines()) if os.path.exists(path) else 0)
+        return {**real(*args, **kwargs), "overall": 1.0 - 0.1 * epoch}
+    monkeypatch.setattr(train, "evaluate", falling)
+
+
+def test_save_last_keeps_the_last_epoch_even_when_an_earlier_was_better(tiny_bert_dir, data_dir, tmp_path,
+                                                                         monkeypatch, capsys):
+    """--save last (the runner's --select none): checkpoint.pt holds the last epoch's weights and dev scores, not
+    the best epoch's, though epoch 1 scores best on dev; a run stopped in epoch 3 resumes to the same files."""
+    argv = flags(tiny_bert_dir, data_dir, "--save", "last")
+    keep_last(monkeypatch)
+    dev_falling(monkeypatch)
+    summary = train.main([*argv, "--out", str(tmp_path / "alone")])
+    assert summary["best_epoch"] == 1, "the falling dev scores must make epoch 1 the best, or this checks nothing"
+    ckpt = torch.load(tmp_path / "alone" / "checkpoint.pt", weights_only=True)
+    final = torch.load(tmp_path / "alone" / "last.pt", weights_only=True)
+    assert ckpt["epoch"] == 3, f"--save last: checkpoint.pt holds epoch {ckpt['epoch']}, not the last (3)"
+    records = [json.loads(line) for line in open(tmp_path / "alone" / "metrics.jsonl")]
+    assert ckpt["dev"] == records[-1]["dev"], "--save last: the checkpoint's dev scores are not its own epoch's"
+    for name, tensor in final["model"].items():
+        torch.testing.assert_close(ckpt["model"][name], tensor,
+                                   msg=lambda m: f"--save last: checkpoint.pt's {name} is not the final weight: {m}")
+    assert "holds the last epoch: --save last" in capsys.readouterr().out
+
+    monkeypatch.undo()  # stopped in epoch 3 (step 11, at 5 steps an epoch): checkpoint.pt is epoch 2's
+    keep_last(monkeypatch)
+    dev_falling(monkeypatch)
+    real_step = train.train_step
+    stop_at(monkeypatch, 11, KeyboardInterrupt)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(SystemExit):
+        train.main([*argv, "--out", str(stopped)])
+    err = capsys.readouterr().err
+    assert f"the last epoch's checkpoint (epoch 2) is {stopped / 'checkpoint.pt'}" in err, err
+    assert torch.load(stopped / "checkpoint.pt", weights_only=True)["epoch"] == 2
+    monkeypatch.setattr(train, "train_step", real_step)
+    train.main(["--resume", str(stopped)])
+    assert_same_run(tmp_path / "alone", stopped, "--save last, resumed after epoch 2", final=True)
+
+
 def test_a_run_stopped_before_its_first_epoch_starts_again(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     argv = flags(tiny_bert_dir, data_dir, "--epochs", "2")
     train.main([*argv, "--out", str(tmp_path / "alone")])
