@@ -2,7 +2,10 @@
 
 A method is a training loss, optionally with an inference rule: `ce`, `proxyanchor+proxy`,
 `knnbert+knn`, `knnbert+knn-only`. Rules: the linear head (no rule), `proxy` (proxy inference,
-minknn/proxy.py), `knn` (the model mixed with kNN, minknn/knn.py) and `knn-only` (kNN alone).
+minknn/proxy.py), `knn` (the model mixed with kNN, minknn/knn.py), `knn-only` (kNN alone) and
+`probe` (the trained head replaced by a logistic regression fit on the trained encoder's training
+representations, minknn/probe.py; on `ce[option=pretrain]` it is the linear probe of the frozen
+base model).
 Either part may carry a small grid in brackets: `proxyanchor[lam=0.1,0.5]+proxy[alpha=0.25,0.5]`,
 `knnbert+knn[k=16,64;phi=0.25,0.5]`; a training parameter is any train.py flag, an inference one
 alpha (proxy), k and phi (knn; knn-only has phi 1). The runner's --search 'lr=1e-5,3e-5;lam=0.1'
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from minknn import MinknnError
 
-RULES = {"linear": (), "proxy": ("alpha",), "knn": ("k", "phi"), "knn-only": ("k",)}
+RULES = {"linear": (), "proxy": ("alpha",), "knn": ("k", "phi"), "knn-only": ("k",), "probe": ()}
 
 
 @dataclass(frozen=True)

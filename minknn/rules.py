@@ -1,5 +1,6 @@
 """Every inference rule on one trained cell of a grid (minknn/runner.py), from one prediction pass
-per split: the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi).
+per split: the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi),
+and the probe (a logistic regression, minknn/probe.py, fit on the training set's z).
 Each method's result line holds, for every value of its inference grid, the scores on the
 selection split and on the test split (minknn/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
@@ -18,6 +19,7 @@ from minknn.engine import pick_device, predict
 from minknn.kinds import kind_of, score
 from minknn.knn import SWEEP_KS, SWEEP_PHIS, Datastore, interpolate, settings
 from minknn.model import Model
+from minknn.probe import fit_logistic
 from minknn.proxy import proxy_logits
 from minknn.runs import read_jsonl
 
@@ -73,6 +75,9 @@ def score_cell(cell, methods, ctx, folder):
         line = line_head(cell, method, ctx)
         if method.rule == "linear":
             grid = [{"params": {}, **scores(base)}]
+        elif method.rule == "probe":  # the head refit: scikit-learn's LogisticRegression()
+            grid = [{"params": {}, **scores(probe_probabilities(
+                task, model, tokenizer, train_set, z, batch, device, precision))}]
         elif method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(h) + alpha s cos(h, P_c))
             grid = [{"params": {"alpha": alpha}, **scores({
                 s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
@@ -88,6 +93,19 @@ def score_cell(cell, methods, ctx, folder):
         lines[0]["map"] = representation_map(ctx, task, ckpt, tokenizer, test, z["test"], device,
                                              precision)
     return lines
+
+
+def probe_probabilities(task, model, tokenizer, train_set, z, batch, device, precision):
+    """Each split's probabilities from a logistic regression (C = 1) fit on the training set's z,
+    in place of the trained head."""
+    kind = kind_of(task)
+    if z["test"] is None:
+        raise MinknnError(f"{task.name}: the probe rule fits a vector per example, and a siamese "
+                          f"pair has two; use --pair_mode cross")
+    _, z_train = predict(model, tokenizer, task, train_set, batch, device, precision=precision)
+    W, b = fit_logistic(z_train, kind.targets(task, train_set, "cpu"), len(task.labels),
+                        multilabel=task.kind == "multilabel")
+    return {s: kind.probabilities(z[s] @ W.T + b) for s in z}
 
 
 def knn_tables(task, model, tokenizer, train_set, examples, key, z, base, batch, device,

@@ -542,3 +542,37 @@ def test_ctrl_c_and_sigterm_stop_the_grid_with_their_own_status(stop, status, sa
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")]
     assert err == [f"{says}; run the same command again to go on (finished cells are kept in {tmp_path / 'g'}/runs)"], \
         err
+
+
+def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors(tiny_bert_dir,
+                                                                                  tmp_path):
+    """ce+probe: the cell's head replaced by fit_logistic on the trained encoder's z of the cell's
+    own training draw; its test scores are that regression's predictions, recomputed here from the
+    kept checkpoint, and they differ from the trained head's (or the rule was not applied)."""
+    from minknn.checkpoint import load_checkpoint, rebuild
+    from minknn.data import load_split
+    from minknn.engine import predict
+    from minknn.metrics import accuracy
+    from minknn.probe import fit_logistic
+    out = tmp_path / "g"
+    run_small(tiny_bert_dir, out, "--keep", "--lr", "3e-3", methods="ce,ce+probe")
+    lines = {ln["method"]: ln for ln in lines_of(out)}
+    cell = out / "runs" / lines["ce"]["cell"]
+    model, _, tokenizer = rebuild(load_checkpoint(str(cell / "checkpoint.pt")))
+    task, cpu = model.tasks["sst2"], torch.device("cpu")
+    ctx = runner.Context(runner.get_args(["--tasks", "sst2", "--out", str(out), "--data_dir", DATA,
+                                          "--seeds", "0"])[0], [])
+    train_set = ctx.train_examples(grid.Cell("sst2", "6", 0, "ce", ()))
+    test = load_split(task, "test", DATA)
+    _, z_train = predict(model, tokenizer, task, train_set, 8, cpu)
+    _, z_test = predict(model, tokenizer, task, test, 8, cpu)
+    W, b = fit_logistic(z_train, torch.tensor([e.label for e in train_set]), 2)
+    expected = accuracy((z_test @ W.T + b).argmax(1).numpy(), [e.label for e in test])
+    assert lines["ce+probe"]["grid"][0]["test"]["acc"] == pytest.approx(expected), (
+        "rules.py probe: the test accuracy is not a logistic regression's on the trained encoder's "
+        "training vectors")
+    from minknn.rules import probe_probabilities  # the probabilities themselves, not one score
+    got = probe_probabilities(task, model, tokenizer, train_set, {"test": z_test}, 8, cpu, None)
+    torch.testing.assert_close(got["test"], torch.softmax((z_test @ W.T + b).double(), -1),
+                               atol=1e-4, rtol=1e-3, msg="rules.py probe_probabilities: not the "
+                               "regression fit on the trained encoder's training vectors")
