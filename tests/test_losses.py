@@ -928,8 +928,10 @@ def test_setfit_pairs_the_first_half_with_the_second():
     loss = make("setfit")
     h = torch.stack([e(0), e(1), e(2), e(0), e(1), -e(2)])
     got = value("setfit", loss, h, torch.tensor([0, 1, 2, 0, 1, 2]))
-    hint = (": pair i is text i with text B + i (h[:B] with h[B:], u, v = h.chunk(2)), not "
-            "neighbouring rows (h[0::2], h[1::2])") if near(got, 1.0) else ""
+    hints = {1.0: "pair i is text i with text B + i (h[:B] with h[B:], u, v = h.chunk(2)), not "
+                  "neighbouring rows (h[0::2], h[1::2])", 4.0: "a sum over the pairs, not the mean",
+             2 / 3: "the absolute error, not its square"}
+    hint = next((": " + why for v, why in hints.items() if near(got, v)), "")
     ok("setfit", near(got, 4 / 3), f"on pairs (e0, e0), (e1, e1), (e2, -e2), each of one class, "
        f"the loss is {got:.6g}, not (0 + 0 + 4) / 3{hint}")
 
