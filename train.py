@@ -20,7 +20,9 @@ their gradients combined by gradient surgery (minknn/pcgrad.py). An epoch is one
 largest task; a smaller task starts a new shuffled pass when it runs out. AdamW, linear warm-up
 over the first 6% of steps then linear decay to 0, gradients clipped to norm 1; a loss's own
 parameters (proxies) get --proxy_lr. A memory loss (knnbert, moco) keeps a MoCo queue or memory
-bank (minknn/moco.py), filled before the first step and written after each. This file holds the
+bank (minknn/moco.py), filled before the first step and written after each. --loss setfit steps
+over batches of SetFit's pairs, and its head is fit by logistic regression (minknn/probe.py) at the
+end of each epoch, before the dev set is scored (minknn/losses/setfit.py). This file holds the
 flags, the optimiser and the training step, and the loop; the parts a run is made of (data,
 model, losses, memory, optimiser, batch streams) are built, restored from last.pt and saved by
 minknn/trainer.py, which bench.py builds its runs with too.
