@@ -7,6 +7,8 @@
     python train.py --task rte --loss knnbert        # 0.9 CE + 0.1 KNN-BERT's loss, a MoCo queue
     python train.py --task sst --decoupled           # 0.5 CE + 0.5 triplet on a retrieval head
     python train.py --task reuters --loss mlcon      # multi-label: BCE + 0.1 Su et al.'s loss
+    python train.py --task cr --per_class 8 --loss setfit --epochs 1 --batch_size 16 --lr 2e-5 \
+        --warmup 0.1                                 # SetFit: cosine pairs, then a logistic head
     python train.py --task multitask --tasks sst,mrpc,sts --pcgrad   # one BERT, three heads
     python train.py --task sst --save none           # the dev scores only: no checkpoint (grids)
     torchrun --nproc_per_node 4 train.py --task sst  # one run on 4 GPUs (or CPU processes)
@@ -23,9 +25,12 @@ parameters (proxies) get --proxy_lr. --head_init probe (the default with --optio
 starts each classification and multi-label head as a logistic regression fit on the encoder as
 loaded (LP-FT, Kumar et al. 2022; minknn/probe.py). A memory loss (knnbert, moco) keeps a
 MoCo queue or memory bank (minknn/moco.py), filled before the first step and written after each.
-This file holds the flags, the optimiser and the training step, and the loop; the parts a run
-is made of (data, model, losses, memory, optimiser, batch streams) are built, restored from
-last.pt and saved by minknn/trainer.py, which bench.py builds its runs with too.
+--loss setfit steps over batches of SetFit's pairs, and its head is fit by logistic regression
+(minknn/probe.py) at the end of each epoch, before the dev set is scored
+(minknn/losses/setfit.py). This file holds the flags, the optimiser and the training step, and
+the loop; the parts a run is made of (data, model, losses, memory, optimiser, batch streams) are
+built, restored from last.pt and saved by minknn/trainer.py, which bench.py builds its runs with
+too.
 
 Under torchrun (minknn/distributed.py: gloo on the CPU, NCCL on CUDA, one GPU per process) a run
 is the same run: --batch_size stays the global batch, each process encodes its slice of every
@@ -77,6 +82,7 @@ from minknn.losses.mlcon import REDUCTIONS as MLCON_REDUCTIONS
 from minknn.model import POOLINGS
 from minknn.moco import QUEUE_SIZE
 from minknn.options import DEFAULT_TASKS, Parser, check_args, resumed_args
+from minknn.probe import fit_head
 from minknn.proxy import PROXY_LOSSES
 from minknn.runs import (best_so_far, check_same_data, close_run_folder, load_last, open_folder,
                          summarise, write_json)
@@ -149,6 +155,8 @@ def make_parser():
     g.add_argument("--mlcon_reduction", choices=MLCON_REDUCTIONS, help="mlcon: L_con summed over "
                    "the batch as Su et al. write it, or its mean over the examples that share a "
                    "label with another, on BCE's scale (minknn/losses/mlcon.py) (default: sum)")
+    g.add_argument("--setfit_iterations", type=int, help="setfit: R, rounds of one positive and "
+                   "one negative pair per example (default: 20); an epoch is a pass over the pairs")
     g = p.add_argument_group("memory (knnbert, moco)")
     g.add_argument("--memory", choices=["queue", "bank"], help="MoCo's queue or a memory bank "
                    "(default: queue)")
@@ -391,6 +399,9 @@ def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
     """An epoch's dev scores, its record (appended to records), its files (checkpoint.pt if it is
     the best) and its line. Returns the best epoch so far."""
     args, tasks = trainer.args, trainer.tasks
+    if args.loss == "setfit":  # SetFit's head: a logistic regression on the trained encoder's z
+        fit_head(trainer.model, trainer.tokenizer, tasks[0], trainer.train[tasks[0].name],
+                 2 * args.batch_size, trainer.device, args.precision)
     dev_scores = evaluate(trainer.model, trainer.losses, trainer.tokenizer, tasks, trainer.dev,
                           args, trainer.device)
     check_epoch_finite(epoch, trainer.model, trainer.losses, dev_scores)

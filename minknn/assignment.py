@@ -151,6 +151,10 @@ PARTS = (
          "PCGrad: project each task's gradient off the gradients it conflicts with, on the "
          "gradients and on their Gram matrix",
          "Yu et al. 2020, Algorithm 1"),
+    Part("setfit", "minknn/losses/setfit.py", pytest("tests/test_losses.py", "setfit"),
+         "SetFit's pair loss: the cosine of each pair's two vectors regressed onto 1 for a pair of "
+         "one class, 0 for two",
+         "Tunstall et al. 2022 (SetFit), sec. 3.1; sentence-transformers' CosineSimilarityLoss"),
 )
 # The earlier parts whose code a part's tests run (the rest are graded on stand-ins of their own);
 # tests/test_assignment.py checks that a part passes with only these written.

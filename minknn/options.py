@@ -10,10 +10,11 @@ import os
 import re
 import sys
 
-from minknn import MinknnError, first_process
+from minknn import MinknnError, distributed, first_process
 from minknn.kinds import KINDS
 from minknn.losses import BASE_LOSSES, LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
 from minknn.losses.knnbert import M_LEAST, M_MOST
+from minknn.losses.setfit import ITERATIONS as SETFIT_ITERATIONS
 from minknn.moco import MOMENTUM
 from minknn.proxy import PROXY_LOSSES
 from minknn.runs import saved_args
@@ -109,6 +110,7 @@ def check_args(p, args):
                 f"{args.loss or args.sts_loss}")
     if args.loss == "mlcon" and args.mlcon_reduction is None:
         args.mlcon_reduction = "sum"  # the paper's equations as written (minknn/losses/mlcon.py)
+    check_setfit_flags(p, args, tasks)
     if proxy_lr_given and args.loss not in PROXY_LOSSES:
         p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
                 f"({', '.join(PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} has none")
@@ -121,7 +123,7 @@ def check_args(p, args):
 
 
 WHOLE_NUMBERS = ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",
-                 "steps", "steps_per_epoch", "queue_size")  # each at least 1
+                 "steps", "steps_per_epoch", "queue_size", "setfit_iterations")  # each at least 1
 BOUNDED = (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None), ("warmup", 0, 1),
            ("lam", 0, 1))
 
@@ -240,6 +242,29 @@ def check_head_init(p, args, tasks):
                 f"under --pair_mode siamese)")
 
 
+def check_setfit_flags(p, args, tasks):
+    """--loss setfit (minknn/losses/setfit.py): one classification task, its pairs drawn from its
+    own examples, the encoder trained, the head fit after each epoch in one process."""
+    if args.loss != "setfit":
+        if args.setfit_iterations is not None:
+            p.error(f"--setfit_iterations is a flag of --loss setfit, not of --loss "
+                    f"{args.loss or args.sts_loss}")
+        return
+    args.setfit_iterations = args.setfit_iterations or SETFIT_ITERATIONS
+    if len(tasks) > 1:
+        p.error("--loss setfit trains one classification task on pairs of its own examples, not "
+                "a multi-task run")
+    if args.lam is not None:
+        p.error("--loss setfit is SetFit's pair loss alone (no cross-entropy to weigh it "
+                "against): leave out --lam")
+    if args.option == "pretrain":
+        p.error("--loss setfit trains the encoder (the head is fit by logistic regression "
+                "after); --option pretrain would freeze all it trains")
+    if distributed.launched():
+        p.error("--loss setfit fits its head in one process, after each epoch; run it without "
+                "torchrun")
+
+
 def resumed_args(p, args):
     """--resume RUN: the run's own arguments, checked as the command line's (a hand-edited
     run.json gets one line naming the key); any other flag but --device is refused."""
@@ -248,10 +273,11 @@ def resumed_args(p, args):
     if given:
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
-    # runs from before --save kept the best; runs from before --per_class, --steps, --head_init
-    # and --mlcon_reduction had none (a random head; mlcon's sum, which a None builds)
+    # runs from before --save kept the best; runs from before --per_class, --steps, --head_init,
+    # --mlcon_reduction and --setfit_iterations had none (a random head; mlcon's sum, which a
+    # None builds)
     saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
-             "mlcon_reduction": None, **saved_args(args.resume)}
+             "mlcon_reduction": None, "setfit_iterations": None, **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]
     if missing:

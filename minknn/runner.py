@@ -11,7 +11,8 @@ values in brackets), sizes and seeds make cells, each (task, size, training, see
 trained once by train.py's own code, and every rule its methods ask for is scored on that one
 model (minknn/rules.py). A seed draws the same training examples for every method, so the
 comparisons are paired. Any flag the runner does not know (--epochs, --batch_size, --lr,
---max_len, --model, ...) is train.py's and goes to every cell.
+--max_len, --model, ...) is train.py's and goes to every cell. One method is no train.py run:
+`setfit-package` trains the real SetFit on its cell's draw (minknn/setfit_package.py).
 
 A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): every method is
 trained with each combination of the values that apply to it, as if they were written in its
@@ -66,7 +67,7 @@ import time
 import torch
 
 import train
-from minknn import MinknnError, Terminated, report, run
+from minknn import MinknnError, Terminated, report, run, setfit_package
 from minknn.data import eval_subset, labelled, load_split, split_recipe, training_examples
 from minknn.engine import pick_device
 from minknn.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes, search_text,
@@ -164,6 +165,8 @@ def run_cell(cell, methods, ctx):
     a finished cell's lines are read back from its cell.json (scored again, from its kept
     checkpoint, for a method added to the grid since)."""
     folder = os.path.join(ctx.out, "runs", cell.name)
+    if cell.loss == setfit_package.METHOD and saved_lines(folder) is None:  # not train.py's
+        return [setfit_package.run_cell(cell, methods, ctx, folder)]
     done = os.path.join(folder, "cell.json")
     saved = saved_lines(folder)
     if saved is not None:
@@ -401,6 +404,8 @@ def search_methods(args, train_flags):
 def search_applies(args, train_flags, method, flag):
     """(whether train.py takes --flag at each of its --search values with this method's loss and
     own values, on every task; train.py's refusal where it does not)."""
+    if method.loss == setfit_package.METHOD:
+        return False, "setfit-package trains with the package's own defaults"
     refused, tried = [], 0
     for task in args.task_list:
         base = [*train_flags, "--task", task, "--loss", method.loss,
@@ -462,6 +467,9 @@ def check_grid(args, train_flags, cells):
             seen.add((cell.task, cell.size, cell.seed))
             n_train = len(ctx.train_examples(cell))  # a size too large for a class stops here
             check_splits(ctx, task, n_train)
+        if cell.loss == setfit_package.METHOD:  # the package trains it, with its own defaults
+            setfit_package.check(cell, methods, task)
+            continue
         parsed = parse_train_args(train_argv(cell, ctx, os.path.join(args.out, "runs",
                                                                      cell.name)), methods)
         siamese = parsed.pair_mode == "siamese" and task.pair
@@ -484,7 +492,7 @@ def check_grid(args, train_flags, cells):
                           f"(e.g. {lacking[0]}); run them with another --out (or --keep next time)")
     if args.write:  # found now, not after the grid has trained
         report.block_file(args.write, report.runner_tag(args.out))
-    ctx.device = pick_device(parsed.device)  # --jobs: split the cores, or give each cell a GPU
+    ctx.device = pick_device(given["device"])  # --jobs: split the cores, or give each cell a GPU
     return ctx, shared
 
 

@@ -24,6 +24,7 @@ A Trainer is no framework, only the parts (the loop is train.py's):
     steps, rng, streams   steps per epoch (a pass over the largest task, --steps_per_epoch, or
                           --steps / --epochs);
                           each task's batch stream, all drawn from one random.Random(--seed)
+                          (--loss setfit: over SetFit's pairs, drawn first from it)
     pcgrad                --pcgrad: gradient surgery on the shared encoder (minknn/pcgrad.py)
     base                  --option pretrain: the base model's folder, which checkpoints name
                           instead of holding a copy of the frozen BERT
@@ -60,6 +61,7 @@ from minknn.engine import (TrainBatches, autocast, encode_batch, pick_device, pr
                            seed_everything, to_device)
 from minknn.kinds import kind_of, overall, score
 from minknn.losses import MEMORY_LOSSES, build_losses
+from minknn.losses.setfit import PairBatches
 from minknn.model import Model, Output
 from minknn.moco import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
@@ -133,10 +135,10 @@ def build(args, make_optimizer, examples=None, device=None):
                           "similarity task has no head")
     # --steps N: N / --epochs steps an epoch, whatever the data's size (options.py: a multiple)
     steps = (args.steps // args.epochs if args.steps else args.steps_per_epoch
-             or max(-(-len(e) // args.batch_size) for e in train.values()))
+             or max(-(-passed(args, len(e)) // args.batch_size) for e in train.values()))
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
     rng = random.Random(args.seed)
-    streams = {t.name: TrainBatches(len(train[t.name]), args.batch_size, rng) for t in tasks}
+    streams = {t.name: batch_stream(args, t, train[t.name], rng) for t in tasks}
     pcgrad = make_pcgrad(model) if args.pcgrad else None
     ddp = None
     if world() > 1:  # DDP copies rank 0's model to every rank; the proxies are not in it
@@ -163,6 +165,20 @@ def fit_probes(args, model, tokenizer, tasks, train, device):
         if t.kind in ("classify", "multilabel") and not model.siamese(t):
             fit_head(model, tokenizer, t, train[t.name], 2 * args.batch_size, device,
                      args.precision)
+
+
+def batch_stream(args, task, examples, rng):
+    """A task's batches of training-set rows: shuffled passes over its examples, or with --loss
+    setfit over SetFit's pairs (minknn/losses/setfit.py), drawn once here from the run's rng."""
+    if args.loss == "setfit":
+        labels = [e.label for e in examples]
+        return PairBatches(labels, args.setfit_iterations, args.batch_size, rng)
+    return TrainBatches(len(examples), args.batch_size, rng)
+
+
+def passed(args, n):
+    """What an epoch passes over: the n examples, or setfit's R x 2 x n pairs."""
+    return 2 * args.setfit_iterations * n if args.loss == "setfit" else n
 
 
 def read_last(args, bert, base, model_path):

@@ -10,24 +10,27 @@ Each loss is a part of the assignment (PARTS in minknn/assignment.py) and a fail
 
 The tests run over the registry (METRIC_LOSSES, minknn/losses/__init__.py): a new loss is tested
 as soon as it is registered, and fails test_every_registered_loss_has_an_oracle until its oracle
-is in ORACLES (a loss called as loss(h, labels)), MEMORY_ORACLES (a loss over the MoCo memory) or
-MULTILABEL_ORACLES (multi-hot labels).
+is in ORACLES (a loss called as loss(h, labels)), MEMORY_ORACLES (a loss over the MoCo memory),
+MULTILABEL_ORACLES (multi-hot labels) or PAIR_ORACLES (a loss of pair batches: setfit).
 """
 import inspect
 import math
 import os
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from grading import GENERIC, check, differs, matches_reference
+from minknn import MinknnError
 from minknn.assignment import BY_NAME, PARTS, label
 from minknn.losses import LOSSES, METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.losses.contrastive import contrastive
 from minknn.losses.knnbert import select_positives
 from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
+from minknn.losses.setfit import PairBatches, draw_pairs
 from minknn.model import Output
 from minknn.moco import Queue
 from minknn.tasks import TASKS
@@ -272,14 +275,32 @@ def mlcon_oracle(h, y, loss):
 
 
 MULTILABEL_ORACLES = {"mlcon": mlcon_oracle}
+
+
+# ---- pair losses, called as loss(h, labels) on a batch of pairs: the B first texts, then the B
+# second ones (h (2B, dim), labels (2B,) the texts' classes)
+
+def setfit_oracle(h, y, loss):
+    B, terms = len(h) // 2, []
+    for i in range(B):
+        u, v = h[i], h[B + i]                       # pair i: text i and text B + i
+        cos = (u @ v) / (u.norm() * v.norm())
+        target = 1.0 if y[i] == y[B + i] else 0.0   # one class: 1; two classes: 0
+        terms.append((cos - target) ** 2)
+    return mean(terms)
+
+
+PAIR_ORACLES = {"setfit": setfit_oracle}
 TABLES = {"ORACLES": ORACLES, "MEMORY_ORACLES": MEMORY_ORACLES,
-          "MULTILABEL_ORACLES": MULTILABEL_ORACLES}
+          "MULTILABEL_ORACLES": MULTILABEL_ORACLES, "PAIR_ORACLES": PAIR_ORACLES}
 
 
 def table_of(name):
     """Where loss `name`'s oracle belongs, by how the loss is called."""
     if getattr(METRIC_LOSSES[name], "uses_memory", False):
         return "MEMORY_ORACLES"
+    if getattr(METRIC_LOSSES[name], "pairs", False):
+        return "PAIR_ORACLES"
     return "MULTILABEL_ORACLES" if loss_kind(name) == "multilabel" else "ORACLES"
 
 
@@ -354,7 +375,7 @@ def bank_case(seed):
 def cases(name):
     """[(what, args)]: the inputs on which loss `name` is compared with its oracle."""
     table = table_of(name)
-    if table == "ORACLES":
+    if table in ("ORACLES", "PAIR_ORACLES"):  # as pairs: the first half with the second
         return [(f"the '{b}' batch {y} (seed {s})", (randn(len(y), D, seed=s), torch.tensor(y)))
                 for b, y in BATCHES.items() for s in range(3)]
     if table == "MULTILABEL_ORACLES":
@@ -372,6 +393,11 @@ def degenerate_cases(name):
     if table == "ORACLES":
         return [(f"a batch with {b} {y}", (randn(len(y), D, seed=0), torch.tensor(y)))
                 for b, y in NOTHING_TO_COMPARE.items()]
+    if table == "PAIR_ORACLES":  # SetFit pairs an example with itself: cos 1, at the top of its range
+        x = randn(2, D, seed=0)
+        return [("one pair, a text with itself", (torch.cat([x[:1], x[:1]]), torch.tensor([1, 1]))),
+                ("a text with itself, its class not its own", (torch.cat([x, x]),
+                                                              torch.tensor([0, 1, 1, 0])))]
     if table == "MULTILABEL_ORACLES":
         return [(f"a batch with {b}", (randn(len(y), D, seed=0),
                                        torch.tensor(y, dtype=torch.float64)))
@@ -887,6 +913,42 @@ def test_mlcon_weighs_each_sharer_by_the_labels_it_shares():
        f"same for all")
 
 
+def test_setfit_a_pair_of_one_class_targets_one():
+    loss, x = make("setfit"), torch.stack([e(0), e(0)])   # one pair of equal vectors: cos 1
+    same, other = (value("setfit", loss, x, torch.tensor(y)) for y in ([2, 2], [2, 3]))
+    ok("setfit", near(same, 0.0) and near(other, 1.0), f"a pair of equal vectors gives "
+       f"{same:.6g} when its texts share a class and {other:.6g} when not; expected 0 and 1: the "
+       f"target is 1.0 for a pair of one class, 0.0 for two (labels[:B] == labels[B:])")
+
+
+def test_setfit_pairs_the_first_half_with_the_second():
+    """h = [e0, e1, e2, e0, e1, -e2], labels [0, 1, 2, 0, 1, 2]: pairs (e0, e0), (e1, e1) and
+    (e2, -e2), each of one class: errors 0, 0 and (-1 - 1)^2 = 4, mean 4/3. Neighbouring rows as
+    pairs, (e0, e1), (e2, e0), (e1, -e2), all at cos 0, give 1."""
+    loss = make("setfit")
+    h = torch.stack([e(0), e(1), e(2), e(0), e(1), -e(2)])
+    got = value("setfit", loss, h, torch.tensor([0, 1, 2, 0, 1, 2]))
+    hints = {1.0: "pair i is text i with text B + i (h[:B] with h[B:], u, v = h.chunk(2)), not "
+                  "neighbouring rows (h[0::2], h[1::2])", 4.0: "a sum over the pairs, not the mean",
+             2 / 3: "the absolute error, not its square"}
+    hint = next((": " + why for v, why in hints.items() if near(got, v)), "")
+    ok("setfit", near(got, 4 / 3), f"on pairs (e0, e0), (e1, e1), (e2, -e2), each of one class, "
+       f"the loss is {got:.6g}, not (0 + 0 + 4) / 3{hint}")
+
+
+def test_setfit_squares_the_error_and_averages_over_the_pairs():
+    """Two pairs: one class at cos 0.5, two classes at cos 0.8: ((0.5 - 1)^2 + 0.8^2) / 2."""
+    loss = make("setfit")
+    h = torch.stack([e(0), e(0), at_angle(math.acos(0.5)), at_angle(math.acos(0.8))])
+    got = value("setfit", loss, h, torch.tensor([0, 1, 0, 2]))
+    want = (0.25 + 0.64) / 2
+    hints = {0.89: "a sum over the pairs, not the mean", 0.445 / 2: "a mean over the 2B texts, not "
+             "the B pairs", 0.65: "the absolute error, not its square"}
+    hint = next((why for v, why in hints.items() if near(got, v, atol=1e-9)), "")
+    ok("setfit", near(got, want), f"the loss is {got:.6g}, expected {want:.6g} (the mean over the "
+       f"pairs of (cos - target)^2){': ' + hint if hint else ''}")
+
+
 @pytest.mark.parametrize("name", WITH_ORACLE)
 def test_matches_its_oracle(name):
     loss, oracle = make(name), oracle_of(name)
@@ -970,7 +1032,7 @@ def fixed_inputs(name):
         for p in loss.parameters():
             p.copy_(torch.cos(0.37 * torch.arange(p.numel(), dtype=p.dtype) + 1).reshape(p.shape))
     table = table_of(name)
-    if table == "ORACLES":
+    if table in ("ORACLES", "PAIR_ORACLES"):
         return loss, (h, torch.tensor([0, 1, 0, 2, 1, 0]))
     if table == "MULTILABEL_ORACLES":
         return loss, (h, torch.tensor(MULTI_HOT["overlapping"], dtype=torch.float64))
@@ -1283,6 +1345,68 @@ def test_every_metric_term_runs_in_fp32_under_autocast(name):
        f"autocast is {bf16.item():.8g}, in fp32 {fp32.item():.8g}")
 
 
+# ---- SetFit's pairs (minknn/losses/setfit.py draw_pairs, PairBatches) ----
+
+SETFIT_LABELS = [0, 1, 2, 0, 1, 0, 0, 2]   # class 0 of 4 rows, 1 and 2 of 2
+
+
+def test_setfit_every_example_gets_r_positives_and_r_negatives():
+    pairs = draw_pairs(SETFIT_LABELS, 5, random.Random(0))
+    assert len(pairs) == 2 * 5 * len(SETFIT_LABELS), f"{len(pairs)} pairs, not R x 2 x N = 80"
+    for i, y in enumerate(SETFIT_LABELS):
+        partners = [b for a, b in pairs if a == i]
+        positives = [b for b in partners if SETFIT_LABELS[b] == y]
+        negatives = [b for b in partners if SETFIT_LABELS[b] != y]
+        assert (len(positives), len(negatives)) == (5, 5), (
+            f"example {i} (class {y}) heads {len(positives)} positive and {len(negatives)} "
+            f"negative pairs; SetFit gives each example one of each per round, 5 rounds")
+
+
+def test_setfit_positives_cover_the_class_and_negatives_the_other_classes():
+    """Uniform draws over the rows, not always the first; a positive may be the example itself
+    (SetFit draws it from its whole class); a class of one row pairs with itself."""
+    pairs = draw_pairs(SETFIT_LABELS, 200, random.Random(1))
+    for i, y in enumerate(SETFIT_LABELS):
+        partners = {b for a, b in pairs if a == i}
+        same = {j for j, c in enumerate(SETFIT_LABELS) if c == y}
+        assert partners == set(range(len(SETFIT_LABELS))), (
+            f"example {i}'s partners over 200 rounds are {sorted(partners)}: its positives must "
+            f"be drawn from all of its class {sorted(same)} (itself included), its negatives from "
+            f"all the other rows")
+    lone = [b for a, b in draw_pairs([0, 1, 1], 4, random.Random(0)) if a == 0]
+    assert lone[0::2] == [0] * 4 and set(lone[1::2]) <= {1, 2}, \
+        f"example 0, alone in its class, must be its own positive: its partners are {lone}"
+
+
+def test_setfit_the_same_seed_draws_the_same_pairs():
+    a, b = (draw_pairs(SETFIT_LABELS, 4, random.Random(7)) for _ in range(2))
+    assert a == b, "draw_pairs must draw only from the rng it is given"
+    assert a != draw_pairs(SETFIT_LABELS, 4, random.Random(8)), "another seed, the same pairs"
+    with pytest.raises(MinknnError, match="one class only"):
+        draw_pairs([3, 3, 3], 2, random.Random(0))
+
+
+def test_setfit_batches_are_the_first_texts_then_the_second_and_resume():
+    """PairBatches: each batch is its pairs' first rows then their second rows; one pass covers
+    every pair once; a stream restored from its state_dict goes on with the same batches."""
+    stream = PairBatches(SETFIT_LABELS, 3, 5, random.Random(0))  # 48 pairs: 9 batches of 5 and 3
+    seen = []
+    for _ in range(10):
+        rows = next(stream)
+        B = len(rows) // 2
+        seen += list(zip(rows[:B], rows[B:]))
+    assert sorted(seen) == sorted(stream.pairs), \
+        "one pass of batches must hold every pair once, as (rows[k], rows[B + k])"
+    state, rng_state = stream.state_dict(), stream.batches.rng.getstate()  # last.pt keeps both
+    ahead = [next(stream) for _ in range(12)]   # on into the next pass, shuffled again
+    rng = random.Random(0)
+    again = PairBatches(SETFIT_LABELS, 3, 5, rng)  # a resumed run's: built from the seed
+    again.load_state_dict(state)
+    rng.setstate(rng_state)
+    assert again.pairs == stream.pairs, "a resumed run must draw the same pairs"
+    assert [next(again) for _ in range(12)] == ahead, "a resumed stream must go on as it would have"
+
+
 # ---- the objective: each task's loss as train.py builds it ----
 
 def test_objective_mixes_ce_and_metric():
@@ -1298,6 +1422,21 @@ def test_objective_mixes_ce_and_metric():
     assert total.item() == pytest.approx(0.75 * ce.item() + 0.25 * metric.item())
     assert parts == {"ce": ce, "metric": metric}
     assert Objective("supcon", C, D).lam == 0.1 and Objective("proxyanchor", C, D).lam == 0.5
+
+
+def test_setfit_objective_is_the_pair_loss_alone():
+    """No cross-entropy term: the head gets no gradient (train.py fits it after each epoch)."""
+    torch.manual_seed(0)
+    logits, h = torch.randn(6, C, requires_grad=True), torch.randn(6, D, requires_grad=True)
+    y = torch.tensor([0, 1, 0, 0, 2, 1])
+    objective = Objective("setfit", C, D)
+    total, parts = objective(Output(logits=logits, embeddings=h), y)
+    torch.testing.assert_close(total, setfit_oracle(h.detach().double(), y, None).float(),
+                               msg="--loss setfit: the objective is the pair loss alone, lam 1")
+    assert set(parts) == {"metric"} and objective.lam == 1, parts
+    total.backward()
+    assert logits.grad is None and h.grad is not None, \
+        "--loss setfit: the pair loss trains z; the head's cross-entropy must take no part"
 
 
 def test_objective_passes_the_memory_and_runs_outside_autocast():

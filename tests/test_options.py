@@ -108,9 +108,27 @@ def test_steps_and_mlcon_reduction_are_kept_and_filled():
     (["--task", "sst", "--loss", "supcon", "--mlcon_reduction", "sum"], "--mlcon_reduction is a flag of --loss "
                                                                           "mlcon, not of --loss supcon"),
     (["--task", "reuters", "--loss", "mlcon", "--mlcon_reduction", "max"], "--mlcon_reduction: invalid choice"),
+    (["--setfit_iterations", "5"], "--setfit_iterations is a flag of --loss setfit, not of --loss ce"),
+    (["--loss", "setfit", "--setfit_iterations", "0"], "--setfit_iterations must be at least 1, got 0"),
+    (["--task", "multitask", "--tasks", "sst,cfimdb", "--loss", "setfit"], "--loss setfit trains one "
+                                                                           "classification task"),
+    (["--task", "sts", "--loss", "setfit"], "--loss setfit trains classification tasks, and sts has none"),
+    (["--task", "mrpc", "--pair_mode", "siamese", "--loss", "setfit"], "--loss setfit compares one vector per "
+                                                                        "example"),
+    (["--loss", "setfit", "--lam", "0.5"], "--loss setfit is SetFit's pair loss alone"),
+    (["--loss", "setfit", "--option", "pretrain"], "--option pretrain would freeze all it trains"),
+    (["--loss", "setfit", "--decoupled"], "use it with --loss ce, not setfit"),
 ])
 def test_impossible_flags_are_one_line(capsys, flags, message):
     assert message in refused(capsys, *flags)
+
+
+def test_setfit_defaults_and_torchrun(capsys, monkeypatch):
+    assert train.get_args(["--loss", "setfit"]).setfit_iterations == 20, "SetFit's R: 20, the paper's"
+    assert train.get_args(["--loss", "setfit", "--setfit_iterations", "3"]).setfit_iterations == 3
+    assert train.get_args([]).setfit_iterations is None
+    monkeypatch.setenv("RANK", "0")  # as torchrun starts a process
+    assert "--loss setfit fits its head in one process" in refused(capsys, "--loss", "setfit")
 
 
 def test_an_unknown_task_or_loss_is_named():

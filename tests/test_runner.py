@@ -97,6 +97,25 @@ def test_the_table_is_redrawn_from_results_alone(finished, tmp_path):
         runner.main(["--table", str(copy), "--metric", "hamming"])
 
 
+def test_setfit_and_its_knn_rule_share_one_training(tiny_bert_dir, tmp_path):
+    """--methods setfit,setfit+knn-only: one cell trained by SetFit's pairs, its logistic head scored by the linear
+    rule (evaluate.py's figure on the kept checkpoint) and its z by kNN alone, both in the table."""
+    out = tmp_path / "g"
+    text = run_grid(tiny_bert_dir, out, "--keep", "--seeds", "0", tasks="mr",
+                    methods="setfit[setfit_iterations=2],setfit[setfit_iterations=2]+knn-only[k=1,3]")
+    lines = lines_of(out)
+    assert [ln["label"] for ln in lines] == ["setfit", "setfit+knn-only"]
+    assert len({ln["cell"] for ln in lines}) == 1, "the two rules must read one training"
+    linear, knn = lines
+    ckpt = out / "runs" / linear["cell"] / "checkpoint.pt"
+    assert torch.load(ckpt, weights_only=True)["args"]["setfit_iterations"] == 2
+    scored = evaluate.main(["--checkpoint", str(ckpt), "--split", "test", "--device", "cpu",
+                            "--out", str(tmp_path / "check.csv")])
+    assert scored["mr"]["acc"] == pytest.approx(linear["grid"][0]["test"]["acc"])
+    assert [e["params"] for e in knn["grid"]] == [{"k": 1, "phi": 1.0}, {"k": 3, "phi": 1.0}]
+    assert "setfit+knn-only" in text
+
+
 def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
     run_grid(tiny_bert_dir, tmp_path / "g", tasks="mr", methods="ce")
     runs = sorted(os.listdir(tmp_path / "g" / "runs"))

@@ -136,6 +136,35 @@ def test_every_loss_trains_end_to_end(tiny_bert_dir, data_dir, tmp_path, loss):
     assert ("memory" in ckpt) == (loss in MEMORY_LOSSES)
 
 
+def test_setfit_trains_the_encoder_on_pairs_and_saves_the_logistic_head(tiny_bert_dir, data_dir, tmp_path):
+    """--loss setfit: an epoch is a pass over R x 2 x N pairs (3 x 2 x 15 = 90, 12 batches of 8), the encoder
+    trains, and the best checkpoint's head is the logistic regression (C = 1) on that encoder's z of the training
+    examples, fit after the epoch (SetFit's LogisticRegression), not a head that trained."""
+    from minknn.checkpoint import load_checkpoint, rebuild
+    from minknn.engine import predict
+    from minknn.probe import fit_logistic
+    summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--loss", "setfit", "--epochs", "2", "--lr",
+                        "1e-3", "--per_class", "3", "--setfit_iterations", "3", "--seed", "2")
+    assert summary["train_examples"] == {"sst": 15}, summary
+    assert summary["steps_per_epoch"] == 12, (f"--loss setfit: {summary['steps_per_epoch']} steps an epoch; a pass "
+                                              f"over R x 2 x N = 90 pairs in batches of 8 pairs is 12")
+    assert summary["lam"] == {"sst": 1.0}
+    ckpt = load_checkpoint(str(tmp_path / "run"))
+    model, _, tokenizer = rebuild(ckpt)
+    base = BertModel.from_pretrained(tiny_bert_dir).state_dict()
+    assert any(not torch.equal(model.bert.state_dict()[k], v) for k, v in base.items()), "the encoder did not train"
+    task = model.tasks["sst"]
+    train_set = training_examples(task, data_dir, None, 2, 3)
+    assert examples_fingerprint(train_set) == ckpt["data"]["train_fingerprint"]["sst"]
+    _, z = predict(model, tokenizer, task, train_set, 16, torch.device("cpu"))
+    W, b = fit_logistic(z, torch.tensor([e.label for e in train_set]), len(task.labels))
+    torch.testing.assert_close(model.heads["sst"].weight, W, msg="--loss setfit: the checkpoint's head weight is not "
+                               "the logistic regression on the trained encoder's z (train.py end_epoch, fit_head)")
+    torch.testing.assert_close(model.heads["sst"].bias, b, msg="--loss setfit: the head's bias")
+    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--device", "cpu"])["sst"]
+    assert result["acc"] == summary["dev"]["sst"]["acc"], "evaluate.py scores the saved head as the run did"
+
+
 def test_proxies_learn_at_their_own_rate(tiny_bert_dir, data_dir, tmp_path):
     def proxies(*flags):
         out = tmp_path / "-".join(["run", *flags])

@@ -22,6 +22,9 @@ losses (KNN-BERT's weight for its contrastive term, eq. 6) and mlcon (Su et al.'
 0.5 for the proxy losses, whose proxies only learn through their term. --lam 0 is the base loss
 alone; --lam 1 trains a classification metric loss alone, and the untrained linear head's
 predictions are then meaningless (use proxy inference, evaluate.py --proxy, for the proxy losses).
+SetFit's pair loss (setfit.py) is the whole objective and trains no head (its `trains_head` is
+False): train.py fits the head by logistic regression after each epoch, and feeds it pair
+batches (the B first texts, then the B second ones).
 With --decoupled the metric term is Liang et al.'s triplet loss on the retrieval head's output r
 instead of h (minknn/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
 task, it is a pair loss on the two texts' vectors (pairs.py).
@@ -54,6 +57,7 @@ from minknn.losses.pairs import PAIR_LOSSES, PairLoss
 from minknn.losses.proxyanchor import ProxyAnchorLoss
 from minknn.losses.proxynca import ProxyNCALoss
 from minknn.losses.regression import STS_LOSSES, Regression
+from minknn.losses.setfit import SetFitLoss
 from minknn.losses.softtriple import SoftTripleLoss
 from minknn.losses.supcon import SupConLoss
 from minknn.losses.triplet import TripletLoss
@@ -71,6 +75,7 @@ METRIC_LOSSES = {
     "knnbert": KNNBertLoss,
     "moco": MoCoLoss,
     "mlcon": MultiLabelContrastiveLoss,
+    "setfit": SetFitLoss,
 }
 LOSSES = (*BASE_LOSSES, *METRIC_LOSSES)
 MEMORY_LOSSES = tuple(name for name, loss in METRIC_LOSSES.items()
@@ -119,15 +124,15 @@ class Objective(nn.Module):
                            else None)
         # 0 <= lam <= 1
         self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)
+        self.trains_head = getattr(self.metric, "trains_head", True)  # setfit's does not
 
     @property
     def uses_memory(self):
         return getattr(self.metric, "uses_memory", False)
 
     def forward(self, output, labels, batch_keys=None, memory=None, rows=None):
-        base = self.base(output, labels)
         if self.metric is None:
-            return base, {}
+            return self.base(output, labels), {}
         h = (output.retrieval if self.decoupled else output.embeddings).float()
         with torch.autocast(h.device.type, enabled=False):
             if self.uses_memory:
@@ -135,7 +140,10 @@ class Objective(nn.Module):
                                      memory.ids)
             else:
                 metric = self.metric(h, labels)
+        if not self.trains_head:  # SetFit: the pair loss alone; the head is fit after each epoch
+            return metric, {"metric": metric.detach()}
         # Su et al.: BCE + gamma L_con
+        base = self.base(output, labels)
         base_weight = 1.0 if self.kind == "multilabel" else 1 - self.lam
         total = base_weight * base + self.lam * metric
         return total, {self.base_name: base.detach(), "metric": metric.detach()}

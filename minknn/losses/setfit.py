@@ -1,0 +1,115 @@
+"""SetFit's contrastive fine-tuning (Tunstall et al. 2022, "Efficient Few-Shot Learning Without
+Prompts", sec. 3.1): pairs of training texts, the cosine similarity of the pair's two embeddings
+regressed onto 1 for a pair of one class and onto 0 for a pair of two classes (the
+sentence-transformers CosineSimilarityLoss, SetFit's default):
+
+    L = 1/B sum_i (cos(u_i, v_i) - t_i)^2,     t_i = 1 if y(u_i) = y(v_i), else 0
+
+over a batch of B pairs, u_i and v_i the pooled z of the pair's two texts. The batch holds the B
+first texts, then the B second ones (as a siamese pair batch does, minknn/engine.py
+encode_batch): h is (2B, dim), labels (2B,) the texts' classes, and a pair's target is whether
+its two classes are equal.
+
+The pairs (draw_pairs) are SetFit v0.x's (src/setfit/modeling.py sentence_pairs_generation,
+which SetFitTrainer.train calls num_iterations times): R iterations (--setfit_iterations,
+default 20, the paper's), each giving every training example one positive partner, drawn
+uniformly from its class (itself included: SetFit's np.random.choice over the class's rows), and
+one negative, drawn uniformly from the other classes. R x 2 x N pairs, shuffled into batches of
+--batch_size pairs each epoch (PairBatches). Left out: v0.x's multi-label and distillation pairs
+and its other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
+ContrastiveDataset) draws otherwise by default: every unordered pair once, itself included, the
+rarer kind (positive or negative) repeated to as many as the other ("oversampling"); it draws
+R x 2 x N pairs only when given num_iterations. minknn/setfit_package.py runs that package.
+
+SetFit's defaults for this step (v0.7 SetFitTrainer, v1 TrainingArguments): 1 epoch, 16 pairs a
+batch, lr 2e-5 (v1's body_learning_rate), 10% warm-up then linear decay, AdamW (weight decay
+0.01, none on biases and LayerNorm) and gradients clipped to norm 1 (sentence-transformers'
+fit), dropout on. train.py's own defaults differ (3 epochs, 32, 5e-5, 6%): pass SetFit's as
+flags, `--epochs 1 --batch_size 16 --lr 2e-5 --warmup 0.1`.
+
+No linear head trains: the pair loss is the whole objective (lam = 1; train.py refuses --lam).
+At the end of each epoch, before the dev set is scored, train.py fits the head as SetFit fits
+its LogisticRegression(): scikit-learn's L2 logistic regression, C = 1, on the trained encoder's
+z of the training examples (minknn/probe.py fit_head). The checkpoint's head is that regression,
+so evaluate.py and the runner's rules (linear, knn, knn-only) read it as any other head.
+Normalisation: SetFit's all-MiniLM-L6-v2 ends in a Normalize module, so its regression sees unit
+vectors; ours sees z as the head reads it at inference (W z + b, minknn/model.py), unnormalised.
+A unit-vector fit could not be written into that head (z / ||z|| is no linear function of z).
+The cosine loss does not care; the regression does: the base model's mean-pooled z are 3 to 5.4
+long (CR, 8 per class), so with C = 1 its penalty is about 10 to 30 times weaker than on unit
+vectors (C ||z||^2 plays C's part). The kNN rule votes by cosine and is not affected.
+"""
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minknn import MinknnError
+from minknn.engine import TrainBatches
+
+ITERATIONS = 20   # R, SetFit's num_iterations (the paper's value)
+
+
+class SetFitLoss(nn.Module):
+    lam = 1.0            # the pair loss alone: no cross-entropy term
+    trains_head = False  # minknn/losses/__init__.py Objective leaves the head out
+    pairs = True         # called on pair batches: h (2B, dim), the first texts then the second
+
+    def __init__(self, num_classes=None, dim=None):
+        super().__init__()
+
+    def forward(self, h, labels):
+        if len(h) % 2:
+            raise ValueError(f"a SetFit batch holds pairs (the first texts, then the second); "
+                             f"got {len(h)} vectors")
+        # h (2B, dim), labels (2B,). u = h[:B], v = h[B:]: cos(u_i, v_i) for each pair i
+        # (F.cosine_similarity along the features), the target t_i = 1.0 where the two labels
+        # are equal, else 0.0, and the mean of the squared differences over the B pairs.
+        # BEGIN part setfit
+        u, v = h.chunk(2)
+        cos = F.cosine_similarity(u, v, dim=-1)                     # (B,)
+        B = len(u)
+        target = (labels[:B] == labels[B:]).to(cos.dtype)           # 1: one class, 0: two
+        return F.mse_loss(cos, target)
+        # END part setfit
+
+
+def draw_pairs(labels, iterations, rng):
+    """SetFit's pairs of a training set (labels: its class indices, in row order): for each of
+    `iterations` rounds, for each row i in order, (i, a row of i's class), then (i, a row of
+    another class); rng a random.Random. Returns [(first row, second row)], 2 x iterations x N."""
+    rows_of = {}
+    for i, y in enumerate(labels):
+        rows_of.setdefault(y, []).append(i)
+    if len(rows_of) < 2:
+        raise MinknnError("--loss setfit pairs each example with one of another class; the "
+                          "training set has one class only")
+    others = {y: [i for i, c in enumerate(labels) if c != y] for y in rows_of}
+    pairs = []
+    for _ in range(iterations):
+        for i, y in enumerate(labels):
+            pairs.append((i, rng.choice(rows_of[y])))   # positive: itself possible, as SetFit
+            pairs.append((i, rng.choice(others[y])))    # negative
+    return pairs
+
+
+class PairBatches:
+    """train.py's batch stream for --loss setfit: each batch the rows of its pairs' first texts,
+    then of their second ones (2B rows for B pairs); one shuffled pass over the pairs after
+    another (engine.TrainBatches over the pair list). The pairs are drawn once, from the run's
+    rng, so a resumed run rebuilds the same ones; its place in the pass is saved with last.pt."""
+
+    def __init__(self, labels, iterations, batch_size, rng):
+        self.pairs = draw_pairs(labels, iterations, rng)
+        self.batches = TrainBatches(len(self.pairs), batch_size, rng)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        chosen = [self.pairs[r] for r in next(self.batches)]
+        return [a for a, _ in chosen] + [b for _, b in chosen]
+
+    def state_dict(self):
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state):
+        self.batches.load_state_dict(state)

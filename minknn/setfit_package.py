@@ -1,0 +1,110 @@
+"""The real SetFit beside minknn's own (minknn/losses/setfit.py): the runner's method
+`setfit-package`, whose cell does not run train.py but trains the `setfit` package (Tunstall et
+al. 2022; `pip install setfit`, an optional dependency imported only here, as matplotlib is for
+the plots) with its own defaults, on exactly the training examples the runner drew for the cell,
+and scores the same selection and test examples. Its result line is the other methods' (the
+linear rule, a grid of one entry with params {}), written into the cell's cell.json, so that
+results.jsonl, the table and the paired p-values cover it.
+
+    python -m minknn.runner --tasks sst5,cr --sizes 8pc --seeds 0-9 --out grids/setfit \\
+        --methods 'setfit,knnbert+knn,setfit-package' --epochs 1 --batch_size 16
+
+What the cell does, and whose each choice is:
+    model      SetFitModel.from_pretrained(the --model folder; 'minilm' is the default weights'
+               folder, minknn/bert.py resolve_model_path), read as a SentenceTransformer: its
+               modules.json (all-MiniLM-L6-v2: the encoder, mean pooling, Normalize), and a
+               scikit-learn LogisticRegression() head
+    training   setfit.Trainer(model, TrainingArguments(seed=the cell's seed), the cell's texts
+               and class indices): the package's defaults for everything else (v1.x: 1 epoch of
+               16 pairs a batch, body lr 2e-5, 10% warm-up, its "oversampling" pairs: every
+               unordered pair once, the rarer kind repeated; then the head fit on the normalised
+               embeddings). train.py's flags of the grid (--epochs, --lr, --max_len, --device,
+               ...) are not passed on: they are minknn's recipe, not SetFit's
+    selection  none: SetFit trains once and chooses nothing (no epoch, no hyper-parameter). The
+               selection examples are scored only so that the line has the shape of the
+               others; with one entry in its grid, nothing is chosen on them ("selection" in
+               the line says so)
+    scores     model.predict on the selection and test texts, scored by the task's metrics
+
+A cell killed while the package trains has nothing to resume (the package keeps no state of
+ours): the same command trains it again. Its cell.json is written whole once scored, as every
+cell's is. Single-text classification tasks only (SetFit reads one text per example).
+"""
+import os
+import time
+
+import numpy as np
+
+from minknn import MinknnError
+from minknn.bert import resolve_model_path
+from minknn.kinds import kind_of, score
+from minknn.runs import write_json
+
+METHOD = "setfit-package"
+SELECTION = ("none: the package's defaults, one training, nothing chosen; the selection "
+             "examples are scored only to fill the line")
+
+
+def import_setfit():
+    """The setfit package and `datasets.Dataset` (its training set's type), or one line."""
+    try:
+        import setfit
+        from datasets import Dataset
+    except ImportError as e:
+        raise MinknnError(f"--methods {METHOD} trains the setfit package, which is not installed "
+                          f"({e}): pip install setfit") from None
+    return setfit, Dataset
+
+
+def check(cell, methods, task):
+    """Before any cell trains: what a setfit-package method cannot be (one line each)."""
+    for m in methods:
+        if m.rule != "linear" or m.train_grid:
+            raise MinknnError(f"--methods {m.name}: {METHOD} trains with the package's own "
+                              f"defaults and scores its own head: give it as '{METHOD}', with "
+                              f"no grid and no rule")
+    if task.kind != "classify" or task.pair:
+        raise MinknnError(f"--methods {METHOD}: SetFit classifies single texts; {cell.task} is a "
+                          f"{'pair' if task.pair else task.kind} task")
+    import_setfit()
+
+
+def model_folder(ctx):
+    """The cell's --model (the train.py flag given to the grid), as a folder."""
+    import train  # its parser reads the grid's flags as every cell does
+    return resolve_model_path(train.make_parser().parse_args(ctx.train_flags).model)
+
+
+def run_cell(cell, methods, ctx, folder):
+    """Trains the package on the cell's examples, scores it, writes <folder>/cell.json and
+    returns the cell's result line (one: the linear rule)."""
+    from minknn.rules import line_head  # the runner imports this module; rules imports torch etc.
+    setfit, Dataset = import_setfit()
+    os.makedirs(folder, exist_ok=True)
+    start = time.time()
+    task = ctx.task(cell.task)
+    train_set = ctx.train_examples(cell)
+    selection, test, test_name = ctx.splits(cell.task, len(train_set))
+    model = setfit.SetFitModel.from_pretrained(model_folder(ctx))
+    args = setfit.TrainingArguments(seed=cell.seed, output_dir=os.path.join(folder, "setfit"),
+                                    report_to="none")  # where it would write; no logger
+    data = Dataset.from_dict({"text": [e.text for e in train_set],
+                              "label": [e.label for e in train_set]})
+    setfit.Trainer(model=model, args=args, train_dataset=data).train()
+    trained = time.time()
+    kind, scores = kind_of(task), {}
+    for split, examples in (("select", selection), ("test", test)):
+        pred = np.asarray(model.predict([e.text for e in examples], as_numpy=True), dtype=int)
+        scores[split] = score(task, pred, kind.gold(task, examples))
+    line = {**line_head(cell, methods[0], ctx), "grid": [{"params": {}, **scores}],
+            "selection": SELECTION, "package": f"setfit {setfit.__version__}",
+            "test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
+            "n_test": len(test),
+            "seconds": {"train": round(trained - start, 1),
+                        "evaluate": round(time.time() - trained, 1)}}
+    if ctx.search:  # as runner.run_cell marks train.py's cells: the budget note's source
+        line["search"] = ctx.search
+    if ctx.select == "none":  # nothing is chosen: no selection scores
+        line["grid"][0].pop("select")
+    write_json(os.path.join(folder, "cell.json"), {"cell": cell.name, "lines": [line]})
+    return line
