@@ -119,3 +119,21 @@ def test_setfit_package_errors_are_one_line_before_training(fake, monkeypatch, t
     with pytest.raises(MinknnError, match=r"trains the setfit package, which is not installed .*: pip install setfit"):
         run_grid(tiny_bert_dir, tmp_path / "g", methods="ce,setfit-package", seeds="0")
     assert fake.trained == [] and not (tmp_path / "g" / "runs").exists(), "nothing may train before the checks"
+
+
+def test_under_select_none_and_search_the_package_line_is_marked_as_the_others(fake, tiny_bert_dir,
+                                                                               tmp_path):
+    """--search does not apply to setfit-package (it trains with the package's defaults: one
+    training, and the budget line says so); under --select none its line keeps no selection
+    scores, as train.py's cells' lines do."""
+    out = tmp_path / "g"
+    runner.main(["--tasks", "mr", "--methods", "ce,setfit-package", "--sizes", "6", "--seeds", "0",
+                 "--out", str(out), "--model", tiny_bert_dir, "--data_dir", DATA, "--epochs", "1",
+                 "--batch_size", "4", "--max_len", "32", "--device", "cpu", "--select", "none",
+                 "--search", "lr=1e-3"])
+    lines = {ln["method"]: ln for ln in report.read_results(str(out))}
+    assert len(fake.trained) == 1, "setfit-package: one training per cell, whatever --search says"
+    for method, line in lines.items():
+        assert all("select" not in e for e in line["grid"]), (
+            f"{method}: --select none keeps no selection scores, and this line has them")
+        assert line.get("search") == {"lr": [0.001]}, f"{method}: the line does not say what was searched"
