@@ -14,7 +14,7 @@ import evaluate
 import train
 from minknn import MinknnError, Terminated, grid, report, runner
 
-from conftest import DATA
+from conftest import DATA, dev_falling
 
 METHODS = "ce,proxyanchor+proxy[alpha=0,0.5,1],ce+knn[k=1,2,4;phi=0,0.5,1]"
 
@@ -308,24 +308,13 @@ def test_bad_searches_and_choices_under_select_none_stop_in_one_line(tiny_bert_d
     assert not out.exists(), "nothing is written before the grid is checked"
 
 
-def falling_dev(monkeypatch):
-    """Every epoch's overall dev score lower than the one before: epoch 1 is the best on dev."""
-    real = train.evaluate
-
-    def falling(*args, **kwargs):
-        path = os.path.join(args[5].out, "metrics.jsonl")  # args[5]: the run's arguments
-        epoch = 1 + (len(open(path).readlines()) if os.path.exists(path) else 0)
-        return {**real(*args, **kwargs), "overall": 1.0 - 0.1 * epoch}
-    monkeypatch.setattr(train, "evaluate", falling)
-
-
 def test_select_none_scores_the_last_epoch_and_chooses_nothing(tiny_bert_dir, tmp_path, monkeypatch):
     """--select none: each cell trains with --save last and is scored at its last epoch, though the
     first was the best on dev; the lines carry no selection scores, the table says nothing was
     chosen, the plots are drawn; a rerun with another --select is refused in one line."""
     out = tmp_path / "g"
     seen = trained_with(monkeypatch)
-    falling_dev(monkeypatch)
+    dev_falling(monkeypatch)
     run_small(tiny_bert_dir, out, "--select", "none", "--keep", methods="ce,ce+knn[k=2]", epochs="3")
     assert [s[3] for s in seen] == ["last"], f"runner.train_argv: --select none must train with --save last: {seen}"
     lines = lines_of(out)

@@ -22,7 +22,7 @@ import minknn.trainer
 import train
 from minknn import MinknnError, run, runs
 from minknn.runs import LAST_ENTRIES, close_run_folder, load_last, lock_folder, new_run_folder, save_last
-from tests.conftest import DATA, write_tiny_bert
+from tests.conftest import DATA, dev_falling, write_tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -288,18 +288,6 @@ def test_save_none_keeps_the_scores_and_still_resumes(tiny_bert_dir, data_dir, t
         assert left == ["metrics.jsonl", "run.json", "summary.json"], f"{folder.name}, finished: {left}"
         summary = json.load(open(folder / "summary.json"))
         assert summary["save"] == "none" and "stopped" not in summary and summary["dev"], summary
-
-
-def dev_falling(monkeypatch):
-    """Makes every epoch's overall dev score lower than the one before, so that epoch 1 is the best (the epoch
-    scored: one more than the run's metrics.jsonl holds, so a resumed run scores as the run left alone)."""
-    real = train.evaluate
-
-    def falling(*args, **kwargs):
-        path = os.path.join(args[5].out, "metrics.jsonl")  # args[5]: the run's arguments
-        epoch = 1 + (len(open(path).readlines()) if os.path.exists(path) else 0)
-        return {**real(*args, **kwargs), "overall": 1.0 - 0.1 * epoch}
-    monkeypatch.setattr(train, "evaluate", falling)
 
 
 def test_save_last_keeps_the_last_epoch_even_when_an_earlier_was_better(tiny_bert_dir, data_dir, tmp_path,

@@ -30,12 +30,12 @@ contrastive loss for the whole minibatch is the summation over all the instance 
 L_con = sum_i sum_{j in g(i)} L_con^ij, and L = L_BCE + gamma L_con. Since beta_i. sums to 1
 over j, the sum over j is already a weighted mean, one cross-entropy per anchor i (about
 log(b - 1) while the distances are alike, as at the start); the sum over i then adds one such
-term per example that shares a label with another, so L_con grows with the batch. L_BCE's reduction is not given: the
-paper names the loss only, and no code of theirs is published. PyTorch's default (and bce.py's)
-is the mean over the B x C (example, label) cells, each term at most a few tenths once the
-mostly-absent labels are learnt. So as written, with a mean BCE, gamma L_con at b = 32 is
-0.1 x ~32 anchors x ~3.4 (log 31 at the start) ~ 11 against a BCE below 1: the contrastive term
-drives the encoder, whatever gamma was meant to trade off.
+term per example that shares a label with another, so L_con grows with the batch. L_BCE's
+reduction is not given: the paper names the loss only, and no code of theirs is published.
+PyTorch's default (and bce.py's) is the mean over the B x C (example, label) cells, each term at
+most a few tenths once the mostly-absent labels are learnt. So as written, with a mean BCE,
+gamma L_con at b = 32 is 0.1 x ~32 anchors x ~3.4 (log 31 at the start) ~ 11 against a BCE
+below 1: the contrastive term drives the encoder, whatever gamma was meant to trade off.
     sum    the equations as written: L_con above (mlcon() below). Keep it to reproduce the paper.
     mean   L_con / n, n = the number of anchors i with at least one label-sharer in the batch
            (sum_k C_ik > 0): the mean over the examples that carry a term, each a cross-entropy
