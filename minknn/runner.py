@@ -166,7 +166,8 @@ def run_cell(cell, methods, ctx):
     checkpoint, for a method added to the grid since)."""
     folder = os.path.join(ctx.out, "runs", cell.name)
     if cell.loss == setfit_package.METHOD and saved_lines(folder) is None:  # not train.py's
-        return [setfit_package.run_cell(cell, methods, ctx, folder)]
+        return record(cell, methods, ctx, folder, {}, [setfit_package.run_cell(cell, methods,
+                                                                               ctx, folder)])
     done = os.path.join(folder, "cell.json")
     saved = saved_lines(folder)
     if saved is not None:
@@ -202,6 +203,12 @@ def run_cell(cell, methods, ctx):
         new = [dict(line_head(cell, m, ctx), diverged=stopped) for m in wanted]
     else:
         new = score_cell(cell, wanted, ctx, folder)
+    return record(cell, methods, ctx, folder, saved, new)
+
+
+def record(cell, methods, ctx, folder, saved, new):
+    """A cell's new result lines marked for the table, written with its saved ones to its
+    cell.json (then its checkpoints go); returns the methods' lines."""
     for line in new:
         if ctx.search:  # the table's budget note: what was searched, and what did not apply
             line["search"] = ctx.search
@@ -209,7 +216,8 @@ def run_cell(cell, methods, ctx):
             for entry in line.get("grid", []):
                 entry.pop("select", None)
     lines = {**saved, **{line["method"]: line for line in new}}
-    write_json(done, {"cell": cell.name, "lines": list(lines.values())})
+    write_json(os.path.join(folder, "cell.json"), {"cell": cell.name,
+                                                   "lines": list(lines.values())})
     drop_checkpoints(folder, ctx)
     return [lines[m.name] for m in methods]
 

@@ -38,7 +38,6 @@ import numpy as np
 from minknn import MinknnError
 from minknn.bert import resolve_model_path
 from minknn.kinds import kind_of, score
-from minknn.runs import write_json
 
 METHOD = "setfit-package"
 SELECTION = ("none: the package's defaults, one training, nothing chosen; the selection "
@@ -76,8 +75,8 @@ def model_folder(ctx):
 
 
 def run_cell(cell, methods, ctx, folder):
-    """Trains the package on the cell's examples, scores it, writes <folder>/cell.json and
-    returns the cell's result line (one: the linear rule)."""
+    """Trains the package on the cell's examples, scores it and returns the cell's result line
+    (one: the linear rule), which runner.record writes to <folder>/cell.json."""
     from minknn.rules import line_head  # the runner imports this module; rules imports torch etc.
     setfit, Dataset = import_setfit()
     os.makedirs(folder, exist_ok=True)
@@ -102,9 +101,4 @@ def run_cell(cell, methods, ctx, folder):
             "n_test": len(test),
             "seconds": {"train": round(trained - start, 1),
                         "evaluate": round(time.time() - trained, 1)}}
-    if ctx.search:  # as runner.run_cell marks train.py's cells: the budget note's source
-        line["search"] = ctx.search
-    if ctx.select == "none":  # nothing is chosen: no selection scores
-        line["grid"][0].pop("select")
-    write_json(os.path.join(folder, "cell.json"), {"cell": cell.name, "lines": [line]})
     return line
