@@ -58,11 +58,18 @@ def score_cell(cell, methods, ctx, folder):
     def scores(probabilities):  # {"select": {...}, "test": {...}}
         return {s: score(task, kind.decide(probabilities[s]), gold[s]) for s in examples}
     base = {s: kind.probabilities(outputs[s]) for s in examples}
+    vectors = {}  # key -> the training set's vectors: one prediction pass each, shared by rules
+
+    def training_vectors(key):
+        if key not in vectors:
+            vectors[key] = predict(model, tokenizer, task, train_set, batch, device, key=key,
+                                   precision=precision)[1]
+        return vectors[key]
     if any(m.rule.startswith("knn") for m in methods):
         key = "decoupled" if model.retrieval is not None else ckpt["args"]["pooling"]
         k_most = max([*SWEEP_KS, *(k for m in methods for k in m.rule_grid.get("k", []))])
-        knn = knn_tables(task, model, tokenizer, train_set, examples, key, z, base, batch,
-                         device, precision, k_most)
+        knn = knn_tables(task, model, tokenizer, train_set, training_vectors(key), examples, key,
+                         z, base, batch, device, precision, k_most)
     records = read_jsonl(os.path.join(folder, "metrics.jsonl"))
     common = {"test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
               "n_test": len(test), "best_epoch": ckpt["epoch"],
@@ -77,7 +84,7 @@ def score_cell(cell, methods, ctx, folder):
             grid = [{"params": {}, **scores(base)}]
         elif method.rule == "probe":  # the head refit: scikit-learn's LogisticRegression()
             grid = [{"params": {}, **scores(probe_probabilities(
-                task, model, tokenizer, train_set, z, batch, device, precision))}]
+                task, train_set, training_vectors(model.pooling), z))}]
         elif method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(h) + alpha s cos(h, P_c))
             grid = [{"params": {"alpha": alpha}, **scores({
                 s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
@@ -95,26 +102,24 @@ def score_cell(cell, methods, ctx, folder):
     return lines
 
 
-def probe_probabilities(task, model, tokenizer, train_set, z, batch, device, precision):
-    """Each split's probabilities from a logistic regression (C = 1) fit on the training set's z,
-    in place of the trained head."""
+def probe_probabilities(task, train_set, z_train, z):
+    """Each split's probabilities from a logistic regression (C = 1) fit on the training set's z
+    (z_train), in place of the trained head."""
     kind = kind_of(task)
     if z["test"] is None:
         raise MinknnError(f"{task.name}: the probe rule fits a vector per example, and a siamese "
                           f"pair has two; use --pair_mode cross")
-    _, z_train = predict(model, tokenizer, task, train_set, batch, device, precision=precision)
     W, b = fit_logistic(z_train, kind.targets(task, train_set, "cpu"), len(task.labels),
                         multilabel=task.kind == "multilabel")
     return {s: kind.probabilities(z[s] @ W.T + b) for s in z}
 
 
-def knn_tables(task, model, tokenizer, train_set, examples, key, z, base, batch, device,
+def knn_tables(task, model, tokenizer, train_set, keys, examples, key, z, base, batch, device,
                precision, k_most):
-    """The kNN scores at any (K <= k_most, phi) from one search per split at the largest K:
-    {"at": function (k, phi) -> {"select":, "test":}, "sweep": the phi x K table}."""
+    """The kNN scores at any (K <= k_most, phi) from one search per split at the largest K, over
+    a datastore of the training set's keys: {"at": function (k, phi) -> {"select":, "test":},
+    "sweep": the phi x K table}."""
     kind = kind_of(task)
-    _, keys = predict(model, tokenizer, task, train_set, batch, device, key=key,
-                      precision=precision)
     labels = kind.targets(task, train_set, "cpu")
     datastore = Datastore(keys, labels, [e.id for e in train_set], len(task.labels))
     _, _, vote, temperature = settings(task.kind)

@@ -580,7 +580,7 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
         "rules.py probe: the test accuracy is not a logistic regression's on the trained encoder's "
         "training vectors")
     from minknn.rules import probe_probabilities  # the probabilities themselves, not one score
-    got = probe_probabilities(task, model, tokenizer, train_set, {"test": z_test}, 8, cpu, None)
+    got = probe_probabilities(task, train_set, z_train, {"test": z_test})
     torch.testing.assert_close(got["test"], torch.softmax((z_test @ W.T + b).double(), -1),
                                atol=1e-4, rtol=1e-3, msg="rules.py probe_probabilities: not the "
                                "regression fit on the trained encoder's training vectors")
