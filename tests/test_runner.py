@@ -553,15 +553,20 @@ def test_ctrl_c_and_sigterm_stop_the_grid_with_their_own_status(stop, status, sa
 
 
 def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors(tiny_bert_dir,
-                                                                                  tmp_path):
+                                                                                  tmp_path,
+                                                                                  monkeypatch):
     """ce+probe: the cell's head replaced by fit_logistic on the trained encoder's z of the cell's
-    own training draw; its test scores are that regression's predictions, recomputed here from the
-    kept checkpoint, and they differ from the trained head's (or the rule was not applied)."""
+    own training draw (the vectors it is fit on are recorded); its test scores are that
+    regression's predictions, recomputed here from the kept checkpoint."""
+    from minknn import rules
     from minknn.checkpoint import load_checkpoint, rebuild
     from minknn.data import load_split
     from minknn.engine import predict
     from minknn.metrics import accuracy
     from minknn.probe import fit_logistic
+    fitted = []
+    monkeypatch.setattr(rules, "fit_logistic", lambda z, *a, **k: fitted.append(z) or
+                        fit_logistic(z, *a, **k))
     out = tmp_path / "g"
     run_small(tiny_bert_dir, out, "--keep", "--lr", "3e-3", methods="ce,ce+probe")
     lines = {ln["method"]: ln for ln in lines_of(out)}
@@ -574,6 +579,9 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
     test = load_split(task, "test", DATA)
     _, z_train = predict(model, tokenizer, task, train_set, 8, cpu)
     _, z_test = predict(model, tokenizer, task, test, 8, cpu)
+    assert len(fitted) == 1, f"rules.py probe: {len(fitted)} regressions fit for one cell"
+    torch.testing.assert_close(fitted[0], z_train, msg="rules.py probe: the regression is not fit "
+                               "on the trained encoder's z (its pooling) of the cell's training draw")
     W, b = fit_logistic(z_train, torch.tensor([e.label for e in train_set]), 2)
     expected = accuracy((z_test @ W.T + b).argmax(1).numpy(), [e.label for e in test])
     assert lines["ce+probe"]["grid"][0]["test"]["acc"] == pytest.approx(expected), (
