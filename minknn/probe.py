@@ -74,7 +74,8 @@ def fit_logistic(z, y, num_classes, C=C_DEFAULT, multilabel=False, max_iter=500)
 def fit_head(model, tokenizer, task, examples, batch_size, device, precision=None, C=C_DEFAULT):
     """Fits the task's linear head (model.heads[task.name]) as the probe on the encoder's
     representations z of `examples` (as the head sees them at inference: no dropout), and writes
-    it in place. Classification and multi-label tasks of one text (or --pair_mode cross) only."""
+    it in place, leaving the model in training mode (its callers train next). Classification and
+    multi-label tasks of one text (or --pair_mode cross) only."""
     if task.kind not in ("classify", "multilabel") or model.siamese(task):
         raise MinknnError(f"{task.name}: a logistic-regression head fits a classification or "
                           f"multi-label task's vector z; {task.name} has none to fit")
