@@ -6,6 +6,7 @@
     python evaluate.py --checkpoint RUN --knn          # and kNN over the training set
     python evaluate.py --checkpoint RUN --knn --sweep  # the phi and K tables (KNN-BERT's Fig. 2)
     python evaluate.py --checkpoint RUN --knn --index hnsw   # an approximate faiss index
+    python evaluate.py --checkpoint RUN --split test --attack knn --phi 0.5  # a word-swap attack
 A multi-label run's --knn is Su et al.'s vote; a multi-task run's scores are every task's and
 the overall score.
 
@@ -32,21 +33,31 @@ the key and the training set are unchanged. An approximate index (--index ivf or
 in it once built; a datastore saved with another index (or other --nlist, --hnsw_m,
 --ef_construction) gets the asked-for one built over its saved keys, or with --datastore is
 refused. --nprobe and --ef_search only steer the search: changing them rebuilds nothing.
+--attack RULE attacks one rule (model, proxy, knn at --phi, knn-only) with minknn/attack.py, a
+word-substitution attack in TextFooler's shape, on a fixed draw of --attack_n labelled examples of
+--split (the same draw for every run), each cut to the words that fit the run's --max_len. Every
+attacked example is a row of <run>/attack-<split>-<rule>.csv (--out to name it), written as it
+ends, so a killed attack resumes where it stopped; the summary (TextAttack's figures) goes beside
+it, in its .json. The meaning encoder, and the candidates' embedding table, are --attack_encoder's
+(default all-MiniLM-L6-v2 as pretrained), never the attacked model.
 A checkpoint or datastore whose contents no longer match the checksum saved with them (damaged on
 disk), or a datastore whose keys or labels do not fit the model and the task, is refused in one
 line.
 """
 import csv
+import dataclasses
 import io
+import json
 import math
 import os
 import time
 
 from minknn import MinknnError, run
 from minknn.assignment import require_written
+from minknn.attack import Neighbours, Settings, cut_to_fit, run_attack, sentence_encoder
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
-from minknn.data import (data_root, eval_subset, examples_fingerprint, labelled, load_split,
+from minknn.data import (Example, data_root, eval_subset, examples_fingerprint, labelled, load_split,
                          source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
@@ -58,6 +69,9 @@ from minknn.model import KNN_KEYS
 from minknn.options import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 from minknn.runs import make_folder, write_json
+
+
+ATTACK_RULES = ("model", "proxy", "knn", "knn-only")
 
 
 def get_args(argv=None):
@@ -104,11 +118,22 @@ def get_args(argv=None):
                    f"(default: {hnsw['ef_construction']})")
     g.add_argument("--ef_search", type=int, help="hnsw: candidates kept per query, raised to K "
                    f"(K + 1 on --split train) when smaller (default: {hnsw['ef_search']})")
+    g = p.add_argument_group("attack (minknn/attack.py)")
+    g.add_argument("--attack", choices=ATTACK_RULES, help="attack this rule's predictions with "
+                   "word substitutions: the model (its head), proxy inference, the model mixed "
+                   "with kNN at --phi, or kNN alone")
+    g.add_argument("--attack_n", type=int, help="examples attacked, a fixed draw (default: 300)")
+    g.add_argument("--attack_queries", type=int, help="query budget per example (default: none)")
+    g.add_argument("--attack_encoder", help="the sentence encoder of the meaning constraint and "
+                   "the candidates' embedding table: 'minilm' or a model folder (default: minilm)")
     args = p.parse_args(argv)
+    args.knn = args.knn or args.attack in ("knn", "knn-only")
+    args.proxy = args.proxy or args.attack == "proxy"
     for name in ("proxy_alpha", "phi"):
         if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
             p.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for name in ("k", "max_eval", "batch_size", *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"]):
+    for name in ("k", "max_eval", "batch_size", "attack_n", "attack_queries",
+                 *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"]):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     t = args.temperature
@@ -126,6 +151,15 @@ def get_args(argv=None):
         if other and index != owner:
             p.error(f"{', '.join(other)} {'sets' if len(other) == 1 else 'set'} --index {owner}, "
                     f"not --index {index}; add --index {owner}")
+    attack_only = [f"--{n}" for n in ("attack_n", "attack_queries", "attack_encoder")
+                   if getattr(args, n) is not None]
+    if attack_only and not args.attack:
+        what = "is an attack option" if len(attack_only) == 1 else "are attack options"
+        p.error(f"{', '.join(attack_only)} {what}; add --attack RULE")
+    args.attack_n, args.attack_encoder = args.attack_n or 300, args.attack_encoder or "minilm"
+    if args.attack and (args.sweep or args.max_eval):
+        p.error(f"--attack scores its own --attack_n examples; leave out "
+                f"{'--sweep' if args.sweep else '--max_eval'}")
     if args.out is not None and (not args.out or os.path.isdir(args.out)):
         p.error(f"--out '{args.out}' names the predictions file (e.g. preds.csv), not a folder")
     return args
@@ -176,10 +210,12 @@ def read_task_data(args, ckpt, task, knn):
     """(examples to score, a note on the --max_eval subset, the training set for --knn or None;
     knn: whether --knn applies to this task), read and checked before any encoding."""
     examples = load_split(task, args.split, args.data_dir)
-    subset = ""
-    if args.max_eval and args.max_eval < len(examples):
-        subset = f" (a --max_eval subset of {len(examples)})"
-    examples = eval_subset(examples, args.max_eval)
+    if args.attack and not labelled(examples):
+        raise MinknnError(f"--attack needs the gold classes, and the {task.name} {args.split} "
+                          f"split has no labels; use --split dev (or test where it has labels)")
+    n, flag = (args.attack_n, "--attack_n") if args.attack else (args.max_eval, "--max_eval")
+    subset = f" (a {flag} subset of {len(examples)})" if n and n < len(examples) else ""
+    examples = eval_subset(examples, n)
     if not knn:
         return examples, subset, None
     if args.sweep and not labelled(examples):
@@ -365,6 +401,86 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     return result
 
 
+def rule_classifier(args, model, losses, tokenizer, task, device, datastore, key):
+    """The attacked classifier, a black box: texts -> (N, C) probabilities of --attack's rule,
+    the same computation evaluate_task scores (the head, proxy_logits, the kNN vote)."""
+    kind, rule = kind_of(task), args.attack
+    k, phi, vote, temperature = knn_settings(args, task)
+
+    def classify(texts):
+        examples = [Example(text=t) for t in texts]
+        outputs, reps = predict(model, tokenizer, task, examples, args.batch_size, device,
+                                key=key if datastore is not None else None,
+                                precision=args.precision)
+        probabilities = kind.probabilities(outputs)
+        if rule == "model":
+            return probabilities
+        if rule == "proxy":  # reps: the pooled z (no kNN key asked for)
+            return kind.probabilities(proxy_logits(losses[task.name], outputs, reps,
+                                                  args.proxy_alpha))
+        knn = datastore.vote(*datastore.search(reps, k, vote), vote, temperature)
+        return knn if rule == "knn-only" else interpolate(probabilities, knn, phi)
+    return classify
+
+
+def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, train):
+    """--attack: minknn/attack.py's attack on --attack's rule, over the drawn examples."""
+    run_dir, rule = os.path.dirname(ckpt["file"]), args.attack
+    k, phi, vote, temperature = knn_settings(args, task)
+    key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
+    name = {"model": "model", "proxy": f"proxy-alpha{args.proxy_alpha}", "knn": f"knn-phi{phi}-k{k}",
+            "knn-only": f"knn-only-k{k}"}[rule]
+    path = args.out or os.path.join(run_dir, f"attack-{args.split}-{name}.csv")
+    report = os.path.splitext(path)[0] + ".json"
+    settings = Settings(queries=args.attack_queries)
+    asked = {"checkpoint": os.path.abspath(ckpt["file"]), "split": args.split, "rule": rule,
+             "attack_n": args.attack_n, "encoder": args.attack_encoder,
+             "attack": dataclasses.asdict(settings),
+             **({"k": k, "vote": vote, "temperature": temperature, "key": key,
+                 **({"phi": phi} if rule == "knn" else {})} if train is not None else {}),
+             **({"proxy_alpha": args.proxy_alpha} if rule == "proxy" else {})}
+    if os.path.exists(path):  # a killed attack resumes only with the settings it started with
+        saved = json.load(open(report)).get("settings") if os.path.exists(report) else None
+        if saved != asked:
+            raise MinknnError(f"--attack: {path} holds an attack with other settings "
+                              f"({report} says {saved}); give --out another file")
+    write_json(report, {"settings": asked, "summary": None})
+    datastore = None
+    if train is not None:
+        datastore = knn_datastore(args, ckpt, os.path.join(run_dir, f"datastore-{key}.pt"), model,
+                                  tokenizer, task, train, key, device)[0]
+    encode, (table, vocab, lowercase) = sentence_encoder(args.attack_encoder, device)
+    neighbours = Neighbours(table, vocab, lowercase, settings.candidates, settings.min_cos)
+
+    def fits(text):  # all its tokens inside the run's --max_len
+        return len(tokenizer.encode([text])[0][0]) < tokenizer.max_len
+    examples = [dataclasses.replace(e, text=cut_to_fit(e.text, fits), id=e.id or str(i))
+                for i, e in enumerate(examples)]
+    labels = kind_of(task).gold(task, examples).tolist()
+    classify = rule_classifier(args, model, losses, tokenizer, task, device, datastore, key)
+    start = time.time()
+    summary = run_attack(examples, labels, classify, neighbours, encode, settings, path,
+                         task.labels)
+    summary["seconds"] = round(time.time() - start, 1)
+    write_json(report, {"settings": asked, "summary": summary, "csv": path})
+    print(f"{task.name} {args.split}, attack on {rule} ({name}), {summary['n']} examples:")
+    for label, field, unit in ATTACK_REPORT:
+        print(f"  {label:<32} {summary[field]:.2f}{unit}" if isinstance(summary[field], float)
+              else f"  {label:<32} {summary[field]}")
+    print(f"every example in {path}; the summary in {report}")
+    return summary
+
+
+ATTACK_REPORT = [("successful attacks", "succeeded", ""), ("failed attacks", "failed", ""),
+                 ("skipped attacks (already wrong)", "skipped", ""),
+                 ("original accuracy", "original_accuracy", "%"),
+                 ("accuracy under attack", "accuracy_under_attack", "%"),
+                 ("attack success rate", "attack_success_rate", "%"),
+                 ("average perturbed word share", "perturbed_word_share", "%"),
+                 ("average words per input", "words_per_input", ""),
+                 ("average queries", "queries", "")]
+
+
 def main(argv=None):
     args = get_args(argv)
     # a student edition's parts this runs (minknn/assignment.py), checked before any slow work
@@ -397,7 +513,17 @@ def main(argv=None):
         raise MinknnError("--temperature sets the distance and euclidean votes' T; the cosine vote "
                           "has none (add --vote distance or euclidean)")
     # every task's data first: a bad file or another training set stops before any encoding
+    if args.attack:
+        attackable = [t for t in tasks if t.kind == "classify" and not t.pair]
+        if len(tasks) > 1 or not attackable:
+            what = f"{len(tasks)} tasks" if len(tasks) > 1 else \
+                f"a {'pair' if tasks[0].pair else tasks[0].kind} task"
+            raise MinknnError(f"--attack swaps words of single texts of a one-task classification "
+                              f"run; this run has {what}")
     data = {t.name: read_task_data(args, ckpt, t, t in knn_tasks) for t in tasks}
+    if args.attack:
+        return attack_task(args, ckpt, model, losses, tokenizer, tasks[0], device,
+                           data[tasks[0].name][0], data[tasks[0].name][2])
     result = {"checkpoint": ckpt["file"], "epoch": ckpt["epoch"], "split": args.split,
               "data_root": os.path.abspath(data_root(args.data_dir)), "max_eval": args.max_eval}
     for task in tasks:

@@ -1,0 +1,359 @@
+"""A word-substitution attack in TextFooler's shape (Jin et al. 2020, "Is BERT Really Robust?"),
+written out and offline: KNN-BERT's robustness test (Li et al., sec. 4.6, Table 4).
+
+The attacked classifier is a black box: classify(texts) -> (N, C) probabilities, any inference
+rule of a trained run (evaluate.py --attack builds it). The goal is untargeted: any class but the
+gold one. For one correctly classified text of n words (TextAttack's recipe textfooler_jin_2019,
+its GreedyWordSwapWIR with wir_method "delete"):
+
+  1. importance of word i = p(y | x) - p(y | x without word i)            (n queries)
+  2. for each word, most important first: its candidate substitutes that pass the constraints;
+     one that flips the prediction ends the attack (the most meaning-preserving of those that
+     flip); else keep the one that lowers p(y) most, if it lowers it below the current text's.
+
+Constraints, TextAttack's values unless said:
+  - no word modified twice, and never a STOPWORD (TextFooler's released list, below);
+  - at most `max_share` = 30% of the words changed (TextDefender's default, Li et al. 2021;
+    TextFooler itself has no cap);
+  - candidates: the `candidates` = 50 nearest whole-word entries of a BERT's input embedding
+    table (Neighbours), at cosine >= 0.5. TextFooler searches counter-fitted word vectors instead
+    (Mrksic et al. 2016), which push antonyms apart; distributional neighbours keep many antonyms
+    ("good" -> "bad"), so an attack here can change the meaning a human reads: measure it.
+  - meaning: the angular similarity 1 - arccos(cos(u, v)) / pi of the sentence vectors of the
+    text before and after the swap, each a window of 15 words around the swapped word, at least
+    1 - 0.5 / pi = 0.841 (the threshold TextAttack's recipe uses for the Universal Sentence
+    Encoder; as a cosine, >= cos 0.5 = 0.878). Texts shorter than the window skip it, as
+    TextAttack's skip_text_shorter_than_window. The encoder is any sentence encoder
+    (evaluate.py: all-MiniLM-L6-v2 as pretrained, frozen, mean-pooled), never the attacked model.
+  - not here: TextFooler's part-of-speech match (it needs NLTK's tagger, downloaded at run time).
+  - queries: unlimited unless `queries` is set (TextDefender: none); each distinct text counts
+    once, the original included. An attack whose next step needs more queries than are left
+    stops there and fails (TextAttack would spend the rest first).
+Texts are words and the separators between them (WORD): punctuation and spaces stay as written.
+"""
+import csv
+import io
+import math
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from minknn import MinknnError, backbones
+from minknn.bert import resolve_model_path
+from minknn.checkpoint import atomic_save
+from minknn.model import pool
+from minknn.tokenizer import Tokenizer
+
+# TextFooler's stopwords (github.com/jind11/TextFooler, as TextAttack's recipe lists them)
+STOPWORDS = frozenset("""
+a about above across after afterwards again against ain all almost alone along already also
+although am among amongst an and another any anyhow anyone anything anyway anywhere are aren
+aren't around as at back been before beforehand behind being below beside besides between beyond
+both but by can cannot could couldn couldn't d didn didn't doesn doesn't don don't down due during
+either else elsewhere empty enough even ever everyone everything everywhere except first for former
+formerly from hadn hadn't hasn hasn't haven haven't he hence her here hereafter hereby herein
+hereupon hers herself him himself his how however hundred i if in indeed into is isn isn't it it's
+its itself just latter latterly least ll may me meanwhile mightn mightn't mine more moreover most
+mostly must mustn mustn't my myself namely needn needn't neither never nevertheless next no nobody
+none noone nor not nothing now nowhere o of off on once one only onto or other others otherwise our
+ours ourselves out over per please s same shan shan't she she's should've shouldn shouldn't somehow
+something sometime somewhere such t than that that'll the their theirs them themselves then thence
+there thereafter thereby therefore therein thereupon these they this those through throughout thru
+thus to too toward towards under unless until up upon used ve was wasn wasn't we were weren weren't
+what whatever when whence whenever where whereafter whereas whereby wherein whereupon wherever
+whether which while whither who whoever whole whom whose why with within without won won't would
+wouldn wouldn't y yet you you'd you'll you're you've your yours yourself yourselves
+""".split())
+
+WORD = re.compile(r"[A-Za-z0-9]+(?:'[A-Za-z]+)?")  # "don't" is one word, "well-made" two
+
+
+@dataclass
+class Settings:
+    candidates: int = 50                  # nearest neighbours per word (TextAttack: 50)
+    min_cos: float = 0.5                  # their cosine in the embedding table (TextAttack: 0.5)
+    max_share: float = 0.3                # words changed / words (TextDefender: 0.3)
+    window: int = 15                      # words around the swap that the meaning encoder reads
+    min_meaning: float = 1 - 0.5 / math.pi  # angular similarity of the two windows
+    queries: int | None = None            # the query budget (None: unlimited)
+
+
+class Text:
+    """A text as its words and the separators around them, so that words can be swapped or
+    deleted and the rest kept as written: render({i: "new"}) is the text with word i replaced,
+    render({i: ""}) the text without it."""
+
+    def __init__(self, text):
+        self.text, self.spans = text, [m.span() for m in WORD.finditer(text)]
+        self.words = [text[a:b] for a, b in self.spans]
+
+    def render(self, swaps=None, start=0, end=None):
+        """Words start..end-1 (default: the whole text) with swaps applied, and what lies between
+        them as written; the whole text keeps what comes before the first word and after the last."""
+        swaps, n = swaps or {}, len(self.words)
+        end = n if end is None else end
+        if start == end:
+            return ""
+        first = 0 if start == 0 and end == n else self.spans[start][0]
+        last = len(self.text) if start == 0 and end == n else self.spans[end - 1][1]
+        pieces, at = [], first
+        for i in range(start, end):
+            a, b = self.spans[i]
+            pieces += [self.text[at:a], swaps.get(i, self.words[i])]
+            at = b
+        return "".join(pieces) + self.text[at:last]
+
+    def window(self, swaps, i, size):
+        """The `size` words around word i (moved inward at the text's ends), rendered."""
+        start = min(max(0, i - size // 2), max(0, len(self.words) - size))
+        return self.render(swaps, start, min(len(self.words), start + size))
+
+
+def cut_to_fit(text, fits):
+    """The longest prefix of text, in whole words, for which fits(prefix) holds (e.g. "its tokens
+    fit the model's --max_len"), so that an attack never spends queries on words the model does
+    not read. Binary search over the word count."""
+    if fits(text):
+        return text
+    t = Text(text)
+    lo, hi = 0, len(t.words)  # fits(the first lo words) holds, fits(all of them) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(text[:t.spans[mid - 1][1]]) else (lo, mid)
+    return text[:t.spans[lo - 1][1]] if lo else ""
+
+
+class Neighbours:
+    """Candidate substitutes: the nearest whole-word entries of an input embedding table, by
+    cosine. vocab: the tokens in id order (WordPiece: a word is an alphabetic entry, "##ing" is
+    not; byte-level BPE: "Ġword"); table: (len(vocab), H); lowercase: the vocabulary is uncased."""
+
+    def __init__(self, table, vocab, lowercase=True, n=50, min_cos=0.5):
+        bpe = any(token.startswith("Ġ") for token in vocab)  # a word is "Ġword", else "word"
+        rows, self.words = [], []
+        for i, token in enumerate(vocab):
+            word = token[1:] if bpe and token.startswith("Ġ") else None if bpe else token
+            if word and word.isascii() and word.isalpha() and word.lower() not in STOPWORDS:
+                rows.append(i)
+                self.words.append(word)
+        if not rows:
+            raise MinknnError("the vocabulary has no whole-word entries to draw candidates from")
+        self.row = {w: j for j, w in enumerate(self.words)}
+        self.vectors = F.normalize(table[rows].float(), dim=1)
+        self.lowercase, self.n, self.min_cos, self.cache = lowercase, n, min_cos, {}
+
+    def __call__(self, word):
+        """Up to n (candidate, cosine) pairs for word, most similar first; [] for a word that is
+        not one entry of the vocabulary."""
+        key = word.lower() if self.lowercase else word
+        if key not in self.cache:
+            j = self.row.get(key)
+            if j is None:
+                self.cache[key] = []
+            else:
+                cos = self.vectors @ self.vectors[j]
+                cos[j] = -math.inf  # never the word itself
+                top = cos.topk(min(self.n, len(cos) - 1))
+                self.cache[key] = [(self.words[r], c) for c, r in
+                                   zip(top.values.tolist(), top.indices.tolist())
+                                   if c >= self.min_cos]
+        return self.cache[key]
+
+
+def same_case(candidate, word):
+    """candidate written in word's case: "Good" -> "Fine", "GOOD" -> "FINE"."""
+    if word.isupper() and len(word) > 1:
+        return candidate.upper()
+    return candidate[0].upper() + candidate[1:] if word[0].isupper() else candidate
+
+
+def angular_similarity(u, v):
+    """1 - arccos(cos(u, v)) / pi, row by row: 1 for the same direction, 0 for opposite ones."""
+    cos = F.cosine_similarity(u, v, dim=-1).clamp(-1, 1)
+    return 1 - torch.arccos(cos) / math.pi
+
+
+class Budget(Exception):
+    """The query budget is spent."""
+
+
+class Oracle:
+    """The attacked classifier, counting queries as TextAttack does: each distinct text once."""
+
+    def __init__(self, classify, budget=None):
+        self.classify, self.budget, self.seen = classify, budget, {}
+
+    def __call__(self, texts):
+        new = [t for t in dict.fromkeys(texts) if t not in self.seen]
+        if self.budget is not None and len(self.seen) + len(new) > self.budget:
+            raise Budget  # the step needs more queries than are left: the attack stops
+        if new:
+            p = self.classify(new)
+            if not torch.isfinite(p).all():
+                raise MinknnError("the attacked classifier returned non-finite probabilities")
+            self.seen.update(zip(new, p))
+        return torch.stack([self.seen[t] for t in texts])
+
+
+def attack(text, label, classify, neighbours, encode, settings=Settings()):
+    """One text's attack. classify: texts -> (N, C) probabilities; neighbours: word -> [(candidate,
+    cosine)]; encode: texts -> (N, H) sentence vectors. Returns a dict: status (skipped: already
+    misclassified; succeeded; failed), the original and perturbed texts and predictions, the
+    swaps {word index: (old, new)}, the number of words and of queries."""
+    t, oracle, swaps = Text(text), Oracle(classify, settings.queries), {}
+    p = oracle([text])[0]
+    status = "failed" if int(p.argmax()) == label else "skipped"
+    if status == "failed" and t.words:
+        try:
+            status = search(t, label, p, oracle, neighbours, encode, settings, swaps)
+        except Budget:
+            pass
+    return {"status": status, "label": label, "original": text, "perturbed": t.render(swaps),
+            "original_prediction": int(p.argmax()),
+            "perturbed_prediction": int(oracle.seen[t.render(swaps)].argmax()),
+            "swaps": {i: (t.words[i], w) for i, w in sorted(swaps.items())},
+            "words": len(t.words), "queries": len(oracle.seen)}
+
+
+def ranked(t, label, p, oracle):
+    """1. The word indices, most important first: importance = how much deleting the word lowers
+    p(y) (ties in text order)."""
+    drop = p[label] - oracle([t.render({i: ""}) for i in range(len(t.words))])[:, label]
+    return torch.argsort(drop, descending=True, stable=True).tolist()
+
+
+def search(t, label, p, oracle, neighbours, encode, s, swaps):
+    """The greedy search (the module docstring, steps 1 and 2) from the text t, whose
+    probabilities are p; fills swaps {word index: new word} and returns succeeded or failed."""
+    n, current = len(t.words), p[label]  # current: p(y) of the text with the swaps kept so far
+    for i in ranked(t, label, p, oracle):  # 2. the words, most important first
+        if len(swaps) + 1 > s.max_share * n:
+            break  # one more swap would change more than max_share of the words
+        if t.words[i].lower() in STOPWORDS:
+            continue
+        options = [same_case(c, t.words[i]) for c, _ in neighbours(t.words[i])]
+        options = [c for c in options if c != t.words[i]]
+        if not options:
+            continue
+        if n >= s.window:  # meaning: the window before this swap against each after it
+            before = t.window(swaps, i, s.window)
+            after = [t.window({**swaps, i: c}, i, s.window) for c in options]
+            vectors = encode([before] + after)
+            meaning = angular_similarity(vectors[:1], vectors[1:])
+        else:  # shorter than the window: no meaning check (TextAttack's)
+            meaning = torch.ones(len(options))
+        keep = (meaning >= s.min_meaning).nonzero().flatten().tolist()
+        if not keep:
+            continue
+        options, meaning = [options[j] for j in keep], meaning[keep]
+        probs = oracle([t.render({**swaps, i: c}) for c in options])
+        flipped = (probs.argmax(1) != label).nonzero().flatten()
+        if len(flipped):  # success: of the swaps that flip, the closest in meaning
+            swaps[i] = options[int(flipped[meaning[flipped].argmax()])]
+            return "succeeded"
+        j = int(probs[:, label].argmin())
+        if probs[j, label] < current:  # keep the swap that lowers p(y) most, if it lowers it
+            swaps[i], current = options[j], probs[j, label]
+    return "failed"
+
+
+def summary(results):
+    """TextAttack's attack summary of a list of attack() results: counts, and figures in %."""
+    status = [r["status"] for r in results]
+    ok, failed, skipped = (status.count(k) for k in ("succeeded", "failed", "skipped"))
+    n, attacked = len(results), [r for r in results if r["status"] != "skipped"]
+    won = [r for r in results if r["status"] == "succeeded"]
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else float("nan")
+    return {"n": n, "succeeded": ok, "failed": failed, "skipped": skipped,
+            "original_accuracy": 100 * (n - skipped) / n if n else float("nan"),
+            "accuracy_under_attack": 100 * failed / n if n else float("nan"),
+            "attack_success_rate": 100 * mean([r["status"] == "succeeded" for r in attacked]),
+            "perturbed_word_share": 100 * mean([len(r["swaps"]) / r["words"] for r in won]),
+            "words_per_input": mean([r["words"] for r in results]),
+            "queries": mean([r["queries"] for r in attacked])}
+
+
+# --- what evaluate.py --attack plugs in: the meaning encoder, the candidates, a resumable run ---
+
+def sentence_encoder(path="minilm", device="cpu", batch_size=64):
+    """(encode, neighbours' inputs) of a pretrained model folder ('minilm': all-MiniLM-L6-v2, a
+    sentence-similarity model): encode(texts) -> (N, H) mean-pooled last hidden states, frozen;
+    and its input embedding table with its vocabulary and case, for Neighbours."""
+    bert = backbones.from_pretrained(path).to(device).eval()
+    # a window of 15 words is far shorter than 128 tokens
+    tokenizer = Tokenizer.from_folder(resolve_model_path(path), min(128, bert.config.max_tokens))
+
+    @torch.inference_mode()
+    def encode(texts):
+        vectors = []
+        for i in range(0, len(texts), batch_size):
+            batch = {k: v.to(device) for k, v in tokenizer(texts[i:i + batch_size]).items()}
+            vectors.append(pool(bert(**batch), batch["attention_mask"], "mean").float().cpu())
+        return torch.cat(vectors)
+    table = bert.embeddings.word_embeddings.weight.detach().cpu()
+    return encode, (table, tokenizer.vocab, tokenizer.lowercase)
+STATUSES = ("succeeded", "failed", "skipped")
+COLUMNS = ["id", "status", "label", "original_prediction", "perturbed_prediction", "words",
+           "swapped", "queries", "swaps", "original", "perturbed"]
+
+
+def read_done(path):
+    """The rows of an attack CSV that a killed run left, as dicts; a last row cut short by the
+    kill is dropped (the file is rewritten without it)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or rows[0] != COLUMNS:
+        raise MinknnError(f"{path}: not an attack CSV of this minknn (its header is not "
+                          f"{','.join(COLUMNS)}); give --attack_out another file")
+    good = [r for r in rows[1:] if len(r) == len(COLUMNS) and r[1] in STATUSES]
+    if len(good) < len(rows) - 1:
+        write_rows(path, good, mode="w")
+    return [dict(zip(COLUMNS, r)) for r in good]
+
+
+def write_rows(path, rows, mode="a"):
+    """Appends rows (lists of COLUMNS' values) to path, header first when it is new; each row is
+    on disk (flushed and fsynced) before the next example starts."""
+    new = mode == "w" or not os.path.exists(path)
+    text = io.StringIO()
+    w = csv.writer(text)
+    if new:
+        w.writerow(COLUMNS)
+    w.writerows(rows)
+    if mode == "w":
+        atomic_save(text.getvalue(), path, lambda s, f: f.write(s.encode()))
+        return
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        f.write(text.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_attack(examples, labels, classify, neighbours, encode, settings, path, names):
+    """Attacks each example (ids and texts; labels: their class indices) and appends its row to
+    the CSV at path; examples already in it (a killed run's) are not attacked again. names: the
+    classes' names. Returns summary() of every example's row."""
+    done = read_done(path)
+    ids = {row["id"] for row in done}
+    todo = [(e, y) for e, y in zip(examples, labels) if e.id not in ids]
+    bar = tqdm(todo, desc="attack", initial=len(done), total=len(examples))
+    for example, label in bar:
+        r = attack(example.text, label, classify, neighbours, encode, settings)
+        swaps = "; ".join(f"{i}:{old}>{new}" for i, (old, new) in r["swaps"].items())
+        row = [example.id, r["status"], names[label], names[r["original_prediction"]],
+               names[r["perturbed_prediction"]], r["words"], len(r["swaps"]), r["queries"],
+               swaps, r["original"], r["perturbed"]]
+        write_rows(path, [row])
+        done.append(dict(zip(COLUMNS, map(str, row))))
+        bar.set_postfix(succeeded=sum(d["status"] == "succeeded" for d in done))
+    return summary([{"status": d["status"], "words": int(d["words"]), "queries": int(d["queries"]),
+                     "swaps": range(int(d["swapped"]))} for d in done
+                    if d["id"] in {e.id for e in examples}])

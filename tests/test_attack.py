@@ -1,0 +1,301 @@
+"""minknn/attack.py: the word-substitution attack, on hand-made classifiers whose right answer is
+known, then evaluate.py --attack end to end on a tiny run."""
+import csv
+import json
+import math
+import os
+
+import pytest
+import torch
+
+import evaluate
+import train
+from conftest import DATA
+from minknn import MinknnError
+from minknn.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
+                           angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
+                           summary)
+from minknn.data import Example
+
+POSITIVE = "great"  # the word the hand-made classifiers key on
+
+
+def keyed(texts, word=POSITIVE):
+    """Class 1 (p 0.9) when `word` is in the text, else class 0 (p(1) 0.2)."""
+    return torch.tensor([[0.1, 0.9] if word in t.lower().split() else [0.8, 0.2] for t in texts])
+
+
+def table(words):
+    """neighbours: each word of `words` -> its list of (candidate, cosine)."""
+    return lambda word: words.get(word.lower(), [])
+
+
+def same_meaning(texts):  # a sentence encoder that finds every window the same
+    return torch.ones(len(texts), 4)
+
+
+def logged(classify):
+    """classify, and the list of every text it was asked about, in order."""
+    asked = []
+
+    def wrapped(texts):
+        asked.extend(texts)
+        return classify(texts)
+    return wrapped, asked
+
+
+def test_text_swaps_and_deletes_words_and_keeps_what_lies_between_them():
+    t = Text("  What a GREAT film, isn't it?! ")
+    assert t.words == ["What", "a", "GREAT", "film", "isn't", "it"], t.words
+    assert t.render() == t.text
+    assert t.render({2: "fine"}) == "  What a fine film, isn't it?! ", "render: a swap"
+    assert t.render({3: ""}) == "  What a GREAT , isn't it?! ", "render: a deletion"
+    assert t.window({}, 0, 3) == "What a GREAT", "window at the start: moved inward"
+    assert t.window({}, 5, 3) == "film, isn't it", "window at the end: moved inward"
+    assert t.window({3: "movie"}, 3, 3) == "GREAT movie, isn't", "window: centred, swaps applied"
+    assert cut_to_fit("one two, three four", lambda s: len(s.split()) <= 2) == "one two,"[:-1]
+
+
+def test_importance_ranks_the_word_the_classifier_keys_on_first():
+    """Deleting "great" drops p(1) from 0.9 to 0.2; deleting any other word drops nothing. A rank
+    sorted ascending, or by p(y) after deletion the wrong way round, puts it last."""
+    t = Text("the plot was great and long")
+    p = keyed([t.text])[0]
+    order = ranked(t, 1, p, Oracle(keyed))
+    assert order[0] == 3, f"the most important word should be 'great' (index 3); got order {order}"
+    assert order[1:] == [0, 1, 2, 4, 5], f"ties should keep text order; got {order}"
+
+    def graded(texts):  # p(1) falls by 0.1 per missing word of "plot great long", graded
+        weight = {"plot": 0.05, "great": 0.3, "long": 0.1}
+        p1 = [0.5 + sum(w for word, w in weight.items() if word in text.split()) for text in texts]
+        return torch.tensor([[1 - q, q] for q in p1])
+    order = ranked(t, 1, graded([t.text])[0], Oracle(graded))
+    assert order[:3] == [3, 5, 1], f"by the drop of p(y), largest first: great, long, plot; got {order}"
+
+
+def test_the_attack_finds_the_key_word_and_swaps_it():
+    text = "What a Great film it was, truly"
+    r = attack(text, 1, keyed, table({"great": [("fine", 0.9)]}), same_meaning)
+    assert r["status"] == "succeeded", r
+    assert r["perturbed"] == "What a Fine film it was, truly", f"one swap, case kept: {r['perturbed']}"
+    assert r["swaps"] == {2: ("Great", "Fine")}, r["swaps"]
+    assert (r["original_prediction"], r["perturbed_prediction"]) == (1, 0), r
+    # 1 original + 7 deletions + 1 candidate, each distinct text counted once
+    assert r["queries"] == 9, f"queries: {r['queries']}"
+
+
+def test_of_the_swaps_that_flip_the_most_meaning_preserving_is_kept():
+    text = "a great film " + " ".join(f"w{i}" for i in range(15))  # longer than the window
+
+    def encode(texts):  # "fine" keeps the meaning better than "okay"
+        return torch.tensor([[1.0, 0.3 if "okay" in t else 0.1 if "fine" in t else 0.0] for t in texts])
+    r = attack(text, 1, keyed, table({"great": [("okay", 0.9), ("fine", 0.8)]}), encode)
+    assert r["swaps"] == {1: ("great", "fine")}, f"both flip; 'fine' is closer in meaning: {r['swaps']}"
+
+
+def test_a_swap_below_the_meaning_threshold_is_rejected():
+    """The encoder finds "bad" far from the window before the swap: the swap is refused, though it
+    would flip the prediction. Checked on the wrong text (the window after the swap against
+    itself), every swap would pass."""
+    words = ["the", "great", "film"] + [f"x{i}" for i in range(14)]
+    text = " ".join(words)
+
+    def encode(texts):
+        return torch.tensor([[0.0, 1.0] if "bad" in t.split() else [1.0, 0.0] for t in texts])
+    neighbours = table({"great": [("bad", 0.9)]})
+    r = attack(text, 1, keyed, neighbours, encode)
+    assert r["status"] == "failed" and not r["swaps"], f"a 90-degree meaning change passed: {r}"
+    # the same swap on a text shorter than the window skips the meaning check (TextAttack's)
+    r = attack("the great film", 1, keyed, neighbours, encode, Settings(max_share=1))
+    assert r["status"] == "succeeded", r
+    assert angular_similarity(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])).item() == \
+        pytest.approx(0.5), "angular similarity of orthogonal vectors is 1 - (pi/2)/pi"
+    assert Settings().min_meaning == pytest.approx(1 - 0.5 / math.pi)
+
+
+def test_never_a_stopword_never_a_word_twice_never_more_than_the_allowed_share():
+    """A classifier that each swap moves a little but never flips: the attack swaps until the cap.
+    Every text it asks about is checked against the original."""
+    words = ["this", "movie", "is", "not", "nice", "but", "the", "actors", "were", "really",
+             "great", "and", "story", "was", "fun", "a", "lot", "overall", "for", "me"]
+    text = " ".join(words)
+    original = set(words)
+
+    def stubborn(texts):  # p(1) = 0.6 + 0.3 * the share of the original words still there
+        p1 = [0.6 + 0.3 * len(original & set(t.split())) / len(original) for t in texts]
+        return torch.tensor([[1 - q, q] for q in p1])
+    anything = lambda word: [(word + "x", 0.9), (word + "y", 0.8)]
+    classify, asked = logged(stubborn)
+    r = attack(text, 1, classify, anything, same_meaning, Settings(max_share=0.3))
+    assert r["status"] == "failed", r
+    cap = math.floor(0.3 * len(words))
+    assert len(r["swaps"]) == cap, f"it should swap up to 30% of {len(words)} words ({cap}); swapped {r['swaps']}"
+    for t in asked:
+        tw = t.split()
+        if len(tw) != len(words):
+            continue  # a deletion of the importance step
+        changed = [i for i, (a, b) in enumerate(zip(words, tw)) if a != b]
+        assert len(changed) <= cap, f"asked about a text with {len(changed)} words changed > {cap}: {t}"
+        assert not [words[i] for i in changed if words[i] in STOPWORDS], f"a stopword was swapped: {t}"
+        assert all(tw[i][:-1] == words[i] for i in changed), f"a word swapped twice ({t})"
+
+
+def test_a_classifier_that_ignores_its_input_is_never_fooled():
+    blind = lambda texts: torch.tensor([[0.3, 0.7]]).expand(len(texts), 2)
+    texts = ["a great film", "the worst plot ever written", "fine"]
+    for text in texts:
+        r = attack(text, 1, blind, lambda w: [("bad", 0.9), ("awful", 0.8)], same_meaning)
+        assert r["status"] == "failed" and not r["swaps"], f"an input-blind classifier fooled: {r}"
+    assert attack("a great film", 0, blind, lambda w: [], same_meaning)["status"] == "skipped", \
+        "an example already misclassified is skipped, not attacked"
+
+
+def random_classifier(seed):
+    """A deterministic classifier of the words' hashes: class scores from a fixed random table."""
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.randn(512, 3, generator=g)
+
+    def classify(texts):
+        rows = [sum((weights[sum(map(ord, w)) % 512] for w in t.split()), torch.zeros(3)) for t in texts]
+        return torch.softmax(torch.stack(rows), 1)
+    return classify
+
+
+def test_the_same_inputs_give_the_same_attacks():
+    classify = random_classifier(0)
+    neighbours = lambda w: [(w[::-1], 0.9), (w + "s", 0.8), ("z" + w, 0.7)]
+    texts = ["one film about two brothers", "a slow and boring tale of three cities", "fun"]
+    runs = [[attack(t, int(classify([t])[0].argmax()), classify, neighbours, same_meaning,
+                    Settings(max_share=1)) for t in texts] for _ in range(2)]
+    assert runs[0] == runs[1], "two attacks of the same inputs differ"
+    assert any(r["status"] == "succeeded" for r in runs[0]), "the premise: some attack succeeds"
+
+
+def test_the_query_budget_stops_an_attack():
+    r = attack("What a Great film it was, truly", 1, keyed, table({"great": [("fine", 0.9)]}),
+               same_meaning, Settings(queries=5))
+    assert r["status"] == "failed" and r["queries"] <= 5, f"over its budget of 5: {r}"
+
+
+def test_neighbours_are_whole_words_by_cosine_without_stopwords_or_the_word_itself():
+    vocab = ["[PAD]", "[unused0]", "good", "fine", "##ly", "the", "bad", "nice", "2010", "ok"]
+    rows = {"good": [1, 0], "fine": [0.9, 0.1], "##ly": [1, 0], "the": [1, 0], "bad": [-1, 0],
+            "nice": [0.6, 0.8], "2010": [1, 0], "ok": [0.8, 0.6]}
+    t = torch.tensor([rows.get(w, [0.0, 1.0]) for w in vocab])
+    found = Neighbours(t, vocab, n=3, min_cos=0.5)("Good")
+    names = [w for w, _ in found]
+    assert names == ["fine", "ok", "nice"], f"by cosine, whole words, no stopword, not 'good': {names}"
+    assert all(c >= 0.5 for _, c in found)
+    assert Neighbours(t, vocab, n=3, min_cos=0.7)("good") == found[:2], "min_cos cuts 'nice' (0.6)"
+    assert Neighbours(t, vocab)("unknownword") == [], "a word outside the vocabulary has none"
+    bpe = ["<s>", "Ġgood", "Ġfine", "fine", "Ġthe"]
+    found = Neighbours(torch.tensor([[0, 1], [1, 0], [1, 0.1], [1, 0], [1, 0]]), bpe, lowercase=False)("good")
+    assert [w for w, _ in found] == ["fine"], f"BPE: 'Ġfine' is a word, 'fine' a piece: {found}"
+
+
+def test_summary_follows_textattack():
+    results = [{"status": "succeeded", "swaps": {0: 1}, "words": 10, "queries": 20},
+               {"status": "succeeded", "swaps": {0: 1, 1: 1}, "words": 5, "queries": 30},
+               {"status": "failed", "swaps": {}, "words": 5, "queries": 40},
+               {"status": "skipped", "swaps": {}, "words": 20, "queries": 1}]
+    s = summary(results)
+    expected = {"n": 4, "succeeded": 2, "failed": 1, "skipped": 1, "original_accuracy": 75.0,
+                "accuracy_under_attack": 25.0, "attack_success_rate": 100 * 2 / 3,
+                "perturbed_word_share": 100 * (0.1 + 0.4) / 2, "words_per_input": 10.0,
+                "queries": 30.0}
+    for k, v in expected.items():
+        assert s[k] == pytest.approx(v), f"summary's {k}: {s[k]}, expected {v}"
+
+
+def test_a_killed_attack_resumes_without_redoing_examples(tmp_path):
+    examples = [Example(text=t, id=f"e{i}") for i, t in
+                enumerate(["a great film", "great acting", "dull", "great fun", "great plot"])]
+    labels = [1, 1, 1, 1, 1]
+    path = str(tmp_path / "attack.csv")
+    neighbours = table({"great": [("fine", 0.9)]})
+
+    def dies_after(n):
+        count = {"originals": 0}
+
+        def classify(texts):
+            count["originals"] += any(t in {e.text for e in examples} for t in texts)
+            if count["originals"] > n:
+                raise KeyboardInterrupt
+            return keyed(texts)
+        return classify
+    with pytest.raises(KeyboardInterrupt):
+        run_attack(examples, labels, dies_after(2), neighbours, same_meaning, Settings(max_share=1),
+                   path, ["neg", "pos"])
+    assert [r["id"] for r in read_done(path)] == ["e0", "e1"], "the rows written before the kill"
+    with open(path, "a") as f:
+        f.write('e2,succ')  # a row cut short by the kill
+    classify, asked = logged(keyed)
+    s = run_attack(examples, labels, classify, neighbours, same_meaning, Settings(max_share=1),
+                   path, ["neg", "pos"])
+    redone = {e.id for e in examples[:2] if e.text in asked}
+    assert not redone, f"examples done before the kill were attacked again: {redone}"
+    rows = read_done(path)
+    assert [r["id"] for r in rows] == ["e0", "e1", "e2", "e3", "e4"], "each example once, in order"
+    assert (s["n"], s["succeeded"], s["skipped"]) == (5, 4, 1), s
+    with open(path, newline="") as f:
+        assert next(csv.reader(f)) == COLUMNS
+
+
+# --- evaluate.py --attack on a tiny run ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def knn_run(tmp_path_factory, tiny_bert_dir):
+    out = tmp_path_factory.mktemp("attack") / "run"
+    train.main(["--task", "sst", "--loss", "knnbert", "--model", tiny_bert_dir, "--data_dir", DATA,
+                "--out", str(out), "--epochs", "1", "--batch_size", "8", "--max_len", "32",
+                "--device", "cpu", "--queue_size", "16"])
+    return str(out)
+
+
+def attack_flags(run, data_dir, tiny_bert_dir, *more):
+    return ["--checkpoint", run, "--data_dir", data_dir, "--device", "cpu", "--attack_encoder",
+            tiny_bert_dir, *more]
+
+
+def test_evaluate_attack_queries_the_rule_it_names(knn_run, data_dir, tiny_bert_dir, tmp_path):
+    """The originals' predictions in the attack CSV are the rule's, as evaluate.py --knn writes
+    them: a classifier that bypassed the kNN vote for the head would give the head's."""
+    scored = evaluate.main(["--checkpoint", knn_run, "--data_dir", data_dir, "--device", "cpu",
+                            "--knn", "--k", "4", "--out", str(tmp_path / "p.csv")])["sst"]
+    def read(path):
+        with open(path, newline="") as f:
+            return {r["id"]: r["prediction_name"] for r in csv.DictReader(f)}
+    head, knn_only = read(tmp_path / "p.csv"), read(tmp_path / "p-knn-only.csv")
+    assert head != knn_only, "the premise: the head and kNN alone disagree on some example"
+    for rule, expected in (("knn-only", knn_only), ("model", head)):
+        out = tmp_path / f"attack-{rule}.csv"
+        s = evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", rule, "--k", "4",
+                                       "--attack_n", "12", "--out", str(out))
+                          if rule != "model" else
+                          attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", rule,
+                                       "--attack_n", "12", "--out", str(out)))
+        rows = read_done(str(out))
+        assert len(rows) == s["n"] == 12, (len(rows), s)
+        wrong = {r["id"]: (r["original_prediction"], expected[r["id"]]) for r in rows
+                 if r["original_prediction"] != expected[r["id"]]}
+        assert not wrong, f"--attack {rule}: the originals' predictions are not the {rule} rule's: {wrong}"
+        report = json.load(open(tmp_path / f"attack-{rule}.json"))
+        assert report["summary"]["n"] == 12 and report["settings"]["rule"] == rule
+    assert scored["n"] > 12
+
+
+def test_evaluate_attack_refuses_in_one_line(knn_run, data_dir, tiny_bert_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        evaluate.main(["--checkpoint", knn_run, "--attack_n", "5"])
+    assert "add --attack RULE" in capsys.readouterr().err
+    with pytest.raises(MinknnError, match="no labels"):
+        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--split", "test"))
+    out = str(tmp_path / "a.csv")
+    evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
+                               "--out", out))
+    with pytest.raises(MinknnError, match="other settings"):
+        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "3",
+                                   "--out", out))
+    with pytest.raises(MinknnError, match="no proxies"):
+        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "proxy"))
+    assert os.path.exists(out)
