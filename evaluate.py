@@ -36,10 +36,11 @@ refused. --nprobe and --ef_search only steer the search: changing them rebuilds 
 --attack RULE attacks one rule (model, proxy, knn at --phi, knn-only) with minknn/attack.py, a
 word-substitution attack in TextFooler's shape, on a fixed draw of --attack_n labelled examples of
 --split (the same draw for every run), each cut to the words that fit the run's --max_len. Every
-attacked example is a row of <run>/attack-<split>-<rule>.csv (--out to name it), written as it
-ends, so a killed attack resumes where it stopped; the summary (TextAttack's figures) goes beside
-it, in its .json. The meaning encoder, and the candidates' embedding table, are --attack_encoder's
-(default all-MiniLM-L6-v2 as pretrained), never the attacked model.
+attacked example is a row of <run>/attack-<split>-<candidates>-<rule>.csv (--out to name it),
+written as it ends, so a killed attack resumes where it stopped; the summary (TextAttack's
+figures) goes beside it, in its .json. The meaning encoder, and the candidates' embedding table,
+are --attack_encoder's (default all-MiniLM-L6-v2 as pretrained), never the attacked model;
+--attack_candidates wordnet takes WordNet's synonyms instead (Debian's wordnet-base).
 A checkpoint or datastore whose contents no longer match the checksum saved with them (damaged on
 disk), or a datastore whose keys or labels do not fit the model and the task, is refused in one
 line.
@@ -54,11 +55,12 @@ import time
 
 from minknn import MinknnError, run
 from minknn.assignment import require_written
-from minknn.attack import Neighbours, Settings, cut_to_fit, run_attack, sentence_encoder
+from minknn.attack import (Neighbours, Settings, Synonyms, cut_to_fit, read_wordnet, run_attack,
+                           sentence_encoder)
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
-from minknn.data import (Example, data_root, eval_subset, examples_fingerprint, labelled, load_split,
-                         source_paths, split_recipe, training_examples)
+from minknn.data import (Example, data_root, eval_subset, examples_fingerprint, labelled,
+                        load_split, source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
 from minknn.index import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, built_with, describe_index,
@@ -124,6 +126,10 @@ def get_args(argv=None):
                    "with kNN at --phi, or kNN alone")
     g.add_argument("--attack_n", type=int, help="examples attacked, a fixed draw (default: 300)")
     g.add_argument("--attack_queries", type=int, help="query budget per example (default: none)")
+    g.add_argument("--attack_candidates", choices=["embedding", "wordnet"], help="each word's "
+                   "substitutes: the nearest words of --attack_encoder's input embedding table, or "
+                   "WordNet's synonyms ($WNSEARCHDIR, else /usr/share/wordnet: Debian's "
+                   "wordnet-base) (default: embedding)")
     g.add_argument("--attack_encoder", help="the sentence encoder of the meaning constraint and "
                    "the candidates' embedding table: 'minilm' or a model folder (default: minilm)")
     args = p.parse_args(argv)
@@ -151,12 +157,13 @@ def get_args(argv=None):
         if other and index != owner:
             p.error(f"{', '.join(other)} {'sets' if len(other) == 1 else 'set'} --index {owner}, "
                     f"not --index {index}; add --index {owner}")
-    attack_only = [f"--{n}" for n in ("attack_n", "attack_queries", "attack_encoder")
-                   if getattr(args, n) is not None]
+    attack_only = [f"--{n}" for n in ("attack_n", "attack_queries", "attack_encoder",
+                                      "attack_candidates") if getattr(args, n) is not None]
     if attack_only and not args.attack:
         what = "is an attack option" if len(attack_only) == 1 else "are attack options"
         p.error(f"{', '.join(attack_only)} {what}; add --attack RULE")
     args.attack_n, args.attack_encoder = args.attack_n or 300, args.attack_encoder or "minilm"
+    args.attack_candidates = args.attack_candidates or "embedding"
     if args.attack and (args.sweep or args.max_eval):
         p.error(f"--attack scores its own --attack_n examples; leave out "
                 f"{'--sweep' if args.sweep else '--max_eval'}")
@@ -428,17 +435,26 @@ def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, tr
     run_dir, rule = os.path.dirname(ckpt["file"]), args.attack
     k, phi, vote, temperature = knn_settings(args, task)
     key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
-    name = {"model": "model", "proxy": f"proxy-alpha{args.proxy_alpha}", "knn": f"knn-phi{phi}-k{k}",
-            "knn-only": f"knn-only-k{k}"}[rule]
-    path = args.out or os.path.join(run_dir, f"attack-{args.split}-{name}.csv")
+    name = {"model": "model", "proxy": f"proxy-alpha{args.proxy_alpha}",
+            "knn": f"knn-phi{phi}-k{k}", "knn-only": f"knn-only-k{k}"}[rule]
+    path = args.out or os.path.join(run_dir, f"attack-{args.split}-{args.attack_candidates}-"
+                                             f"{name}.csv")
     report = os.path.splitext(path)[0] + ".json"
     settings = Settings(queries=args.attack_queries)
     asked = {"checkpoint": os.path.abspath(ckpt["file"]), "split": args.split, "rule": rule,
              "attack_n": args.attack_n, "encoder": args.attack_encoder,
+             "candidates": args.attack_candidates,
              "attack": dataclasses.asdict(settings),
              **({"k": k, "vote": vote, "temperature": temperature, "key": key,
                  **({"phi": phi} if rule == "knn" else {})} if train is not None else {}),
              **({"proxy_alpha": args.proxy_alpha} if rule == "proxy" else {})}
+    # WordNet's data: the synonyms of --attack_candidates wordnet, and, where it is installed,
+    # how many successful attacks swapped a word for one of its antonyms
+    wordnet = os.environ.get("WNSEARCHDIR", "/usr/share/wordnet")
+    found = os.path.exists(os.path.join(wordnet, "data.adj"))
+    if args.attack_candidates == "wordnet" and not found:
+        raise MinknnError(f"--attack_candidates wordnet: no WordNet data in {wordnet} (install "
+                          f"Debian's wordnet-base, or set WNSEARCHDIR to a folder with data.adj)")
     if os.path.exists(path):  # a killed attack resumes only with the settings it started with
         saved = json.load(open(report)).get("settings") if os.path.exists(report) else None
         if saved != asked:
@@ -449,8 +465,10 @@ def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, tr
     if train is not None:
         datastore = knn_datastore(args, ckpt, os.path.join(run_dir, f"datastore-{key}.pt"), model,
                                   tokenizer, task, train, key, device)[0]
+    synonyms, antonyms = read_wordnet(wordnet) if found else (None, None)
     encode, (table, vocab, lowercase) = sentence_encoder(args.attack_encoder, device)
-    neighbours = Neighbours(table, vocab, lowercase, settings.candidates, settings.min_cos)
+    neighbours = Synonyms(synonyms, settings.candidates) if args.attack_candidates == "wordnet" \
+        else Neighbours(table, vocab, lowercase, settings.candidates, settings.min_cos)
 
     def fits(text):  # all its tokens inside the run's --max_len
         return len(tokenizer.encode([text])[0][0]) < tokenizer.max_len
@@ -460,11 +478,13 @@ def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, tr
     classify = rule_classifier(args, model, losses, tokenizer, task, device, datastore, key)
     start = time.time()
     summary = run_attack(examples, labels, classify, neighbours, encode, settings, path,
-                         task.labels)
+                         task.labels, antonyms)
     summary["seconds"] = round(time.time() - start, 1)
     write_json(report, {"settings": asked, "summary": summary, "csv": path})
     print(f"{task.name} {args.split}, attack on {rule} ({name}), {summary['n']} examples:")
     for label, field, unit in ATTACK_REPORT:
+        if field not in summary:
+            continue
         print(f"  {label:<32} {summary[field]:.2f}{unit}" if isinstance(summary[field], float)
               else f"  {label:<32} {summary[field]}")
     print(f"every example in {path}; the summary in {report}")
@@ -478,7 +498,8 @@ ATTACK_REPORT = [("successful attacks", "succeeded", ""), ("failed attacks", "fa
                  ("attack success rate", "attack_success_rate", "%"),
                  ("average perturbed word share", "perturbed_word_share", "%"),
                  ("average words per input", "words_per_input", ""),
-                 ("average queries", "queries", "")]
+                 ("average queries", "queries", ""),
+                 ("successful, with a WordNet antonym", "antonym_attacks", "%")]
 
 
 def main(argv=None):

@@ -15,10 +15,14 @@ Constraints, TextAttack's values unless said:
   - no word modified twice, and never a STOPWORD (TextFooler's released list, below);
   - at most `max_share` = 30% of the words changed (TextDefender's default, Li et al. 2021;
     TextFooler itself has no cap);
-  - candidates: the `candidates` = 50 nearest whole-word entries of a BERT's input embedding
-    table (Neighbours), at cosine >= 0.5. TextFooler searches counter-fitted word vectors instead
-    (Mrksic et al. 2016), which push antonyms apart; distributional neighbours keep many antonyms
-    ("good" -> "bad"), so an attack here can change the meaning a human reads: measure it.
+  - candidates, up to `candidates` = 50 per word, from one of two offline sources:
+      Neighbours: the nearest whole-word entries of a BERT's input embedding table, at cosine
+        >= 0.5. TextFooler searches counter-fitted word vectors instead (Mrksic et al. 2016),
+        which push antonyms apart; distributional neighbours keep many ("good" -> "bad"), so a
+        swap can change the meaning a human reads (read_wordnet's antonyms count how often).
+        Their cosines are also lower than counter-fitted ones: few words pass 0.5 here.
+      Synonyms: the words that share a WordNet synset with it (PWWS's source, Ren et al. 2019);
+        lemmas only ("films" has none), and every sense of the word, rare ones included.
   - meaning: the angular similarity 1 - arccos(cos(u, v)) / pi of the sentence vectors of the
     text before and after the swap, each a window of 15 words around the swapped word, at least
     1 - 0.5 / pi = 0.841 (the threshold TextAttack's recipe uses for the Universal Sentence
@@ -30,6 +34,8 @@ Constraints, TextAttack's values unless said:
     once, the original included. An attack whose next step needs more queries than are left
     stops there and fails (TextAttack would spend the rest first).
 Texts are words and the separators between them (WORD): punctuation and spaces stay as written.
+An example's result: skipped (already misclassified), succeeded or failed; summary() gives
+TextAttack's figures, run_attack() a resumable CSV of every example.
 """
 import csv
 import io
@@ -93,7 +99,7 @@ class Text:
 
     def render(self, swaps=None, start=0, end=None):
         """Words start..end-1 (default: the whole text) with swaps applied, and what lies between
-        them as written; the whole text keeps what comes before the first word and after the last."""
+        them as written; the whole text keeps what is before its first word and after its last."""
         swaps, n = swaps or {}, len(self.words)
         end = n if end is None else end
         if start == end:
@@ -261,6 +267,58 @@ def search(t, label, p, oracle, neighbours, encode, s, swaps):
     return "failed"
 
 
+WORDNET_FILES = {"n": "data.noun", "v": "data.verb", "a": "data.adj", "s": "data.adj",
+                 "r": "data.adv"}
+
+
+def read_wordnet(folder):
+    """(synonyms, antonyms) of WordNet's data files in folder (WordNet's $WNSEARCHDIR; Debian's
+    wordnet-base installs them in /usr/share/wordnet), single words only: synonyms maps a word to
+    the other words of every synset it is in, in file order; antonyms is the set of (word,
+    antonym) pairs, both ways, of the direct antonyms ("!" pointers). A line of data.adj:
+        00001740 00 a 01 able 0 005 ... ! 00002098 a 0101 | gloss
+    offset, lexicographer file, part of speech, word count (hex), (word, lex id) each, pointer
+    count, then (symbol, target offset, target pos, source and target word numbers in hex) each."""
+    synsets, links, synonyms = {}, [], {}
+    for file in sorted(set(WORDNET_FILES.values())):
+        with open(os.path.join(folder, file), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(" "):
+                    continue  # the licence at the top
+                fields = line.split("|")[0].split()
+                n = int(fields[3], 16)
+                words = [re.sub(r"\(.*\)$", "", w).lower() for w in fields[4:4 + 2 * n:2]]
+                synsets[file, fields[0]] = words
+                single = [w for w in words if w.isalpha()]
+                for w in single:
+                    synonyms.setdefault(w, []).extend(o for o in single if o != w)
+                at = 4 + 2 * n
+                for k in range(int(fields[at])):
+                    symbol, offset, pos, st = fields[at + 1 + 4 * k:at + 5 + 4 * k]
+                    if symbol == "!":
+                        links.append((words[int(st[:2], 16) - 1], WORDNET_FILES[pos], offset,
+                                      int(st[2:], 16) - 1))
+    antonyms = set()
+    for word, file, offset, j in links:
+        other = synsets[file, offset][j]
+        if word.isalpha() and other.isalpha():
+            antonyms.update({(word, other), (other, word)})
+    return {w: list(dict.fromkeys(o)) for w, o in synonyms.items()}, antonyms
+
+
+class Synonyms:
+    """Candidate substitutes from WordNet (read_wordnet's synonyms): up to n words that share a
+    synset with the word, in WordNet's file order, each with cosine 1 (no embedding to measure
+    it in). PWWS's source (Ren et al. 2019); WordNet's synsets hold no antonyms."""
+
+    def __init__(self, synonyms, n=50):
+        self.synonyms, self.n = synonyms, n
+
+    def __call__(self, word):
+        return [(w, 1.0) for w in self.synonyms.get(word.lower(), [])[:self.n]
+                if w not in STOPWORDS]
+
+
 def summary(results):
     """TextAttack's attack summary of a list of attack() results: counts, and figures in %."""
     status = [r["status"] for r in results]
@@ -337,10 +395,12 @@ def write_rows(path, rows, mode="a"):
         os.fsync(f.fileno())
 
 
-def run_attack(examples, labels, classify, neighbours, encode, settings, path, names):
+def run_attack(examples, labels, classify, neighbours, encode, settings, path, names,
+               antonyms=None):
     """Attacks each example (ids and texts; labels: their class indices) and appends its row to
     the CSV at path; examples already in it (a killed run's) are not attacked again. names: the
-    classes' names. Returns summary() of every example's row."""
+    classes' names. Returns summary() of every example's row; with antonyms (read_wordnet()[1]),
+    also the share of the successful attacks that swapped a word for an antonym, in %."""
     done = read_done(path)
     ids = {row["id"] for row in done}
     todo = [(e, y) for e, y in zip(examples, labels) if e.id not in ids]
@@ -354,6 +414,14 @@ def run_attack(examples, labels, classify, neighbours, encode, settings, path, n
         write_rows(path, [row])
         done.append(dict(zip(COLUMNS, map(str, row))))
         bar.set_postfix(succeeded=sum(d["status"] == "succeeded" for d in done))
-    return summary([{"status": d["status"], "words": int(d["words"]), "queries": int(d["queries"]),
-                     "swaps": range(int(d["swapped"]))} for d in done
-                    if d["id"] in {e.id for e in examples}])
+    asked = {e.id for e in examples}
+    done = [d for d in done if d["id"] in asked]
+    result = summary([{"status": d["status"], "words": int(d["words"]),
+                       "queries": int(d["queries"]), "swaps": range(int(d["swapped"]))}
+                      for d in done])
+    if antonyms is not None:
+        won = [[pair.split(":", 1)[1].lower().split(">") for pair in d["swaps"].split("; ")]
+               for d in done if d["status"] == "succeeded"]
+        hit = [any(tuple(pair) in antonyms for pair in swaps) for swaps in won]
+        result["antonym_attacks"] = 100 * sum(hit) / len(hit) if hit else float("nan")
+    return result

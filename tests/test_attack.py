@@ -14,7 +14,7 @@ from conftest import DATA
 from minknn import MinknnError
 from minknn.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
                            angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
-                           summary)
+                           Synonyms, summary, read_wordnet)
 from minknn.data import Example
 
 POSITIVE = "great"  # the word the hand-made classifiers key on
@@ -299,3 +299,32 @@ def test_evaluate_attack_refuses_in_one_line(knn_run, data_dir, tiny_bert_dir, t
     with pytest.raises(MinknnError, match="no proxies"):
         evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "proxy"))
     assert os.path.exists(out)
+
+
+def test_wordnet_synonyms_and_antonyms_are_read_from_its_data_files(tmp_path):
+    """Two adjective synsets that are each other's direct antonyms (WordNet's data.adj format),
+    one noun with no antonym; word numbers in the pointers are 1-based, in hex."""
+    (tmp_path / "data.adj").write_text(
+        "  1 This software and database is being provided ...\n"
+        "00001740 00 a 02 able 0 capable(p) 0 001 ! 00002098 a 0201 | having the means\n"
+        "00002098 00 a 01 unable 0 001 ! 00001740 a 0102 | not having the means\n")
+    (tmp_path / "data.noun").write_text("00001000 03 n 01 entity 0 000 | that which exists\n")
+    for name in ("data.verb", "data.adv"):
+        (tmp_path / name).write_text("")
+    synonyms, antonyms = read_wordnet(str(tmp_path))
+    assert antonyms == {("capable", "unable"), ("unable", "capable")}, \
+        "the pointer's source word is 'capable' (word 02 of its synset), its target 'unable' (01)"
+    assert synonyms["able"] == ["capable"] and synonyms["capable"] == ["able"], synonyms
+    assert Synonyms(synonyms)("Able") == [("capable", 1.0)]
+    assert "entity" not in synonyms or synonyms["entity"] == [], "a one-word synset has none"
+
+
+def test_the_summary_counts_successful_attacks_that_swapped_in_an_antonym(tmp_path):
+    examples = [Example(text=t, id=f"e{i}") for i, t in enumerate(["a great film", "great fun", "dull"])]
+    words = {"great": [("awful", 0.9)]}
+    s = run_attack(examples[:1], [1], keyed, table(words), same_meaning, Settings(max_share=1),
+                   str(tmp_path / "a.csv"), ["neg", "pos"], antonyms={("great", "awful")})
+    assert s["antonym_attacks"] == 100.0, s
+    s = run_attack(examples[1:2], [1], keyed, table(words), same_meaning, Settings(max_share=1),
+                   str(tmp_path / "b.csv"), ["neg", "pos"], antonyms={("good", "bad")})
+    assert s["antonym_attacks"] == 0.0, s

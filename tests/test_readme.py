@@ -23,7 +23,8 @@ checked:
     train.py      --model TINY --epochs 1 --max_train 16 --max_eval 8 --max_len 32 --batch_size 8
                   --device cpu (so `--model path/to/...` and `--max_train 5000` become these)
     --resume      --device cpu alone: a resumed run takes its own flags and refuses others
-    evaluate.py   --max_eval 8 --device cpu, and --k 4 with --knn (the datastore holds 16 keys)
+    evaluate.py   --max_eval 8 --device cpu, and --k 4 with --knn (the datastore holds 16 keys);
+                  with --attack: --attack_n 4 --device cpu --attack_encoder TINY (--k 4 for kNN)
     runner        --model TINY --epochs 1 --max_len 32 --batch_size 8 --device cpu --sizes 16
                   --seeds 0 (one seed, one size: every task and method of the line still runs)
     assignment    nothing: writing an edition copies files, already quick
@@ -148,6 +149,10 @@ def tiny_args(name, args, model, stopped):
     if name == "train":
         stop = ["--epochs", "2", "--steps_per_epoch", "1"] if flag(args, "--out") in stopped else []
         return args + ["--model", model] + SMALL + stop
+    if name == "evaluate" and "--attack" in args:  # the meaning encoder TINY too
+        knn = flag(args, "--attack") in ("knn", "knn-only")
+        return args + ["--attack_n", "4", "--device", "cpu", "--attack_encoder", model] + \
+            (["--k", "4"] if knn else [])
     if name == "evaluate":
         return args + ["--max_eval", "8", "--device", "cpu"] + (["--k", "4"] if "--knn" in args else [])
     if name == "runner" and "--table" in args:
