@@ -164,6 +164,9 @@ def get_args(argv=None):
         p.error(f"{', '.join(attack_only)} {what}; add --attack RULE")
     args.attack_n, args.attack_encoder = args.attack_n or 300, args.attack_encoder or "minilm"
     args.attack_candidates = args.attack_candidates or "embedding"
+    if args.attack in ("knn", "knn-only") and args.split == "train":
+        p.error("--attack knn on --split train: each example would find itself in the datastore; "
+                "attack --split dev or test")
     if args.attack and (args.sweep or args.max_eval):
         p.error(f"--attack scores its own --attack_n examples; leave out "
                 f"{'--sweep' if args.sweep else '--max_eval'}")

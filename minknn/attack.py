@@ -13,8 +13,8 @@ its GreedyWordSwapWIR with wir_method "delete"):
 
 Constraints, TextAttack's values unless said:
   - no word modified twice, and never a STOPWORD (TextFooler's released list, below);
-  - at most `max_share` = 30% of the words changed (TextDefender's default, Li et al. 2021;
-    TextFooler itself has no cap);
+  - at most ceil(`max_share` x n) words changed, `max_share` = 30% (TextDefender's default, Li
+    et al. 2021; TextFooler itself has no cap); stopwords are matched lower-cased ("The" too);
   - candidates, up to `candidates` = 50 per word, from one of two offline sources:
       Neighbours: the nearest whole-word entries of a BERT's input embedding table, at cosine
         >= 0.5. TextFooler searches counter-fitted word vectors instead (Mrksic et al. 2016),
@@ -30,7 +30,7 @@ Constraints, TextAttack's values unless said:
     TextAttack's skip_text_shorter_than_window. The encoder is any sentence encoder
     (evaluate.py: all-MiniLM-L6-v2 as pretrained, frozen, mean-pooled), never the attacked model.
   - not here: TextFooler's part-of-speech match (it needs NLTK's tagger, downloaded at run time).
-  - queries: unlimited unless `queries` is set (TextDefender: none); each distinct text counts
+  - queries: unlimited unless `queries` is set (TextAttack's default); each distinct text counts
     once, the original included. An attack whose next step needs more queries than are left
     stops there and fails (TextAttack would spend the rest first).
 Texts are words and the separators between them (WORD): punctuation and spaces stay as written.
@@ -102,8 +102,8 @@ class Text:
         them as written; the whole text keeps what is before its first word and after its last."""
         swaps, n = swaps or {}, len(self.words)
         end = n if end is None else end
-        if start == end:
-            return ""
+        if start == end:  # no words: all of a text without any, else nothing
+            return self.text if n == 0 else ""
         first = 0 if start == 0 and end == n else self.spans[start][0]
         last = len(self.text) if start == 0 and end == n else self.spans[end - 1][1]
         pieces, at = [], first
@@ -188,7 +188,8 @@ class Budget(Exception):
 
 
 class Oracle:
-    """The attacked classifier, counting queries as TextAttack does: each distinct text once."""
+    """The attacked classifier, counting its queries: each distinct text once (TextAttack counts
+    a text asked twice twice; the greedy search asks few twice)."""
 
     def __init__(self, classify, budget=None):
         self.classify, self.budget, self.seen = classify, budget, {}
@@ -226,21 +227,24 @@ def attack(text, label, classify, neighbours, encode, settings=Settings()):
 
 
 def ranked(t, label, p, oracle):
-    """1. The word indices, most important first: importance = how much deleting the word lowers
-    p(y) (ties in text order)."""
-    drop = p[label] - oracle([t.render({i: ""}) for i in range(len(t.words))])[:, label]
-    return torch.argsort(drop, descending=True, stable=True).tolist()
+    """1. The words that may be swapped (not stopwords), most important first: importance = how
+    much deleting the word lowers p(y); ties in text order. Stopwords are not deleted, as their
+    rank is never used (TextAttack ranks only the words it may modify)."""
+    free = [i for i, w in enumerate(t.words) if w.lower() not in STOPWORDS]
+    if not free:
+        return []
+    drop = p[label] - oracle([t.render({i: ""}) for i in free])[:, label]
+    return [free[j] for j in torch.argsort(drop, descending=True, stable=True).tolist()]
 
 
 def search(t, label, p, oracle, neighbours, encode, s, swaps):
     """The greedy search (the module docstring, steps 1 and 2) from the text t, whose
     probabilities are p; fills swaps {word index: new word} and returns succeeded or failed."""
     n, current = len(t.words), p[label]  # current: p(y) of the text with the swaps kept so far
+    cap = math.ceil(s.max_share * n)  # words that may change (TextAttack rounds up)
     for i in ranked(t, label, p, oracle):  # 2. the words, most important first
-        if len(swaps) + 1 > s.max_share * n:
-            break  # one more swap would change more than max_share of the words
-        if t.words[i].lower() in STOPWORDS:
-            continue
+        if len(swaps) + 1 > cap:
+            break
         options = [same_case(c, t.words[i]) for c, _ in neighbours(t.words[i])]
         options = [c for c in options if c != t.words[i]]
         if not options:
@@ -257,13 +261,18 @@ def search(t, label, p, oracle, neighbours, encode, s, swaps):
             continue
         options, meaning = [options[j] for j in keep], meaning[keep]
         probs = oracle([t.render({**swaps, i: c}) for c in options])
-        flipped = (probs.argmax(1) != label).nonzero().flatten()
-        if len(flipped):  # success: of the swaps that flip, the closest in meaning
-            swaps[i] = options[int(flipped[meaning[flipped].argmax()])]
-            return "succeeded"
-        j = int(probs[:, label].argmin())
-        if probs[j, label] < current:  # keep the swap that lowers p(y) most, if it lowers it
-            swaps[i], current = options[j], probs[j, label]
+        order = torch.argsort(probs[:, label], stable=True)  # lowest p(y) first
+        if probs[order[0], label] >= current:
+            continue  # no swap of this word lowers p(y): on to the next word
+        flips = probs[order].argmax(1) != label
+        if not flips[0]:  # keep the swap that lowers p(y) most
+            swaps[i], current = options[order[0]], probs[order[0], label]
+            continue
+        # success. Of the swaps that flip and lower p(y) most (the first ones in that order,
+        # TextAttack's choice), keep the closest in meaning
+        lead = order[:int(flips.int().cumprod(0).sum())]
+        swaps[i] = options[int(lead[meaning[lead].argmax()])]
+        return "succeeded"
     return "failed"
 
 
@@ -362,17 +371,20 @@ COLUMNS = ["id", "status", "label", "original_prediction", "perturbed_prediction
 
 
 def read_done(path):
-    """The rows of an attack CSV that a killed run left, as dicts; a last row cut short by the
-    kill is dropped (the file is rewritten without it)."""
+    """The rows of an attack CSV that a killed run left, as dicts. A last row the kill cut short
+    (no newline at its end) is dropped and the file rewritten without it."""
     if not os.path.exists(path):
         return []
     with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    if not rows or rows[0] != COLUMNS:
+        text = f.read()
+    rows = list(csv.reader(io.StringIO(text)))
+    if rows and rows[0] != COLUMNS:
         raise MinknnError(f"{path}: not an attack CSV of this minknn (its header is not "
-                          f"{','.join(COLUMNS)}); give --attack_out another file")
+                          f"{','.join(COLUMNS)}); give --out another file")
     good = [r for r in rows[1:] if len(r) == len(COLUMNS) and r[1] in STATUSES]
-    if len(good) < len(rows) - 1:
+    if rows and not text.endswith("\n"):
+        good = good[:len(rows) - 2]  # the last row is cut short, even if it parses
+    if len(good) < len(rows) - 1 or not rows:
         write_rows(path, good, mode="w")
     return [dict(zip(COLUMNS, r)) for r in good]
 

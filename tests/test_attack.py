@@ -58,19 +58,21 @@ def test_text_swaps_and_deletes_words_and_keeps_what_lies_between_them():
 
 def test_importance_ranks_the_word_the_classifier_keys_on_first():
     """Deleting "great" drops p(1) from 0.9 to 0.2; deleting any other word drops nothing. A rank
-    sorted ascending, or by p(y) after deletion the wrong way round, puts it last."""
+    sorted ascending, or by p(y) after deletion the wrong way round, puts it last. Stopwords
+    (the, was, and) are never swapped, so never ranked: no query is spent deleting them."""
     t = Text("the plot was great and long")
     p = keyed([t.text])[0]
-    order = ranked(t, 1, p, Oracle(keyed))
-    assert order[0] == 3, f"the most important word should be 'great' (index 3); got order {order}"
-    assert order[1:] == [0, 1, 2, 4, 5], f"ties should keep text order; got {order}"
+    classify, asked = logged(keyed)
+    order = ranked(t, 1, p, Oracle(classify))
+    assert order == [3, 1, 5], f"'great' (index 3) first, then ties in text order; got {order}"
+    assert len(asked) == 3, f"one deletion per word that is not a stopword (3), asked {asked}"
 
     def graded(texts):  # p(1) falls by 0.1 per missing word of "plot great long", graded
         weight = {"plot": 0.05, "great": 0.3, "long": 0.1}
         p1 = [0.5 + sum(w for word, w in weight.items() if word in text.split()) for text in texts]
         return torch.tensor([[1 - q, q] for q in p1])
     order = ranked(t, 1, graded([t.text])[0], Oracle(graded))
-    assert order[:3] == [3, 5, 1], f"by the drop of p(y), largest first: great, long, plot; got {order}"
+    assert order == [3, 5, 1], f"by the drop of p(y), largest first: great, long, plot; got {order}"
 
 
 def test_the_attack_finds_the_key_word_and_swaps_it():
@@ -80,8 +82,8 @@ def test_the_attack_finds_the_key_word_and_swaps_it():
     assert r["perturbed"] == "What a Fine film it was, truly", f"one swap, case kept: {r['perturbed']}"
     assert r["swaps"] == {2: ("Great", "Fine")}, r["swaps"]
     assert (r["original_prediction"], r["perturbed_prediction"]) == (1, 0), r
-    # 1 original + 7 deletions + 1 candidate, each distinct text counted once
-    assert r["queries"] == 9, f"queries: {r['queries']}"
+    # 1 original + 3 deletions (Great, film, truly; the rest are stopwords) + 1 candidate
+    assert r["queries"] == 5, f"queries: {r['queries']}"
 
 
 def test_of_the_swaps_that_flip_the_most_meaning_preserving_is_kept():
@@ -114,35 +116,68 @@ def test_a_swap_below_the_meaning_threshold_is_rejected():
 
 
 def test_never_a_stopword_never_a_word_twice_never_more_than_the_allowed_share():
-    """A classifier that each swap moves a little but never flips: the attack swaps until the cap.
-    Every text it asks about is checked against the original."""
+    """A classifier that each swap moves a little but never flips: the attack swaps until the cap,
+    ceil(0.3 x 21) = 7 words (TextAttack rounds up). Each call for a word's candidates gives new
+    names ("movie1x", then "movie2x"), so a word visited twice shows in the texts asked about."""
     words = ["this", "movie", "is", "not", "nice", "but", "the", "actors", "were", "really",
-             "great", "and", "story", "was", "fun", "a", "lot", "overall", "for", "me"]
+             "great", "and", "story", "was", "fun", "a", "lot", "overall", "for", "me", "today"]
     text = " ".join(words)
     original = set(words)
 
     def stubborn(texts):  # p(1) = 0.6 + 0.3 * the share of the original words still there
         p1 = [0.6 + 0.3 * len(original & set(t.split())) / len(original) for t in texts]
         return torch.tensor([[1 - q, q] for q in p1])
-    anything = lambda word: [(word + "x", 0.9), (word + "y", 0.8)]
+    calls = {}
+
+    def anything(word):
+        calls[word] = calls.get(word, 0) + 1
+        return [(f"{word}{calls[word]}x", 0.9), (f"{word}{calls[word]}y", 0.8)]
     classify, asked = logged(stubborn)
     r = attack(text, 1, classify, anything, same_meaning, Settings(max_share=0.3))
     assert r["status"] == "failed", r
-    cap = math.floor(0.3 * len(words))
-    assert len(r["swaps"]) == cap, f"it should swap up to 30% of {len(words)} words ({cap}); swapped {r['swaps']}"
+    assert len(r["swaps"]) == 7, f"up to ceil(0.3 x 21) = 7 words should change; swapped {r['swaps']}"
     for t in asked:
         tw = t.split()
         if len(tw) != len(words):
             continue  # a deletion of the importance step
         changed = [i for i, (a, b) in enumerate(zip(words, tw)) if a != b]
-        assert len(changed) <= cap, f"asked about a text with {len(changed)} words changed > {cap}: {t}"
+        assert len(changed) <= 7, f"asked about a text with {len(changed)} words changed > 7: {t}"
         assert not [words[i] for i in changed if words[i] in STOPWORDS], f"a stopword was swapped: {t}"
-        assert all(tw[i][:-1] == words[i] for i in changed), f"a word swapped twice ({t})"
+        assert all(tw[i][len(words[i]):-1] == "1" for i in changed), f"a word swapped twice: {t}"
+    # with no cap, every word is swapped once and none is tried again
+    calls.clear()
+    classify, asked = logged(stubborn)
+    r = attack(text, 1, classify, anything, same_meaning, Settings(max_share=1))
+    assert len(r["swaps"]) == 10 and set(calls.values()) == {1}, \
+        f"each of the 10 words that are not stopwords should be tried once: {calls}"
+
+
+def test_a_short_text_keeps_the_flip_that_lowers_the_gold_class_most():
+    """Under 15 words every candidate passes the meaning check with similarity 1, so of the swaps
+    that flip, the one with the lowest p(y) is kept (TextAttack's order)."""
+    def classify(texts):
+        p1 = [0.9 if "great" in t else 0.4 if "okay" in t else 0.1 if "fine" in t else 0.5 for t in texts]
+        return torch.tensor([[1 - q, q] for q in p1])
+    r = attack("a great film", 1, classify, table({"great": [("okay", 0.9), ("fine", 0.8)]}),
+               same_meaning, Settings(max_share=1))
+    assert r["swaps"] == {1: ("great", "fine")}, f"both flip; 'fine' lowers p(y) most: {r['swaps']}"
+
+
+def test_with_three_classes_a_flip_counts_only_if_it_lowers_the_gold_class_most():
+    """Swap A flips the prediction to class 2 but leaves p(y) at 0.45; swap B lowers p(y) to 0.35
+    without flipping. TextAttack keeps B (the lowest p(y)) and goes on; with no other word to swap,
+    the attack fails."""
+    def classify(texts):
+        rows = {"great": [0.1, 0.8, 0.1], "alpha": [0.05, 0.45, 0.5], "beta": [0.33, 0.35, 0.32]}
+        return torch.tensor([next((v for k, v in rows.items() if k in t), [0.4, 0.3, 0.3])
+                             for t in texts])  # the last: "great" deleted
+    r = attack("great", 1, classify, table({"great": [("alpha", 0.9), ("beta", 0.8)]}), same_meaning)
+    assert r["status"] == "failed" and r["swaps"] == {0: ("great", "beta")}, r
 
 
 def test_a_classifier_that_ignores_its_input_is_never_fooled():
     blind = lambda texts: torch.tensor([[0.3, 0.7]]).expand(len(texts), 2)
-    texts = ["a great film", "the worst plot ever written", "fine"]
+    texts = ["a great film", "the worst plot ever written", "fine", "...", "", "the and of"]
     for text in texts:
         r = attack(text, 1, blind, lambda w: [("bad", 0.9), ("awful", 0.8)], same_meaning)
         assert r["status"] == "failed" and not r["swaps"], f"an input-blind classifier fooled: {r}"
@@ -172,9 +207,13 @@ def test_the_same_inputs_give_the_same_attacks():
 
 
 def test_the_query_budget_stops_an_attack():
-    r = attack("What a Great film it was, truly", 1, keyed, table({"great": [("fine", 0.9)]}),
-               same_meaning, Settings(queries=5))
-    assert r["status"] == "failed" and r["queries"] <= 5, f"over its budget of 5: {r}"
+    """The attack needs 5 queries (the original, 3 deletions, 1 candidate): a budget of 5 lets
+    it succeed, a budget of 4 stops it after the ranking, with 4 spent."""
+    def run(budget):
+        return attack("What a Great film it was, truly", 1, keyed, table({"great": [("fine", 0.9)]}),
+                      same_meaning, Settings(queries=budget))
+    assert (run(5)["status"], run(5)["queries"]) == ("succeeded", 5), run(5)
+    assert (run(4)["status"], run(4)["queries"]) == ("failed", 4), run(4)
 
 
 def test_neighbours_are_whole_words_by_cosine_without_stopwords_or_the_word_itself():
@@ -227,8 +266,8 @@ def test_a_killed_attack_resumes_without_redoing_examples(tmp_path):
         run_attack(examples, labels, dies_after(2), neighbours, same_meaning, Settings(max_share=1),
                    path, ["neg", "pos"])
     assert [r["id"] for r in read_done(path)] == ["e0", "e1"], "the rows written before the kill"
-    with open(path, "a") as f:
-        f.write('e2,succ')  # a row cut short by the kill
+    with open(path, "a") as f:  # a row cut short by the kill, inside its last field
+        f.write('e2,succeeded,pos,pos,neg,2,1,3,1:dull>x,dull,du')
     classify, asked = logged(keyed)
     s = run_attack(examples, labels, classify, neighbours, same_meaning, Settings(max_share=1),
                    path, ["neg", "pos"])
@@ -239,6 +278,7 @@ def test_a_killed_attack_resumes_without_redoing_examples(tmp_path):
     assert (s["n"], s["succeeded"], s["skipped"]) == (5, 4, 1), s
     with open(path, newline="") as f:
         assert next(csv.reader(f)) == COLUMNS
+    assert rows[2]["perturbed"] == "dull", f"the cut row was kept or merged: {rows[2]}"
 
 
 # --- evaluate.py --attack on a tiny run ---------------------------------------------------------
@@ -288,6 +328,9 @@ def test_evaluate_attack_refuses_in_one_line(knn_run, data_dir, tiny_bert_dir, t
     with pytest.raises(SystemExit):
         evaluate.main(["--checkpoint", knn_run, "--attack_n", "5"])
     assert "add --attack RULE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main(["--checkpoint", knn_run, "--attack", "knn-only", "--split", "train"])
+    assert "find itself in the datastore" in capsys.readouterr().err
     with pytest.raises(MinknnError, match="no labels"):
         evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--split", "test"))
     out = str(tmp_path / "a.csv")
