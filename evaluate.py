@@ -60,7 +60,7 @@ from minknn.attack import (Neighbours, Settings, Synonyms, cut_to_fit, read_word
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
 from minknn.data import (Example, data_root, eval_subset, examples_fingerprint, labelled,
-                        load_split, source_paths, split_recipe, training_examples)
+                         load_split, source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
 from minknn.index import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, built_with, describe_index,
