@@ -301,6 +301,12 @@ def knn_datastore(args, ckpt, path, model, tokenizer, task, train, key, device):
     return datastore, seconds, index_seconds
 
 
+def datastore_path(args, ckpt, task, key, several):
+    """--datastore, else <run>/datastore-<key>.pt (datastore-<task>-<key>.pt in a multi-task run)."""
+    name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
+    return args.datastore or os.path.join(os.path.dirname(ckpt["file"]), name)
+
+
 def sweep(task, datastore, probabilities, queries, gold, exclude, args):
     """The task's scores over phi (at K) and over K (at phi), from one search at the largest K."""
     k, phi, vote, temperature = knn_settings(args, task)
@@ -338,8 +344,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     knn = train is not None
     key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])
     if knn:  # the datastore first: its errors come before the slow encoding of the split
-        name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
-        path = args.datastore or os.path.join(run_dir, name)
+        path = datastore_path(args, ckpt, task, key, several)
         datastore, build_seconds, index_seconds = knn_datastore(args, ckpt, path, model,
                                                                 tokenizer, task, train, key,
                                                                 device)
@@ -459,14 +464,17 @@ def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, tr
         raise MinknnError(f"--attack_candidates wordnet: no WordNet data in {wordnet} (install "
                           f"Debian's wordnet-base, or set WNSEARCHDIR to a folder with data.adj)")
     if os.path.exists(path):  # a killed attack resumes only with the settings it started with
-        saved = json.load(open(report)).get("settings") if os.path.exists(report) else None
+        saved = None
+        if os.path.exists(report):
+            with open(report) as f:
+                saved = json.load(f).get("settings")
         if saved != asked:
             raise MinknnError(f"--attack: {path} holds an attack with other settings "
                               f"({report} says {saved}); give --out another file")
     write_json(report, {"settings": asked, "summary": None})
     datastore = None
     if train is not None:
-        datastore = knn_datastore(args, ckpt, os.path.join(run_dir, f"datastore-{key}.pt"), model,
+        datastore = knn_datastore(args, ckpt, datastore_path(args, ckpt, task, key, False), model,
                                   tokenizer, task, train, key, device)[0]
     synonyms, antonyms = read_wordnet(wordnet) if found else (None, None)
     encode, (table, vocab, lowercase) = sentence_encoder(args.attack_encoder, device)
