@@ -37,8 +37,9 @@ refused. --nprobe and --ef_search only steer the search: changing them rebuilds 
 word-substitution attack in TextFooler's shape, on a fixed draw of --attack_n labelled examples of
 --split (the same draw for every run), each cut to the words that fit the run's --max_len. Every
 attacked example is a row of <run>/attack-<split>-<candidates>-<rule>.csv (--out to name it),
-written as it ends, so a killed attack resumes where it stopped; the summary (TextAttack's
-figures) goes beside it, in its .json. The meaning encoder, and the candidates' embedding table,
+written as it ends, so a killed attack resumes where it stopped, and a rerun with another
+--attack_n attacks only the drawn examples the file lacks (IMDB's draw of 300 holds its draw of
+60); the summary (TextAttack's figures, over the drawn examples) goes beside it, in its .json. The meaning encoder, and the candidates' embedding table,
 are --attack_encoder's (default all-MiniLM-L6-v2 as pretrained), never the attacked model;
 --attack_candidates wordnet takes WordNet's synonyms instead (Debian's wordnet-base).
 A checkpoint or datastore whose contents no longer match the checksum saved with them (damaged on
@@ -463,12 +464,12 @@ def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, tr
     if args.attack_candidates == "wordnet" and not found:
         raise MinknnError(f"--attack_candidates wordnet: no WordNet data in {wordnet} (install "
                           f"Debian's wordnet-base, or set WNSEARCHDIR to a folder with data.adj)")
-    if os.path.exists(path):  # a killed attack resumes only with the settings it started with
-        saved = None
+    if os.path.exists(path):  # a killed attack resumes only with the settings it started with,
+        saved = None           # but --attack_n may change: the examples done (by id) are kept
         if os.path.exists(report):
             with open(report) as f:
                 saved = json.load(f).get("settings")
-        if saved != asked:
+        if saved is None or {**saved, "attack_n": args.attack_n} != asked:
             raise MinknnError(f"--attack: {path} holds an attack with other settings "
                               f"({report} says {saved}); give --out another file")
     write_json(report, {"settings": asked, "summary": None})

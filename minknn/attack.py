@@ -410,13 +410,14 @@ def write_rows(path, rows, mode="a"):
 def run_attack(examples, labels, classify, neighbours, encode, settings, path, names,
                antonyms=None):
     """Attacks each example (ids and texts; labels: their class indices) and appends its row to
-    the CSV at path; examples already in it (a killed run's) are not attacked again. names: the
-    classes' names. Returns summary() of every example's row; with antonyms (read_wordnet()[1]),
-    also the share of the successful attacks that swapped a word for an antonym, in %."""
+    the CSV at path; examples already in it (a killed run's, or another draw's) are not attacked
+    again, and its rows of other examples are kept. names: the classes' names. Returns summary()
+    of the examples' rows; with antonyms (read_wordnet()[1]), also the share of the successful
+    attacks that swapped a word for an antonym, in %."""
     done = read_done(path)
     ids = {row["id"] for row in done}
     todo = [(e, y) for e, y in zip(examples, labels) if e.id not in ids]
-    bar = tqdm(todo, desc="attack", initial=len(done), total=len(examples))
+    bar = tqdm(todo, desc="attack", initial=len(examples) - len(todo), total=len(examples))
     for example, label in bar:
         r = attack(example.text, label, classify, neighbours, encode, settings)
         swaps = "; ".join(f"{i}:{old}>{new}" for i, (old, new) in r["swaps"].items())

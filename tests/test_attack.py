@@ -14,7 +14,7 @@ from conftest import DATA
 from minknn import MinknnError
 from minknn.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
                            angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
-                           Synonyms, summary, read_wordnet)
+                           Synonyms, summary, read_wordnet, write_rows)
 from minknn.data import Example
 
 POSITIVE = "great"  # the word the hand-made classifiers key on
@@ -337,11 +337,36 @@ def test_evaluate_attack_refuses_in_one_line(knn_run, data_dir, tiny_bert_dir, t
     evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
                                "--out", out))
     with pytest.raises(MinknnError, match="other settings"):
-        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "3",
-                                   "--out", out))
+        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
+                                   "--attack_queries", "50", "--out", out))
     with pytest.raises(MinknnError, match="no proxies"):
         evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "proxy"))
     assert os.path.exists(out)
+
+
+def test_a_larger_attack_n_attacks_only_the_examples_the_csv_lacks(knn_run, data_dir, tiny_bert_dir,
+                                                                    tmp_path):
+    """A 4-example attack grown to 8 keeps its 4 rows (one is marked by hand: attacking it again
+    would overwrite the mark) and adds the other 4; a smaller draw is summarised over its own
+    examples only, the file untouched."""
+    out = str(tmp_path / "a.csv")
+    def attack(n):
+        return evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model",
+                                          "--attack_n", str(n), "--out", out))
+    attack(4)
+    first = read_done(out)
+    first[0]["words"] = "999"  # a mark no attack of these short sentences would write
+    write_rows(out, [[r[c] for c in COLUMNS] for r in first], mode="w")
+    s = attack(8)
+    rows = read_done(out)
+    assert [r["id"] for r in rows[:4]] == [r["id"] for r in first], "the first draw's rows first"
+    assert rows[0]["words"] == "999", "an example already in the CSV was attacked again"
+    assert len(rows) == s["n"] == 8, f"growing --attack_n 4 to 8: {len(rows)} rows, summary {s}"
+    torch.testing.assert_close(s["words_per_input"], sum(int(r["words"]) for r in rows) / 8,
+                               msg="the summary's mean words per input is not the 8 rows' mean")
+    s = attack(2)
+    assert s["n"] == 2 and len(read_done(out)) == 8, f"--attack_n 2 after 8: summary {s}"
+    assert json.load(open(tmp_path / "a.json"))["settings"]["attack_n"] == 2
 
 
 def test_wordnet_synonyms_and_antonyms_are_read_from_its_data_files(tmp_path):
