@@ -15,7 +15,8 @@ from minknn import MinknnError
 from minknn.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
                            angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
                            Synonyms, summary, read_wordnet, write_rows)
-from minknn.data import Example
+from minknn.data import Example, load_split
+from minknn.tasks import TASKS
 
 POSITIVE = "great"  # the word the hand-made classifiers key on
 
@@ -367,6 +368,32 @@ def test_a_larger_attack_n_attacks_only_the_examples_the_csv_lacks(knn_run, data
     s = attack(2)
     assert s["n"] == 2 and len(read_done(out)) == 8, f"--attack_n 2 after 8: summary {s}"
     assert json.load(open(tmp_path / "a.json"))["settings"]["attack_n"] == 2
+
+
+def test_evaluate_attack_on_agnews_four_classes(data_dir, tiny_bert_dir, tmp_path):
+    """AG News, 4 classes (our real copy lacks train.csv; the fixture has one): a knnbert run on
+    it, its test split attacked by kNN alone. Each row's gold class is the file's, its classes are
+    AG News's, and its status agrees with them (a rule that took class 1 - y for "not y", or a
+    label read 1-based, would fail here)."""
+    run = str(tmp_path / "run")
+    train.main(["--task", "agnews", "--loss", "knnbert", "--model", tiny_bert_dir, "--data_dir",
+                data_dir, "--out", run, "--epochs", "1", "--batch_size", "8", "--max_len", "32",
+                "--device", "cpu", "--queue_size", "8"])
+    out = str(tmp_path / "a.csv")
+    s = evaluate.main(attack_flags(run, data_dir, tiny_bert_dir, "--split", "test", "--attack",
+                                   "knn-only", "--k", "4", "--out", out))
+    task = TASKS["agnews"]
+    gold = {e.id: task.labels[e.label] for e in load_split(task, "test", data_dir)}
+    rows = read_done(out)
+    assert len(rows) == s["n"] == len(gold) == 8, (len(rows), s)
+    for r in rows:
+        assert r["label"] == gold[r["id"]], f"agnews {r['id']}: gold class {r['label']}, the file has {gold[r['id']]}"
+        classes = {r["original_prediction"], r["perturbed_prediction"]}
+        assert classes <= set(task.labels), f"agnews {r['id']}: classes {classes} not AG News's"
+        expected = ("skipped" if r["original_prediction"] != r["label"] else
+                    "failed" if r["perturbed_prediction"] == r["label"] else "succeeded")
+        assert r["status"] == expected, f"agnews {r['id']}: status {r['status']} for classes {r}"
+    assert s["original_accuracy"] == 100 * sum(r["status"] != "skipped" for r in rows) / 8
 
 
 def test_wordnet_synonyms_and_antonyms_are_read_from_its_data_files(tmp_path):
