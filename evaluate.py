@@ -39,8 +39,9 @@ word-substitution attack in TextFooler's shape, on a fixed draw of --attack_n la
 attacked example is a row of <run>/attack-<split>-<candidates>-<rule>.csv (--out to name it),
 written as it ends, so a killed attack resumes where it stopped, and a rerun with another
 --attack_n attacks only the drawn examples the file lacks (IMDB's draw of 300 holds its draw of
-60); the summary (TextAttack's figures, over the drawn examples) goes beside it, in its .json. The meaning encoder, and the candidates' embedding table,
-are --attack_encoder's (default all-MiniLM-L6-v2 as pretrained), never the attacked model;
+60); the summary (TextAttack's figures over the drawn examples, and the seconds this call took)
+goes beside it, in its .json. The meaning encoder, and the candidates' embedding table, are
+--attack_encoder's (default all-MiniLM-L6-v2 as pretrained), never the attacked model;
 --attack_candidates wordnet takes WordNet's synonyms instead (Debian's wordnet-base).
 A checkpoint or datastore whose contents no longer match the checksum saved with them (damaged on
 disk), or a datastore whose keys or labels do not fit the model and the task, is refused in one
