@@ -8,6 +8,7 @@ milliseconds. Only the parity tests in test_bert.py and test_tokenizer.py load t
 import json
 import os
 import re
+import signal
 
 import pytest
 import torch
@@ -15,6 +16,13 @@ import torch
 from minknn.bert import BertConfig, BertModel
 from minknn.safetensors import save_safetensors
 from hf_folders import write_distilbert, write_roberta
+
+# The Ctrl-C tests (test_checkpoint.py, test_runs.py, test_slurm.py) need SIGINT to raise
+# KeyboardInterrupt, here and in the processes they start. A shell starts a background job
+# (`nohup python -m pytest &` in a script) with SIGINT ignored, which Python and its children keep:
+# those tests then failed with "never arrived". Python's own handler back, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 DATA = os.path.join(FIXTURES, "data")
