@@ -33,7 +33,7 @@ the key and the training set are unchanged. An approximate index (--index ivf or
 in it once built; a datastore saved with another index (or other --nlist, --hnsw_m,
 --ef_construction) gets the asked-for one built over its saved keys, or with --datastore is
 refused. --nprobe and --ef_search only steer the search: changing them rebuilds nothing.
---attack RULE attacks one rule (model, proxy, knn at --phi, knn-only) with minknn/attack.py, a
+--attack RULE attacks one rule (model, proxy, knn at --phi, knn-only) with minknn/lab/attack.py, a
 word-substitution attack in TextFooler's shape, on a fixed draw of --attack_n labelled examples of
 --split (the same draw for every run), each cut to the words that fit the run's --max_len. Every
 attacked example is a row of <run>/attack-<split>-<candidates>-<rule>.csv (--out to name it),
@@ -55,9 +55,10 @@ import math
 import os
 import time
 
-from minknn import MinknnError, run
-from minknn.assignment import require_written
-from minknn.attack import (Neighbours, Settings, Synonyms, cut_to_fit, read_wordnet, run_attack,
+from minknn import MinknnError
+from minknn.cli import run
+from minknn.parts import require_written
+from minknn.lab.attack import (Neighbours, Settings, Synonyms, cut_to_fit, read_wordnet, run_attack,
                            sentence_encoder)
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
@@ -67,10 +68,10 @@ from minknn.engine import PRECISIONS, pick_device, predict
 from minknn.kinds import describe, kind_of, overall, score, task_metrics
 from minknn.index import (INDEX_DEFAULTS, INDEX_FLAGS, INDEXES, built_with, describe_index,
                           index_settings)
-from minknn.knn import (KNN_DEFAULTS, SWEEP_KS, SWEEP_PHIS, VOTES, Datastore, check_k, fingerprint,
-                        interpolate, settings)
+from minknn.datastore import Datastore, fingerprint
+from minknn.knn import KNN_DEFAULTS, SWEEP_KS, SWEEP_PHIS, VOTES, check_k, interpolate, settings
 from minknn.model import KNN_KEYS
-from minknn.options import Parser
+from minknn.cli import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
 from minknn.runs import make_folder, write_json
 
@@ -122,7 +123,7 @@ def get_args(argv=None):
                    f"(default: {hnsw['ef_construction']})")
     g.add_argument("--ef_search", type=int, help="hnsw: candidates kept per query, raised to K "
                    f"(K + 1 on --split train) when smaller (default: {hnsw['ef_search']})")
-    g = p.add_argument_group("attack (minknn/attack.py)")
+    g = p.add_argument_group("attack (minknn/lab/attack.py)")
     g.add_argument("--attack", choices=ATTACK_RULES, help="attack this rule's predictions with "
                    "word substitutions: the model (its head), proxy inference, the model mixed "
                    "with kNN at --phi, or kNN alone")
@@ -441,7 +442,7 @@ def rule_classifier(args, model, losses, tokenizer, task, device, datastore, key
 
 
 def attack_task(args, ckpt, model, losses, tokenizer, task, device, examples, train):
-    """--attack: minknn/attack.py's attack on --attack's rule, over the drawn examples."""
+    """--attack: minknn/lab/attack.py's attack on --attack's rule, over the drawn examples."""
     run_dir, rule = os.path.dirname(ckpt["file"]), args.attack
     k, phi, vote, temperature = knn_settings(args, task)
     key = args.knn_key or ("decoupled" if model.retrieval is not None else ckpt["args"]["pooling"])

@@ -24,7 +24,7 @@ first 6% of the run's steps then linear decay to 0, gradients clipped to norm 1;
 parameters (proxies) get --proxy_lr. --head_init probe (the default with --option pretrain)
 starts each classification and multi-label head as a logistic regression fit on the encoder as
 loaded (LP-FT, Kumar et al. 2022; minknn/probe.py). A memory loss (knnbert, moco) keeps a
-MoCo queue or memory bank (minknn/moco.py), filled before the first step and written after each.
+MoCo queue or memory bank (minknn/memory.py), filled before the first step and written after each.
 --loss setfit steps over batches of SetFit's pairs, and its head is fit by logistic regression
 (minknn/probe.py) at the end of each epoch, before the dev set is scored
 (minknn/losses/setfit.py). This file holds the flags, the optimiser and the training step, and
@@ -72,16 +72,18 @@ import time
 import torch
 from tqdm import tqdm
 
-from minknn import MinknnError, Terminated, distributed, run, sigterm_raises
-from minknn.assignment import BY_NAME, require_written
+from minknn import MinknnError, Terminated, distributed, sigterm_raises
+from minknn.cli import run
+from minknn.parts import BY_NAME, require_written
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.engine import PRECISIONS, autocast, default_precision, pick_device
 from minknn.kinds import describe_run
 from minknn.losses import LOSSES, MEMORY_LOSSES, PAIR_LOSSES, STS_LOSSES
 from minknn.losses.mlcon import REDUCTIONS as MLCON_REDUCTIONS
 from minknn.model import POOLINGS
-from minknn.moco import QUEUE_SIZE
-from minknn.options import DEFAULT_TASKS, Parser, check_args, resumed_args
+from minknn.memory import QUEUE_SIZE
+from minknn.cli import Parser
+from minknn.options import DEFAULT_TASKS, check_args, resumed_args
 from minknn.probe import fit_head
 from minknn.proxy import PROXY_LOSSES
 from minknn.runs import (best_so_far, check_same_data, close_run_folder, load_last, open_folder,

@@ -46,29 +46,3 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
-
-
-def run(main):
-    """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit
-    status 2, and so does the NotImplementedError of a part a student edition has not written
-    yet (minknn/assignment.py); Ctrl-C that main() does not handle itself, `interrupted` and
-    status 130; SIGTERM, `terminated` and status 143 (128 + 15, the shells' status for it)."""
-    try:
-        with sigterm_raises():
-            main()
-    except MinknnError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except NotImplementedError as e:
-        from minknn.assignment import not_written, stubbed_part  # it imports this module
-        name = stubbed_part(str(e))
-        if name is None:  # not a part's stub: a real bug, with its traceback
-            raise
-        print(f"error: {not_written(name)}", file=sys.stderr)
-        sys.exit(2)
-    except Terminated:
-        print("\nterminated", file=sys.stderr)
-        sys.exit(143)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)

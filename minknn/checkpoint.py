@@ -48,7 +48,8 @@ import threading
 import torch
 
 from minknn import MinknnError, warn
-from minknn.bert import BertConfig, check_finite, check_fits, read_json, read_weights, weights_file
+from minknn.bert import BertConfig
+from minknn.weights import check_finite, check_fits, file_sha256, read_json, read_weights, weights_file
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
@@ -190,14 +191,6 @@ def base_model(folder):
     """What a checkpoint without its frozen encoder records to load it again: the model folder,
     absolute, and its weights file's sha256."""
     return {"folder": os.path.abspath(folder), "sha256": file_sha256(weights_file(folder))}
-
-
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def base_weights(base, name):

@@ -24,7 +24,7 @@ proxies, so their gradient is already one process's, on every rank, with no comm
 tests/test_distributed.py checks this for each loss, and that gathering WITHOUT gradient (only the
 local slice's share) or not at all (a local-batch loss) gives another gradient.
 
-The MoCo memory (minknn/moco.py) gathers its keys without gradient (gather_keys, MoCo's
+The MoCo memory (minknn/memory.py) gathers its keys without gradient (gather_keys, MoCo's
 concat_all_gather), so that every rank enqueues the same keys and holds the same queue; PCGrad
 (minknn/pcgrad.py) averages each task's gradient (all_reduce_mean) before its projection.
 """

@@ -7,15 +7,13 @@ import argparse
 import json
 import math
 import os
-import re
-import sys
 
-from minknn import MinknnError, distributed, first_process
+from minknn import MinknnError, distributed
 from minknn.kinds import KINDS
 from minknn.losses import BASE_LOSSES, LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
 from minknn.losses.knnbert import M_LEAST, M_MOST
 from minknn.losses.setfit import ITERATIONS as SETFIT_ITERATIONS
-from minknn.moco import MOMENTUM
+from minknn.memory import MOMENTUM
 from minknn.proxy import PROXY_LOSSES
 from minknn.runs import saved_args
 from minknn.tasks import get_task
@@ -23,35 +21,6 @@ from minknn.tasks import get_task
 # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
 DEFAULT_TASKS = "sst,quora,sts"
 KIND_NAMES = {"classify": "classification", "similarity": "similarity", "multilabel": "multi-label"}
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line, `error: <message>`, as every other minknn
-    error is (argparse's own print the whole usage first)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(formatter_class=HelpFormatter, **kwargs)
-        # argparse reads -1 and -.5 as values but -1e-4 as an unknown flag; let it read that too,
-        # so that `--lr -1e-4` reaches check_args and its one-line error. (_negative_number_matcher
-        # is argparse's own, private, pattern: Python 3.10-3.13 name it so.)
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.I)
-
-    def error(self, message):
-        if first_process():  # under torchrun every rank reads the same flags
-            print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """--help shows each flag's default once: appended where the help text does not state it."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        unset = (action.default is None or action.default is False
-                 or action.default == argparse.SUPPRESS)
-        if not unset and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
 
 
 def check_args(p, args):

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from minknn import MinknnError
-from minknn.bert import check_fits, read_json
+from minknn.weights import check_fits, read_json
 from minknn.checkpoint import atomic_save, check_contents, sealed
 
 LAST_FORMAT = "minknn-last-1"

@@ -17,7 +17,7 @@ A Trainer is no framework, only the parts (the loop is train.py's):
                           at its classes' priors, and with --head_init probe each classification
                           or multi-label head as the logistic regression on the loaded encoder
     losses                each task's loss (minknn/losses/), with a loss's parameters (proxies)
-    moco, fill_seconds    a memory loss's queue or bank and key encoder (minknn/moco.py), filled
+    moco, fill_seconds    a memory loss's queue or bank and key encoder (minknn/memory.py), filled
                           from the training examples before the first step
     params, optimizer, scheduler   what trains (the model's and the losses' parameters), and
                           train.py's make_optimizer for them: AdamW, warm-up then linear decay
@@ -51,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from minknn import MinknnError
 from minknn import backbones
-from minknn.bert import resolve_model_path
+from minknn.weights import resolve_model_path
 from minknn.checkpoint import base_model, save_checkpoint, signals_held
 from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
                          require_labels, run_data, training_examples)
@@ -63,7 +63,7 @@ from minknn.kinds import kind_of, overall, score
 from minknn.losses import MEMORY_LOSSES, build_losses
 from minknn.losses.setfit import PairBatches
 from minknn.model import Model, Output
-from minknn.moco import MoCo, filled_memory
+from minknn.memory import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, proxy_logits

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minknn.bert import BertConfig, BertModel
-from minknn.safetensors import save_safetensors
+from minknn.weights import save_safetensors
 from hf_folders import write_distilbert, write_roberta
 
 # The Ctrl-C tests (test_checkpoint.py, test_runs.py, test_slurm.py) need SIGINT to raise

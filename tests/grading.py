@@ -1,4 +1,4 @@
-"""The autograder's helpers: every failure names the part (minknn/assignment.py, PARTS) and what
+"""The autograder's helpers: every failure names the part (minknn/parts.py, PARTS) and what
 is off, never only a tensor dump.
 
     close("attention", actual, expected, "the output for an unpadded batch")
@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from minknn.assignment import label
+from minknn.parts import label
 
 REFERENCES = os.path.join(os.path.dirname(__file__), "fixtures", "references")
 GENERIC = " differs from "  # in a value check's message only (the property checks say more)

@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from minknn.safetensors import save_safetensors
+from minknn.weights import save_safetensors
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BPE = os.path.join(FIXTURES, "bpe")  # a byte-level BPE trained on fixtures/data (make_backbones.py)

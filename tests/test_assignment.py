@@ -16,9 +16,10 @@ import pytest
 import minknn
 import train
 from minknn import assignment
-from minknn.assignment import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, choose,
-                               command_argv, find_blocks, is_stub, label, read_lines,
-                               repository_files, solve, stub, write_edition)
+from minknn import parts
+from minknn.assignment import choose, repository_files, solve, write_edition
+from minknn.parts import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, command_argv,
+                          find_blocks, is_stub, label, read_lines, stub)
 
 from mutate import check_list  # tests/ is on sys.path, as for conftest
 from mutations import MUTATIONS
@@ -32,18 +33,18 @@ def test_every_part_has_a_solution_block_in_its_file():
         lines = read_lines(os.path.join(ROOT, part.file))
         names = [name for name, _, _ in find_blocks(lines, part.file)]
         assert part.name in names, (f"{label(part.name)}: no '# BEGIN part {part.name}' block in "
-                                    f"{part.file} (PARTS in minknn/assignment.py names that file)")
+                                    f"{part.file} (PARTS in minknn/parts.py names that file)")
 
 
 def test_no_markers_outside_the_parts_files():
     """A marker in a file PARTS does not name would stay in the edition with its solution."""
     files = set(assignment.PART_FILES)
     for f in repository_files():
-        if f.endswith(".py") and f not in files and f != "minknn/assignment.py":
+        if f.endswith(".py") and f not in files and f != "minknn/parts.py":
             marked = [i + 1 for i, line in enumerate(read_lines(os.path.join(ROOT, f)))
-                      if assignment.MARKER.match(line)]
+                      if parts.MARKER.match(line)]
             assert not marked, (f"{f}:{marked[:1]} has a solution block's marker, but no part in "
-                                f"PARTS (minknn/assignment.py) lives in that file")
+                                f"PARTS (minknn/parts.py) lives in that file")
 
 
 @pytest.mark.parametrize("lines, error", [
@@ -265,12 +266,12 @@ def test_the_runs_parts_checked_in_the_handouts_order(edition, tmp_path):
     part half written is 'not finished', and --attention fused does not run part 2."""
     root = edition_bert(edition, tmp_path, "layer")  # layer's first block of 4 written
     with pytest.raises(minknn.MinknnError, match=r"^part 2 attention is not written yet"):
-        assignment.require_written(["layer", "attention"], root)
+        parts.require_written(["layer", "attention"], root)
     with pytest.raises(minknn.MinknnError, match=r"^part 3 layer is not finished \(3 of its 4 "
                        r"blocks are still stubs\) \(minknn/bert.py\); test it with: python -m "
                        r"pytest -q tests/test_bert.py -k layer$"):
-        assignment.require_written(["layer", "pooling"], root)
-    assignment.require_written(["pooling"], root)  # no minknn/model.py there: nothing to tell
+        parts.require_written(["layer", "pooling"], root)
+    parts.require_written(["pooling"], root)  # no minknn/model.py there: nothing to tell
     args = train.get_args(["--task", "sst", "--attention", "fused", "--loss", "moco"])
     assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "moco-loss",
                                      "memory"]
@@ -278,7 +279,7 @@ def test_the_runs_parts_checked_in_the_handouts_order(edition, tmp_path):
                            "explicit"])
     assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "attention",
                                      "proxynca", "proxy-inference"]
-    assignment.require_written(train.parts_run(args))  # this repository: nothing to stop
+    parts.require_written(train.parts_run(args))  # this repository: nothing to stop
 
 
 def test_a_stub_raised_in_a_run_is_one_line(capsys):
@@ -289,7 +290,7 @@ def test_a_stub_raised_in_a_run_is_one_line(capsys):
         exec(stub("pooling", "")[0])
 
     with pytest.raises(SystemExit) as e:
-        minknn.run(stubbed)
+        minknn.cli.run(stubbed)
     err = capsys.readouterr().err
     assert (e.value.code, err) == (2, "error: part 4 pooling is not written yet (minknn/model.py); "
                                       "test it with: python -m pytest -q tests/test_model.py\n")
@@ -297,7 +298,7 @@ def test_a_stub_raised_in_a_run_is_one_line(capsys):
     def bug():
         raise NotImplementedError("partial support for sparse tensors")
     with pytest.raises(NotImplementedError, match="sparse"):
-        minknn.run(bug)
+        minknn.cli.run(bug)
 
 
 def test_a_block_is_a_stub_when_it_holds_only_the_raise_line():
@@ -467,7 +468,7 @@ def test_each_part_passes_with_only_the_parts_it_needs(tmp_path):
         stubs = sorted(set(re.findall(r"NotImplementedError: (part \d+ [a-z-]+)", out)))
         assert rc == 0, (f"{label(part.name)}: `{part.test}` fails with only it and "
                          f"{NEEDS.get(part.name, 'no other part')} written; it ran {stubs}: add "
-                         f"them to NEEDS in minknn/assignment.py if they come earlier, else grade "
+                         f"them to NEEDS in minknn/parts.py if they come earlier, else grade "
                          f"the part on a stand-in:\n{out[-800:]}")
 
 

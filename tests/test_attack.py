@@ -1,4 +1,4 @@
-"""minknn/attack.py: the word-substitution attack, on hand-made classifiers whose right answer is
+"""minknn/lab/attack.py: the word-substitution attack, on hand-made classifiers whose right answer is
 known, then evaluate.py --attack end to end on a tiny run."""
 import csv
 import json
@@ -12,7 +12,7 @@ import evaluate
 import train
 from conftest import DATA
 from minknn import MinknnError
-from minknn.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
+from minknn.lab.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
                            angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
                            Synonyms, summary, read_wordnet, write_rows)
 from minknn.data import Example, load_split

@@ -20,7 +20,7 @@ from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import load_split
 from minknn.engine import predict
 from minknn.pcgrad import PCGrad
-from minknn.safetensors import save_safetensors
+from minknn.weights import save_safetensors
 from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
 from test_runner import lines_of, run_grid

@@ -18,10 +18,12 @@ import pytest
 import torch
 
 import evaluate
-import minknn.moco
+import minknn.memory
 import train
 from hf_folders import write_roberta
-from minknn import Terminated, run, runner
+from minknn import Terminated
+from minknn.cli import run
+from minknn.lab import runner
 from minknn.checkpoint import CHECKSUM, sealed
 from minknn.runs import lock_folder
 
@@ -323,7 +325,7 @@ def edit_weights(change):
     """A broken_model edit: model.safetensors replaced by change(its tensors)."""
     def edit(folder):
         path = folder / "model.safetensors"
-        minknn.safetensors.save_safetensors(change(minknn.safetensors.load_safetensors(path)), path)
+        minknn.weights.save_safetensors(change(minknn.weights.load_safetensors(path)), path)
     return edit
 
 
@@ -523,7 +525,7 @@ EVALUATE_CASES = [
 
 
 def grid(*extra, methods="ce"):
-    """argv of the runner (python -m minknn.runner) on a one-cell tiny grid in tmp/g."""
+    """argv of the runner (python -m minknn.lab.runner) on a one-cell tiny grid in tmp/g."""
     def argv(tmp, tiny, fixtures):
         return ["--tasks", "mr", "--methods", methods, "--sizes", "6", "--seeds", "0", "--out",
                 str(tmp / "g"), "--model", tiny, "--data_dir", fixtures, "--epochs", "1",
@@ -550,7 +552,7 @@ def finished_grid(tail="", *flags):
     return argv
 
 
-# --- the runner's grids and tables (minknn/runner.py, report.py) ---
+# --- the runner's grids and tables (minknn/lab/runner.py, report.py) ---
 RUNNER_CASES = [
     ("runner method twice", "runner", grid(methods="ce,ce"),
      "--methods: ce is given twice; give each method once"),
@@ -581,7 +583,7 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
                                                  monkeypatch):
     name, script, setup, says = case
     argv = setup(tmp_path, tiny_bert_dir, data_dir)
-    for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.moco, "predict")):
+    for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.memory, "predict")):
         monkeypatch.setattr(module, function, no_slow_work)
     main = {"train": train.main, "evaluate": evaluate.main, "runner": runner.main}[script]
     capsys.readouterr()

@@ -4,8 +4,8 @@ commands to run, not tests."""
 import pytest
 import torch
 
-import bench
-from minknn import run
+from minknn.lab import bench
+from minknn.cli import run
 
 
 def test_best_of_rounds_alternates_and_keeps_each_ones_best():

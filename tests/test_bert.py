@@ -1,6 +1,6 @@
 """Tests of the hand-written BERT (minknn/bert.py).
 
-The assignment's parts come first (minknn/assignment.py, PARTS): part 1 embeddings, part 2
+The assignment's parts come first (minknn/parts.py, PARTS): part 1 embeddings, part 2
 attention, part 3 layer, each graded by `python -m pytest -q tests/test_bert.py -k NAME`. Each
 part is tested alone, on a small module whose weights come from a formula (no random generator:
 the stored reference outputs of the sanity checks stay the same on any machine), so that one
@@ -22,10 +22,9 @@ import torch.nn.functional as F
 
 from grading import check, close, matches_reference
 from minknn import MinknnError
-from minknn.assignment import label
-from minknn.bert import (NOT_IMPLEMENTED, BertConfig, BertEmbeddings, BertIntermediate, BertLayer,
-                         BertModel, BertOutput, Packing, attention)
-from minknn.safetensors import load_safetensors, save_safetensors
+from minknn.parts import label
+from minknn.bert import NOT_IMPLEMENTED, BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing, attention
+from minknn.weights import load_safetensors, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
 SMALL = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,

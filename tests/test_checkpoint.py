@@ -13,8 +13,8 @@ from minknn import MinknnError, Terminated, backbones, sigterm_raises
 from minknn.bert import BertModel
 from minknn.checkpoint import (CHECKSUM, atomic_save, base_model, content_sha256, load_checkpoint, rebuild,
                                save_checkpoint)
-from minknn.knn import fingerprint
-from minknn.safetensors import load_safetensors, save_safetensors
+from minknn.datastore import fingerprint
+from minknn.weights import load_safetensors, save_safetensors
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS

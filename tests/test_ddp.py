@@ -82,7 +82,8 @@ import torch
 
 import minknn.model
 import train
-from minknn import MinknnError, distributed, run
+from minknn import MinknnError, distributed
+from minknn.cli import run
 
 HOOKS, RANK = json.loads(os.environ["DDP_TEST_HOOKS"]), int(os.environ.get("RANK", 0))
 built, encoded, norms, written = [], [], [], []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minknn.data import load_split
-from minknn.decoupled import DecoupledTripletLoss, decoupled_triplet, sample_triplets
+from minknn.losses.decoupled import DecoupledTripletLoss, decoupled_triplet, sample_triplets
 from minknn.engine import predict
 from minknn.model import Model
 from minknn.tasks import get_task

@@ -38,7 +38,7 @@ from minknn.distributed import (all_reduce_grads, all_reduce_mean, broadcast, ga
                                 gather_output, is_main, rank, sizes, slice_of, world)
 from minknn.losses import Objective
 from minknn.model import Model, Output
-from minknn.moco import MoCo
+from minknn.memory import MoCo
 from minknn.pcgrad import PCGrad
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer

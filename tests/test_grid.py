@@ -1,7 +1,8 @@
-"""The grid's grammar (minknn/grid.py): methods with their grids, sizes, seeds, and the cells."""
+"""The grid's grammar (minknn/lab/grid.py): methods with their grids, sizes, seeds, and the cells."""
 import pytest
 
-from minknn import MinknnError, grid
+from minknn import MinknnError
+from minknn.lab import grid
 
 
 def test_method_grammar():

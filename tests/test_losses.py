@@ -2,7 +2,7 @@
 oracles below: plain Python loops over the examples, pairs and triplets), its properties,
 gradcheck, and stored reference outputs.
 
-Each loss is a part of the assignment (PARTS in minknn/assignment.py) and a failure names it
+Each loss is a part of the assignment (PARTS in minknn/parts.py) and a failure names it
 ("part 8 supcon: ..."). A student who wrote one loss runs its tests, or only its sanity check:
 
     python -m pytest -q tests/test_losses.py -k supcon
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from grading import GENERIC, check, differs, matches_reference
 from minknn import MinknnError
-from minknn.assignment import BY_NAME, PARTS, label
+from minknn.parts import BY_NAME, PARTS, label
 from minknn.losses import LOSSES, METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.losses.contrastive import contrastive
 from minknn.losses.knnbert import select_positives
@@ -32,7 +32,7 @@ from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
 from minknn.losses.setfit import PairBatches, draw_pairs
 from minknn.model import Output
-from minknn.moco import Queue
+from minknn.memory import Queue
 from minknn.tasks import TASKS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,10 +3,11 @@ each combination that cannot work refused with one line naming the flag (test_tr
 of them as a user would, in a subprocess)."""
 import pytest
 
-import bench
+from minknn.lab import bench
 import evaluate
 import train
-from minknn import MinknnError, options, runner
+from minknn import MinknnError, cli, options
+from minknn.lab import runner
 from tests.conftest import DATA
 
 
@@ -192,7 +193,7 @@ def parsers_of(module, monkeypatch, capsys):
     """The Parsers module.get_args (bench.py: main) builds, its subcommands' included, recorded as they are made."""
     built = []
 
-    class Recording(options.Parser):
+    class Recording(cli.Parser):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             built.append(self)
@@ -210,7 +211,7 @@ def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, 
     helps = {}
     for module in (train, evaluate, runner, bench):
         parsers = parsers_of(module, monkeypatch, capsys)
-        assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.options.Parser?)"
+        assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.cli.Parser?)"
         for p in parsers:
             for a in p._actions:
                 if a.dest in ("help", "command"):  # argparse's own, bench.py's subcommand

@@ -1,4 +1,4 @@
-"""minknn/plots.py on synthetic results.jsonl lines: the file names, valid PNGs, diverged lines
+"""minknn/lab/plots.py on synthetic results.jsonl lines: the file names, valid PNGs, diverged lines
 skipped, no picture without its data. matplotlib is an optional extra: skipped without it."""
 import os
 import random
@@ -6,14 +6,14 @@ import random
 import pytest
 
 pytest.importorskip("matplotlib")
-from minknn import plots  # noqa: E402
-from minknn.plots import draw_all, safe, training_name  # noqa: E402
+from minknn.lab import plots  # noqa: E402
+from minknn.lab.plots import draw_all, safe, training_name  # noqa: E402
 
 PNG = b"\x89PNG"
 
 
 def line(task, size, seed, method, rule, cell=None, classes=0, epochs=3):
-    """One results.jsonl line as minknn/runner.py writes it, with made-up scores in [0, 1]."""
+    """One results.jsonl line as minknn/lab/runner.py writes it, with made-up scores in [0, 1]."""
     rng = random.Random(f"{task}{size}{seed}{method}")
 
     def scores():

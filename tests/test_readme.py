@@ -6,8 +6,8 @@ ending in a backslash goes on to the next; `a && b` is two commands; `#` starts 
 is one of
     python train.py ...              train.main        in-process, through minknn.run as the
     python evaluate.py ...           evaluate.main     scripts' __main__ does: a MinknnError is
-    python bench.py ...              bench.main        `error: ...` and exit status 2
-    python -m minknn.runner ...      minknn.runner.main
+    python -m minknn.lab.bench ...              bench.main        `error: ...` and exit status 2
+    python -m minknn.lab.runner ...      minknn.lab.runner.main
     python -m minknn.assignment ...  minknn.assignment.main
     torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
                                      --nproc_per_node 2 train.py ..., 1 thread each (gloo)
@@ -35,7 +35,7 @@ encodes at length 128); where the page's own --model names a RoBERTa or DistilBE
 - A train line whose run a later `--resume` line continues is stopped by Ctrl-C in its second
   epoch (`--epochs 2 --steps_per_epoch 1` appended), the stop the resume line's comment means;
   the test expects its exit status 130 and then the resumed run to finish.
-- The runner draws no plots (minknn.plots unimportable, as without matplotlib: tests/test_plots.py
+- The runner draws no plots (minknn.lab.plots unimportable, as without matplotlib: tests/test_plots.py
   draws them); bench.py's peak matmul (seconds of 2048x2048 products) is a constant.
 - The data is what a user has who followed the README's set-up with downloads unavailable: the
   fixture datasets (tests/fixtures/data) less the files that are not in the copy `RESULTS.md` was
@@ -55,18 +55,18 @@ import sys
 
 import pytest
 
-import bench
+from minknn.lab import bench
 import evaluate
 import minknn.assignment
 import minknn.data
-import minknn.runner
+import minknn.lab.runner
 import train
 from conftest import DATA, TINY, tiny_vocab
 from hf_folders import write_distilbert, write_roberta
-from minknn import run
+from minknn.cli import run
 from minknn.bert import BertConfig, BertModel
 from minknn.data import DataError
-from minknn.safetensors import save_safetensors
+from minknn.weights import save_safetensors
 from test_readers import imdb_reviews, write_imdb
 from test_runs import stop_at
 
@@ -130,7 +130,7 @@ def script(words, where):
         if tuple(words[:len(prefix)]) == prefix:
             return None
     for prefix, name in ((["python", "train.py"], "train"), (["python", "evaluate.py"], "evaluate"),
-                         (["python", "bench.py"], "bench"), (["python", "-m", "minknn.runner"], "runner"),
+                         (["python", "-m", "minknn.lab.bench"], "bench"), (["python", "-m", "minknn.lab.runner"], "runner"),
                          (["python", "-m", "minknn.assignment"], "assignment"), (["torchrun"], "torchrun")):
         if words[:len(prefix)] == prefix:
             return name, words[len(prefix):]
@@ -169,7 +169,7 @@ def tiny_args(name, args, model, stopped):
     return args
 
 
-MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.runner.main,
+MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.lab.runner.main,
          "assignment": minknn.assignment.main}
 
 
@@ -235,7 +235,7 @@ def stand_in(args, models):
 @pytest.mark.parametrize("page", PAGES)
 def test_every_command_runs(page, user, tiny_models, tmp_path, monkeypatch, capsys):
     data = user[1]
-    for name in ("train.py", "evaluate.py", "bench.py", "minknn"):
+    for name in ("train.py", "evaluate.py", "minknn"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MINKNN_DATA", data)
@@ -246,7 +246,7 @@ def test_every_command_runs(page, user, tiny_models, tmp_path, monkeypatch, caps
     monkeypatch.setattr(minknn.data, "download", offline)
     monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
     monkeypatch.delattr(minknn, "plots", raising=False)  # imported by an earlier test, or not
-    monkeypatch.setitem(sys.modules, "minknn.plots", None)
+    monkeypatch.setitem(sys.modules, "minknn.lab.plots", None)
 
     commands = [(n, words, script(words, f"{page}:{n}")) for n, words in bash_commands(page)]
     runs = [(n, s) for n, _, s in commands if s]

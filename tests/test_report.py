@@ -1,11 +1,12 @@
-"""The grid's table (minknn/report.py): the choice of hyper-parameters and the results-file
+"""The grid's table (minknn/lab/report.py): the choice of hyper-parameters and the results-file
 blocks."""
 import json
 
 import pytest
 
-from minknn import MinknnError, report
-from minknn.stats import paired_t
+from minknn import MinknnError
+from minknn.lab import report
+from minknn.lab.stats import paired_t
 
 
 def test_choose_follows_the_selection_split_not_the_test_split():

@@ -20,7 +20,8 @@ import minknn.checkpoint
 import minknn.runs
 import minknn.trainer
 import train
-from minknn import MinknnError, run, runs
+from minknn import MinknnError, runs
+from minknn.cli import run
 from minknn.runs import LAST_ENTRIES, close_run_folder, load_last, lock_folder, new_run_folder, save_last
 from tests.conftest import DATA, dev_falling, write_tiny_bert
 

@@ -1,4 +1,4 @@
-"""The runner's cells as submitit jobs (minknn/slurm.py, `--launcher slurm`), run here by
+"""The runner's cells as submitit jobs (minknn/lab/slurm.py, `--launcher slurm`), run here by
 submitit's LocalExecutor (`--slurm_cluster local`: each job a process): the figures are the
 in-process runner's; a killed runner is rerun without submitting a live job again; a failed job is
 named with its log while the other cells finish; a preempted job resumes its cell; the flags reach
@@ -15,7 +15,7 @@ import torch
 submitit = pytest.importorskip("submitit")  # an optional extra (pip install submitit==1.5.4); CI installs it
 
 import train
-from minknn import runner, slurm
+from minknn.lab import runner, slurm
 
 from conftest import DATA
 
@@ -46,7 +46,7 @@ def figures(out):
 def jobs_env(monkeypatch):
     """The jobs: one torch thread (as the reference runs: the same float sums), and this file
     importable, for the CellJob subclasses below. No plots (test_plots.py draws them)."""
-    monkeypatch.setitem(sys.modules, "minknn.plots", None)
+    monkeypatch.setitem(sys.modules, "minknn.lab.plots", None)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, ROOT, os.environ.get("PYTHONPATH", "")]))
 

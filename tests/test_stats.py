@@ -1,9 +1,9 @@
-"""The paired significance tests (minknn/stats.py) against cases worked out by hand."""
+"""The paired significance tests (minknn/lab/stats.py) against cases worked out by hand."""
 import math
 
 import pytest
 
-from minknn.stats import mean_std, paired_t, sign_flip, sign_flip_floor, t_cdf, t_undefined
+from minknn.lab.stats import mean_std, paired_t, sign_flip, sign_flip_floor, t_cdf, t_undefined
 
 
 def test_paired_t_matches_the_closed_forms():

@@ -8,7 +8,7 @@ import tokenizers
 import torch
 
 from minknn import MinknnError
-from minknn.bert import resolve_model_path
+from minknn.weights import resolve_model_path
 from minknn.tokenizer import RobertaTokenizer, Tokenizer
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")

@@ -606,9 +606,9 @@ def test_evaluate_predicts_in_its_precision(tiny_bert_dir, data_dir, tmp_path, m
 
 def test_the_memory_is_filled_in_the_runs_precision(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     """The queue's first keys come from the same --precision as the keys written during training."""
-    import minknn.moco
-    seen, predict = [], minknn.moco.predict
-    monkeypatch.setattr(minknn.moco, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
+    import minknn.memory
+    seen, predict = [], minknn.memory.predict
+    monkeypatch.setattr(minknn.memory, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--steps_per_epoch", "1", "--loss", "knnbert",
               "--precision", "bf16")
     assert seen == ["bf16"], f"the memory fill ran in {seen}, the run in bf16"

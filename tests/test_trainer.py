@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-import bench
+from minknn.lab import bench
 import train
 from minknn.data import load_split
 from minknn.tasks import get_task

@@ -26,10 +26,10 @@ SetFit's pair loss (setfit.py) is the whole objective and trains no head (its `t
 False): train.py fits the head by logistic regression after each epoch, and feeds it pair
 batches (the B first texts, then the B second ones).
 With --decoupled the metric term is Liang et al.'s triplet loss on the retrieval head's output r
-instead of h (minknn/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
+instead of h (minknn/losses/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
 task, it is a pair loss on the two texts' vectors (pairs.py).
 
-The memory losses (knnbert, moco) also see the MoCo memory (minknn/moco.py): they are called as
+The memory losses (knnbert, moco) also see the MoCo memory (minknn/memory.py): they are called as
 loss(h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids), batch_keys being the
 key encoder's encoding of the same batch, rows the batch's training-set rows and memory_ids the
 rows of the keys' examples (a query's own older keys are left out). A loss built with train.py
@@ -37,13 +37,13 @@ flags lists them in its `flags` attribute.
 Every metric loss runs outside autocast, in fp32: a bf16 q.k / 0.07 would be off by a few percent.
 Under torchrun (DDP) every loss sees the global batch, as one process would: the ranks' outputs
 are gathered with their gradients before the loss (minknn/distributed.py says why that gives one
-process's gradients); the memory losses see the keys of every rank too (minknn/moco.py).
+process's gradients); the memory losses see the keys of every rank too (minknn/memory.py).
 """
 import torch
 import torch.nn as nn
 
 from minknn import MinknnError
-from minknn.decoupled import DecoupledTripletLoss
+from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.kinds import kind_of
 from minknn.losses.bce import BinaryCrossEntropy
 from minknn.losses.ce import CrossEntropy

@@ -6,7 +6,7 @@ Pre-Trained Models with KNN Classifier", eq. 3).
 
     q = h / ||h||      the query: the L2-normalised pooled representation of a training example
     k_i                the memory's keys (already L2-normalised), each with a label: the MoCo queue
-                       or the memory bank (minknn/moco.py, --memory queue|bank)
+                       or the memory bank (minknn/memory.py, --memory queue|bank)
     P(q) = keys with q's label (positives), except the query's own older keys (below);
     N(q) = keys with another label (negatives)
     S(q) = the M_m most similar and the M_l least similar positives (--m_most, --m_least); a
@@ -15,7 +15,7 @@ Pre-Trained Models with KNN Classifier", eq. 3).
 Each term is -s_j + log(exp(s_j) + sum_N exp(s_i)) = softplus(logsumexp_N(s) - s_j) with
 s = q.k / tau.
 
-The query's own older keys (each key carries its example's training-set row, minknn/moco.py) are
+The query's own older keys (each key carries its example's training-set row, minknn/memory.py) are
 left out of P(q). When the training set fits in the queue (the default) every query has one, at
 cosine about 0.995: it would always rank first, take one of the M_m slots, and add a term that
 is an augmentation-style positive (the same text through the key encoder). The paper builds its

@@ -8,7 +8,7 @@ Representation Learning", eq. 1), the baseline KNN-BERT compares with (its Table
     k+              the positive: the key encoder's encoding of the same example (--memory queue),
                     or that example's own memory-bank entry v_i (--memory bank)
     N(q)            the negatives: every key in memory except those of example i itself (each
-                    key carries its example's id, minknn/moco.py). Labels are ignored, so keys of
+                    key carries its example's id, minknn/memory.py). Labels are ignored, so keys of
                     q's own class are negatives too: the unsupervised baseline that KNN-BERT's
                     loss (knnbert.py) improves on by using the labels
 

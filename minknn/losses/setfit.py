@@ -19,7 +19,7 @@ one negative, drawn uniformly from the other classes. R x 2 x N pairs, shuffled 
 and its other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
 ContrastiveDataset) draws otherwise by default: every unordered pair once, itself included, the
 rarer kind (positive or negative) repeated to as many as the other ("oversampling"); it draws
-R x 2 x N pairs only when given num_iterations. minknn/setfit_package.py runs that package.
+R x 2 x N pairs only when given num_iterations. minknn/lab/setfit_package.py runs that package.
 
 SetFit's defaults for this step (v0.7 SetFitTrainer, v1 TrainingArguments): 1 epoch, 16 pairs a
 batch, lr 2e-5 (v1's body_learning_rate), 10% warm-up then linear decay, AdamW (weight decay

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from minknn import MinknnError, backbones
-from minknn.bert import resolve_model_path
+from minknn.weights import resolve_model_path
 from minknn.checkpoint import atomic_save
 from minknn.model import pool
 from minknn.tokenizer import Tokenizer

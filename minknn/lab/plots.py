@@ -1,4 +1,4 @@
-"""The grid's pictures, from results.jsonl alone (minknn/runner.py writes it; minknn/report.py
+"""The grid's pictures, from results.jsonl alone (minknn/lab/runner.py writes it; minknn/lab/report.py
 draws them after the table). One PNG per picture, scores plotted as they are, in [0, 1]:
 
 sweep-<task>-<size>.png   KNN-BERT's Figure 2 (Li et al.): the test score of each kNN method
@@ -34,8 +34,8 @@ from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 from minknn.checkpoint import atomic_save  # noqa: E402
 from minknn.metrics import METRICS  # noqa: E402
-from minknn.report import choose  # noqa: E402
-from minknn.stats import mean_std  # noqa: E402
+from minknn.lab.report import choose  # noqa: E402
+from minknn.lab.stats import mean_std  # noqa: E402
 
 DPI = 120
 SWEEP_K, SWEEP_PHI = 64, 0.25  # KNN-BERT's defaults: each panel's fixed value when none was chosen

@@ -1,4 +1,4 @@
-"""minknn/setfit_package.py, the runner's `setfit-package` method, without the setfit package: a fake
+"""minknn/lab/setfit_package.py, the runner's `setfit-package` method, without the setfit package: a fake
 `setfit` (and `datasets`) module records what the runner gives it (the model folder, the training texts and
 labels, the seed, the texts to predict) and predicts by a fixed rule, so that the test knows what each line must
 say. The real package is checked by hand (the module docstring's command)."""
@@ -10,7 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from minknn import MinknnError, report, runner
+from minknn import MinknnError
+from minknn.lab import report, runner
 from minknn.data import eval_subset, load_split, training_examples
 from minknn.kinds import score
 from minknn.tasks import get_task

@@ -1,8 +1,8 @@
-"""minknn/rules.py's pieces that the grid tests (tests/test_runner.py, which compare every rule
+"""minknn/lab/cells.py's pieces that the grid tests (tests/test_runner.py, which compare every rule
 with evaluate.py's) do not isolate."""
 import torch
 
-from minknn.rules import pca_2d
+from minknn.lab.cells import pca_2d
 
 
 def test_pca_2d_keeps_the_directions_of_largest_variance():

@@ -1,5 +1,5 @@
 """The runner's cells as jobs on a SLURM cluster, through submitit (facebookincubator/submitit):
-`python -m minknn.runner ... --launcher slurm`. submitit is an optional extra:
+`python -m minknn.lab.runner ... --launcher slurm`. submitit is an optional extra:
 pip install submitit==1.5.4 (or pip install '.[slurm]').
 
 The grid's unfinished cells are submitted as one array job, a task per cell, each trained and
@@ -31,7 +31,7 @@ import sys
 import time
 
 from minknn import MinknnError
-from minknn.runner import run_cell
+from minknn.lab.runner import run_cell
 from minknn.runs import read_json, write_json
 
 POLL_S = {"slurm": 15, "local": 0.5}  # between two looks at the jobs (sacct is rate-limited too)

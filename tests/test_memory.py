@@ -12,12 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train
-from minknn.assignment import label
+from minknn.parts import label
 from minknn.data import load_split
 from minknn.engine import encode_batch
 from minknn.losses import Objective
 from minknn.model import Model
-from minknn.moco import KeyEncoder, MemoryBank, MoCo, Queue
+from minknn.memory import KeyEncoder, MemoryBank, MoCo, Queue
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 

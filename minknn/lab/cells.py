@@ -1,8 +1,8 @@
-"""Every inference rule on one trained cell of a grid (minknn/runner.py), from one prediction pass
+"""Every inference rule on one trained cell of a grid (minknn/lab/runner.py), from one prediction pass
 per split: the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi),
 and the probe (a logistic regression, minknn/probe.py, fit on the training set's z).
 Each method's result line holds, for every value of its inference grid, the scores on the
-selection split and on the test split (minknn/report.py chooses on the first), plus what the
+selection split and on the test split (minknn/lab/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
 """
 import itertools
@@ -17,7 +17,8 @@ from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import eval_subset, examples_fingerprint
 from minknn.engine import pick_device, predict
 from minknn.kinds import kind_of, score
-from minknn.knn import SWEEP_KS, SWEEP_PHIS, Datastore, interpolate, settings
+from minknn.datastore import Datastore
+from minknn.knn import SWEEP_KS, SWEEP_PHIS, interpolate, settings
 from minknn.model import Model
 from minknn.probe import fit_logistic
 from minknn.proxy import proxy_logits

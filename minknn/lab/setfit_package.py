@@ -6,7 +6,7 @@ and scores the same selection and test examples. Its result line is the other me
 linear rule, a grid of one entry with params {}), written into the cell's cell.json, so that
 results.jsonl, the table and the paired p-values cover it.
 
-    python -m minknn.runner --tasks sst5,cr --sizes 8pc --seeds 0-9 --out grids/setfit \\
+    python -m minknn.lab.runner --tasks sst5,cr --sizes 8pc --seeds 0-9 --out grids/setfit \\
         --methods 'setfit,knnbert+knn,setfit-package' --epochs 1 --batch_size 16
 
 What the cell does, and whose each choice is:
@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from minknn import MinknnError
-from minknn.bert import resolve_model_path
+from minknn.weights import resolve_model_path
 from minknn.kinds import kind_of, score
 
 METHOD = "setfit-package"
@@ -77,7 +77,7 @@ def model_folder(ctx):
 def run_cell(cell, methods, ctx, folder):
     """Trains the package on the cell's examples, scores it and returns the cell's result line
     (one: the linear rule), which runner.record writes to <folder>/cell.json."""
-    from minknn.rules import line_head  # the runner imports this module; rules imports torch etc.
+    from minknn.lab.cells import line_head  # the runner imports this module; rules imports torch etc.
     setfit, Dataset = import_setfit()
     os.makedirs(folder, exist_ok=True)
     start = time.time()

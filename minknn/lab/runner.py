@@ -1,18 +1,18 @@
 """The experiment runner: a grid of trainings, every inference rule on each trained model, and the
-table the papers print (minknn/report.py) with its plots (minknn/plots.py).
+table the papers print (minknn/lab/report.py) with its plots (minknn/lab/plots.py).
 
-    python -m minknn.runner --tasks mr,cr --methods 'ce,supcon,proxyanchor+proxy,knnbert+knn' \\
+    python -m minknn.lab.runner --tasks mr,cr --methods 'ce,supcon,proxyanchor+proxy,knnbert+knn' \\
         --sizes 20,100 --seeds 0-4 --out grids/fewshot --epochs 10 --batch_size 16
-    python -m minknn.runner --table grids/fewshot     # redraw table.md and the plots from
+    python -m minknn.lab.runner --table grids/fewshot     # redraw table.md and the plots from
                                                       # results.jsonl alone
 
-The grid (minknn/grid.py): methods (a training loss, an inference rule, either with a grid of
+The grid (minknn/lab/grid.py): methods (a training loss, an inference rule, either with a grid of
 values in brackets), sizes and seeds make cells, each (task, size, training, seed). A cell is
 trained once by train.py's own code, and every rule its methods ask for is scored on that one
-model (minknn/rules.py). A seed draws the same training examples for every method, so the
+model (minknn/lab/cells.py). A seed draws the same training examples for every method, so the
 comparisons are paired. Any flag the runner does not know (--epochs, --batch_size, --lr,
 --max_len, --model, ...) is train.py's and goes to every cell. One method is no train.py run:
-`setfit-package` trains the real SetFit on its cell's draw (minknn/setfit_package.py).
+`setfit-package` trains the real SetFit on its cell's draw (minknn/lab/setfit_package.py).
 
 A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): every method is
 trained with each combination of the values that apply to it, as if they were written in its
@@ -52,7 +52,7 @@ use: results.jsonl is only ever replaced whole, so it shows the cells finished s
 Where the cells run (--launcher): `local` (default), here, one at a time, or --jobs N at once in
 N processes, each with its share of the CPU cores (torch threads) and, on a machine with several
 GPUs, its own GPU. `slurm`: each unfinished cell a job of one SLURM array job, through submitit
-(minknn/slurm.py: time limits, preemption, failed jobs, a runner killed while its jobs run).
+(minknn/lab/slurm.py: time limits, preemption, failed jobs, a runner killed while its jobs run).
 """
 import concurrent.futures
 import contextlib
@@ -67,14 +67,16 @@ import time
 import torch
 
 import train
-from minknn import MinknnError, Terminated, report, run, setfit_package
+from minknn import MinknnError, Terminated
+from minknn.cli import run
+from minknn.lab import report, setfit_package
 from minknn.data import eval_subset, labelled, load_split, split_recipe, training_examples
 from minknn.engine import pick_device
-from minknn.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes, search_text,
+from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes, search_text,
                          size_flags, split_top, with_search)
-from minknn.options import Parser
+from minknn.cli import Parser
 from minknn.proxy import PROXY_LOSSES
-from minknn.rules import line_head, score_cell
+from minknn.lab.cells import line_head, score_cell
 from minknn.runs import (lock_folder, make_folder, read_json, read_jsonl, run_status, write_json,
                          write_jsonl)
 from minknn.tasks import get_task
@@ -280,7 +282,7 @@ def missing_scores(cells, ctx):
 def get_args(argv=None):
     p = Parser(allow_abbrev=False,  # --seed is train.py's (refused below), not --seeds
                description="Run a grid of trainings and write the papers' table (see the module "
-                           "docstring: python -c 'import minknn.runner; help(minknn.runner)'). "
+                           "docstring: python -c 'import minknn.lab.runner; help(minknn.lab.runner)'). "
                            "Any other flag is train.py's and goes to every cell.")
     p.add_argument("--tasks", help="comma-separated task names")
     p.add_argument("--methods", default="ce", help="comma-separated: "
@@ -299,7 +301,7 @@ def get_args(argv=None):
     p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
     p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"], help="where the "
-                   "cells run: here, or each a job on a SLURM cluster (minknn/slurm.py)")
+                   "cells run: here, or each a job on a SLURM cluster (minknn/lab/slurm.py)")
     p.add_argument("--jobs", type=int, help="local: N cells at once, each with cores/N torch "
                    "threads (on several GPUs, each its own GPU); default 1")
     s = p.add_argument_group("--launcher slurm (pip install submitit==1.5.4)")
@@ -323,7 +325,7 @@ def get_args(argv=None):
                    "(default: each task's first metric)")
     g.add_argument("--baseline", help="the method the p-values compare with (default: the first)")
     g.add_argument("--test", default="t", choices=["t", "signflip"], help="paired t-test, or the "
-                   "exact sign-flip test (minknn/stats.py)")
+                   "exact sign-flip test (minknn/lab/stats.py)")
     g.add_argument("--write", metavar="FILE", help="also write the table into FILE between "
                    "<!-- runner NAME --> and <!-- /runner NAME --> (NAME: --out's folder name)")
     args, rest = p.parse_known_args(argv)
@@ -347,7 +349,7 @@ def get_args(argv=None):
         if args.jobs is not None:
             p.error("--jobs is --launcher local's; a SLURM grid runs --slurm_max_parallel jobs at "
                     "once")
-        from minknn.slurm import import_submitit
+        from minknn.lab.slurm import import_submitit
         import_submitit()  # one line on how to install it, before the grid is checked
     args.jobs, args.slurm_time = args.jobs or 1, args.slurm_time or 60
     args.slurm_cluster = args.slurm_cluster or "slurm"
@@ -609,7 +611,7 @@ def run_cells(args, cells, ctx):
             if cell not in todo:
                 record(cell, run_cell(cell, cells[cell], ctx))
         if args.launcher == "slurm":
-            from minknn import slurm
+            from minknn.lab import slurm
             failed = slurm.run_jobs(args, cells, todo, ctx, record)
         elif args.jobs == 1:
             for cell in todo:
@@ -667,10 +669,10 @@ def start_worker(threads, gpus, started):
 
 
 def table_and_plots(folder, args):
-    """table.md (minknn/report.py), then plots/ (minknn/plots.py, when matplotlib is there)."""
+    """table.md (minknn/lab/report.py), then plots/ (minknn/lab/plots.py, when matplotlib is there)."""
     text = report.write_report(folder, args.metric, args.baseline, args.test, args.write)
     try:
-        from minknn import plots
+        from minknn.lab import plots
     except ImportError as e:  # matplotlib is an optional extra
         print(f"no plots: {e}; pip install matplotlib==3.11.2 (or pip install .[plots])")
         return text
@@ -691,5 +693,5 @@ def describe_line(line):
 
 
 if __name__ == "__main__":  # main of the module by its name, not of __main__: a SLURM job unpickles
-    from minknn import runner  # the cells' Context (and run_cell) from minknn.runner
+    from minknn.lab import runner  # the cells' Context (and run_cell) from minknn.lab.runner
     run(runner.main)

@@ -1,13 +1,13 @@
 """What minknn's work costs, one subcommand each, every figure a ratio measured side by side in one run.
 
-    python bench.py model        # the hand-written encoder (BERT, RoBERTa, DistilBERT) against Hugging Face's
-    python bench.py epoch        # one epoch of train.py against the plain transformers loop, real SST
-    python bench.py ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
-    python bench.py grid         # the runner's 20 cells with --jobs 2 against --jobs 1
-    python bench.py knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
-    python bench.py multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
-    python bench.py index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
-    python bench.py epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
+    python -m minknn.lab.bench model        # the hand-written encoder (BERT, RoBERTa, DistilBERT) against Hugging Face's
+    python -m minknn.lab.bench epoch        # one epoch of train.py against the plain transformers loop, real SST
+    python -m minknn.lab.bench ddp          # one epoch of train.py in 2 processes (torchrun) against 1 process
+    python -m minknn.lab.bench grid         # the runner's 20 cells with --jobs 2 against --jobs 1
+    python -m minknn.lab.bench knn          # a knnbert step against a ce step; what the kNN vote adds to evaluation
+    python -m minknn.lab.bench multitask    # a PCGrad step against a summed-loss step, and where PCGrad's time goes
+    python -m minknn.lab.bench index        # faiss flat, IVF and HNSW datastores up to 1M keys: build, memory, recall, search
+    python -m minknn.lab.bench epoch --write RESULTS.md   # also writes the table into RESULTS.md's speed section
 
 (epoch, ddp, grid, knn, multitask and index read real data: $MINKNN_DATA or --data_dir; data/README.md.)
 Every subcommand prints one line saying what ran where, then one Markdown table. With --write FILE
@@ -36,17 +36,18 @@ import time
 import torch
 import torch.nn as nn
 
-from minknn import MinknnError, run
+from minknn import MinknnError
+from minknn.cli import run
 from minknn import backbones
 from minknn.backbones import read_config
-from minknn.bert import resolve_model_path
+from minknn.weights import resolve_model_path
 from minknn.data import load_split, training_examples
 from minknn.engine import TrainBatches, autocast, pick_device, predict, to_device
-from minknn.grid import parse_seeds, parse_sizes
+from minknn.lab.grid import parse_seeds, parse_sizes
 from minknn.kinds import kind_of
 from minknn.model import Model
-from minknn.options import Parser
-from minknn.report import write_block
+from minknn.cli import Parser
+from minknn.lab.report import write_block
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
 from minknn.trainer import batch, build
@@ -193,7 +194,7 @@ def bench_model(args, device, timer, out):
     for m in models.values():
         m.to(device)
     peak = peak_matmul_flops(device)
-    out.append(f"`python bench.py model`: {device_name(device)}, {precision_of(device)}; batch "
+    out.append(f"`python -m minknn.lab.bench model`: {device_name(device)}, {precision_of(device)}; batch "
                f"{args.batch_size} of random tokens, no padding; best of {args.rounds} alternating "
                f"rounds of {args.steps} steps; measured peak matmul {peak / 1e12:.3f} TFLOP/s"
                f"{'' if transformers else '; transformers not installed: no reference'}\n")
@@ -266,7 +267,7 @@ def bench_epoch(args, device, timer, out):
     if transformers:
         contestants["transformers loop"] = times_itself(
             lambda: transformers_epoch(transformers, path, task, examples, batches, args, device, timer))
-    out.append(f"`python bench.py epoch`: {device_name(device)}, {precision_of(device)}; one epoch "
+    out.append(f"`python -m minknn.lab.bench epoch`: {device_name(device)}, {precision_of(device)}; one epoch "
                f"of {len(examples)} {task.name} training examples (--seed {args.seed}), batches of "
                f"{args.batch_size}; {real} real tokens, {padded / real:.2f} padded tokens per real "
                f"one when each batch is padded to its longest; best of {args.rounds} alternating "
@@ -321,7 +322,7 @@ def bench_ddp(args, device, timer, out):
     contestants = {one: times_itself(lambda: train_py_epoch(args, device, ".", 1, threads[0])),
                    many: times_itself(lambda: train_py_epoch(args, device, ".", n, threads[1]))}
     cpu = "; on a CPU the processes share its cores, which says little of GPUs" if threads[0] else ""
-    out.append(f"`python bench.py ddp`: {device_name(device)}, {precision_of(device)}; one epoch of "
+    out.append(f"`python -m minknn.lab.bench ddp`: {device_name(device)}, {precision_of(device)}; one epoch of "
                f"train.py on {args.examples} {args.task} training examples (--seed {args.seed}), "
                f"global batches of {args.batch_size}, --max_len {args.max_len}, the same steps "
                f"either way; best of {args.rounds} alternating rounds{cpu}\n")
@@ -342,7 +343,7 @@ def bench_grid(args, device, timer, out):
     def grid(jobs):
         def wall():
             with tempfile.TemporaryDirectory() as tmp:
-                command = [sys.executable, "-m", "minknn.runner", "--tasks", args.tasks,
+                command = [sys.executable, "-m", "minknn.lab.runner", "--tasks", args.tasks,
                            "--methods", args.methods, "--sizes", args.sizes, "--seeds",
                            args.seeds, "--out", os.path.join(tmp, "grid"), "--jobs", str(jobs),
                            "--model", args.model, "--device", str(device), *args.train_flags]
@@ -357,8 +358,8 @@ def bench_grid(args, device, timer, out):
         return times_itself(wall)
     cells = len(args.tasks.split(",")) * len(args.sizes.split(",")) * len(parse_seeds(args.seeds))
     contestants = {"--jobs 1": grid(1), f"--jobs {args.jobs}": grid(args.jobs)}
-    out.append(f"`python bench.py grid`: {device_name(device)}, {precision_of(device)}; the "
-               f"runner's whole command (python -m minknn.runner --tasks {args.tasks} --methods "
+    out.append(f"`python -m minknn.lab.bench grid`: {device_name(device)}, {precision_of(device)}; the "
+               f"runner's whole command (python -m minknn.lab.runner --tasks {args.tasks} --methods "
                f"'{args.methods}' --sizes {args.sizes} --seeds {args.seeds} "
                f"{' '.join(args.train_flags)}): {cells} trainings, wall time from start to the "
                f"table; best of {args.rounds} alternating rounds\n")
@@ -432,7 +433,7 @@ def fixed_batches(train, tasks, batch_size, steps, seed=0):
 
 
 def bench_knn(args, device, timer, out):
-    from minknn.knn import Datastore
+    from minknn.datastore import Datastore
     task, path = get_task(args.task, args.data_dir), resolve_model_path(args.model)
     train = {task.name: load_split(task, "train", args.data_dir)}
     dev = load_split(task, "dev", args.data_dir)
@@ -446,7 +447,7 @@ def bench_knn(args, device, timer, out):
     per_step = {loss: s / len(rows) for loss, s in seconds.items()}
     epoch_steps = -(-len(train[task.name]) // 32)
     knnbert = trainers["knnbert"]
-    out.append(f"`python bench.py knn`: {device_name(device)}, {precision_of(device)}; train.py's "
+    out.append(f"`python -m minknn.lab.bench knn`: {device_name(device)}, {precision_of(device)}; train.py's "
                f"train_step on the same {args.steps} real {task.name} batches of 32, best of "
                f"{args.rounds} alternating rounds; knnbert's queue holds {len(knnbert.moco.memory.keys)} "
                f"keys; kNN at K {args.k} over the {len(train[task.name])} training examples, "
@@ -528,7 +529,7 @@ def bench_multitask(args, device, timer, out):
     seconds = timer.best_of_rounds({pcgrad: (lambda t=t: [step(t, b) for b in steps])
                                     for pcgrad, t in trainers.items()})
     summed, pcgrad = seconds[False] / len(steps), seconds[True] / len(steps)
-    out.append(f"`python bench.py multitask`: {device_name(device)}, {precision_of(device)}; "
+    out.append(f"`python -m minknn.lab.bench multitask`: {device_name(device)}, {precision_of(device)}; "
                f"train.py's train_step on the same {args.steps} steps of one real batch of 32 from "
                f"each of {args.tasks} ({args.pair_mode} pairs, --max_len 64), from the same weights, "
                f"best of {args.rounds} alternating rounds\n")
@@ -612,7 +613,7 @@ def real_keys(args, model, tokenizer, device):
 def bench_index(args, device, timer, out):
     import faiss
     from minknn.index import describe_index, index_settings, recall_at_k
-    from minknn.knn import Datastore
+    from minknn.datastore import Datastore
     path = resolve_model_path(args.model)
     tokenizer = Tokenizer.from_folder(path, 128)
     task = get_task("sst", args.data_dir)
@@ -626,7 +627,7 @@ def bench_index(args, device, timer, out):
         sets.append((f"{len(real[0]):,} real ({'+'.join(args.real)})", *real))
     sets += [(f"{n:,} clustered synthetic", *clustered_keys(n, args.dim, seed=1),
               clustered_keys(args.queries, args.dim, seed=2, clusters=n // 20)[0]) for n in args.sizes]
-    out.append(f"`python bench.py index`: {device_name(device)}, faiss {faiss.__version__} on "
+    out.append(f"`python -m minknn.lab.bench index`: {device_name(device)}, faiss {faiss.__version__} on "
                f"{faiss.omp_get_max_threads()} threads; {args.queries} queries, K {args.k}, the cosine "
                f"vote; the encoder takes {1000 * encode:.2f} ms per query (SST dev, batches of 64); "
                f"search-and-vote time is the best of {args.rounds} rounds over all queries at once; "

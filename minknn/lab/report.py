@@ -1,6 +1,6 @@
-"""The grid's table, from results.jsonl alone (minknn/runner.py writes it): the hyper-parameters
+"""The grid's table, from results.jsonl alone (minknn/lab/runner.py writes it): the hyper-parameters
 chosen on the selection split, then mean +- std over seeds on the test split, with the p-value
-of a paired test against the baseline on the same seeds (minknn/stats.py). Where the test has no
+of a paired test against the baseline on the same seeds (minknn/lab/stats.py). Where the test has no
 p (the t-test below 3 seeds, or with every seed's difference the same) the cell says "no p" and
 a note under the table says why; a sign-flip table too small to reach 0.05 says that too.
 
@@ -19,11 +19,11 @@ import os
 import re
 
 from minknn import MinknnError
-from minknn.grid import search_text
+from minknn.lab.grid import search_text
 from minknn.metrics import METRICS
 from minknn.checkpoint import atomic_save
 from minknn.runs import read_jsonl
-from minknn.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
+from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
                           t_undefined)
 
 LOWER_IS_BETTER = {"hamming"}
@@ -33,7 +33,7 @@ TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}
 def read_results(folder):
     path = os.path.join(folder, "results.jsonl")
     if not os.path.exists(path):
-        raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.runner ...)")
+        raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.lab.runner ...)")
     return read_jsonl(path, fix="run the grid's command again: it rewrites results.jsonl from "
                                 "the cells' own runs/*/cell.json, retraining none")
 

