@@ -61,7 +61,8 @@ from minknn.parts import require_written
 from minknn.lab.attack import (Neighbours, Settings, Synonyms, cut_to_fit, read_wordnet, run_attack,
                            sentence_encoder)
 from minknn.bert import ATTENTION, ATTENTIONS
-from minknn.checkpoint import atomic_save, load_checkpoint, rebuild
+from minknn.checkpoint import load_checkpoint, rebuild
+from minknn.files import atomic_save
 from minknn.data import (Example, data_root, eval_subset, examples_fingerprint, labelled,
                          load_split, source_paths, split_recipe, training_examples)
 from minknn.engine import PRECISIONS, pick_device, predict
@@ -73,7 +74,8 @@ from minknn.knn import KNN_DEFAULTS, SWEEP_KS, SWEEP_PHIS, VOTES, check_k, inter
 from minknn.model import KNN_KEYS
 from minknn.cli import Parser
 from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
-from minknn.runs import make_folder, write_json
+from minknn.runs import make_folder
+from minknn.files import write_json
 
 
 ATTACK_RULES = ("model", "proxy", "knn", "knn-only")

@@ -1,5 +1,6 @@
 """The command line that train.py, evaluate.py, the lab's tools and the assignment share: one-line
-errors (run, Parser), --help that shows each default once.
+errors (run, Parser), --help that shows each default once, and the check that a count is at
+least 1 (below_one). The flags they share are declared once, in minknn/options.py (add_flags).
 """
 import argparse
 import re
@@ -7,6 +8,12 @@ import sys
 
 from minknn import MinknnError, Terminated, first_process, sigterm_raises
 from minknn.parts import not_written, stubbed_part
+
+def below_one(args, names):
+    """The flags of `names` given a value below 1: '--NAME must be at least 1, got V' for each
+    count (an epoch count, a batch size, a number of examples), in order."""
+    return [f"--{n} must be at least 1, got {getattr(args, n)}" for n in names
+            if getattr(args, n, None) is not None and getattr(args, n) < 1]
 
 
 class Parser(argparse.ArgumentParser):

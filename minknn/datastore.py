@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.checkpoint import atomic_save, load_tagged, sealed
+from minknn.files import atomic_save, load_tagged, sealed
 from minknn.data import examples_fingerprint
 from minknn.index import build_index, built_with, index_settings, metric_of, search_parameters
 from minknn.knn import check_k, knn_vote

@@ -28,7 +28,9 @@ The MoCo memory (minknn/memory.py) gathers its keys without gradient (gather_key
 concat_all_gather), so that every rank enqueues the same keys and holds the same queue; PCGrad
 (minknn/pcgrad.py) averages each task's gradient (all_reduce_mean) before its projection.
 """
+import contextlib
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -65,6 +67,24 @@ def setup(device_name):
 def teardown():
     if _grouped():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def processes(device):
+    """The block as one process of the run: None outside torchrun; under it, the process joins the
+    group (setup) and the block gets its device, with stdout quiet but on rank 0, which alone
+    prints (the other ranks' errors still reach stderr); the group is left after it. device: the
+    run's (engine.pick_device)."""
+    if not launched():
+        yield None
+        return
+    _, _, device = setup(device)
+    try:
+        with open(os.devnull, "w") as quiet, \
+                contextlib.redirect_stdout(sys.stdout if is_main() else quiet):
+            yield device
+    finally:
+        teardown()
 
 
 def rank():

@@ -104,6 +104,32 @@ class TrainBatches:
         self.order, self.pos = list(state["order"]), state["pos"]
 
 
+class PairBatches:
+    """The batch stream of a loss trained on pairs (--loss setfit): each batch the rows of its pairs'
+    first texts, then of their second ones (2B rows for B pairs); one shuffled pass over the pairs
+    after another (TrainBatches over the pair list). pairs: [(row, row)], drawn once by the loss
+    from the run's rng, so a resumed run rebuilds the same ones; its place in the pass is saved
+    with last.pt."""
+
+    def __init__(self, pairs, batch_size, rng):
+        self.pairs = pairs
+        self.batches = TrainBatches(len(pairs), batch_size, rng)
+        self.n = len(pairs)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        chosen = [self.pairs[r] for r in next(self.batches)]
+        return [a for a, _ in chosen] + [b for _, b in chosen]
+
+    def state_dict(self):
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state):
+        self.batches.load_state_dict(state)
+
+
 @torch.inference_mode()
 def predict(model, tokenizer, task, examples, batch_size, device, progress=None, key=None,
             precision=None):

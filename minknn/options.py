@@ -1,7 +1,8 @@
-"""train.py's flags that depend on each other: defaults filled in from the run's tasks and loss,
-and the combinations that cannot work refused with one line, before any training data is read.
-Each value's own bounds (bad_values) also hold for a resumed run's run.json (check_saved), which
-resumed_args reads back for --resume.
+"""train.py's flags: declared (make_parser; the flags several commands share, once: add_flags),
+the defaults that depend on the run's tasks and loss filled in, and the combinations that cannot
+work refused with one line, before any training data is read (check_args). Each value's own
+bounds (bad_values) also hold for a resumed run's run.json (check_saved), which resumed_args reads
+back for --resume. parts_run: the assignment's parts a run calls.
 """
 import argparse
 import json
@@ -9,18 +10,124 @@ import math
 import os
 
 from minknn import MinknnError, distributed
+from minknn.bert import ATTENTION, ATTENTIONS
+from minknn.cli import Parser
+from minknn.engine import PRECISIONS, default_precision, pick_device
 from minknn.kinds import KINDS
-from minknn.losses import BASE_LOSSES, LOSSES, MEMORY_LOSSES, check_loss_name, loss_kind
-from minknn.losses.knnbert import M_LEAST, M_MOST
-from minknn.losses.setfit import ITERATIONS as SETFIT_ITERATIONS
-from minknn.memory import MOMENTUM
-from minknn.proxy import PROXY_LOSSES
+from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, PROXY_LOSSES,
+                           check_loss_name, loss_kind, need)
+from minknn.losses.pairs import PAIR_LOSSES
+from minknn.losses.regression import STS_LOSSES
+from minknn.memory import MOMENTUM, QUEUE_SIZE
+from minknn.model import POOLINGS
+from minknn.parts import BY_NAME
 from minknn.runs import saved_args
-from minknn.tasks import get_task
+from minknn.tasks import TASKS, get_task
 
 # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
 DEFAULT_TASKS = "sst,quora,sts"
 KIND_NAMES = {"classify": "classification", "similarity": "similarity", "multilabel": "multi-label"}
+
+# The flags several commands take, declared once; add_flags(parser, name, ..., name=changes)
+SHARED = {
+    "data_dir": {"help": "dataset root (default: $MINKNN_DATA, else ./data)"},
+    "max_eval": {"type": int, "help": "score a fixed subset of N dev examples per task (default: "
+                                      "all)"},
+    "batch_size": {"type": int, "default": 32, "help": "examples per batch"},
+    "device": {"default": "auto", "help": "auto (CUDA if available), cpu or cuda"},
+    "precision": {"choices": PRECISIONS, "help": "bf16 autocast or plain fp32 (default: bf16 on "
+                                                 "CUDA, fp32 on the CPU)"},
+    "attention": {"default": ATTENTION, "choices": ATTENTIONS, "help": "attention() as written "
+                  "in minknn/bert.py, or PyTorch's fused kernel"},
+}
+
+
+def add_flags(parser, *names, **changes):
+    """The shared flags `names` added to a parser (or an argument group); changes: a flag's name
+    -> what differs here (its default, its help text)."""
+    for name in names:
+        parser.add_argument(f"--{name}", **{**SHARED[name], **changes.get(name, {})})
+
+
+def get_args(argv=None):
+    p = make_parser()
+    args = p.parse_args(argv)
+    if args.resume is not None:
+        return resumed_args(p, args)
+    check_args(p, args)
+    # resolved here, so that the run's args (saved in the checkpoint) say which ones it used
+    args.precision = args.precision or default_precision(pick_device(args.device))
+    return args
+
+
+def make_parser():
+    p = Parser(description="Fine-tune BERT on one task, or on several at once.")
+    g = p.add_argument_group("data")
+    g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
+    add_flags(g, "data_dir")
+    g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept) "
+                   "(default: all)")
+    g.add_argument("--per_class", type=int, help="train on N examples of each class (default: all)")
+    add_flags(g, "max_eval")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="minilm", help="minilm (the default weights), or a Hugging "
+                   "Face BERT, RoBERTa or DistilBERT folder")
+    g.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
+                   help="finetune trains everything; pretrain freezes BERT, trains the heads")
+    g.add_argument("--pooling", default="mean", choices=POOLINGS, help="z from the hidden states")
+    g.add_argument("--max_len", type=int, default=128, help="longer texts are truncated")
+    add_flags(g, "attention")
+    g.add_argument("--pair_mode", default="cross", choices=["cross", "siamese"],
+                   help="pair tasks: [CLS] a [SEP] b [SEP] as one sequence, or each text alone")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=3, help="passes over the (largest) training set; "
+                   "with --steps, how many times the dev set is scored")
+    g.add_argument("--steps", type=int, help="train N optimiser steps in all, whatever the "
+                   "training set's size (Zhang et al. 2021), a multiple of --epochs: each epoch is "
+                   "N / --epochs steps (default: --epochs passes over the largest task)")
+    add_flags(g, "batch_size", batch_size={"help": "examples per batch, per task; under "
+                                           "torchrun the global batch, split between the processes"})
+    g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
+    g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
+    g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
+    g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
+    g.add_argument("--head_init", choices=["random", "probe"], help="the classification and "
+                   "multi-label heads' start: random, or probe: a logistic regression fit on the "
+                   "encoder as loaded, before the first step (LP-FT, minknn/probe.py) (default: "
+                   "random; probe with --option pretrain, whose head starts as that regression)")
+    g.add_argument("--seed", type=int, default=0, help="the init, batches, dropout, the draw")
+    add_flags(g, "device", "precision")
+    g = p.add_argument_group("losses")
+    g.add_argument("--loss", help=f"one of: {', '.join(LOSSES)} (default: ce; multi-label: bce)")
+    g.add_argument("--lam", type=float, help="the metric loss's weight (default: the loss's own)")
+    g.add_argument("--decoupled", action="store_true", help="add Liang et al.'s retrieval head")
+    g.add_argument("--sts_loss", default="mse", choices=list(STS_LOSSES), help="similarity tasks")
+    g.add_argument("--pair_loss", choices=list(PAIR_LOSSES), help="siamese paraphrase tasks: "
+                   "this metric loss on the two texts' vectors (default: none)")
+    for flag, spec in LOSS_FLAGS.items():  # each loss's own (its class's `flags`)
+        owners = [name for name in LOSSES if flag in need(name, "flags")]
+        g.add_argument(f"--{flag}", type=spec.get("type"), choices=spec.get("choices"),
+                       help=f"{', '.join(owners)}: {spec['help']} (default: {spec['default']})")
+    g = p.add_argument_group(f"memory ({', '.join(MEMORY_LOSSES)})")
+    g.add_argument("--memory", choices=["queue", "bank"], help="MoCo's queue or a memory bank "
+                   "(default: queue)")
+    g.add_argument("--queue_size", type=int, help=f"(default: min({QUEUE_SIZE}, training set))")
+    g.add_argument("--momentum", type=float, help="the key encoder's m (default: 0.999)")
+    g = p.add_argument_group("multi-task")
+    g.add_argument("--tasks", help=f"--task multitask: comma-separated (default: {DEFAULT_TASKS})")
+    g.add_argument("--pcgrad", action="store_true", help="combine the gradients with PCGrad")
+    g.add_argument("--steps_per_epoch", type=int, help="(default: a pass over the largest task)")
+    p.add_argument("--out", help="run folder, new or empty (default: "
+                   "runs/<task>-<loss>-seed<seed>-<time>)")
+    p.add_argument("--save", default="best", choices=["best", "last", "none"], help="best: "
+                   "checkpoint.pt of the best epoch by the dev score; last: of the last epoch, "
+                   "written every epoch; none: no checkpoint, only the scores (grids of runs)")
+    p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
+                   "completed epoch, with its own flags (only --device may change) (default: start "
+                   "a new run)")
+    return p
+
+
 
 
 def check_args(p, args):
@@ -55,7 +162,7 @@ def check_args(p, args):
     if args.decoupled and "classify" not in kinds:
         p.error(f"--decoupled trains a retrieval head for a classification task, and "
                 f"{','.join(args.tasks)} has none")
-    if args.decoupled and args.loss != "ce":
+    if args.decoupled and args.loss not in BASE_LOSSES:
         p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with "
                 f"--loss ce, not {args.loss}")
     if args.lam is not None and args.loss in (*BASE_LOSSES, None) and not args.decoupled \
@@ -72,14 +179,9 @@ def check_args(p, args):
         what = "--decoupled" if args.decoupled else f"--loss {args.loss}"
         p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair "
                 f"task), not multi-task ones")
-    check_memory_flags(p, args)
+    check_loss_flags(p, args)
     check_head_init(p, args, tasks)
-    if args.mlcon_reduction is not None and args.loss != "mlcon":
-        p.error(f"--mlcon_reduction is a flag of --loss mlcon, not of --loss "
-                f"{args.loss or args.sts_loss}")
-    if args.loss == "mlcon" and args.mlcon_reduction is None:
-        args.mlcon_reduction = "sum"  # the paper's equations as written (minknn/losses/mlcon.py)
-    check_setfit_flags(p, args, tasks)
+    check_whole_objective(p, args, tasks)
     if proxy_lr_given and args.loss not in PROXY_LOSSES:
         p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
                 f"({', '.join(PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} has none")
@@ -92,7 +194,7 @@ def check_args(p, args):
 
 
 WHOLE_NUMBERS = ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",
-                 "steps", "steps_per_epoch", "queue_size", "setfit_iterations")  # each at least 1
+                 "steps", "steps_per_epoch", "queue_size")  # each at least 1
 BOUNDED = (("lr", 0, None), ("proxy_lr", 0, None), ("weight_decay", 0, None), ("warmup", 0, 1),
            ("lam", 0, 1))
 
@@ -103,6 +205,10 @@ def bad_values(args):
     for name in WHOLE_NUMBERS:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             yield name, "at least 1"
+    for name, spec in LOSS_FLAGS.items():  # a loss's own, at least its "min"
+        low = spec.get("min")
+        if low is not None and getattr(args, name, None) is not None and getattr(args, name) < low:
+            yield name, "at least 1" if low == 1 else f">= {low}"
     for name, low, high in BOUNDED:
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and low <= value
@@ -118,9 +224,6 @@ def bad_values(args):
         yield "seed", "in [0, 2**32)"
     if args.momentum is not None and not 0 <= args.momentum <= 1:
         yield "momentum", "in [0, 1]"
-    for name in ("m_most", "m_least"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            yield name, ">= 0"
 
 
 # a flag's type -> the JSON values it takes (a float flag's value may be written 5, an int)
@@ -174,27 +277,31 @@ def check_tasks(p, args):
     return [get_task(name, args.data_dir) for name in args.tasks]
 
 
-def check_memory_flags(p, args):
-    """The memory losses' flags: refused with other losses, else filled with their defaults."""
-    knnbert_flags, memory_flags = ("m_most", "m_least"), ("memory", "queue_size", "momentum")
-    for name in knnbert_flags + memory_flags:
-        allowed = ("knnbert",) if name in knnbert_flags else MEMORY_LOSSES
-        if getattr(args, name) is not None and args.loss not in allowed:
-            p.error(f"--{name} is a flag of --loss {' and '.join(allowed)}, "
-                    f"not of --loss {args.loss}")
-    if args.loss in MEMORY_LOSSES:
+def check_loss_flags(p, args):
+    """A loss's own flags (its class's `flags`) and the memory's: refused with a loss that does not
+    take them, else filled in with their defaults."""
+    memory_flags = ("memory", "queue_size", "momentum")
+    for name in (*LOSS_FLAGS, *memory_flags):
+        owners = MEMORY_LOSSES if name in memory_flags else \
+            [loss for loss in LOSSES if name in need(loss, "flags")]
+        if getattr(args, name) is not None and args.loss not in owners:
+            p.error(f"--{name} is a flag of --loss {' and '.join(owners)}, "
+                    f"not of --loss {args.loss or args.sts_loss}")
+    flags = need(args.loss, "flags")
+    for name, spec in flags.items():
+        if getattr(args, name) is None:
+            setattr(args, name, spec["default"])
+    refuse = getattr(LOSSES.get(args.loss), "refuse", None)
+    why = refuse(**{name: getattr(args, name) for name in flags}) if refuse else None
+    if why:
+        p.error(why)
+    if need(args.loss, "uses_memory"):
         args.memory = args.memory or "queue"
         if args.memory == "bank" and (args.queue_size is not None or args.momentum is not None):
             p.error("--memory bank keeps one entry per training example and no key encoder: "
                     "--queue_size and --momentum are for --memory queue")
         if args.memory == "queue" and args.momentum is None:
             args.momentum = MOMENTUM
-    if args.loss == "knnbert":
-        args.m_most = M_MOST if args.m_most is None else args.m_most
-        args.m_least = M_LEAST if args.m_least is None else args.m_least
-        if args.m_most < 0 or args.m_least < 0 or args.m_most + args.m_least < 1:
-            p.error(f"--m_most and --m_least must be >= 0 and select at least one positive, "
-                    f"got {args.m_most} and {args.m_least}")
 
 
 def check_head_init(p, args, tasks):
@@ -211,27 +318,26 @@ def check_head_init(p, args, tasks):
                 f"under --pair_mode siamese)")
 
 
-def check_setfit_flags(p, args, tasks):
-    """--loss setfit (minknn/losses/setfit.py): one classification task, its pairs drawn from its
-    own examples, the encoder trained, the head fit after each epoch in one process."""
-    if args.loss != "setfit":
-        if args.setfit_iterations is not None:
-            p.error(f"--setfit_iterations is a flag of --loss setfit, not of --loss "
-                    f"{args.loss or args.sts_loss}")
+def check_whole_objective(p, args, tasks):
+    """A loss trained on pairs it draws (setfit) trains one task; a loss that is the whole
+    objective (trains_head False: the head is fit by logistic regression after each epoch, in one
+    process) takes no --lam and trains the encoder."""
+    if args.loss is None:
         return
-    args.setfit_iterations = args.setfit_iterations or SETFIT_ITERATIONS
-    if len(tasks) > 1:
-        p.error("--loss setfit trains one classification task on pairs of its own examples, not "
-                "a multi-task run")
+    if need(args.loss, "pairs") and len(tasks) > 1:
+        p.error(f"--loss {args.loss} trains one classification task on pairs of its own examples, "
+                f"not a multi-task run")
+    if need(args.loss, "trains_head"):
+        return
     if args.lam is not None:
-        p.error("--loss setfit is SetFit's pair loss alone (no cross-entropy to weigh it "
-                "against): leave out --lam")
+        p.error(f"--loss {args.loss} is the whole objective (no cross-entropy to weigh it "
+                f"against): leave out --lam")
     if args.option == "pretrain":
-        p.error("--loss setfit trains the encoder (the head is fit by logistic regression "
-                "after); --option pretrain would freeze all it trains")
+        p.error(f"--loss {args.loss} trains the encoder (the head is fit by logistic regression "
+                f"after); --option pretrain would freeze all it trains")
     if distributed.launched():
-        p.error("--loss setfit fits its head in one process, after each epoch; run it without "
-                "torchrun")
+        p.error(f"--loss {args.loss} fits its head in one process, after each epoch; run it "
+                f"without torchrun")
 
 
 def resumed_args(p, args):
@@ -255,3 +361,19 @@ def resumed_args(p, args):
     check_saved(p, os.path.join(args.resume, "run.json"), saved)
     return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
                                  "device": args.device})
+
+
+def parts_run(args):
+    """The parts of the assignment (minknn/parts.py) this run calls: BERT, pooling and the training
+    step, and the parts of its losses (each loss's `part`), memory, PCGrad and proxy inference
+    where it has them. In a student edition one not written yet stops the run before anything is
+    read."""
+    parts = ["embeddings", "layer", "pooling", "training"]
+    parts += ["attention"] * (args.attention == "explicit")
+    for name in (args.loss, args.pair_loss):  # ce, bce, mse and --decoupled's have no part
+        if name is not None:
+            parts += [need(name, "part")] * (need(name, "part") in BY_NAME)
+    parts += ["memory"] * (args.loss in MEMORY_LOSSES) + ["pcgrad"] * args.pcgrad
+    # a proxy loss at --lam 1 is scored by its proxies (minknn/trainer.py evaluate())
+    parts += ["proxy-inference"] * (args.lam == 1 and args.loss in PROXY_LOSSES)
+    return parts

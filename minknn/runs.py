@@ -23,23 +23,81 @@ On the CPU a resumed run is exact: it draws the same batches and the same dropou
 ends with the same weights as the run left alone (tests/test_runs.py). On a GPU some kernels are
 not deterministic, so it is only as close as two runs of the same seed are.
 """
+import contextlib
 import fcntl
 import glob
-import json
 import os
 import random
+import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
 
-from minknn import MinknnError
+from minknn import MinknnError, Terminated, distributed, sigterm_raises
 from minknn.weights import check_fits, read_json
-from minknn.checkpoint import atomic_save, check_contents, sealed
+from minknn.files import atomic_save, check_contents, sealed, write_json
 
 LAST_FORMAT = "minknn-last-1"
+
+
+class Diverged(MinknnError):
+    """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
+    of the epoch in progress is saved."""
 RUN_FILES = ("run.json", "last.pt", "checkpoint.pt", "metrics.jsonl", "summary.json")
+
+
+@contextlib.contextmanager
+def run_folder(args):
+    """The run in its folder (a new one, or --resume's, set in args.out), held while the block
+    trains; under torchrun rank 0 alone holds and writes it. How a run that does not finish ends:
+    Ctrl-C and SIGTERM (a cluster stopping or preempting the job) stop it the same way, the files
+    of an epoch being saved finished first, summary.json saying "stopped": "interrupted" (or
+    "terminated"), one line saying how to go on, exit status 130 (or 143, 128 + 15); a Diverged
+    run stops before anything of the epoch is saved, summary.json saying why, with one line; under
+    torchrun a process that failed stops the others, and the run can be resumed."""
+    lock, created = None, []
+    try:
+        if distributed.is_main():  # the folder first: a run training in it stops this one
+            lock, created = open_folder(args)
+    finally:  # the other ranks learn the folder rank 0 opened, or that it could not
+        args.out = distributed.broadcast_object(args.out if lock else None)
+    if args.out is None:  # not rank 0: it says why
+        sys.exit(2)
+    try:
+        with sigterm_raises():  # a cluster's SIGTERM stops the run as Ctrl-C does
+            yield
+    except KeyboardInterrupt as e:
+        how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
+        if distributed.is_main():
+            last = load_last(args.out)
+            where = best_so_far(args, last) if last else "no epoch had finished"
+            if summarise(args, last, stopped=how) is None:  # before the first step
+                print(f"\n{how} before the first step; nothing was saved", file=sys.stderr)
+            else:
+                print(f"\n{how}: {where}; continue with: python train.py --resume {args.out}",
+                      file=sys.stderr)
+        sys.exit(status)
+    except Diverged as e:
+        if not distributed.is_main():  # every rank stops at the same step; rank 0 says why
+            sys.exit(2)
+        last = load_last(args.out)
+        kept = best_so_far(args, last) if last else "nothing was saved"
+        summarise(args, last, stopped=f"diverged: {e}")
+        raise MinknnError(f"{e}; the run stopped and {kept}; try a lower --lr") from None
+    except RuntimeError as e:
+        if not distributed.lost_peer(e):
+            raise
+        # under torchrun: a collective lost a rank that failed (its own error comes first), and
+        # torchrun stops the others
+        if distributed.is_main():
+            summarise(args, load_last(args.out), stopped="failed: another rank failed")
+        raise MinknnError(f"rank {distributed.rank()} stopped: another rank failed (see its "
+                          f"error); continue with: python train.py --resume {args.out}") from None
+    finally:
+        if lock:
+            close_run_folder(args.out, lock, created)
 
 
 def new_run_folder(out, default):
@@ -248,38 +306,6 @@ def summarise(args, state, stopped=None):
         summary["stopped"] = stopped
     write_json(os.path.join(args.out, "summary.json"), summary)
     return summary
-
-
-def write_json(path, obj, indent=1):
-    atomic_save(obj, path, lambda o, f: f.write(json.dumps(o, indent=indent).encode()))
-
-
-def read_jsonl(path, fix=None):
-    """The records of a JSON Lines file (metrics.jsonl, results.jsonl), each a JSON object. A
-    line that is not one, like a last line cut short (a kill, a full disk, a copy), is named in
-    one line, with `fix`: what would mend it."""
-    records, then = [], f"; {fix}" if fix else ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    record = None  # cut short, or never JSON
-                if not isinstance(record, dict):
-                    raise MinknnError(f"{path}:{n}: a truncated or damaged line (not a JSON "
-                                      f"object){then}")
-                records.append(record)
-    except UnicodeDecodeError:
-        raise MinknnError(f"{path}: not UTF-8, a damaged file{then}") from None
-    return records
-
-
-def write_jsonl(path, records):
-    atomic_save(records, path,
-                lambda rs, f: f.write("".join(json.dumps(r) + "\n" for r in rs).encode()))
 
 
 def random_states():

@@ -52,30 +52,26 @@ from torch.nn.parallel import DistributedDataParallel
 from minknn import MinknnError
 from minknn import backbones
 from minknn.weights import resolve_model_path
-from minknn.checkpoint import base_model, save_checkpoint, signals_held
+from minknn.checkpoint import base_model, save_checkpoint
+from minknn.files import signals_held
 from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
                          require_labels, run_data, training_examples)
-from minknn.distributed import (all_reduce_mean, broadcast, gather_output, rank, sizes,
+from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
                                 slice_of, world)
-from minknn.engine import (TrainBatches, autocast, encode_batch, pick_device, predict,
+from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device, predict,
                            seed_everything, to_device)
-from minknn.kinds import kind_of, overall, score
-from minknn.losses import MEMORY_LOSSES, build_losses
-from minknn.losses.setfit import PairBatches
+from minknn.kinds import describe_run, kind_of, overall, score
+from minknn.losses import build_losses
 from minknn.model import Model, Output
 from minknn.memory import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, proxy_logits
-from minknn.runs import (check_last_fits, load_last, random_states, save_last, set_random_states,
-                         write_jsonl)
+from minknn.runs import (Diverged, check_last_fits, check_same_data, load_last, random_states,
+                         save_last, set_random_states, summarise)
+from minknn.files import write_json, write_jsonl
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
-
-
-class Diverged(MinknnError):
-    """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
-    of the epoch in progress is saved."""
 
 
 @dataclasses.dataclass
@@ -126,19 +122,20 @@ def build(args, make_optimizer, examples=None, device=None):
     if args.head_init == "probe" and not last:  # resumed: last.pt holds the heads
         fit_probes(args, model, tokenizer, tasks, train, device)
     losses = build_losses(model, vars(args)).to(device)
-    moco, fill_seconds = make_memory(args, model, tokenizer, tasks[0], train[tasks[0].name], last,
-                                     device)
+    moco, fill_seconds = make_memory(args, model, tokenizer, tasks[0], train[tasks[0].name],
+                                     losses[tasks[0].name], last, device)
+    rng = random.Random(args.seed)
+    streams = {t.name: batch_stream(args, train[t.name], losses[t.name], rng) for t in tasks}
     model_params = [p for p in model.parameters() if p.requires_grad]
     loss_params = list(losses.parameters())
     if not model_params + loss_params:
         raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese "
                           "similarity task has no head")
-    # --steps N: N / --epochs steps an epoch, whatever the data's size (options.py: a multiple)
+    # --steps N: N / --epochs steps an epoch, whatever the data's size (options.py: a multiple);
+    # else a pass over the largest task (stream.n: its examples, or a pair loss's pairs)
     steps = (args.steps // args.epochs if args.steps else args.steps_per_epoch
-             or max(-(-passed(args, len(e)) // args.batch_size) for e in train.values()))
+             or max(-(-stream.n // args.batch_size) for stream in streams.values()))
     optimizer, scheduler = make_optimizer(model_params, loss_params, args, args.epochs * steps)
-    rng = random.Random(args.seed)
-    streams = {t.name: batch_stream(args, t, train[t.name], rng) for t in tasks}
     pcgrad = make_pcgrad(model) if args.pcgrad else None
     ddp = None
     if world() > 1:  # DDP copies rank 0's model to every rank; the proxies are not in it
@@ -167,18 +164,14 @@ def fit_probes(args, model, tokenizer, tasks, train, device):
                      args.precision)
 
 
-def batch_stream(args, task, examples, rng):
-    """A task's batches of training-set rows: shuffled passes over its examples, or with --loss
-    setfit over SetFit's pairs (minknn/losses/setfit.py), drawn once here from the run's rng."""
-    if args.loss == "setfit":
-        labels = [e.label for e in examples]
-        return PairBatches(labels, args.setfit_iterations, args.batch_size, rng)
+def batch_stream(args, examples, loss, rng):
+    """A task's batches of training-set rows: shuffled passes over its examples, or, for a loss
+    trained on pairs (setfit), over the pairs it draws, once, here, from the run's rng."""
+    metric = getattr(loss, "metric", None)  # a similarity task's loss has none
+    if getattr(metric, "pairs", False):
+        return PairBatches(metric.draw_pairs([e.label for e in examples], rng), args.batch_size,
+                           rng)
     return TrainBatches(len(examples), args.batch_size, rng)
-
-
-def passed(args, n):
-    """What an epoch passes over: the n examples, or setfit's R x 2 x n pairs."""
-    return 2 * args.setfit_iterations * n if args.loss == "setfit" else n
 
 
 def read_last(args, bert, base, model_path):
@@ -217,11 +210,11 @@ def read_examples(args, tasks):
     return train, dev
 
 
-def make_memory(args, model, tokenizer, task, train, last, device):
-    """(MoCo, the seconds its fill took) of a memory loss (a run of one task, minknn/options.py),
-    filled from the training examples; with last.pt its memory comes from there (restore()).
-    (None, None) for the other losses."""
-    if args.loss not in MEMORY_LOSSES:
+def make_memory(args, model, tokenizer, task, train, loss, last, device):
+    """(MoCo, the seconds its fill took) of a loss that uses a memory (a run of one task,
+    minknn/options.py), filled from the training examples; with last.pt its memory comes from
+    there (restore()). (None, None) for the other losses."""
+    if not getattr(loss, "uses_memory", False):
         return None, None
     if last:
         return (MoCo(model, task, args.memory, len(last["memory"]["keys"]), args.momentum),
@@ -272,14 +265,23 @@ class Forward(nn.Module):
         return {name: self.model(name, **x) for name, x in inputs.items()}
 
 
-def forward(model, batches, ddp, precision=None):
-    """Under torchrun: each task's Output of the whole batch, for the losses. ddp (the run's
-    DistributedDataParallel of Forward(model), or for a PCGrad step its module, which leaves
-    DDP's averaging out) encodes this rank's slices; their outputs are gathered from every rank
-    with their gradients (distributed.gather_output)."""
+def forward(trainer, batches):
+    """A step's forward, under --precision: (task -> its Output, a memory loss's keys of the
+    batch or None). Under torchrun the outputs are the whole batch's: DistributedDataParallel (or,
+    for a PCGrad step, its module, which leaves DDP's averaging out: minknn/pcgrad.py) encodes
+    this rank's slices, and their outputs are gathered from every rank with their gradients
+    (distributed.gather_output); so are the keys (memory.MoCo.batch_keys)."""
+    model, moco, ddp = trainer.model, trainer.moco, trainer.ddp
     device = next(iter(batches.values()))[1].device
-    with autocast(device, precision):
-        outputs = ddp({name: inputs for name, (inputs, _, _) in batches.items()})
+    with autocast(device, trainer.args.precision):
+        keys = None
+        if moco:  # a run of one task; the key encoder's momentum step comes first
+            (inputs, _, rows), = batches.values()
+            keys = moco.batch_keys(model, inputs, rows)
+        if ddp is None:
+            return {name: model(name, **inputs) for name, (inputs, _, _) in batches.items()}, keys
+        outputs = (ddp.module if trainer.pcgrad else ddp)(
+            {name: inputs for name, (inputs, _, _) in batches.items()})
     gathered = {}
     for name, (_, _, rows) in batches.items():
         n, output = sizes(len(rows), world()), outputs[name]
@@ -287,7 +289,7 @@ def forward(model, batches, ddp, precision=None):
             output = Output(output.logits[:0], output.embeddings[:0], retrieval=None
                             if output.retrieval is None else output.retrieval[:0])
         gathered[name] = gather_output(output, n, model.siamese(model.tasks[name]))
-    return gathered
+    return gathered, keys
 
 
 def modules(trainer):
@@ -343,6 +345,64 @@ def save(trainer, epoch, best, records):
         # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records, **state(trainer))
         write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
+
+
+def begin(trainer, last, records):
+    """A run's start, once all that can fail before its first step has passed: a new run's
+    run.json (rank 0), a resumed run's data checked against it, each rank's dropout masks, and
+    the lines that say what the run is. records: the epochs done (last.pt's)."""
+    args, tasks, train, dev = trainer.args, trainer.tasks, trainer.train, trainer.dev
+    if args.resume:
+        check_same_data(args.out, trainer.data)
+    else:  # from here on, a run to resume
+        args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
+        if is_main():
+            write_json(os.path.join(args.out, "run.json"),
+                       {"args": {k: v for k, v in vars(args).items() if k != "resume"},
+                        "data": trainer.data})
+    if rank() > 0:  # its own dropout masks; rank 0 draws what one process would
+        torch.manual_seed(random.Random(f"{args.seed} {rank()} {len(records)}").getrandbits(62))
+    sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
+    print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
+          f"{sum(p.numel() for p in trainer.params):,} trainable parameters; "
+          f"loss {args.loss or args.sts_loss}"
+          f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}"
+          f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}; "
+          f"{trainer.steps} steps/epoch; {where(trainer)}; run folder {args.out}")
+    if trainer.moco and not last:
+        print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "
+              f"{trainer.fill_seconds:.0f} s")
+    if last:
+        print(f"resumed after epoch {last['epoch']} of {args.epochs}")
+
+
+def where(trainer):
+    """The run's device, and under torchrun its processes."""
+    return f"{trainer.device}{f' x {world()} processes' if trainer.ddp else ''}"
+
+
+SAVED_NOTE = {"best": "", "none": ", not saved: --save none",
+              "last": "; checkpoint.pt holds the last epoch: --save last"}
+
+
+def finish(trainer, best, records):
+    """A finished run's summary.json and last line (rank 0); last.pt goes, as nothing is left to
+    resume. Returns the summary (None on the other ranks)."""
+    if not is_main():
+        return None
+    args = trainer.args
+    summary = summarise(args, {"best": best, "records": records, "train": trainer.train,
+                               "dev": trainer.dev, "steps": trainer.steps,
+                               "losses": trainer.losses, "device": trainer.device,
+                               "memory_fill_seconds": trainer.fill_seconds})
+    os.remove(os.path.join(args.out, "last.pt"))
+    decoupled = " + decoupled" if args.decoupled else ""
+    print(f"done: {','.join(args.tasks)} {summary['loss']}{decoupled}"
+          f"{' pcgrad' if args.pcgrad else ''} seed {args.seed}: best dev "
+          f"{describe_run(trainer.tasks, best['dev'])} (epoch {best['epoch']}"
+          f"{SAVED_NOTE[args.save]}); {summary['seconds_per_epoch']:.0f} s/epoch on "
+          f"{where(trainer)}; {args.out}")
+    return summary
 
 
 def evaluate(model, losses, tokenizer, tasks, dev, args, device):

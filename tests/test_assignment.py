@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import minknn
-import train
+from minknn import options
 from minknn import assignment
 from minknn import parts
 from minknn.assignment import choose, repository_files, solve, write_edition
@@ -272,14 +272,14 @@ def test_the_runs_parts_checked_in_the_handouts_order(edition, tmp_path):
                        r"pytest -q tests/test_bert.py -k layer$"):
         parts.require_written(["layer", "pooling"], root)
     parts.require_written(["pooling"], root)  # no minknn/model.py there: nothing to tell
-    args = train.get_args(["--task", "sst", "--attention", "fused", "--loss", "moco"])
-    assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "moco-loss",
+    args = options.get_args(["--task", "sst", "--attention", "fused", "--loss", "moco"])
+    assert options.parts_run(args) == ["embeddings", "layer", "pooling", "training", "moco-loss",
                                      "memory"]
-    args = train.get_args(["--task", "sst", "--loss", "proxynca", "--lam", "1", "--attention",
+    args = options.get_args(["--task", "sst", "--loss", "proxynca", "--lam", "1", "--attention",
                            "explicit"])
-    assert train.parts_run(args) == ["embeddings", "layer", "pooling", "training", "attention",
+    assert options.parts_run(args) == ["embeddings", "layer", "pooling", "training", "attention",
                                      "proxynca", "proxy-inference"]
-    parts.require_written(train.parts_run(args))  # this repository: nothing to stop
+    parts.require_written(options.parts_run(args))  # this repository: nothing to stop
 
 
 def test_a_stub_raised_in_a_run_is_one_line(capsys):

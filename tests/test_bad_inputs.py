@@ -24,7 +24,7 @@ from hf_folders import write_roberta
 from minknn import Terminated
 from minknn.cli import run
 from minknn.lab import runner
-from minknn.checkpoint import CHECKSUM, sealed
+from minknn.files import CHECKSUM, sealed
 from minknn.runs import lock_folder
 
 

@@ -11,8 +11,8 @@ import torch
 
 from minknn import MinknnError, Terminated, backbones, sigterm_raises
 from minknn.bert import BertModel
-from minknn.checkpoint import (CHECKSUM, atomic_save, base_model, content_sha256, load_checkpoint, rebuild,
-                               save_checkpoint)
+from minknn.checkpoint import base_model, load_checkpoint, rebuild, save_checkpoint
+from minknn.files import CHECKSUM, atomic_save, content_sha256
 from minknn.datastore import fingerprint
 from minknn.weights import load_safetensors, save_safetensors
 from minknn.losses import build_losses

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minknn.checkpoint
+import minknn.files
 import minknn.datastore
 from minknn import MinknnError
 from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
@@ -130,7 +130,7 @@ def test_a_damaged_or_misshapen_datastore_is_one_line(tmp_path, edit, sealed, sa
     saved = torch.load(path, weights_only=True)
     edit(saved)
     if sealed:
-        saved = minknn.checkpoint.sealed({k: v for k, v in saved.items() if k != minknn.checkpoint.CHECKSUM})
+        saved = minknn.files.sealed({k: v for k, v in saved.items() if k != minknn.files.CHECKSUM})
     torch.save(saved, path)
     with pytest.raises(MinknnError) as e:
         Datastore.load(path, "abc", n=10, dim=16, num_classes=4)

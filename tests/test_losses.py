@@ -30,7 +30,8 @@ from minknn.losses.contrastive import contrastive
 from minknn.losses.knnbert import select_positives
 from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
-from minknn.losses.setfit import PairBatches, draw_pairs
+from minknn.engine import PairBatches
+from minknn.losses.setfit import draw_pairs
 from minknn.model import Output
 from minknn.memory import Queue
 from minknn.tasks import TASKS
@@ -321,7 +322,7 @@ def test_every_registered_loss_has_an_oracle():
              if name not in METRIC_LOSSES or table_of(name) != table]
     assert not stale, (f"oracles of no registered loss, or in the wrong table: {', '.join(stale)} "
                        f"(METRIC_LOSSES in minknn/losses/__init__.py)")
-    assert LOSSES == ("ce", "bce", *METRIC_LOSSES)
+    assert tuple(LOSSES) == ("ce", "bce", *METRIC_LOSSES)
 
 
 # ---- the inputs: batches in each loss's calling convention ----
@@ -1345,13 +1346,13 @@ def test_every_metric_term_runs_in_fp32_under_autocast(name):
        f"autocast is {bf16.item():.8g}, in fp32 {fp32.item():.8g}")
 
 
-# ---- SetFit's pairs (minknn/losses/setfit.py draw_pairs, PairBatches) ----
+# ---- SetFit's pairs (minknn/losses/setfit.py draw_pairs, minknn/engine.py PairBatches) ----
 
 SETFIT_LABELS = [0, 1, 2, 0, 1, 0, 0, 2]   # class 0 of 4 rows, 1 and 2 of 2
 
 
 def test_setfit_every_example_gets_r_positives_and_r_negatives():
-    pairs = draw_pairs(SETFIT_LABELS, 5, random.Random(0))
+    pairs = draw_pairs(SETFIT_LABELS, random.Random(0), 5)
     assert len(pairs) == 2 * 5 * len(SETFIT_LABELS), f"{len(pairs)} pairs, not R x 2 x N = 80"
     for i, y in enumerate(SETFIT_LABELS):
         partners = [b for a, b in pairs if a == i]
@@ -1365,7 +1366,7 @@ def test_setfit_every_example_gets_r_positives_and_r_negatives():
 def test_setfit_positives_cover_the_class_and_negatives_the_other_classes():
     """Uniform draws over the rows, not always the first; a positive may be the example itself
     (SetFit draws it from its whole class); a class of one row pairs with itself."""
-    pairs = draw_pairs(SETFIT_LABELS, 200, random.Random(1))
+    pairs = draw_pairs(SETFIT_LABELS, random.Random(1), 200)
     for i, y in enumerate(SETFIT_LABELS):
         partners = {b for a, b in pairs if a == i}
         same = {j for j, c in enumerate(SETFIT_LABELS) if c == y}
@@ -1373,23 +1374,24 @@ def test_setfit_positives_cover_the_class_and_negatives_the_other_classes():
             f"example {i}'s partners over 200 rounds are {sorted(partners)}: its positives must "
             f"be drawn from all of its class {sorted(same)} (itself included), its negatives from "
             f"all the other rows")
-    lone = [b for a, b in draw_pairs([0, 1, 1], 4, random.Random(0)) if a == 0]
+    lone = [b for a, b in draw_pairs([0, 1, 1], random.Random(0), 4) if a == 0]
     assert lone[0::2] == [0] * 4 and set(lone[1::2]) <= {1, 2}, \
         f"example 0, alone in its class, must be its own positive: its partners are {lone}"
 
 
 def test_setfit_the_same_seed_draws_the_same_pairs():
-    a, b = (draw_pairs(SETFIT_LABELS, 4, random.Random(7)) for _ in range(2))
+    a, b = (draw_pairs(SETFIT_LABELS, random.Random(7), 4) for _ in range(2))
     assert a == b, "draw_pairs must draw only from the rng it is given"
-    assert a != draw_pairs(SETFIT_LABELS, 4, random.Random(8)), "another seed, the same pairs"
+    assert a != draw_pairs(SETFIT_LABELS, random.Random(8), 4), "another seed, the same pairs"
     with pytest.raises(MinknnError, match="one class only"):
-        draw_pairs([3, 3, 3], 2, random.Random(0))
+        draw_pairs([3, 3, 3], random.Random(0), 2)
 
 
 def test_setfit_batches_are_the_first_texts_then_the_second_and_resume():
     """PairBatches: each batch is its pairs' first rows then their second rows; one pass covers
     every pair once; a stream restored from its state_dict goes on with the same batches."""
-    stream = PairBatches(SETFIT_LABELS, 3, 5, random.Random(0))  # 48 pairs: 9 batches of 5 and 3
+    rng = random.Random(0)
+    stream = PairBatches(draw_pairs(SETFIT_LABELS, rng, 3), 5, rng)  # 48 pairs: 9 batches of 5 and 3
     seen = []
     for _ in range(10):
         rows = next(stream)
@@ -1400,7 +1402,7 @@ def test_setfit_batches_are_the_first_texts_then_the_second_and_resume():
     state, rng_state = stream.state_dict(), stream.batches.rng.getstate()  # last.pt keeps both
     ahead = [next(stream) for _ in range(12)]   # on into the next pass, shuffled again
     rng = random.Random(0)
-    again = PairBatches(SETFIT_LABELS, 3, 5, rng)  # a resumed run's: built from the seed
+    again = PairBatches(draw_pairs(SETFIT_LABELS, rng, 3), 5, rng)  # a resumed run's: from the seed
     again.load_state_dict(state)
     rng.setstate(rng_state)
     assert again.pairs == stream.pairs, "a resumed run must draw the same pairs"

@@ -4,6 +4,7 @@ a training step that leaves each query's own older key out of the loss. Part mem
 (minknn/assignment.py): its sanity check is test_sanity_check_the_memory; the tests after it
 diagnose each piece on a stand-in model (a linear map), then on the tiny BERT."""
 import copy
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -375,9 +376,10 @@ def test_train_step_leaves_each_querys_own_keys_out(model, tiny_bert_dir, data_d
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     memory_before = moco.memory.keys.clone()
     torch.manual_seed(1)
-    task_losses, _, _ = train.train_step(model, losses, optimizer, scheduler,
-                                         list(model.parameters()),
-                                         {"sst": (inputs, labels, rows)}, moco)
+    trainer = SimpleNamespace(model=model, losses=losses, optimizer=optimizer, scheduler=scheduler,
+                              params=list(model.parameters()), moco=moco, ddp=None, pcgrad=None,
+                              rng=random.Random(0), args=SimpleNamespace(precision=None))
+    task_losses, _, _ = train.train_step(trainer, {"sst": (inputs, labels, rows)})
     # the same step again by hand, with the same dropout, then the formula over every other
     # example's key
     torch.manual_seed(1)

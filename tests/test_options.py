@@ -5,7 +5,6 @@ import pytest
 
 from minknn.lab import bench
 import evaluate
-import train
 from minknn import MinknnError, cli, options
 from minknn.lab import runner
 from tests.conftest import DATA
@@ -14,7 +13,7 @@ from tests.conftest import DATA
 def refused(capsys, *flags):
     """The one-line error train.py's flags give (argparse's exit status 2)."""
     with pytest.raises(SystemExit) as exit:
-        train.get_args(list(flags))
+        options.get_args(list(flags))
         pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/options.py check_args)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: "), err
@@ -22,22 +21,22 @@ def refused(capsys, *flags):
 
 
 def test_defaults_follow_the_run():
-    args = train.get_args(["--task", "sst"])
+    args = options.get_args(["--task", "sst"])
     assert (args.tasks, args.loss, args.lr, args.proxy_lr, args.lam) == (["sst"], "ce", 5e-5, 5e-3, None)
-    assert train.get_args(["--task", "sst", "--option", "pretrain"]).lr == 1e-3
-    assert train.get_args(["--task", "goemotions"]).loss == "bce"  # a multi-label task's base loss
-    assert train.get_args(["--task", "sts"]).loss is None  # --sts_loss trains it
-    assert train.get_args(["--task", "multitask"]).tasks == ["sst", "quora", "sts"]
-    args = train.get_args(["--task", "rte", "--loss", "knnbert"])
+    assert options.get_args(["--task", "sst", "--option", "pretrain"]).lr == 1e-3
+    assert options.get_args(["--task", "goemotions"]).loss == "bce"  # a multi-label task's base loss
+    assert options.get_args(["--task", "sts"]).loss is None  # --sts_loss trains it
+    assert options.get_args(["--task", "multitask"]).tasks == ["sst", "quora", "sts"]
+    args = options.get_args(["--task", "rte", "--loss", "knnbert"])
     assert (args.memory, args.momentum, args.m_most, args.m_least) == ("queue", 0.999, 50, 100)
-    assert train.get_args(["--task", "sst", "--out", "x"]).out == "x"
-    assert train.get_args(["--task", "sts"]).out is None  # train.main names a fresh folder (test_runs.py)
+    assert options.get_args(["--task", "sst", "--out", "x"]).out == "x"
+    assert options.get_args(["--task", "sts"]).out is None  # train.main names a fresh folder (test_runs.py)
 
 
 def test_head_init_probe_is_pretrains_default_where_a_head_can_be_fit():
     """--option pretrain trains the head alone: it starts as the probe (the logistic regression on the frozen
     encoder), unless no task has a head on one vector; fine-tuning keeps the random head unless asked."""
-    default = {" ".join(flags): train.get_args(flags).head_init for flags in (
+    default = {" ".join(flags): options.get_args(flags).head_init for flags in (
         ["--task", "sst"], ["--task", "sst", "--option", "pretrain"], ["--task", "goemotions", "--option", "pretrain"],
         ["--task", "sts", "--option", "pretrain"], ["--task", "quora", "--pair_mode", "siamese", "--option", "pretrain"],
         ["--task", "multitask", "--option", "pretrain"])}
@@ -46,18 +45,18 @@ def test_head_init_probe_is_pretrains_default_where_a_head_can_be_fit():
                        "--task quora --pair_mode siamese --option pretrain": "random",
                        "--task multitask --option pretrain": "probe"}, \
         f"--head_init's defaults (minknn/options.py check_head_init): {default}"
-    assert train.get_args(["--option", "pretrain", "--head_init", "random"]).head_init == "random", \
+    assert options.get_args(["--option", "pretrain", "--head_init", "random"]).head_init == "random", \
         "--head_init random under --option pretrain must be kept"
 
 
 def test_steps_and_mlcon_reduction_are_kept_and_filled():
-    args = train.get_args(["--steps", "200", "--epochs", "10"])
+    args = options.get_args(["--steps", "200", "--epochs", "10"])
     assert (args.steps, args.epochs, args.steps_per_epoch) == (200, 10, None), "--steps: kept as given"
-    assert train.get_args(["--task", "reuters", "--loss", "mlcon"]).mlcon_reduction == "sum", \
+    assert options.get_args(["--task", "reuters", "--loss", "mlcon"]).mlcon_reduction == "sum", \
         "--loss mlcon's reduction defaults to the paper's sum"
-    assert train.get_args(["--task", "reuters", "--loss", "mlcon", "--mlcon_reduction", "mean"]).mlcon_reduction \
+    assert options.get_args(["--task", "reuters", "--loss", "mlcon", "--mlcon_reduction", "mean"]).mlcon_reduction \
         == "mean"
-    assert train.get_args(["--task", "reuters"]).mlcon_reduction is None, "bce has no --mlcon_reduction"
+    assert options.get_args(["--task", "reuters"]).mlcon_reduction is None, "bce has no --mlcon_reduction"
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -116,7 +115,7 @@ def test_steps_and_mlcon_reduction_are_kept_and_filled():
     (["--task", "sts", "--loss", "setfit"], "--loss setfit trains classification tasks, and sts has none"),
     (["--task", "mrpc", "--pair_mode", "siamese", "--loss", "setfit"], "--loss setfit compares one vector per "
                                                                         "example"),
-    (["--loss", "setfit", "--lam", "0.5"], "--loss setfit is SetFit's pair loss alone"),
+    (["--loss", "setfit", "--lam", "0.5"], "--loss setfit is the whole objective (no cross-entropy to weigh it against)"),
     (["--loss", "setfit", "--option", "pretrain"], "--option pretrain would freeze all it trains"),
     (["--loss", "setfit", "--decoupled"], "use it with --loss ce, not setfit"),
 ])
@@ -125,18 +124,18 @@ def test_impossible_flags_are_one_line(capsys, flags, message):
 
 
 def test_setfit_defaults_and_torchrun(capsys, monkeypatch):
-    assert train.get_args(["--loss", "setfit"]).setfit_iterations == 20, "SetFit's R: 20, the paper's"
-    assert train.get_args(["--loss", "setfit", "--setfit_iterations", "3"]).setfit_iterations == 3
-    assert train.get_args([]).setfit_iterations is None
+    assert options.get_args(["--loss", "setfit"]).setfit_iterations == 20, "SetFit's R: 20, the paper's"
+    assert options.get_args(["--loss", "setfit", "--setfit_iterations", "3"]).setfit_iterations == 3
+    assert options.get_args([]).setfit_iterations is None
     monkeypatch.setenv("RANK", "0")  # as torchrun starts a process
     assert "--loss setfit fits its head in one process" in refused(capsys, "--loss", "setfit")
 
 
 def test_an_unknown_task_or_loss_is_named():
     with pytest.raises(MinknnError, match="unknown --task 'stss'; choose one of: sst, cfimdb, quora, sts"):
-        train.get_args(["--task", "multitask", "--tasks", "sst,stss"])
+        options.get_args(["--task", "multitask", "--tasks", "sst,stss"])
     with pytest.raises(MinknnError, match="unknown --loss 'proxyanchr'; choose one of: ce, bce, triplet"):
-        train.get_args(["--loss", "proxyanchr"])
+        options.get_args(["--loss", "proxyanchr"])
 
 
 @pytest.mark.parametrize("flags, loss", [([], "ce"), (["--task", "sts"], "mse"), (["--loss", "supcon"], "supcon"),
@@ -150,7 +149,7 @@ def test_proxy_lr_without_proxies_is_refused(capsys, flags, loss):
 @pytest.mark.parametrize("flags", [["--loss", "proxyanchor"], ["--loss", "softtriple"],
                                    ["--task", "multitask", "--tasks", "sst,sts", "--loss", "proxynca"]])
 def test_proxy_lr_with_proxies_is_kept(flags):
-    assert train.get_args([*flags, "--proxy_lr", "0.01"]).proxy_lr == 0.01, f"{flags}: --proxy_lr 0.01 not kept"
+    assert options.get_args([*flags, "--proxy_lr", "0.01"]).proxy_lr == 0.01, f"{flags}: --proxy_lr 0.01 not kept"
 
 
 # each bound of the command line, and the value out of it: a run.json holding that value must be refused too
@@ -167,8 +166,8 @@ def test_run_json_values_are_checked_as_the_command_line_is(capsys, name, value,
     """--resume takes its flags from run.json: options.check_saved must hold them to the bounds options.check_args
     holds the command line's to (both through options.bad_values)."""
     assert f"--{name} " in refused(capsys, f"--{name}", str(value)), f"--{name} {value}: refused, not naming the flag"
-    p = train.make_parser()
-    saved = {k: v for k, v in vars(train.get_args([])).items() if k != "resume"}  # as train.py writes run.json
+    p = options.make_parser()
+    saved = {k: v for k, v in vars(options.get_args([])).items() if k != "resume"}  # as train.py writes run.json
     options.check_saved(p, "run.json", saved)  # a run.json as written passes
     with pytest.raises(MinknnError) as error:
         options.check_saved(p, "run.json", {**saved, name: value})
@@ -209,18 +208,18 @@ def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, 
     subcommand says what it does, and each of train.py's says its default (argparse's, which --help shows, or
     "(default: ...)" in the text; a switch is off)."""
     helps = {}
-    for module in (train, evaluate, runner, bench):
+    for module in (options, evaluate, runner, bench):
         parsers = parsers_of(module, monkeypatch, capsys)
         assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.cli.Parser?)"
         for p in parsers:
             for a in p._actions:
                 if a.dest in ("help", "command"):  # argparse's own, bench.py's subcommand
                     continue
-                script = f"{module.__name__.split('.')[-1]}.py"
+                script = "train.py" if module is options else f"{module.__name__.split('.')[-1]}.py"
                 flag = " ".join([script, *p.prog.split()[1:], a.option_strings[0]])  # and bench.py's subcommand
                 helps[flag] = a.help
                 assert a.help and a.help.strip(), f"{flag} has no help text"
-                if module is train:
+                if module is options:
                     assert a.default is not None or "default" in a.help, f"{flag}: --help shows no default"
     assert len([f for f in helps if f.startswith("bench.py ")]) > 30, "bench.py's subcommands were not all seen"
     assert "minknn/index.py" in helps["evaluate.py --index"], "evaluate.py --index: its flags live in minknn/index.py"

@@ -14,6 +14,7 @@ import evaluate
 import train
 from minknn import MinknnError, Terminated
 from minknn.lab import grid, report, runner
+from minknn.runs import Diverged
 
 from conftest import DATA, dev_falling
 
@@ -399,7 +400,7 @@ def test_a_diverged_cell_is_recorded_and_left_out(tiny_bert_dir, tmp_path, monke
 
     def diverge_proxyanchor(epoch, model, losses, dev_scores):
         if getattr(losses["mr"], "metric", None) is not None:  # the proxyanchor cells
-            raise train.Diverged(f"epoch {epoch}: the dev score mr acc is not finite")
+            raise Diverged(f"epoch {epoch}: the dev score mr acc is not finite")
         return real(epoch, model, losses, dev_scores)
     monkeypatch.setattr(train, "check_epoch_finite", diverge_proxyanchor)
     out = tmp_path / "g"

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import minknn.checkpoint
+import minknn.files
 import minknn.runs
 import minknn.trainer
 import train
@@ -126,7 +127,7 @@ def signal_in(monkeypatch, signum, where, nth):
             return result
         monkeypatch.setattr(train, "train_step", step)
         return
-    real_save = minknn.checkpoint.atomic_save
+    real_save = minknn.files.atomic_save
 
     def save(obj, path, writer=torch.save):
         if os.path.basename(path) == where:
@@ -135,7 +136,7 @@ def signal_in(monkeypatch, signum, where, nth):
                 at = 100 if where.endswith(".jsonl") else 20000
                 return real_save(obj, path, lambda o, f: writer(o, SignalsAt(f, at, signum)))
         return real_save(obj, path, writer)
-    for module in (minknn.checkpoint, minknn.runs):  # save_checkpoint's; save_last's and write_jsonl's
+    for module in (minknn.checkpoint, minknn.runs, minknn.files):  # save_checkpoint's; save_last's; write_jsonl's
         monkeypatch.setattr(module, "atomic_save", save)
 
 
@@ -450,12 +451,12 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(save, tiny_
     summary.json, which keeps epoch 1's scores."""
     real, calls = train.train_step, []
 
-    def poisoned(model, *args, **kwargs):
+    def poisoned(trainer, batches):
         calls.append(1)
         if len(calls) == 6:
             with torch.no_grad():
-                model.bert.embeddings.word_embeddings.weight[:] = float("nan")
-        return real(model, *args, **kwargs)
+                trainer.model.bert.embeddings.word_embeddings.weight[:] = float("nan")
+        return real(trainer, batches)
     monkeypatch.setattr(train, "train_step", poisoned)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
@@ -522,14 +523,14 @@ def test_each_non_finite_value_stops_the_run(what, plant, says, tiny_bert_dir, d
     infinite weight the dev scores do not read (the proxies, under --lam 0.5), a dev score that is NaN."""
     real_step, real_evaluate, calls = train.train_step, train.evaluate, []
 
-    def step(model, losses, *args, **kwargs):
+    def step(trainer, batches):
         calls.append(1)
         if plant == "gradient" and len(calls) == 2:
-            model.heads["sst"].weight.register_hook(lambda g: torch.full_like(g, float("inf")))
-        result = real_step(model, losses, *args, **kwargs)
+            trainer.model.heads["sst"].weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+        result = real_step(trainer, batches)
         if plant == "weight" and len(calls) == 5:
             with torch.no_grad():
-                losses["sst"].metric.proxies.fill_(float("inf"))
+                trainer.losses["sst"].metric.proxies.fill_(float("inf"))
         return result
     monkeypatch.setattr(train, "train_step", step)
     if plant == "dev":

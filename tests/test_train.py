@@ -7,6 +7,7 @@ import random
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,11 +15,13 @@ import torch.nn.functional as F
 
 import evaluate
 import train
+from minknn import options
 from grading import check, close, graded, matches_reference
 from minknn.bert import BertConfig, BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
 from minknn.pcgrad import PCGrad
+from minknn.runs import Diverged
 from minknn.proxy import PROXY_LOSSES
 from minknn.tasks import TASKS
 
@@ -193,7 +196,7 @@ def test_proxy_errors_are_one_line(tiny_bert_dir, data_dir, tmp_path):
         f"proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
     for bad in (["--loss", "supcon", "--lam", "1.5"], ["--loss", "ce", "--lam", "0.5"]):
         with pytest.raises(SystemExit):
-            train.get_args(bad)
+            options.get_args(bad)
     with pytest.raises(SystemExit):
         evaluate.get_args(["--checkpoint", "x", "--proxy_alpha", "-0.1"])
 
@@ -353,11 +356,11 @@ def recording_steps(monkeypatch, stop_at=None):
     Ctrl-C at that call (before its step)."""
     seen, real = [], train.train_step
 
-    def step(model, losses, optimizer, scheduler, *args, **kwargs):
+    def step(trainer, batches):
         if len(seen) + 1 == stop_at:
             raise KeyboardInterrupt
-        seen.append((optimizer.param_groups[0]["lr"], scheduler))
-        return real(model, losses, optimizer, scheduler, *args, **kwargs)
+        seen.append((trainer.optimizer.param_groups[0]["lr"], trainer.scheduler))
+        return real(trainer, batches)
     monkeypatch.setattr(train, "train_step", step)
     return seen
 
@@ -423,19 +426,16 @@ def test_the_probe_head_is_the_logistic_regression_before_the_first_step(tiny_be
     from minknn.engine import predict
     from minknn.kinds import kind_of
     from minknn.probe import fit_logistic
-    built, first = [], []
-    build = train.build
-    monkeypatch.setattr(train, "build", lambda *a, **k: built.append(build(*a, **k)) or built[-1])
+    first = []
     real = train.train_step
 
-    def step(model, *args, **kwargs):
+    def step(trainer, batches):
         if not first:
-            trainer = built[0][0]
             t = trainer.tasks[0]
-            first.append((t, *predict(model, trainer.tokenizer, t, trainer.train[t.name], 16, trainer.device),
-                          kind_of(t).targets(t, trainer.train[t.name], "cpu")))
-            model.train()
-        return real(model, *args, **kwargs)
+            first.append((t, *predict(trainer.model, trainer.tokenizer, t, trainer.train[t.name], 16,
+                                      trainer.device), kind_of(t).targets(t, trainer.train[t.name], "cpu")))
+            trainer.model.train()
+        return real(trainer, batches)
     monkeypatch.setattr(train, "train_step", step)
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--task", task, "--epochs", "1", "--steps_per_epoch", "1",
               "--max_train", "16", *flags)
@@ -567,12 +567,13 @@ def test_a_bf16_training_step_on_the_cpu(tiny_bert_dir, data_dir, tmp_path, monk
     weights (proxies included)."""
     steps, train_step = [], train.train_step
 
-    def checked_step(model, losses, optimizer, scheduler, params, batches, *rest):
+    def checked_step(trainer, batches):
+        model, losses, params = trainer.model, trainer.losses, trainer.params
         dtypes = []  # the autocast dtype while the encoder runs
         hook = model.bert.register_forward_hook(lambda *_: dtypes.append(
             torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32))
         try:
-            task_losses, parts, conflicts = train_step(model, losses, optimizer, scheduler, params, batches, *rest)
+            task_losses, parts, conflicts = train_step(trainer, batches)
         finally:
             hook.remove()
         assert dtypes and set(dtypes) == {torch.bfloat16}, f"{run}: the encoder ran in {dtypes}, not under bf16 autocast"
@@ -615,7 +616,7 @@ def test_the_memory_is_filled_in_the_runs_precision(tiny_bert_dir, data_dir, tmp
 
 
 def test_help_explains_every_flag_once(capsys):
-    for script in (train, evaluate):
+    for script in (options, evaluate):
         with pytest.raises(SystemExit):
             script.get_args(["--help"])
         text = capsys.readouterr().out
@@ -801,7 +802,7 @@ class ProxyLoss(torch.nn.Module):
 
 
 def tiny_args(warmup=WARMUP):
-    return train.make_parser().parse_args(["--lr", "0.01", "--proxy_lr", "0.05",
+    return options.make_parser().parse_args(["--lr", "0.01", "--proxy_lr", "0.05",
                                            "--weight_decay", "0.1", "--warmup", str(warmup)])
 
 
@@ -826,6 +827,14 @@ def tiny_run(total=TOTAL, warmup=WARMUP):
         train.make_optimizer, list(model.parameters()), list(losses.parameters()), args, total)
     params = list(model.parameters()) + list(losses.parameters())
     return model, losses, optimizer, scheduler, params, names, args
+
+
+def tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad=None, rng=None):
+    """What train_step reads of a run's parts (minknn/trainer.py's Trainer): the tiny model, its
+    losses, the optimiser and scheduler, what trains, PCGrad and its rng; no memory, one process."""
+    return SimpleNamespace(model=model, losses=losses, optimizer=optimizer, scheduler=scheduler,
+                           params=params, pcgrad=pcgrad, rng=rng or random.Random(0), moco=None,
+                           ddp=None, args=SimpleNamespace(precision=None))
 
 
 def factor(s, total=TOTAL, warmup=WARMUP):
@@ -998,8 +1007,8 @@ def test_part_training_step_clears_old_gradients():
         p.grad = torch.full_like(p, float("nan"))
     calls = spy(optimizer, params)
     try:
-        train.train_step(model, losses, optimizer, scheduler, params, tiny_batches(0))
-    except train.Diverged as e:
+        train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
+    except Diverged as e:
         check(PART, False, f"train_step raised Diverged ({e}) with NaN left in .grad from before "
               f"the call: clear the last step's gradients (optimizer.zero_grad(set_to_none=True)) "
               f"before backward")
@@ -1025,8 +1034,8 @@ def test_part_training_step_order():
         expected, raw_norm = clipped_gradients(model, losses, tiny_batches(s))
         assert (raw_norm > 1) == (scale > 1), "the scales no longer put the norm over and under 1"
         before = len(calls)
-        graded(PART, f"train_step (call {s + 1})", train.train_step, model, losses, optimizer,
-               scheduler, params, tiny_batches(s))
+        graded(PART, f"train_step (call {s + 1})", train.train_step,
+               tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(s))
         call = f"train_step call {s + 1}"
         check(PART, len(calls) == before + 1, f"{call} called optimizer.step() "
               f"{len(calls) - before} times; once per call")
@@ -1067,14 +1076,15 @@ def test_part_training_step_passes_pcgrad_the_losses():
 
     model, losses, optimizer, scheduler, params, _, _ = tiny_run()
     rng, pcgrad = random.Random(0), FakePCGrad()
-    _, _, conflicts = graded(PART, "train_step with pcgrad", train.train_step, model, losses,
-                             optimizer, scheduler, params, tiny_batches(0), pcgrad=pcgrad, rng=rng)
+    _, _, conflicts = graded(PART, "train_step with pcgrad", train.train_step,
+                             tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad, rng),
+                             tiny_batches(0))
     check(PART, pcgrad.calls == [(2, rng)] and conflicts == 7, f"with --pcgrad, train_step calls "
           f"pcgrad.backward(list(task_losses.values()), rng) once in place of the sum's backward, "
           f"and returns what it returns (7 here); it made the calls {pcgrad.calls} (the number of "
           f"losses, the rng) and returned {conflicts}")
-    _, _, conflicts = graded(PART, "train_step", train.train_step, model, losses, optimizer,
-                             scheduler, params, tiny_batches(1))
+    _, _, conflicts = graded(PART, "train_step", train.train_step,
+                             tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(1))
     check(PART, conflicts is None, f"without --pcgrad, train_step returns conflicts None; it "
           f"returned {conflicts}")
 
@@ -1088,8 +1098,8 @@ def test_part_training_step_stops_on_a_gradient_that_is_not_finite(poison):
     before = [p.detach().clone() for p in params]
     stopped = None
     try:
-        train.train_step(model, losses, optimizer, scheduler, params, tiny_batches(0))
-    except train.Diverged as e:
+        train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
+    except Diverged as e:
         stopped = e
     except NotImplementedError:
         raise
@@ -1111,8 +1121,8 @@ def three_steps():
     expected = oracle(model, losses, args)
     for s, scale in enumerate(SCALES):
         set_scale(losses, scale)
-        graded(PART, f"train_step (call {s + 1})", train.train_step, model, losses, optimizer,
-               scheduler, params, tiny_batches(s))
+        graded(PART, f"train_step (call {s + 1})", train.train_step,
+               tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(s))
     return dict(zip(names, (p.detach() for p in params))), expected
 
 

@@ -29,12 +29,12 @@ def test_bench_builds_and_steps_train_py_first_step(case, tiny_bert_dir, data_di
     flags = CASES[case] + ["--batch_size", "8", "--max_len", "32", "--lr", "3e-3", "--epochs", "1"]
     first, real_step = [], train.train_step
 
-    def recorded(model, losses, *rest):
-        out = real_step(model, losses, *rest)
+    def recorded(trainer, batches):
+        out = real_step(trainer, batches)
         if not first:  # the losses, then every weight after the step
             first.append(({n: loss.detach().clone() for n, loss in out[0].items()},
-                          {n: p.detach().clone() for n, p in [*model.named_parameters(),
-                                                              *losses.named_parameters()]}))
+                          {n: p.detach().clone() for n, p in [*trainer.model.named_parameters(),
+                                                              *trainer.losses.named_parameters()]}))
         return out
     monkeypatch.setattr(train, "train_step", recorded)
     train.main(flags + ["--model", tiny_bert_dir, "--data_dir", data_dir, "--device", "cpu",

@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 from minknn import MinknnError, backbones
 from minknn.weights import resolve_model_path
-from minknn.checkpoint import atomic_save
+from minknn.files import atomic_save
 from minknn.model import pool
 from minknn.tokenizer import Tokenizer
 

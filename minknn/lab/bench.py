@@ -47,6 +47,7 @@ from minknn.lab.grid import parse_seeds, parse_sizes
 from minknn.kinds import kind_of
 from minknn.model import Model
 from minknn.cli import Parser
+from minknn import options
 from minknn.lab.report import write_block
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
@@ -413,16 +414,14 @@ def built(args, argv, train, device):
     train.py builds them, on training examples already read (train: task name -> examples)."""
     argv = argv + ["--model", args.model, "--device", str(device)]
     argv += ["--data_dir", args.data_dir] if args.data_dir else []
-    trainer, _ = build(train_py.get_args(argv), train_py.make_optimizer, (train, {}))
+    trainer, _ = build(options.get_args(argv), train_py.make_optimizer, (train, {}))
     return trainer
 
 
 def step(trainer, batches):
     """One step of train.py's own train_step (batches: minknn/trainer.py's batch()); returns what
     it returns (each task's loss, ...)."""
-    return train_py.train_step(trainer.model, trainer.losses, trainer.optimizer,
-                               trainer.scheduler, trainer.params, batches, trainer.moco,
-                               trainer.pcgrad, trainer.rng, trainer.args.precision)
+    return train_py.train_step(trainer, batches)
 
 
 def fixed_batches(train, tasks, batch_size, steps, seed=0):

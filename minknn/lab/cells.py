@@ -22,7 +22,7 @@ from minknn.knn import SWEEP_KS, SWEEP_PHIS, interpolate, settings
 from minknn.model import Model
 from minknn.probe import fit_logistic
 from minknn.proxy import proxy_logits
-from minknn.runs import read_jsonl
+from minknn.files import read_jsonl
 
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 

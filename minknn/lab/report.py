@@ -21,8 +21,8 @@ import re
 from minknn import MinknnError
 from minknn.lab.grid import search_text
 from minknn.metrics import METRICS
-from minknn.checkpoint import atomic_save
-from minknn.runs import read_jsonl
+from minknn.files import atomic_save
+from minknn.files import read_jsonl
 from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
                           t_undefined)
 

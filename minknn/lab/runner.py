@@ -74,11 +74,13 @@ from minknn.data import eval_subset, labelled, load_split, split_recipe, trainin
 from minknn.engine import pick_device
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes, search_text,
                          size_flags, split_top, with_search)
+from minknn import options
 from minknn.cli import Parser
 from minknn.proxy import PROXY_LOSSES
 from minknn.lab.cells import line_head, score_cell
-from minknn.runs import (lock_folder, make_folder, read_json, read_jsonl, run_status, write_json,
-                         write_jsonl)
+from minknn.runs import lock_folder, make_folder, run_status
+from minknn.files import read_jsonl, write_json, write_jsonl
+from minknn.weights import read_json
 from minknn.tasks import get_task
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
@@ -440,7 +442,7 @@ def train_refusal(argv):
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            train.get_args(argv)
+            options.get_args(argv)
     except SystemExit:
         return captured.getvalue().strip().removeprefix("error: ")
     except MinknnError as e:
@@ -492,7 +494,7 @@ def check_grid(args, train_flags, cells):
                                   f"classification or multi-label task; {cell.task} is a "
                                   f"{'siamese pair' if siamese else task.kind} task")
     # the flags given, as train.py reads them (in any order or spelling), for grid.json
-    p = train.make_parser()
+    p = options.make_parser()
     given = vars(p.parse_args(train_flags))
     shared = {k: v for k, v in given.items() if v != p.get_default(k)}
     lacking = missing_scores(cells, ctx)
@@ -511,7 +513,7 @@ def parse_train_args(argv, methods):
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            return train.get_args(argv)
+            return options.get_args(argv)
     except SystemExit:
         message = captured.getvalue().strip().removeprefix("error: ")
         raise MinknnError(f"--methods {','.join(m.name for m in methods)}: {message}") from None

@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from minknn import MinknnError
+from minknn.options import make_parser
 from minknn.weights import resolve_model_path
 from minknn.kinds import kind_of, score
 
@@ -70,8 +71,7 @@ def check(cell, methods, task):
 
 def model_folder(ctx):
     """The cell's --model (the train.py flag given to the grid), as a folder."""
-    import train  # its parser reads the grid's flags as every cell does
-    return resolve_model_path(train.make_parser().parse_args(ctx.train_flags).model)
+    return resolve_model_path(make_parser().parse_args(ctx.train_flags).model)  # as every cell
 
 
 def run_cell(cell, methods, ctx, folder):

@@ -32,7 +32,8 @@ import time
 
 from minknn import MinknnError
 from minknn.lab.runner import run_cell
-from minknn.runs import read_json, write_json
+from minknn.files import write_json
+from minknn.weights import read_json
 
 POLL_S = {"slurm": 15, "local": 0.5}  # between two looks at the jobs (sacct is rate-limited too)
 

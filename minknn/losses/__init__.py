@@ -53,10 +53,10 @@ from minknn.losses.mlcon import MultiLabelContrastiveLoss
 from minknn.losses.mnrl import MNRLoss
 from minknn.losses.moco import MoCoLoss
 from minknn.losses.npairs import NPairsLoss
-from minknn.losses.pairs import PAIR_LOSSES, PairLoss
+from minknn.losses.pairs import PairLoss
 from minknn.losses.proxyanchor import ProxyAnchorLoss
 from minknn.losses.proxynca import ProxyNCALoss
-from minknn.losses.regression import STS_LOSSES, Regression
+from minknn.losses.regression import Regression
 from minknn.losses.setfit import SetFitLoss
 from minknn.losses.softtriple import SoftTripleLoss
 from minknn.losses.supcon import SupConLoss
@@ -77,9 +77,37 @@ METRIC_LOSSES = {
     "mlcon": MultiLabelContrastiveLoss,
     "setfit": SetFitLoss,
 }
-LOSSES = (*BASE_LOSSES, *METRIC_LOSSES)
-MEMORY_LOSSES = tuple(name for name, loss in METRIC_LOSSES.items()
-                      if getattr(loss, "uses_memory", False))
+LOSSES = {**BASE_LOSSES, **METRIC_LOSSES}
+
+# What a loss needs from the run, read from its class (NEEDS: the attribute, and its value when the
+# class does not set it). The run reads these, never the loss's name:
+NEEDS = {
+    "kind": "classify",   # the tasks it trains: classify, or multilabel (bce, mlcon)
+    "lam": 0.0,           # its weight against the base loss, unless --lam says otherwise
+    "part": None,         # the assignment's part that writes it (minknn/parts.py)
+    "uses_memory": False,  # a MoCo queue or memory bank (minknn/memory.py): one classification
+                           # task, the memory's flags, called with the batch's keys and the memory
+    "pairs": False,       # trained on pairs of examples it draws itself (its draw_pairs(labels,
+                          # rng)): a batch holds the B first texts, then the B second ones; one task
+    "trains_head": True,  # False: the loss is the whole objective (no --lam, no --option
+                          # pretrain); the head is fit by logistic regression after each epoch,
+                          # in one process (minknn/probe.py)
+    "flags": {},          # its own train.py flags: name -> {"type" or "choices", "default",
+                          # "help"}; minknn/options.py adds them, and refuses them with other losses
+}
+# A loss with a class_logits method has proxies: --proxy_lr trains them, and proxy inference
+# (minknn/proxy.py, evaluate.py --proxy) reads their logits.
+
+
+def need(name, what):
+    """What loss `name` needs (NEEDS) from the run: its class's attribute, else the default (as
+    for a run without a loss: a similarity task's, trained by --sts_loss)."""
+    return getattr(LOSSES.get(name), what, NEEDS[what])
+
+
+MEMORY_LOSSES = tuple(name for name in LOSSES if need(name, "uses_memory"))
+PROXY_LOSSES = tuple(name for name, loss in LOSSES.items() if hasattr(loss, "class_logits"))
+LOSS_FLAGS = {flag: spec for name in LOSSES for flag, spec in need(name, "flags").items()}
 
 
 def check_loss_name(name):
@@ -89,15 +117,14 @@ def check_loss_name(name):
 
 def loss_kind(name):
     """The kind of task a loss trains: 'classify' or 'multilabel'."""
-    return "multilabel" if name == "bce" else getattr(METRIC_LOSSES.get(name), "kind", "classify")
+    return need(name, "kind")
 
 
 def loss_flags(name, args):
     """The train.py flags (a dict of them) that loss `name` is built with, e.g. knnbert's
     --m_most. A flag a run or checkpoint does not hold (older than the flag) is left out, so the
     loss's own default builds it (mlcon's --mlcon_reduction: sum, as runs were before)."""
-    return {flag: args[flag] for flag in getattr(METRIC_LOSSES.get(name), "flags", ())
-            if args.get(flag) is not None}
+    return {flag: args[flag] for flag in need(name, "flags") if args.get(flag) is not None}
 
 
 class Objective(nn.Module):

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 
 class BinaryCrossEntropy(nn.Module):
+    kind = "multilabel"
+
     def __init__(self, num_classes, dim):
         super().__init__()
 

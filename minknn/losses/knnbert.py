@@ -106,8 +106,20 @@ M_MOST, M_LEAST = 50, 100  # the defaults of --m_most and --m_least
 
 class KNNBertLoss(nn.Module):
     lam = 0.1
-    flags = ("m_most", "m_least")  # train.py flags this loss is built with
+    part = "knnbert"               # the assignment's (minknn/parts.py)
     uses_memory = True             # called with the batch's keys and the memory (Objective.forward)
+    flags = {"m_most": {"type": int, "default": M_MOST, "min": 0,  # train.py's flags for it
+                        "help": "most similar positives"},
+             "m_least": {"type": int, "default": M_LEAST, "min": 0,
+                         "help": "least similar positives"}}
+
+    @staticmethod
+    def refuse(m_most, m_least):
+        """Why these flags cannot build the loss (one line), or None."""
+        if m_most + m_least < 1:
+            return (f"--m_most and --m_least must be >= 0 and select at least one positive, got "
+                    f"{m_most} and {m_least}")
+        return None
 
     def __init__(self, num_classes=None, dim=None, m_most=M_MOST, m_least=M_LEAST, tau=0.07):
         super().__init__()

@@ -88,7 +88,11 @@ REDUCTIONS = ("sum", "mean")  # --mlcon_reduction: the docstring says what each 
 class MultiLabelContrastiveLoss(nn.Module):
     lam = 0.1                       # gamma
     kind = "multilabel"             # L = BCE + lam L_con (Objective)
-    flags = ("mlcon_reduction",)    # train.py flags this loss is built with
+    part = "mlcon"                  # the assignment's (minknn/parts.py)
+    flags = {"mlcon_reduction": {   # train.py's flag for it
+        "choices": REDUCTIONS, "default": "sum",
+        "help": "L_con summed over the batch as Su et al. write it, or its mean over the examples "
+                "that share a label with another, on BCE's scale (minknn/losses/mlcon.py)"}}
 
     def __init__(self, num_classes=None, dim=None, tau=10.0, mlcon_reduction="sum"):
         super().__init__()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 class NPairsLoss(nn.Module):
     lam = 0.1
+    part = "npairs"  # the assignment's (minknn/parts.py)
 
     def __init__(self, num_classes=None, dim=None, l2_reg=0.002):
         super().__init__()

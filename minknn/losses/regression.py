@@ -13,6 +13,8 @@ STS_LOSSES = {"mse": F.mse_loss, "l1": F.l1_loss}
 
 
 class Regression(nn.Module):
+    trains_head = True  # as every task's loss but SetFit's (Objective.trains_head)
+
     def __init__(self, loss="mse"):
         super().__init__()
         self.loss = loss

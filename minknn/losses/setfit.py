@@ -15,7 +15,7 @@ which SetFitTrainer.train calls num_iterations times): R iterations (--setfit_it
 default 20, the paper's), each giving every training example one positive partner, drawn
 uniformly from its class (itself included: SetFit's np.random.choice over the class's rows), and
 one negative, drawn uniformly from the other classes. R x 2 x N pairs, shuffled into batches of
---batch_size pairs each epoch (PairBatches). Left out: v0.x's multi-label and distillation pairs
+--batch_size pairs each epoch (minknn/engine.py PairBatches). Left out: v0.x's multi-label and distillation pairs
 and its other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
 ContrastiveDataset) draws otherwise by default: every unordered pair once, itself included, the
 rarer kind (positive or negative) repeated to as many as the other ("oversampling"); it draws
@@ -43,18 +43,45 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.engine import TrainBatches
 
 ITERATIONS = 20   # R, SetFit's num_iterations (the paper's value)
 
 
+def draw_pairs(labels, rng, setfit_iterations=ITERATIONS):
+    """SetFit's pairs of a training set (labels: its class indices, in row order): for each of
+    R = setfit_iterations rounds, for each row i in order, (i, a row of i's class), then (i, a row of
+    another class); rng a random.Random. Returns [(first row, second row)], 2 x R x N."""
+    rows_of = {}
+    for i, y in enumerate(labels):
+        rows_of.setdefault(y, []).append(i)
+    if len(rows_of) < 2:
+        raise MinknnError("--loss setfit pairs each example with one of another class; the "
+                          "training set has one class only")
+    others = {y: [i for i, c in enumerate(labels) if c != y] for y in rows_of}
+    pairs = []
+    for _ in range(setfit_iterations):
+        for i, y in enumerate(labels):
+            pairs.append((i, rng.choice(rows_of[y])))   # positive: itself possible, as SetFit
+            pairs.append((i, rng.choice(others[y])))    # negative
+    return pairs
+
+
 class SetFitLoss(nn.Module):
     lam = 1.0            # the pair loss alone: no cross-entropy term
+    part = "setfit"      # the assignment's (minknn/parts.py)
     trains_head = False  # minknn/losses/__init__.py Objective leaves the head out
     pairs = True         # called on pair batches: h (2B, dim), the first texts then the second
+    flags = {"setfit_iterations": {"type": int, "default": ITERATIONS, "min": 1,  # train.py's
+                                   "help": "R, rounds of one positive and one negative pair per "
+                                           "example; an epoch is a pass over the pairs"}}
 
-    def __init__(self, num_classes=None, dim=None):
+    def __init__(self, num_classes=None, dim=None, setfit_iterations=ITERATIONS):
         super().__init__()
+        self.iterations = setfit_iterations
+
+    def draw_pairs(self, labels, rng):
+        """The pairs the run's batches are made of (draw_pairs above, R = --setfit_iterations)."""
+        return draw_pairs(labels, rng, self.iterations)
 
     def forward(self, h, labels):
         if len(h) % 2:
@@ -70,46 +97,3 @@ class SetFitLoss(nn.Module):
         target = (labels[:B] == labels[B:]).to(cos.dtype)           # 1: one class, 0: two
         return F.mse_loss(cos, target)
         # END part setfit
-
-
-def draw_pairs(labels, iterations, rng):
-    """SetFit's pairs of a training set (labels: its class indices, in row order): for each of
-    `iterations` rounds, for each row i in order, (i, a row of i's class), then (i, a row of
-    another class); rng a random.Random. Returns [(first row, second row)], 2 x iterations x N."""
-    rows_of = {}
-    for i, y in enumerate(labels):
-        rows_of.setdefault(y, []).append(i)
-    if len(rows_of) < 2:
-        raise MinknnError("--loss setfit pairs each example with one of another class; the "
-                          "training set has one class only")
-    others = {y: [i for i, c in enumerate(labels) if c != y] for y in rows_of}
-    pairs = []
-    for _ in range(iterations):
-        for i, y in enumerate(labels):
-            pairs.append((i, rng.choice(rows_of[y])))   # positive: itself possible, as SetFit
-            pairs.append((i, rng.choice(others[y])))    # negative
-    return pairs
-
-
-class PairBatches:
-    """train.py's batch stream for --loss setfit: each batch the rows of its pairs' first texts,
-    then of their second ones (2B rows for B pairs); one shuffled pass over the pairs after
-    another (engine.TrainBatches over the pair list). The pairs are drawn once, from the run's
-    rng, so a resumed run rebuilds the same ones; its place in the pass is saved with last.pt."""
-
-    def __init__(self, labels, iterations, batch_size, rng):
-        self.pairs = draw_pairs(labels, iterations, rng)
-        self.batches = TrainBatches(len(self.pairs), batch_size, rng)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        chosen = [self.pairs[r] for r in next(self.batches)]
-        return [a for a, _ in chosen] + [b for _, b in chosen]
-
-    def state_dict(self):
-        return self.batches.state_dict()
-
-    def load_state_dict(self, state):
-        self.batches.load_state_dict(state)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 class SupConLoss(nn.Module):
     lam = 0.1
+    part = "supcon"  # the assignment's (minknn/parts.py)
 
     def __init__(self, num_classes=None, dim=None, temperature=0.1):
         super().__init__()
