@@ -26,8 +26,8 @@ from minknn.options import get_args, parts_run
 from minknn.parts import require_written
 from minknn.probe import fit_head
 from minknn.runs import Diverged, run_folder
-from minknn.trainer import (batch, begin, build, check_epoch_finite, evaluate, finish, forward,
-                            restore, save)
+from minknn.inference import dev_scores
+from minknn.trainer import batch, begin, build, check_epoch_finite, finish, forward, restore, save
 
 
 def make_optimizer(model_params, loss_params, args, total_steps):
@@ -137,23 +137,23 @@ def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
         if not trainer.losses[t.name].trains_head:  # on the trained encoder's z (probe.py)
             fit_head(trainer.model, trainer.tokenizer, t, trainer.train[t.name],
                      2 * args.batch_size, trainer.device, args.precision)
-    dev_scores = evaluate(trainer.model, trainer.losses, trainer.tokenizer, tasks, trainer.dev,
-                          args, trainer.device)
-    check_epoch_finite(epoch, trainer.model, trainer.losses, dev_scores)
+    dev = dev_scores(trainer.model, trainer.losses, trainer.tokenizer, tasks, trainer.dev, args,
+                     trainer.device)  # minknn/inference.py
+    check_epoch_finite(epoch, trainer.model, trainer.losses, dev)
     record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(seconds, 1),
-              "dev": dev_scores}
+              "dev": dev}
     if args.pcgrad:  # how often surgery had something to do: the share of pairs in conflict
         pairs = trainer.steps * len(tasks) * (len(tasks) - 1) // 2
         record["conflicting_pairs"] = round(conflicts / pairs, 4)
     records.append(record)
-    is_best = best is None or dev_scores["overall"] > best["dev"]["overall"]
+    is_best = best is None or dev["overall"] > best["dev"]["overall"]
     if is_best:
-        best = {"epoch": epoch, "dev": dev_scores}
+        best = {"epoch": epoch, "dev": dev}
     save(trainer, epoch, best, records)
     mark = f" (best{', saved' if args.save == 'best' else ''})" if is_best else ""
     mark += " (saved: --save last)" if args.save == "last" else ""
     print(f"epoch {epoch}: train loss {', '.join(f'{v:.4f}' for v in train_loss.values())}; "
-          f"dev {describe_run(tasks, dev_scores)}{mark}; {seconds:.0f} s")
+          f"dev {describe_run(tasks, dev)}{mark}; {seconds:.0f} s")
     return best
 
 

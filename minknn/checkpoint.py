@@ -28,6 +28,7 @@ import dataclasses
 import os
 
 from minknn import MinknnError
+from minknn.data import data_root
 from minknn.files import atomic_save, load_tagged, sealed
 from minknn.bert import BertConfig
 from minknn.weights import check_finite, check_fits, file_sha256, read_json, read_weights, weights_file
@@ -102,6 +103,21 @@ def load_checkpoint(path):
                        "evaluate a copy kept elsewhere, or train the run again")
     ckpt["file"] = path
     return ckpt
+
+
+def data_dir_of(ckpt, data_dir):
+    """The data root to score a checkpoint's run on (evaluate.py, the attack): data_dir (the
+    flag), else $MINKNN_DATA, else the root the run trained on (recorded in its checkpoint), else
+    ./data (a checkpoint from before minknn recorded it)."""
+    if data_dir or os.environ.get("MINKNN_DATA") or "data" not in ckpt:
+        data_root(data_dir)  # a root that is not a folder stops here, before the model
+        return data_dir
+    root = ckpt["data"]["root"]
+    if not os.path.isdir(root):
+        raise MinknnError(f"--checkpoint {ckpt['file']}: the run read its data from {root}, "
+                          f"which is not a folder here; give --data_dir (or MINKNN_DATA)")
+    print(f"data: {root}, the run's (--data_dir for another)")
+    return root
 
 
 def saved_nothing(folder):

@@ -1,7 +1,7 @@
 """The kNN datastore: the training set's keys and labels, searched by faiss (minknn/index.py: an
 exact or approximate index), saved beside the run with a checksum and reused while the
-checkpoint, the key and the training set are unchanged. The vote over what a search finds is
-minknn/knn.py's.
+checkpoint, the key and the training set are unchanged (run_datastore: as evaluate.py's flags
+ask). The vote over what a search finds is minknn/knn.py's.
 
 A query's K nearest keys, by the vote's metric: cosine similarity (an inner product of unit
 vectors, faiss.IndexFlatIP) or the squared L2 distance (faiss.IndexFlatL2). When the queries are
@@ -9,6 +9,8 @@ training examples themselves (evaluate.py --split train), each query's own entry
 its neighbours, or every example would find itself first.
 """
 import hashlib
+import os
+import time
 
 import faiss
 import numpy as np
@@ -17,9 +19,13 @@ import torch.nn.functional as F
 
 from minknn import MinknnError
 from minknn.files import atomic_save, load_tagged, sealed
-from minknn.data import examples_fingerprint
-from minknn.index import build_index, built_with, index_settings, metric_of, search_parameters
-from minknn.knn import check_k, knn_vote
+from minknn.data import data_root, examples_fingerprint, source_paths, split_recipe, training_examples
+from minknn.engine import predict
+from minknn.index import (INDEX_FLAGS, build_index, built_with, describe_index, index_settings,
+                          metric_of, search_parameters)
+from minknn.kinds import kind_of
+from minknn.knn import check_k, knn_vote, settings
+from minknn.weights import hash_file
 
 FORMAT = "minknn-datastore-2"  # -2: the index's settings and the built approximate indexes
 FORMAT_1 = "minknn-datastore-1"  # flat indexes only, built on loading: still read, as flat
@@ -194,10 +200,98 @@ def describe_value(x):
 def fingerprint(checkpoint_path, key, examples):
     """What a datastore depends on: the checkpoint file's bytes, the key, and the training
     examples."""
-    h = hashlib.sha256()
-    with open(checkpoint_path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    h = hash_file(hashlib.sha256(), checkpoint_path)
     h.update(key.encode())
     h.update(examples_fingerprint(examples).encode())  # ids, texts and labels
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# the run's datastore, as evaluate.py's flags (and the attack's) ask for it
+
+def run_training_set(args, ckpt, task):
+    """The examples the run trained on (its --max_train or --per_class draw), for the kNN
+    datastore: refused when their fingerprint is not the one the checkpoint recorded (another
+    data root, or a file changed since the run read it)."""
+    train = training_examples(task, args.data_dir, ckpt["args"]["max_train"], ckpt["args"]["seed"],
+                              ckpt["args"].get("per_class"))
+    recorded = ckpt.get("data", {}).get("train_fingerprint", {})
+    if task.name in recorded and examples_fingerprint(train) != recorded[task.name]:
+        root, here = ckpt["data"]["root"], os.path.abspath(data_root(args.data_dir))
+        files = ", ".join(source_paths(task, split_recipe(task, "train")[0], args.data_dir))
+        why = "changed since the run read it" if here == root else \
+            f"the run read {root}: use --data_dir {root}"
+        raise MinknnError(f"{files}: not the {task.name} training examples the run trained on "
+                          f"({why}); --knn builds its datastore from the run's own")
+    return train
+
+
+def knn_settings(args, task):
+    """K, phi, the vote and its temperature for this task: the flags, else its kind's defaults."""
+    return settings(task.kind, args.k, args.phi, args.vote, args.temperature)
+
+
+def knn_index(args, n):
+    """The faiss index's settings over n training examples: the flags, else the defaults."""
+    return index_settings(args.index or "flat", n, **{name: getattr(args, name) for flags in
+                                                      INDEX_FLAGS.values() for name in flags})
+
+
+def run_datastore(args, ckpt, model, tokenizer, task, train, key, device, several=False):
+    """The run's datastore of its training set (train) and its index for this vote, as evaluate.py's
+    flags (args) ask: loaded from disk when still valid, else built and saved (datastore_path;
+    several: the run has several tasks). Returns (datastore, seconds encoding its keys or None,
+    seconds building its index or None)."""
+    path = datastore_path(args, ckpt, task, key, several)
+    stamp, wanted = fingerprint(ckpt["file"], key, train), knn_index(args, len(train))
+    datastore, seconds, stale = None, None, False
+    if os.path.exists(path):
+        # keys of the model's width, one a training example, labels of the task's classes
+        datastore = Datastore.load(path, stamp, len(train), model.bert.config.hidden_size,
+                                   len(task.labels))
+        if datastore is None and args.datastore:
+            raise MinknnError(f"--datastore {path} was built by a different checkpoint, key or "
+                              f"training set; leave out --datastore to build one for this "
+                              f"checkpoint")
+        if datastore is None:
+            print(f"datastore: {path} is from an older checkpoint, key or training set; "
+                  f"rebuilding it")
+        elif built_with(datastore.settings) != built_with(wanted):
+            saved, asked = describe_index(datastore.settings), describe_index(wanted)
+            if args.datastore:
+                raise MinknnError(f"--datastore {path} holds index {saved}, but the flags ask for "
+                                  f"{asked}; give its flags, or leave out --datastore")
+            print(f"datastore: {path} holds index {saved}, not {asked}; building that over its "
+                  f"keys")
+            stale = True
+        else:
+            print(f"datastore: {len(datastore)} keys ({key}), index {describe_index(wanted)}, "
+                  f"loaded from {path}")
+    if datastore is None:
+        start = time.time()
+        _, keys = predict(model, tokenizer, task, train, args.batch_size, device,
+                          progress="datastore", key=key, precision=args.precision)
+        labels = kind_of(task).targets(task, train, "cpu")  # class indices, or multi-hot rows
+        datastore = Datastore(keys, labels, [e.id for e in train], len(task.labels), wanted)
+        datastore.save(path, stamp)
+        seconds = time.time() - start
+        print(f"datastore: {len(datastore)} keys ({key}) built in {seconds:.1f} s, saved to {path}")
+    datastore.use_index(wanted)  # nprobe and ef_search: the flags', whatever was saved
+    vote = knn_settings(args, task)[2]
+    index_seconds = None
+    if not datastore.has_index(vote):  # a flat index is never saved: the keys are all it holds
+        start = time.time()
+        datastore.index(vote)
+        index_seconds = time.time() - start
+        stale = stale or wanted["index"] != "flat"
+    if stale:  # the next evaluate loads this index instead of building it
+        datastore.save(path, stamp)
+        print(f"datastore: index {describe_index(wanted)} built in {index_seconds:.1f} s, saved "
+              f"to {path}")
+    return datastore, seconds, index_seconds
+
+
+def datastore_path(args, ckpt, task, key, several):
+    """--datastore, else <run>/datastore-<key>.pt (datastore-<task>-<key>.pt in a multi-task run)."""
+    name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
+    return args.datastore or os.path.join(os.path.dirname(ckpt["file"]), name)

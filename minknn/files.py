@@ -19,7 +19,9 @@ for last.pt (the weights and AdamW's two moments) once an epoch. A file from bef
 loads with a warning.
 """
 import contextlib
+import csv
 import hashlib
+import io
 import json
 import os
 import signal
@@ -183,3 +185,14 @@ def read_jsonl(path, fix=None):
 def write_jsonl(path, records):
     atomic_save(records, path,
                 lambda rs, f: f.write("".join(json.dumps(r) + "\n" for r in rs).encode()))
+
+
+def write_csv(path, header, rows):
+    """A CSV file of a header and rows, written whole (atomic_save)."""
+    def writer(rows, f):
+        text = io.StringIO()
+        w = csv.writer(text)
+        w.writerow(header)
+        w.writerows(rows)
+        f.write(text.getvalue().encode())
+    atomic_save(rows, path, writer)

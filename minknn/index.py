@@ -42,11 +42,22 @@ INDEX_DEFAULTS = {
     "ivf": {"nlist_per_sqrt_n": 4, "nprobe": 128, "max_train_per_cell": 64},
     "hnsw": {"hnsw_m": 32, "ef_construction": 64, "ef_search": 256},
 }
+MIN_TRAIN_PER_CELL = 39  # faiss's k-means warns with fewer training keys a centroid
 INDEX_FLAGS = {"flat": (), "ivf": ("nlist", "nprobe"),  # evaluate.py's flags of each index
                "hnsw": ("hnsw_m", "ef_construction", "ef_search")}
+_ivf, _hnsw = INDEX_DEFAULTS["ivf"], INDEX_DEFAULTS["hnsw"]
+INDEX_HELP = {  # each flag's --help
+    "nlist": f"ivf: k-means cells (default: {_ivf['nlist_per_sqrt_n']} sqrt(N), at least "
+             f"{MIN_TRAIN_PER_CELL} keys a cell)",
+    "nprobe": f"ivf: cells searched per query (default: {_ivf['nprobe']})",
+    "hnsw_m": f"hnsw: links per key (default: {_hnsw['hnsw_m']})",
+    "ef_construction": f"hnsw: candidates kept while building (default: "
+                       f"{_hnsw['ef_construction']})",
+    "ef_search": f"hnsw: candidates kept per query, raised to K (K + 1 on --split train) when "
+                 f"smaller (default: {_hnsw['ef_search']})",
+}
 BUILT_WITH = {"flat": (), "ivf": ("nlist", "max_train_per_cell"),  # what the built index depends
               "hnsw": ("hnsw_m", "ef_construction")}               # on; nprobe, ef_search do not
-MIN_TRAIN_PER_CELL = 39  # faiss's k-means warns with fewer training keys a centroid
 FLAT = {"cosine": faiss.IndexFlatIP, "l2": faiss.IndexFlatL2}
 FAISS_METRIC = {"cosine": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}
 

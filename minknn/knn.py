@@ -27,6 +27,8 @@ al.'s) for the distance vote and tau = 1 (Su et al.'s) for the euclidean one.
 This file holds the formulas: the votes' weights, the vote itself and the mix. The search, over
 a faiss index of the training set's keys, is minknn/datastore.py's.
 """
+from typing import NamedTuple
+
 import torch
 
 from minknn import MinknnError
@@ -69,12 +71,20 @@ SWEEP_PHIS = sorted([i / 10 for i in range(11)] + [0.25])  # KNN-BERT's Figure 2
 SWEEP_KS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024]  # evaluate.py --sweep, the runner's sweep
 
 
+class Settings(NamedTuple):
+    k: int              # neighbours per query
+    phi: float          # the vote's share in the mix
+    vote: str           # its weights: VOTES
+    temperature: float  # T (tau) of the distance and euclidean votes; None for cosine
+
+
 def settings(kind, k=None, phi=None, vote=None, temperature=None):
-    """(K, phi, vote, temperature) for a task of this kind: the values given, else its defaults."""
+    """Settings (K, phi, vote, temperature) for a task of this kind: the values given, else its
+    defaults."""
     defaults = KNN_DEFAULTS[kind]
     vote = vote or defaults["vote"]
-    return (k or defaults["k"], defaults["phi"] if phi is None else phi, vote,
-            TEMPERATURES[vote] if temperature is None else temperature)
+    return Settings(k or defaults["k"], defaults["phi"] if phi is None else phi, vote,
+                    TEMPERATURES[vote] if temperature is None else temperature)
 
 
 def check_k(k, n, excluding_self=False):

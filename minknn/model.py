@@ -98,6 +98,11 @@ class Model(nn.Module):
         sequence."""
         return task.pair and self.pair_mode == "siamese"
 
+    def knn_key(self, asked=None):
+        """The representation a kNN datastore stores and searches: --knn_key's (asked), else the
+        retrieval head's r with --decoupled, else the pooled z."""
+        return asked or ("decoupled" if self.retrieval is not None else self.pooling)
+
     def forward(self, task, input_ids, attention_mask, token_type_ids=None):
         """Output for one task's batch: logits (B, C), or (B,) for a similarity score. A siamese
         pair batch holds the B first texts, then the B second ones (engine.encode_batch), so z is

@@ -58,15 +58,14 @@ from minknn.data import (DataError, check_every_class_present, eval_subset, load
                          require_labels, run_data, training_examples)
 from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
                                 slice_of, world)
-from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device, predict,
+from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device,
                            seed_everything, to_device)
-from minknn.kinds import describe_run, kind_of, overall, score
+from minknn.kinds import describe_run, kind_of
 from minknn.losses import build_losses
 from minknn.model import Model, Output
 from minknn.memory import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
-from minknn.proxy import has_proxies, proxy_logits
 from minknn.runs import (Diverged, check_last_fits, check_same_data, load_last, random_states,
                          save_last, set_random_states, summarise)
 from minknn.files import write_json, write_jsonl
@@ -403,21 +402,6 @@ def finish(trainer, best, records):
           f"{SAVED_NOTE[args.save]}); {summary['seconds_per_epoch']:.0f} s/epoch on "
           f"{where(trainer)}; {args.out}")
     return summary
-
-
-def evaluate(model, losses, tokenizer, tasks, dev, args, device):
-    """Each task's dev scores and the overall score. A proxy loss at --lam 1 leaves the linear
-    head untrained: its task is scored by the nearest proxy (proxy inference, alpha = 1)."""
-    scores = {}
-    for t in tasks:
-        outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
-                             progress=f"{t.name} dev", precision=args.precision)
-        if getattr(losses[t.name], "lam", 0) == 1 and has_proxies(losses[t.name]):
-            outputs = proxy_logits(losses[t.name], outputs.to(device), z.to(device), 1.0).cpu()
-        kind = kind_of(t)
-        pred = kind.decide(kind.probabilities(outputs))
-        scores[t.name] = score(t, pred, kind.gold(t, dev[t.name]))
-    return {**scores, "overall": overall(tasks, scores)}
 
 
 def check_epoch_finite(epoch, model, losses, dev_scores):

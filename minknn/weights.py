@@ -169,9 +169,13 @@ def read_weights(path):
     return state, file
 
 
-def file_sha256(path):
-    h = hashlib.sha256()
+def hash_file(h, path):
+    """h (a hashlib object) updated with the file's bytes, read a megabyte at a time."""
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    return h
+
+
+def file_sha256(path):
+    return hash_file(hashlib.sha256(), path).hexdigest()

@@ -1,5 +1,5 @@
 """minknn/lab/attack.py: the word-substitution attack, on hand-made classifiers whose right answer is
-known, then evaluate.py --attack end to end on a tiny run."""
+known, then python -m minknn.lab.attack end to end on a tiny run."""
 import csv
 import json
 import math
@@ -12,6 +12,7 @@ import evaluate
 import train
 from conftest import DATA
 from minknn import MinknnError
+from minknn.lab.attack import main as attack_main
 from minknn.lab.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
                            angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
                            Synonyms, summary, read_wordnet, write_rows)
@@ -282,7 +283,7 @@ def test_a_killed_attack_resumes_without_redoing_examples(tmp_path):
     assert rows[2]["perturbed"] == "dull", f"the cut row was kept or merged: {rows[2]}"
 
 
-# --- evaluate.py --attack on a tiny run ---------------------------------------------------------
+# --- python -m minknn.lab.attack on a tiny run --------------------------------------------
 
 @pytest.fixture(scope="module")
 def knn_run(tmp_path_factory, tiny_bert_dir):
@@ -310,7 +311,7 @@ def test_evaluate_attack_queries_the_rule_it_names(knn_run, data_dir, tiny_bert_
     assert head != knn_only, "the premise: the head and kNN alone disagree on some example"
     for rule, expected in (("knn-only", knn_only), ("model", head)):
         out = tmp_path / f"attack-{rule}.csv"
-        s = evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", rule, "--k", "4",
+        s = attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", rule, "--k", "4",
                                        "--attack_n", "12", "--out", str(out))
                           if rule != "model" else
                           attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", rule,
@@ -327,21 +328,21 @@ def test_evaluate_attack_queries_the_rule_it_names(knn_run, data_dir, tiny_bert_
 
 def test_evaluate_attack_refuses_in_one_line(knn_run, data_dir, tiny_bert_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
-        evaluate.main(["--checkpoint", knn_run, "--attack_n", "5"])
-    assert "add --attack RULE" in capsys.readouterr().err
+        attack_main(["--checkpoint", knn_run, "--attack_n", "5"])
+    assert "the following arguments are required: --attack" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        evaluate.main(["--checkpoint", knn_run, "--attack", "knn-only", "--split", "train"])
+        attack_main(["--checkpoint", knn_run, "--attack", "knn-only", "--split", "train"])
     assert "find itself in the datastore" in capsys.readouterr().err
     with pytest.raises(MinknnError, match="no labels"):
-        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--split", "test"))
+        attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--split", "test"))
     out = str(tmp_path / "a.csv")
-    evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
+    attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
                                "--out", out))
     with pytest.raises(MinknnError, match="other settings"):
-        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
+        attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2",
                                    "--attack_queries", "50", "--out", out))
     with pytest.raises(MinknnError, match="no proxies"):
-        evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "proxy"))
+        attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "proxy"))
     assert os.path.exists(out)
 
 
@@ -352,7 +353,7 @@ def test_a_larger_attack_n_attacks_only_the_examples_the_csv_lacks(knn_run, data
     examples only, the file untouched."""
     out = str(tmp_path / "a.csv")
     def attack(n):
-        return evaluate.main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model",
+        return attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model",
                                           "--attack_n", str(n), "--out", out))
     attack(4)
     first = read_done(out)
@@ -382,7 +383,7 @@ def test_evaluate_attack_on_agnews_four_classes(data_dir, tiny_bert_dir, tmp_pat
                 data_dir, "--out", run, "--epochs", "1", "--batch_size", "8", "--max_len", "32",
                 "--device", "cpu", "--queue_size", "8"])
     out = str(tmp_path / "a.csv")
-    s = evaluate.main(attack_flags(run, data_dir, tiny_bert_dir, "--split", "test", "--attack",
+    s = attack_main(attack_flags(run, data_dir, tiny_bert_dir, "--split", "test", "--attack",
                                    "knn-only", "--k", "4", "--out", out))
     task = TASKS["agnews"]
     gold = {e.id: task.labels[e.label] for e in load_split(task, "test", data_dir)}

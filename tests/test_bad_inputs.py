@@ -18,6 +18,9 @@ import pytest
 import torch
 
 import evaluate
+import minknn.checkpoint
+import minknn.datastore
+import minknn.files
 import minknn.memory
 import train
 from hf_folders import write_roberta
@@ -335,10 +338,10 @@ def broken_checkpoint(edit):
     def argv(tmp, tiny, data):
         train.main(trainer("--max_eval", "4")(tmp, tiny, data))
         path = str(tmp / "run" / "checkpoint.pt")
-        ckpt = evaluate.load_checkpoint(path)
+        ckpt = minknn.checkpoint.load_checkpoint(path)
         del ckpt["file"]
         edit(ckpt)
-        evaluate.atomic_save(ckpt, path)
+        minknn.files.atomic_save(ckpt, path)
         return ["--checkpoint", str(tmp / "run"), "--data_dir", data, "--device", "cpu"]
     return argv
 
@@ -583,7 +586,8 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
                                                  monkeypatch):
     name, script, setup, says = case
     argv = setup(tmp_path, tiny_bert_dir, data_dir)
-    for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.memory, "predict")):
+    for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.datastore, "predict"),
+                             (minknn.memory, "predict")):
         monkeypatch.setattr(module, function, no_slow_work)
     main = {"train": train.main, "evaluate": evaluate.main, "runner": runner.main}[script]
     capsys.readouterr()

@@ -58,6 +58,7 @@ import pytest
 from minknn.lab import bench
 import evaluate
 import minknn.assignment
+import minknn.lab.attack
 import minknn.data
 import minknn.lab.runner
 import train
@@ -131,6 +132,7 @@ def script(words, where):
             return None
     for prefix, name in ((["python", "train.py"], "train"), (["python", "evaluate.py"], "evaluate"),
                          (["python", "-m", "minknn.lab.bench"], "bench"), (["python", "-m", "minknn.lab.runner"], "runner"),
+                         (["python", "-m", "minknn.lab.attack"], "attack"),
                          (["python", "-m", "minknn.assignment"], "assignment"), (["torchrun"], "torchrun")):
         if words[:len(prefix)] == prefix:
             return name, words[len(prefix):]
@@ -149,7 +151,7 @@ def tiny_args(name, args, model, stopped):
     if name == "train":
         stop = ["--epochs", "2", "--steps_per_epoch", "1"] if flag(args, "--out") in stopped else []
         return args + ["--model", model] + SMALL + stop
-    if name == "evaluate" and "--attack" in args:  # the meaning encoder TINY too
+    if name == "attack":  # the meaning encoder TINY too
         knn = flag(args, "--attack") in ("knn", "knn-only")
         return args + ["--attack_n", "4", "--device", "cpu", "--attack_encoder", model] + \
             (["--k", "4"] if knn else [])
@@ -170,6 +172,7 @@ def tiny_args(name, args, model, stopped):
 
 
 MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.lab.runner.main,
+         "attack": minknn.lab.attack.main,
          "assignment": minknn.assignment.main}
 
 

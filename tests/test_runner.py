@@ -560,14 +560,14 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
     """ce+probe: the cell's head replaced by fit_logistic on the trained encoder's z of the cell's
     own training draw (the vectors it is fit on are recorded); its test scores are that
     regression's predictions, recomputed here from the kept checkpoint."""
-    from minknn.lab import cells
+    from minknn import inference
     from minknn.checkpoint import load_checkpoint, rebuild
     from minknn.data import load_split
     from minknn.engine import predict
     from minknn.metrics import accuracy
     from minknn.probe import fit_logistic
     fitted = []
-    monkeypatch.setattr(cells, "fit_logistic", lambda z, *a, **k: fitted.append(z) or
+    monkeypatch.setattr(inference, "fit_logistic", lambda z, *a, **k: fitted.append(z) or
                         fit_logistic(z, *a, **k))
     out = tmp_path / "g"
     run_small(tiny_bert_dir, out, "--keep", "--lr", "3e-3", methods="ce,ce+probe")
@@ -581,16 +581,16 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
     test = load_split(task, "test", DATA)
     _, z_train = predict(model, tokenizer, task, train_set, 8, cpu)
     _, z_test = predict(model, tokenizer, task, test, 8, cpu)
-    assert len(fitted) == 1, f"lab/cells.py probe: {len(fitted)} regressions fit for one cell"
-    torch.testing.assert_close(fitted[0], z_train, msg="lab/cells.py probe: the regression is not fit "
+    assert len(fitted) == 1, f"inference.py probe: {len(fitted)} regressions fit for one cell"
+    torch.testing.assert_close(fitted[0], z_train, msg="inference.py probe: the regression is not fit "
                                "on the trained encoder's z (its pooling) of the cell's training draw")
     W, b = fit_logistic(z_train, torch.tensor([e.label for e in train_set]), 2)
     expected = accuracy((z_test @ W.T + b).argmax(1).numpy(), [e.label for e in test])
     assert lines["ce+probe"]["grid"][0]["test"]["acc"] == pytest.approx(expected), (
-        "lab/cells.py probe: the test accuracy is not a logistic regression's on the trained encoder's "
+        "inference.py probe: the test accuracy is not a logistic regression's on the trained encoder's "
         "training vectors")
-    from minknn.lab.cells import probe_probabilities  # the probabilities themselves, not one score
+    from minknn.inference import probe_probabilities  # the probabilities themselves, not one score
     got = probe_probabilities(task, train_set, z_train, {"test": z_test})
     torch.testing.assert_close(got["test"], torch.softmax((z_test @ W.T + b).double(), -1),
-                               atol=1e-4, rtol=1e-3, msg="lab/cells.py probe_probabilities: not the "
+                               atol=1e-4, rtol=1e-3, msg="inference.py probe_probabilities: not the "
                                "regression fit on the trained encoder's training vectors")

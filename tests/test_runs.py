@@ -521,7 +521,7 @@ def test_each_non_finite_value_stops_the_run(what, plant, says, tiny_bert_dir, d
                                              capsys):
     """Each check in its own place: an infinite gradient with a finite loss (before the optimiser step), an
     infinite weight the dev scores do not read (the proxies, under --lam 0.5), a dev score that is NaN."""
-    real_step, real_evaluate, calls = train.train_step, train.evaluate, []
+    real_step, real_evaluate, calls = train.train_step, train.dev_scores, []
 
     def step(trainer, batches):
         calls.append(1)
@@ -534,7 +534,7 @@ def test_each_non_finite_value_stops_the_run(what, plant, says, tiny_bert_dir, d
         return result
     monkeypatch.setattr(train, "train_step", step)
     if plant == "dev":
-        monkeypatch.setattr(train, "evaluate", lambda *a: {**real_evaluate(*a), "sst": {"acc": float("nan")}})
+        monkeypatch.setattr(train, "dev_scores", lambda *a: {**real_evaluate(*a), "sst": {"acc": float("nan")}})
     out = tmp_path / "run"
     with pytest.raises(SystemExit):
         run(lambda: train.main([*flags(tiny_bert_dir, data_dir, "--loss", "proxyanchor"), "--out", str(out)]))

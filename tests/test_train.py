@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 
 import evaluate
+import minknn.datastore
 import train
 from minknn import options
 from grading import check, close, graded, matches_reference
 from minknn.bert import BertConfig, BertModel
 from minknn.data import examples_fingerprint, training_examples
+from minknn.datastore import Datastore
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
 from minknn.pcgrad import PCGrad
 from minknn.runs import Diverged
@@ -242,8 +244,8 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
 
     # on the training set each query's own entry is left out (test_knn.py checks the search itself)
     searches = []
-    search = evaluate.Datastore.search
-    monkeypatch.setattr(evaluate.Datastore, "search", lambda self, q, k, vote, exclude=None: (
+    search = Datastore.search
+    monkeypatch.setattr(Datastore, "search", lambda self, q, k, vote, exclude=None: (
         searches.append((self.ids, exclude)), search(self, q, k, vote, exclude))[1])
     evaluate.main(common + ["--split", "train"])
     evaluate.main(common)
@@ -281,7 +283,8 @@ def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(t
     def refused(extra, message):
         """evaluate.py with these flags stops with one line, before encoding anything."""
         with monkeypatch.context() as m:
-            m.setattr(evaluate, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
+            for module in (evaluate, minknn.datastore):
+                m.setattr(module, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
             with pytest.raises(evaluate.MinknnError, match=message) as e:
                 evaluate.main(common + extra)
         assert "\n" not in str(e.value)
@@ -293,7 +296,8 @@ def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(t
 
     passes = []
     predict = evaluate.predict
-    monkeypatch.setattr(evaluate, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
+    for module in (evaluate, minknn.datastore):  # the split's pass, the datastore's
+        monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
     hnsw = evaluate.main(common + ["--index", "hnsw", "--ef_search", "16"])["sst"]
     assert hnsw["knn"]["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64, "ef_search": 16}
     assert hnsw["timing"]["datastore_build_seconds"] is None and hnsw["timing"]["index_build_seconds"] is not None
@@ -327,7 +331,8 @@ def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_pat
     # with the datastore saved, the split is encoded once: the logits and the queries r in one pass
     passes = []
     predict = evaluate.predict
-    monkeypatch.setattr(evaluate, "predict", lambda *a, **k: (passes.append(k.get("key")), predict(*a, **k))[1])
+    for module in (evaluate, minknn.datastore):  # the split's pass, the datastore's
+        monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k.get("key")), predict(*a, **k))[1])
     assert evaluate.main(common)["sst"]["knn_acc"] == result["knn_acc"] and passes == ["decoupled"]
     monkeypatch.undo()
     evaluate.main(common + ["--knn_key", "mean"])
@@ -599,7 +604,8 @@ def test_evaluate_predicts_in_its_precision(tiny_bert_dir, data_dir, tmp_path, m
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "10", "--loss", "proxyanchor")
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["args"]["precision"] == "fp32"  # the CPU's
     seen, predict = [], evaluate.predict
-    monkeypatch.setattr(evaluate, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
+    for module in (evaluate, minknn.datastore):  # the split's passes, the datastore's
+        monkeypatch.setattr(module, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
     evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--precision", "bf16", "--proxy",
                    "--knn", "--k", "4", "--knn_key", "cls"])
     assert seen == ["bf16"] * 3, seen  # the datastore, the split, and the split's z for the proxies (key cls)

@@ -1,8 +1,12 @@
 """A word-substitution attack in TextFooler's shape (Jin et al. 2020, "Is BERT Really Robust?"),
 written out and offline: KNN-BERT's robustness test (Li et al., sec. 4.6, Table 4).
 
+    python -m minknn.lab.attack --checkpoint RUN --split test --attack knn --phi 0.5
+    python -m minknn.lab.attack --checkpoint RUN --attack model --attack_candidates wordnet
+
 The attacked classifier is a black box: classify(texts) -> (N, C) probabilities, any inference
-rule of a trained run (evaluate.py --attack builds it). The goal is untargeted: any class but the
+rule of a trained run (minknn/inference.py; --attack model, proxy, knn or knn-only; main() below
+builds it from evaluate.py's flags, read as evaluate.py reads them). The goal is untargeted: any class but the
 gold one. For one correctly classified text of n words (TextAttack's recipe textfooler_jin_2019,
 its GreedyWordSwapWIR with wir_method "delete"):
 
@@ -27,8 +31,9 @@ Constraints, TextAttack's values unless said:
     text before and after the swap, each a window of 15 words around the swapped word, at least
     1 - 0.5 / pi = 0.841 (the threshold TextAttack's recipe uses for the Universal Sentence
     Encoder; as a cosine, >= cos 0.5 = 0.878). Texts shorter than the window skip it, as
-    TextAttack's skip_text_shorter_than_window. The encoder is any sentence encoder
-    (evaluate.py: all-MiniLM-L6-v2 as pretrained, frozen, mean-pooled), never the attacked model.
+    TextAttack's skip_text_shorter_than_window. The encoder is any sentence encoder (main():
+    --attack_encoder, all-MiniLM-L6-v2 as pretrained, frozen, mean-pooled), never the attacked
+    model.
   - not here: TextFooler's part-of-speech match (it needs NLTK's tagger, downloaded at run time).
   - queries: unlimited unless `queries` is set (TextAttack's default); each distinct text counts
     once, the original included. An attack whose next step needs more queries than are left
@@ -36,23 +41,41 @@ Constraints, TextAttack's values unless said:
 Texts are words and the separators between them (WORD): punctuation and spaces stay as written.
 An example's result: skipped (already misclassified), succeeded or failed; summary() gives
 TextAttack's figures, run_attack() a resumable CSV of every example.
+
+main(): the attack on a fixed draw of --attack_n labelled examples of --split (the same draw for
+every run), each cut to the words that fit the run's --max_len. Every attacked example is a row of
+<run>/attack-<split>-<candidates>-<rule>.csv (--out to name it), written as it ends, so a killed
+attack resumes where it stopped, and a rerun with another --attack_n attacks only the drawn
+examples the file lacks (IMDB's draw of 300 holds its draw of 60); the summary (TextAttack's
+figures over the drawn examples, and the seconds this call took) goes beside it, in its .json.
+--attack_candidates wordnet takes WordNet's synonyms (Debian's wordnet-base).
 """
 import csv
+import dataclasses
 import io
+import json
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import evaluate  # the flags, the run loaded and its data read as evaluate.py does
 from minknn import MinknnError, backbones
-from minknn.weights import resolve_model_path
-from minknn.files import atomic_save
+from minknn.cli import run
+from minknn.data import Example, labelled
+from minknn.datastore import knn_settings, run_datastore
+from minknn.engine import predict
+from minknn.files import atomic_save, write_json
+from minknn.inference import RULES, knn_probabilities, rule_probabilities
+from minknn.kinds import kind_of
 from minknn.model import pool
 from minknn.tokenizer import Tokenizer
+from minknn.weights import resolve_model_path
 
 # TextFooler's stopwords (github.com/jind11/TextFooler, as TextAttack's recipe lists them)
 STOPWORDS = frozenset("""
@@ -438,3 +461,143 @@ def run_attack(examples, labels, classify, neighbours, encode, settings, path, n
         hit = [any(tuple(pair) in antonyms for pair in swaps) for swaps in won]
         result["antonym_attacks"] = 100 * sum(hit) / len(hit) if hit else float("nan")
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m minknn.lab.attack: the attack on one inference rule of a trained run
+
+def get_args(argv=None):
+    p = evaluate.make_parser(__doc__.split("\n")[0], rules=False)
+    g = p.add_argument_group("attack")
+    g.add_argument("--attack", required=True, choices=RULES, help="attack this rule's "
+                   "predictions with word substitutions: the model (its head), proxy inference, "
+                   "the model mixed with kNN at --phi, or kNN alone")
+    g.add_argument("--attack_n", type=int, default=300, help="examples attacked, a fixed draw")
+    g.add_argument("--attack_queries", type=int, help="query budget per example (default: none)")
+    g.add_argument("--attack_candidates", default="embedding", choices=["embedding", "wordnet"],
+                   help="each word's substitutes: the nearest words of --attack_encoder's input "
+                   "embedding table, or WordNet's synonyms ($WNSEARCHDIR, else "
+                   "/usr/share/wordnet: Debian's wordnet-base)")
+    g.add_argument("--attack_encoder", default="minilm", help="the sentence encoder of the "
+                   "meaning constraint and the candidates' embedding table: 'minilm' or a model "
+                   "folder")
+    args = p.parse_args(argv)
+    args.knn, args.proxy = args.attack in ("knn", "knn-only"), args.attack == "proxy"
+    evaluate.check_rule_flags(p, args, args.knn, ["attack_n", "attack_queries"],
+                              "attack --attack knn or knn-only")
+    if args.knn and args.split == "train":
+        p.error("--attack knn on --split train: each example would find itself in the datastore; "
+                "attack --split dev or test")
+    return args
+
+
+def rule_classifier(args, model, losses, tokenizer, task, device, datastore, key):
+    """The attacked classifier, a black box: texts -> (N, C) probabilities of --attack's rule
+    (minknn/inference.py, as evaluate.py scores it)."""
+    s = knn_settings(args, task)
+
+    def classify(texts):
+        examples = [Example(text=t) for t in texts]
+        outputs, reps = predict(model, tokenizer, task, examples, args.batch_size, device,
+                                key=key if datastore is not None else None,
+                                precision=args.precision)
+        knn = knn_probabilities(datastore, reps, s) if datastore is not None else None
+        return rule_probabilities(args.attack, task, outputs, reps, losses[task.name],
+                                  args.proxy_alpha, knn, s.phi)
+    return classify
+
+
+def attack_settings(args, ckpt, task, key, knn):
+    """(the attack's CSV, its .json report, the settings it runs with): a killed attack resumes
+    only with the settings it started with, but --attack_n may change (the examples done, by
+    id, are kept)."""
+    rule, s = args.attack, knn_settings(args, task)
+    name = {"model": "model", "proxy": f"proxy-alpha{args.proxy_alpha}",
+            "knn": f"knn-phi{s.phi}-k{s.k}", "knn-only": f"knn-only-k{s.k}"}[rule]
+    path = args.out or os.path.join(os.path.dirname(ckpt["file"]),
+                                    f"attack-{args.split}-{args.attack_candidates}-{name}.csv")
+    report = os.path.splitext(path)[0] + ".json"
+    asked = {"checkpoint": os.path.abspath(ckpt["file"]), "split": args.split, "rule": rule,
+             "attack_n": args.attack_n, "encoder": args.attack_encoder,
+             "candidates": args.attack_candidates,
+             "attack": dataclasses.asdict(Settings(queries=args.attack_queries)),
+             **({"k": s.k, "vote": s.vote, "temperature": s.temperature, "key": key,
+                 **({"phi": s.phi} if rule == "knn" else {})} if knn else {}),
+             **({"proxy_alpha": args.proxy_alpha} if rule == "proxy" else {})}
+    if os.path.exists(path):
+        saved = None
+        if os.path.exists(report):
+            with open(report) as f:
+                saved = json.load(f).get("settings")
+        if saved is None or {**saved, "attack_n": args.attack_n} != asked:
+            raise MinknnError(f"--attack: {path} holds an attack with other settings "
+                              f"({report} says {saved}); give --out another file")
+    return path, report, asked, name
+
+
+def main(argv=None):
+    args = get_args(argv)
+    ckpt, model, losses, tokenizer, tasks, knn_tasks, device = evaluate.load_run(
+        args, args.proxy, args.knn, lambda ckpt: evaluate.predictions_base(args, ckpt))
+    task = tasks[0]
+    if len(tasks) > 1 or task.kind != "classify" or task.pair:
+        what = f"{len(tasks)} tasks" if len(tasks) > 1 else \
+            f"a {'pair' if task.pair else task.kind} task"
+        raise MinknnError(f"--attack swaps words of single texts of a one-task classification "
+                          f"run; this run has {what}")
+    examples, _, train = evaluate.read_task_data(args, ckpt, task, task in knn_tasks,
+                                                 args.attack_n, "--attack_n")
+    if not labelled(examples):
+        raise MinknnError(f"--attack needs the gold classes, and the {task.name} {args.split} "
+                          f"split has no labels; use --split dev (or test where it has labels)")
+    key = model.knn_key(args.knn_key)
+    path, report, asked, name = attack_settings(args, ckpt, task, key, train is not None)
+    # WordNet's data: the synonyms of --attack_candidates wordnet, and, where it is installed,
+    # how many successful attacks swapped a word for one of its antonyms
+    wordnet = os.environ.get("WNSEARCHDIR", "/usr/share/wordnet")
+    found = os.path.exists(os.path.join(wordnet, "data.adj"))
+    if args.attack_candidates == "wordnet" and not found:
+        raise MinknnError(f"--attack_candidates wordnet: no WordNet data in {wordnet} (install "
+                          f"Debian's wordnet-base, or set WNSEARCHDIR to a folder with data.adj)")
+    write_json(report, {"settings": asked, "summary": None})
+    datastore = None if train is None else \
+        run_datastore(args, ckpt, model, tokenizer, task, train, key, device)[0]
+    synonyms, antonyms = read_wordnet(wordnet) if found else (None, None)
+    settings = Settings(queries=args.attack_queries)
+    encode, (table, vocab, lowercase) = sentence_encoder(args.attack_encoder, device)
+    neighbours = Synonyms(synonyms, settings.candidates) if args.attack_candidates == "wordnet" \
+        else Neighbours(table, vocab, lowercase, settings.candidates, settings.min_cos)
+
+    def fits(text):  # all its tokens inside the run's --max_len
+        return len(tokenizer.encode([text])[0][0]) < tokenizer.max_len
+    examples = [dataclasses.replace(e, text=cut_to_fit(e.text, fits), id=e.id or str(i))
+                for i, e in enumerate(examples)]
+    labels = kind_of(task).gold(task, examples).tolist()
+    classify = rule_classifier(args, model, losses, tokenizer, task, device, datastore, key)
+    start = time.time()
+    summary = run_attack(examples, labels, classify, neighbours, encode, settings, path,
+                         task.labels, antonyms)
+    summary["seconds"] = round(time.time() - start, 1)
+    write_json(report, {"settings": asked, "summary": summary, "csv": path})
+    print(f"{task.name} {args.split}, attack on {args.attack} ({name}), {summary['n']} examples:")
+    for label, field, unit in REPORT:
+        if field in summary:
+            print(f"  {label:<32} {summary[field]:.2f}{unit}" if isinstance(summary[field], float)
+                  else f"  {label:<32} {summary[field]}")
+    print(f"every example in {path}; the summary in {report}")
+    return summary
+
+
+REPORT = [("successful attacks", "succeeded", ""), ("failed attacks", "failed", ""),
+          ("skipped attacks (already wrong)", "skipped", ""),
+          ("original accuracy", "original_accuracy", "%"),
+          ("accuracy under attack", "accuracy_under_attack", "%"),
+          ("attack success rate", "attack_success_rate", "%"),
+          ("average perturbed word share", "perturbed_word_share", "%"),
+          ("average words per input", "words_per_input", ""),
+          ("average queries", "queries", ""),
+          ("successful, with a WordNet antonym", "antonym_attacks", "%")]
+
+
+if __name__ == "__main__":
+    run(main)

@@ -18,10 +18,9 @@ from minknn.data import eval_subset, examples_fingerprint
 from minknn.engine import pick_device, predict
 from minknn.kinds import kind_of, score
 from minknn.datastore import Datastore
-from minknn.knn import SWEEP_KS, SWEEP_PHIS, interpolate, settings
+from minknn.inference import KnnSweep, probe_probabilities, rule_probabilities, scores_of
+from minknn.knn import SWEEP_KS, SWEEP_PHIS, settings
 from minknn.model import Model
-from minknn.probe import fit_logistic
-from minknn.proxy import proxy_logits
 from minknn.files import read_jsonl
 
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
@@ -67,7 +66,7 @@ def score_cell(cell, methods, ctx, folder):
                                    precision=precision)[1]
         return vectors[key]
     if any(m.rule.startswith("knn") for m in methods):
-        key = "decoupled" if model.retrieval is not None else ckpt["args"]["pooling"]
+        key = model.knn_key()
         k_most = max([*SWEEP_KS, *(k for m in methods for k in m.rule_grid.get("k", []))])
         knn = knn_tables(task, model, tokenizer, train_set, training_vectors(key), examples, key,
                          z, base, batch, device, precision, k_most)
@@ -84,11 +83,14 @@ def score_cell(cell, methods, ctx, folder):
         if method.rule == "linear":
             grid = [{"params": {}, **scores(base)}]
         elif method.rule == "probe":  # the head refit: scikit-learn's LogisticRegression()
+            if z["test"] is None:
+                raise MinknnError(f"{task.name}: the probe rule fits a vector per example, and a "
+                                  f"siamese pair has two; use --pair_mode cross")
             grid = [{"params": {}, **scores(probe_probabilities(
                 task, train_set, training_vectors(model.pooling), z))}]
-        elif method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(h) + alpha s cos(h, P_c))
+        elif method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(z) + alpha s cos(z, P_c))
             grid = [{"params": {"alpha": alpha}, **scores({
-                s: kind.probabilities(proxy_logits(loss, outputs[s], z[s], alpha))
+                s: rule_probabilities("proxy", task, outputs[s], z[s], loss, alpha)
                 for s in examples})} for alpha in method.rule_grid.get("alpha", [0.5])]
         else:  # s = (1 - phi) P(q) + phi KNN(q); knn-only: phi = 1
             default_k, default_phi = settings(task.kind)[:2]
@@ -103,45 +105,23 @@ def score_cell(cell, methods, ctx, folder):
     return lines
 
 
-def probe_probabilities(task, train_set, z_train, z):
-    """Each split's probabilities from a logistic regression (C = 1) fit on the training set's z
-    (z_train), in place of the trained head."""
-    kind = kind_of(task)
-    if z["test"] is None:
-        raise MinknnError(f"{task.name}: the probe rule fits a vector per example, and a siamese "
-                          f"pair has two; use --pair_mode cross")
-    W, b = fit_logistic(z_train, kind.targets(task, train_set, "cpu"), len(task.labels),
-                        multilabel=task.kind == "multilabel")
-    return {s: kind.probabilities(z[s] @ W.T + b) for s in z}
-
-
 def knn_tables(task, model, tokenizer, train_set, keys, examples, key, z, base, batch, device,
                precision, k_most):
     """The kNN scores at any (K <= k_most, phi) from one search per split at the largest K, over
     a datastore of the training set's keys: {"at": function (k, phi) -> {"select":, "test":},
     "sweep": the phi x K table}."""
     kind = kind_of(task)
-    labels = kind.targets(task, train_set, "cpu")
-    datastore = Datastore(keys, labels, [e.id for e in train_set], len(task.labels))
-    _, _, vote, temperature = settings(task.kind)
+    datastore = Datastore(keys, kind.targets(task, train_set, "cpu"), [e.id for e in train_set],
+                          len(task.labels))
     queries = z if key == model.pooling else {
         s: predict(model, tokenizer, task, ex, batch, device, key=key, precision=precision)[1]
         for s, ex in examples.items()}
-    most = len(datastore)
-    found = {s: datastore.search(queries[s], min(most, k_most), vote) for s in examples}
+    sweeps = {s: KnnSweep(datastore, queries[s], settings(task.kind), k_most) for s in examples}
     gold = {s: kind.gold(task, ex) for s, ex in examples.items()}
-    votes = {}
 
     def at(k, phi):
-        k = min(k, most)
-        for s in examples:
-            if (s, k) not in votes:
-                scores, rows = found[s]
-                votes[s, k] = datastore.vote(scores[:, :k], rows[:, :k], vote, temperature)
-        return {s: score(task, kind.decide(interpolate(base[s], votes[s, k], phi)), gold[s])
-                for s in examples}
-    ks = sorted({min(k, most) for k in SWEEP_KS})
-    sweep = [{"k": k, "phi": phi, **at(k, phi)} for k in ks for phi in SWEEP_PHIS]
+        return {s: scores_of(task, sweeps[s].mixed(base[s], k, phi), gold[s]) for s in examples}
+    sweep = [{"k": k, "phi": phi, **at(k, phi)} for k in sweeps["test"].ks() for phi in SWEEP_PHIS]
     return {"at": at, "sweep": sweep}
 
 

@@ -1,0 +1,106 @@
+"""The inference rules: how a trained model's outputs on some examples become predictions. One
+implementation, read by evaluate.py, the attack, the runner's cells and each epoch's dev score.
+
+    model      the linear head: P(q) = softmax(F(z)), or each class's sigmoid (multi-label)
+    proxy      proxy inference (minknn/proxy.py): softmax((1 - alpha) F(z) + alpha s cos(z, P_c))
+    knn        the head mixed with the kNN vote (minknn/knn.py): (1 - phi) P(q) + phi KNN(q)
+    knn-only   the kNN vote alone (phi = 1)
+    probe      (the runner's) a logistic regression fit on the training set's z in place of the
+               head (minknn/probe.py)
+
+One prediction pass (engine.predict) gives what the rules read: the outputs, and the pooled z or
+the kNN key's vectors; a datastore of the training set (minknn/datastore.py) gives the votes.
+KnnSweep gives the vote at every K and phi from one search at the largest K (evaluate.py --sweep,
+the runner's kNN grids). Each rule's probabilities are read as the model's are (kinds.py: the
+arg max, or each class above 0.5).
+"""
+from minknn.engine import predict
+from minknn.kinds import kind_of, overall, score
+from minknn.knn import SWEEP_KS, interpolate
+from minknn.probe import fit_logistic
+from minknn.proxy import has_proxies, proxy_logits
+
+RULES = ("model", "proxy", "knn", "knn-only")
+
+
+def rule_probabilities(rule, task, outputs, z=None, loss=None, alpha=None, knn=None, phi=None):
+    """The probabilities (N, C) one rule gives: outputs (N, C) the head's logits; proxy: z (N, H)
+    and the task's loss (its proxies) at alpha; knn and knn-only: knn (N, C), the kNN vote, mixed
+    at phi."""
+    kind = kind_of(task)
+    if rule == "model":
+        return kind.probabilities(outputs)
+    if rule == "proxy":
+        return kind.probabilities(proxy_logits(loss, outputs, z, alpha))
+    if rule == "knn-only":
+        return knn
+    if rule == "knn":
+        return interpolate(kind.probabilities(outputs), knn, phi)
+    raise ValueError(f"unknown rule '{rule}'; choose one of: {', '.join(RULES)}")
+
+
+def knn_probabilities(datastore, queries, settings, exclude=None):
+    """KNN(q) (Q, C) of the queries (Q, d): the settings' K nearest keys (knn.Settings), their
+    vote. exclude: (Q,) each query's own datastore row, left out (queries from the training set)."""
+    scores, rows = datastore.search(queries, settings.k, settings.vote, exclude)
+    return datastore.vote(scores, rows, settings.vote, settings.temperature)
+
+
+class KnnSweep:
+    """The kNN vote at any K up to k_most (capped at what the datastore holds) from one search at
+    the largest K: each query's nearest keys are the first ones of a longer search."""
+
+    def __init__(self, datastore, queries, settings, k_most=max(SWEEP_KS), exclude=None):
+        self.datastore, self.settings = datastore, settings
+        self.most = len(datastore) - (exclude is not None)
+        self.scores, self.rows = datastore.search(queries, min(k_most, self.most), settings.vote,
+                                                  exclude)
+        self.votes = {}
+
+    def ks(self, ks=SWEEP_KS):
+        """The K values to sweep, capped at the datastore's size."""
+        return sorted({min(k, self.most) for k in ks})
+
+    def vote(self, k):
+        """KNN(q) over each query's k nearest keys."""
+        k = min(k, self.most)
+        if k not in self.votes:
+            self.votes[k] = self.datastore.vote(self.scores[:, :k], self.rows[:, :k],
+                                                self.settings.vote, self.settings.temperature)
+        return self.votes[k]
+
+    def mixed(self, probabilities, k, phi):
+        """(1 - phi) P(q) + phi KNN(q) at K = k."""
+        return interpolate(probabilities, self.vote(k), phi)
+
+
+def probe_probabilities(task, train_set, z_train, z):
+    """Each split's probabilities (z: split -> its (N, H) z) from a logistic regression (C = 1)
+    fit on the training set's z (z_train), in place of the trained head."""
+    kind = kind_of(task)
+    W, b = fit_logistic(z_train, kind.targets(task, train_set, "cpu"), len(task.labels),
+                        multilabel=task.kind == "multilabel")
+    return {s: kind.probabilities(z[s] @ W.T + b) for s in z}
+
+
+def dev_scores(model, losses, tokenizer, tasks, dev, args, device):
+    """Each task's dev scores and the overall score (an epoch's). A proxy loss at --lam 1 leaves
+    the linear head untrained: its task is scored by the nearest proxy (proxy inference, alpha =
+    1)."""
+    scores = {}
+    for t in tasks:
+        outputs, z = predict(model, tokenizer, t, dev[t.name], 2 * args.batch_size, device,
+                             progress=f"{t.name} dev", precision=args.precision)
+        loss = losses[t.name]
+        rule = "proxy" if getattr(loss, "lam", 0) == 1 and has_proxies(loss) else "model"
+        if rule == "proxy":  # the proxies are on the device
+            outputs, z = outputs.to(device), z.to(device)
+        probabilities = rule_probabilities(rule, t, outputs, z, loss, alpha=1.0).cpu()
+        scores[t.name] = scores_of(t, probabilities, kind_of(t).gold(t, dev[t.name]))
+    return {**scores, "overall": overall(tasks, scores)}
+
+
+def scores_of(task, probabilities, gold):
+    """A rule's scores (kinds.score) on examples with gold answers."""
+    return score(task, kind_of(task).decide(probabilities), gold)
+
