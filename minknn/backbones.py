@@ -26,8 +26,8 @@ import torch
 import torch.nn as nn
 
 from minknn import MinknnError
-from minknn.bert import ARCHITECTURES, HEADS, BertConfig, BertEmbeddings, BertModel
-from minknn.weights import read_json, read_weights, resolve_model_path
+from minknn.bert import HEADS, BertConfig, BertEmbeddings, BertModel
+from minknn.weights import ARCHITECTURES, read_json, read_weights, resolve_model_path
 
 
 class RobertaPositions(nn.Embedding):

@@ -20,7 +20,6 @@ its padding is left in). The result equals the padded computation on every real
 token (tests/test_bert.py checks outputs and gradients against examples run one at a time).
 Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H / nh.
 """
-import json
 import math
 import os
 from dataclasses import dataclass, fields
@@ -30,20 +29,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.weights import check_finite, check_fits, read_json, read_weights, resolve_model_path
+from minknn.weights import (check_config, check_finite, check_fits, check_sizes, read_json,
+                            read_weights, resolve_model_path)
 
 
-# config.json options that change what BERT computes, with the one value this model implements
-# (and what another value would need). Hugging Face writes only non-default options, so a plain
-# BERT folder names few of these; any other value is refused rather than run differently.
-NOT_IMPLEMENTED = {
-    "hidden_act": ("gelu", "another activation"),
-    "position_embedding_type": ("absolute", "relative position embeddings"),
-    "is_decoder": (False, "a decoder's causal mask"),
-    "add_cross_attention": (False, "cross-attention layers"),
-    "pruned_heads": ({}, "pruned attention heads"),
-}
-ARCHITECTURES = ("bert", "roberta", "distilbert")  # config.json's model_type: minknn/backbones.py
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
 # --attention: "explicit" runs attention() below, as written; "fused" runs PyTorch's
 # F.scaled_dot_product_attention, which computes the same thing in one kernel (tests/test_bert.py
@@ -66,7 +55,7 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
-    model_type: str = "bert"  # which of ARCHITECTURES (minknn/backbones.py says what each changes)
+    model_type: str = "bert"  # weights.ARCHITECTURES' (minknn/backbones.py: what each changes)
 
     @property
     def max_tokens(self):
@@ -79,44 +68,12 @@ class BertConfig:
     @classmethod
     def from_dict(cls, d, source="config.json"):
         """Reads the keys above from a Hugging Face config.json (source: its path, for errors),
-        refuses NOT_IMPLEMENTED options and ignores the rest (dropout of a task head, use_cache,
+        refuses NOT_IMPLEMENTED options and values the encoder cannot run (minknn/weights.py
+        check_config) and ignores the rest (dropout of a task head, use_cache,
         chunk_size_feed_forward: none changes the encoder's output)."""
-        if not isinstance(d, dict):
-            raise MinknnError(f"{source}: not a JSON object")
-        for key, (only, what) in NOT_IMPLEMENTED.items():
-            if key in d and d[key] != only:
-                raise MinknnError(f"{source}: {key} {json.dumps(d[key])} is not implemented "
-                                  f"({what}); the hand-written BERT runs only {key} "
-                                  f"{json.dumps(only)}")
-        for f in fields(cls):
-            v = d.get(f.name, f.default)
-            if f.name == "model_type":
-                ok, want = v in ARCHITECTURES, f"one of {', '.join(ARCHITECTURES)}"
-            elif f.name == "pad_token_id":
-                ok, want = v is None or (type(v) is int and v >= 0), "a whole number >= 0, or null"
-            elif f.type is int:
-                ok, want = type(v) is int and v >= 1, "a whole number >= 1"
-            elif f.name == "layer_norm_eps":
-                ok, want = type(v) in (int, float) and 0 < v < 1, "a number in (0, 1)"
-            else:  # the dropout probabilities
-                ok, want = type(v) in (int, float) and 0 <= v < 1, "a number in [0, 1)"
-            if not ok:
-                raise MinknnError(f"{source}: {f.name} is {json.dumps(v)}; it must be {want}")
+        check_config(d, fields(cls), source)
         config = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-        if config.hidden_size % config.num_attention_heads:
-            raise MinknnError(f"{source}: hidden_size {config.hidden_size} is not a multiple of "
-                              f"num_attention_heads {config.num_attention_heads}; each head "
-                              f"takes hidden_size / num_attention_heads dimensions")
-        if config.model_type == "roberta" and config.pad_token_id is None:
-            raise MinknnError(f"{source}: pad_token_id is null, but RoBERTa's positions start "
-                              f"after it (minknn/backbones.py)")
-        if config.max_tokens < 1:
-            raise MinknnError(f"{source}: max_position_embeddings {config.max_position_embeddings} "
-                              f"leaves no position for a token after RoBERTa's padding index "
-                              f"{config.pad_token_id}")
-        if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
-            raise MinknnError(f"{source}: pad_token_id {config.pad_token_id} is not a row of the "
-                              f"{config.vocab_size}-row embedding (vocab_size)")
+        check_sizes(config, source)
         return config
 
 

@@ -314,3 +314,23 @@ def per_class_sample(examples, task, n, seed):
     sample = [e for c in range(len(task.labels)) for e in rng.sample(by_class[c], n)]
     rng.shuffle(sample)
     return sample
+
+
+def read_examples(args, tasks):
+    """(train, dev): each task's training examples (all, or a --max_train or --per_class draw)
+    and dev ones (all, or a --max_eval subset), each labelled, every class in training."""
+    train, dev = {}, {}
+    for t in tasks:
+        try:
+            train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
+                                              args.per_class)
+        except DataError as e:  # minBERT's default trio: quora-train.csv is a 22 MB download
+            if t.name == "quora" and args.task == "multitask":
+                raise DataError(f"{e}; or train without Quora: --tasks sst,mrpc,sts") from None
+            raise
+        dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
+        require_labels(train[t.name], f"--task {t.name} train split")
+        require_labels(dev[t.name], f"--task {t.name} dev split")
+        if t.kind == "classify":
+            check_every_class_present(train[t.name], t, f"--task {t.name} train split")
+    return train, dev

@@ -104,8 +104,8 @@ PARTS = (
          "the multi-label contrastive loss, each pair weighted by the labels it shares",
          "Su et al. 2022, eqs. 2 and 3"),
     Part("pcgrad", "minknn/pcgrad.py", pytest("tests/test_pcgrad.py"),
-         "PCGrad: project each task's gradient off the gradients it conflicts with, on the "
-         "gradients and on their Gram matrix",
+         "PCGrad: project each task's gradient off the gradients it conflicts with, Algorithm 1 "
+         "on the coefficients of the gradients' Gram matrix",
          "Yu et al. 2020, Algorithm 1"),
     Part("setfit", "minknn/losses/setfit.py", pytest("tests/test_losses.py", "setfit"),
          "SetFit's pair loss: the cosine of each pair's two vectors regressed onto 1 for a pair of "

@@ -33,9 +33,10 @@ the same as for the summed loss), then K (K + 1) / 2 dot products and one weight
 shared parameters. Every adjusted gradient is a combination of the original ones, g_i^PC =
 sum_j C_ij g_j (C starts as the identity, and a projection subtracts from C's row i), and the dot
 products the algorithm needs are g_i^PC . g_j = sum_l C_il G_lj with G the Gram matrix g_i . g_j. So
-Algorithm 1 runs on K x K numbers (`pcgrad_weights`), and only G and the final sum touch the
-gradients themselves; `project_conflicting` is the algorithm as written, on the gradients, which
-the tests hold the fast version to. The (K, P) gradients live in one buffer kept from step to step:
+Algorithm 1 runs on K x K numbers (`pcgrad_coefficients`, the part a student writes: Algorithm 1
+line by line, on the coefficients), and only G and the final sum touch the gradients themselves;
+tests/test_pcgrad.py holds it to Algorithm 1 written out on the gradients (its oracle). The (K, P)
+gradients live in one buffer kept from step to step:
 a fresh 270 MB buffer per step (22.7M parameters, 3 tasks) cost more than the surgery, because the
 operating system zeroes every new page.
 
@@ -57,44 +58,26 @@ import torch
 from minknn.distributed import all_reduce_grads
 
 
-def project_conflicting(grads, rng=random):
-    """Algorithm 1's inner loops, literally, on the gradients. grads: (K, P), one flattened
-    gradient per task. Returns the (K, P) adjusted gradients g_k^PC (their sum is the update
-    direction)."""
-    adjusted = grads.clone()
-    for i in range(len(grads)):
-        others = [j for j in range(len(grads)) if j != i]
-        rng.shuffle(others)  # the other tasks in a random order (the tests draw the same one)
-        # For each j in that order: if g_i^PC . g_j < 0 (a conflict; a dot of exactly 0 is none),
-        # remove from g_i^PC = adjusted[i] its component along g_j, the ORIGINAL gradient
-        # grads[j], not adjusted[j]:  g_i^PC <- g_i^PC - (g_i^PC . g_j / ||g_j||^2) g_j.
-        # BEGIN part pcgrad
-        for j in others:
-            dot = adjusted[i] @ grads[j]
-            if dot < 0:  # a zero g_j has dot 0, so the division never meets ||g_j|| = 0
-                adjusted[i] -= dot / (grads[j] @ grads[j]) * grads[j]
-        # END part pcgrad
-    return adjusted
-
-
-def pcgrad_weights(gram, rng=random):
-    """Algorithm 1 on the Gram matrix G (K, K), G_ij = g_i . g_j: the weights w (K,) of the update
-    direction g^PC = sum_j w_j g_j. It draws the same random orders as project_conflicting."""
+def pcgrad_coefficients(gram, rng=random):
+    """Algorithm 1 on the Gram matrix G (K, K), G_ij = g_i . g_j: the coefficients C (K, K) of the
+    adjusted gradients, g_i^PC = sum_j C_ij g_j. Each task's others come in a random order, drawn
+    from rng (the tests draw the same one)."""
     G = gram.double()
-    C = torch.eye(len(G), dtype=torch.float64)  # row i: g_i^PC as a combination of the g_j
-    for i in range(len(G)):
+    C = torch.eye(len(G), dtype=torch.float64)  # g_i^PC <- g_i: row i is e_i
+    for i in range(len(G)):                    # for T_i in the tasks
         others = [j for j in range(len(G)) if j != i]
-        rng.shuffle(others)
-        # project_conflicting's loop on the coefficients: with g_i^PC = sum_l C_il g_l,
-        # g_i^PC . g_j = sum_l C_il G_lj and ||g_j||^2 = G_jj; subtracting c g_j from g_i^PC
-        # subtracts c from C_ij alone.
+        rng.shuffle(others)                    # the other tasks, in a random order
+        # For each j in that order: if g_i^PC . g_j < 0 (a conflict; a dot of exactly 0 is none),
+        # g_i^PC <- g_i^PC - (g_i^PC . g_j / ||g_j||^2) g_j, with g_j the ORIGINAL gradient. On the
+        # coefficients: g_i^PC . g_j = sum_l C_il G_lj = C[i] @ G[:, j], ||g_j||^2 = G_jj, and
+        # subtracting c g_j from g_i^PC subtracts c from C_ij alone.
         # BEGIN part pcgrad
         for j in others:
             dot = C[i] @ G[:, j]  # g_i^PC . g_j
             if dot < 0:  # g_i^PC <- g_i^PC - (g_i^PC . g_j / ||g_j||^2) g_j
-                C[i, j] -= dot / G[j, j]
+                C[i, j] -= dot / G[j, j]  # a zero g_j has dot 0: never divided by ||g_j|| = 0
         # END part pcgrad
-    return C.sum(0)  # sum_i g_i^PC = sum_j (sum_i C_ij) g_j
+    return C
 
 
 class PCGrad:
@@ -147,7 +130,7 @@ class PCGrad:
             if self.reduce is not None:
                 self.reduce(grads[k])  # the global g_k, the same on every rank
         gram = grads @ grads.T  # (K, K)
-        weights = pcgrad_weights(gram, rng).to(grads.dtype)  # (K,)
+        weights = pcgrad_coefficients(gram, rng).sum(0).to(grads.dtype)  # (K,): sum_i C_ij
         update = torch.mv(grads.T, weights, out=self.update)  # (P,): sum_k w_k g_k = sum_k g_k^PC
         offset = 0
         for n, p in enumerate(self.shared):

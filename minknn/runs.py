@@ -27,20 +27,14 @@ import contextlib
 import fcntl
 import glob
 import os
-import random
 import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
-
 from minknn import MinknnError, Terminated, distributed, sigterm_raises
-from minknn.weights import check_fits, read_json
-from minknn.files import atomic_save, check_contents, sealed, write_json
-
-LAST_FORMAT = "minknn-last-1"
-
+from minknn.checkpoint import load_last
+from minknn.files import write_json
+from minknn.weights import read_json
 
 class Diverged(MinknnError):
     """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
@@ -306,79 +300,6 @@ def summarise(args, state, stopped=None):
         summary["stopped"] = stopped
     write_json(os.path.join(args.out, "summary.json"), summary)
     return summary
-
-
-def random_states():
-    """Every generator a training step draws from (torch's also drives dropout)."""
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state["numpy"] = [kind, keys.tolist(), pos, has_gauss, gauss]  # no arrays: weights_only
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_random_states(state):
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_last(folder, **state):
-    """last.pt: the state, its format tag and its checksum (checkpoint.sealed)."""
-    atomic_save(sealed({"format": LAST_FORMAT, **state}), os.path.join(folder, "last.pt"))
-
-
-# what train.py reads from last.pt to resume (a memory loss: "memory", and "key_encoder" too)
-LAST_ENTRIES = ("epoch", "best", "records", "model", "loss", "optimizer", "scheduler", "streams",
-                "rng", "random", "memory_fill_seconds")
-LAST_SUB_ENTRIES = {"random": ("python", "torch", "numpy"), "memory": ("keys",)}
-
-
-def load_last(folder, needs=()):
-    """The state last.pt holds, or None when no epoch completed (the run starts again). A file
-    that cannot be read, is damaged (its checksum), or lacks an entry LAST_ENTRIES or `needs`
-    names, is refused in one line."""
-    path = os.path.join(folder, "last.pt")
-    if not os.path.exists(path):
-        return None
-    best = os.path.join(folder, "checkpoint.pt")
-    kept = f"; the best checkpoint is still in {best}" if os.path.exists(best) else ""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise MinknnError(f"{path}: cannot be read ({type(e).__name__}){kept}") from None
-    if not isinstance(state, dict) or state.get("format") != LAST_FORMAT:
-        raise MinknnError(f"{path}: not a minknn run state (no '{LAST_FORMAT}' format tag)")
-    again = f"delete it, and --resume starts the run over from its first epoch{kept}"
-    state = check_contents(state, path, again)
-    missing = [k for k in (*LAST_ENTRIES, *needs) if k not in state]
-    missing += [k for k in ("model", "loss", "optimizer", "scheduler", "streams", "random",
-                            "memory", "key_encoder")
-                if k in state and not isinstance(state[k], dict)]  # present, but not a dict
-    missing += [f"{k}['{sub}']" for k, subs in LAST_SUB_ENTRIES.items() for sub in subs
-                if isinstance(state.get(k), dict) and sub not in state[k]]
-    if missing:
-        raise MinknnError(f"{path}: has no {', '.join(missing)}; it is not a whole run state "
-                          f"({again})")
-    return state
-
-
-def check_last_fits(state, folder, parts, streams):
-    """last.pt's weights must fit the run's modules (parts: its entry -> the module it loads
-    into: the model, the losses, a memory loss's memory and key encoder) and hold every task's
-    batch stream, before any of them is loaded: one line naming the part, not load_state_dict's
-    traceback."""
-    path = os.path.join(folder, "last.pt")
-    for entry, module in parts.items():
-        check_fits(module.state_dict(), state[entry], f"{path}: {entry}", "the run's arguments")
-    missing = [name for name in streams if name not in state["streams"]]
-    if missing:
-        raise MinknnError(f"{path}: has no batch stream of {', '.join(missing)}; it is not the "
-                          f"state of this run's tasks")
 
 
 def open_folder(args):

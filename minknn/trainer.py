@@ -52,10 +52,10 @@ from torch.nn.parallel import DistributedDataParallel
 from minknn import MinknnError
 from minknn import backbones
 from minknn.weights import resolve_model_path
-from minknn.checkpoint import base_model, save_checkpoint
+from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
+                               save_checkpoint, save_last, set_random_states)
 from minknn.files import signals_held
-from minknn.data import (DataError, check_every_class_present, eval_subset, load_split,
-                         require_labels, run_data, training_examples)
+from minknn.data import read_examples, run_data
 from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
                                 slice_of, world)
 from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device,
@@ -66,8 +66,7 @@ from minknn.model import Model, Output
 from minknn.memory import MoCo, filled_memory
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
-from minknn.runs import (Diverged, check_last_fits, check_same_data, load_last, random_states,
-                         save_last, set_random_states, summarise)
+from minknn.runs import Diverged, check_same_data, summarise
 from minknn.files import write_json, write_jsonl
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
@@ -112,7 +111,7 @@ def build(args, make_optimizer, examples=None, device=None):
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     last = read_last(args, bert, base, model_path) if args.resume else None
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
-    train, dev = examples or read_examples(args, tasks)
+    train, dev = examples or read_examples(args, tasks)  # minknn/data.py
     data = run_data(args.data_dir, train) if examples is None else None  # saved for evaluate.py
 
     model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
@@ -187,26 +186,6 @@ def read_last(args, bert, base, model_path):
                           f"started; the run froze BERT, and its checkpoints name that folder for "
                           f"it (put the model back, or start a new run)")
     return last
-
-
-def read_examples(args, tasks):
-    """(train, dev): each task's training examples (all, or a --max_train or --per_class draw)
-    and dev ones (all, or a --max_eval subset), each labelled, every class in training."""
-    train, dev = {}, {}
-    for t in tasks:
-        try:
-            train[t.name] = training_examples(t, args.data_dir, args.max_train, args.seed,
-                                              args.per_class)
-        except DataError as e:  # minBERT's default trio: quora-train.csv is a 22 MB download
-            if t.name == "quora" and args.task == "multitask":
-                raise DataError(f"{e}; or train without Quora: --tasks sst,mrpc,sts") from None
-            raise
-        dev[t.name] = eval_subset(load_split(t, "dev", args.data_dir), args.max_eval)
-        require_labels(train[t.name], f"--task {t.name} train split")
-        require_labels(dev[t.name], f"--task {t.name} dev split")
-        if t.kind == "classify":
-            check_every_class_present(train[t.name], t, f"--task {t.name} train split")
-    return train, dev
 
 
 def make_memory(args, model, tokenizer, task, train, loss, last, device):

@@ -92,6 +92,69 @@ def save_safetensors(tensors, path):
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head + b"".join(chunks))
 
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+# config.json options that change what BERT computes, with the one value this model implements
+# (and what another value would need). Hugging Face writes only non-default options, so a plain
+# BERT folder names few of these; any other value is refused rather than run differently.
+NOT_IMPLEMENTED = {
+    "hidden_act": ("gelu", "another activation"),
+    "position_embedding_type": ("absolute", "relative position embeddings"),
+    "is_decoder": (False, "a decoder's causal mask"),
+    "add_cross_attention": (False, "cross-attention layers"),
+    "pruned_heads": ({}, "pruned attention heads"),
+}
+ARCHITECTURES = ("bert", "roberta", "distilbert")  # config.json's model_type: minknn/backbones.py
+
+
+def check_config(d, fields, source):
+    """A config.json's dict (source: its path), refused in one line where it holds a
+    NOT_IMPLEMENTED option or a value of the config's fields (bert.BertConfig's) the encoder
+    cannot run."""
+    if not isinstance(d, dict):
+        raise MinknnError(f"{source}: not a JSON object")
+    for key, (only, what) in NOT_IMPLEMENTED.items():
+        if key in d and d[key] != only:
+            raise MinknnError(f"{source}: {key} {json.dumps(d[key])} is not implemented "
+                              f"({what}); the hand-written BERT runs only {key} "
+                              f"{json.dumps(only)}")
+    for f in fields:
+        v = d.get(f.name, f.default)
+        if f.name == "model_type":
+            ok, want = v in ARCHITECTURES, f"one of {', '.join(ARCHITECTURES)}"
+        elif f.name == "pad_token_id":
+            ok, want = v is None or (type(v) is int and v >= 0), "a whole number >= 0, or null"
+        elif f.type is int:
+            ok, want = type(v) is int and v >= 1, "a whole number >= 1"
+        elif f.name == "layer_norm_eps":
+            ok, want = type(v) in (int, float) and 0 < v < 1, "a number in (0, 1)"
+        else:  # the dropout probabilities
+            ok, want = type(v) in (int, float) and 0 <= v < 1, "a number in [0, 1)"
+        if not ok:
+            raise MinknnError(f"{source}: {f.name} is {json.dumps(v)}; it must be {want}")
+
+
+def check_sizes(config, source):
+    """The config's sizes, refused in one line where they do not fit together."""
+    if config.hidden_size % config.num_attention_heads:
+        raise MinknnError(f"{source}: hidden_size {config.hidden_size} is not a multiple of "
+                          f"num_attention_heads {config.num_attention_heads}; each head "
+                          f"takes hidden_size / num_attention_heads dimensions")
+    if config.model_type == "roberta" and config.pad_token_id is None:
+        raise MinknnError(f"{source}: pad_token_id is null, but RoBERTa's positions start "
+                          f"after it (minknn/backbones.py)")
+    if config.max_tokens < 1:
+        raise MinknnError(f"{source}: max_position_embeddings {config.max_position_embeddings} "
+                          f"leaves no position for a token after RoBERTa's padding index "
+                          f"{config.pad_token_id}")
+    if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
+        raise MinknnError(f"{source}: pad_token_id {config.pad_token_id} is not a row of the "
+                          f"{config.vocab_size}-row embedding (vocab_size)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the weights
 
 def check_fits(own, state, source, built_from, shown=lambda name: name):
     """Refuses, in one line, a state dict that does not fit `own` (a module's state_dict()):

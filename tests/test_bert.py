@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from grading import check, close, matches_reference
 from minknn import MinknnError
 from minknn.parts import label
-from minknn.bert import NOT_IMPLEMENTED, BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing, attention
+from minknn.weights import NOT_IMPLEMENTED
+from minknn.bert import BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing, attention
 from minknn.weights import load_safetensors, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")

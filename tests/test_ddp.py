@@ -38,7 +38,7 @@ import minknn.distributed as distributed
 import minknn.model
 import train
 from minknn.distributed import sizes
-from minknn.runs import load_last
+from minknn.checkpoint import load_last
 from tests.conftest import DATA
 from tests.test_runs import keep_last, stop_at
 

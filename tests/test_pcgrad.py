@@ -1,14 +1,14 @@
 """PCGrad (minknn/pcgrad.py) on hand-made gradients, against the paper's Algorithm 1 and the
 two-task closed form, and on a small shared-encoder model with one head per task. Part pcgrad
-(minknn/assignment.py): its sanity check is test_sanity_check_the_projections; the tests after it
-diagnose the projection (project_conflicting) and its Gram-matrix form (pcgrad_weights)."""
+(minknn/parts.py): its sanity check is test_sanity_check_the_projections; the tests after it
+diagnose the projections, read off pcgrad_coefficients' C as the adjusted gradients C g."""
 import random
 
 import pytest
 import torch
 import torch.nn as nn
 
-from minknn.pcgrad import PCGrad, pcgrad_weights, project_conflicting
+from minknn.pcgrad import PCGrad, pcgrad_coefficients
 
 from grading import check, close, graded, matches_reference
 
@@ -31,15 +31,20 @@ def algorithm_1(grads, rng):
     return [sum(col) for col in zip(*g_pc)]
 
 
+def coefficients(grads, seed):
+    """pcgrad_coefficients' C on the gradients' Gram matrix, the others' order drawn from seed."""
+    return graded(PART, "pcgrad_coefficients", pcgrad_coefficients, grads @ grads.T,
+                  random.Random(seed))
+
+
 def projected(grads, seed):
-    """project_conflicting's adjusted gradients, the other tasks' order drawn from seed."""
-    return graded(PART, "project_conflicting", project_conflicting, grads, random.Random(seed))
+    """The adjusted gradients g_i^PC = sum_j C_ij g_j (K, P)."""
+    return coefficients(grads, seed).to(grads.dtype) @ grads
 
 
 def from_gram(grads, seed):
-    """The update direction sum_j w_j g_j from pcgrad_weights on the Gram matrix."""
-    weights = graded(PART, "pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(seed))
-    return weights.to(grads.dtype) @ grads
+    """The update direction sum_i g_i^PC = sum_j w_j g_j, w_j = sum_i C_ij."""
+    return coefficients(grads, seed).sum(0).to(grads.dtype) @ grads
 
 
 def conflicting(seed, K=4, P=6):
@@ -73,13 +78,13 @@ def test_gradients_without_conflict_pass_through_unchanged():
     for grads, what in ((g, "three gradients whose dot products are all positive"),
                         (orthogonal, "two orthogonal gradients (a dot of 0 is no conflict)")):
         moved = [i + 1 for i in (projected(grads, 0) != grads).any(1).nonzero()[:, 0].tolist()]
-        check(PART, not moved, f"project_conflicting on {what} changed g_"
+        check(PART, not moved, f"pcgrad_coefficients on {what} changed g_"
               f"{moved[0] if moved else 0}: only a conflict, g_i^PC . g_j < 0, is projected (if "
               f"dot < 0)")
-        w = graded(PART, "pcgrad_weights", pcgrad_weights, grads @ grads.T, random.Random(0))
-        check(PART, torch.equal(w, torch.ones(len(grads), dtype=w.dtype)), f"pcgrad_weights on "
-              f"{what} gives w = {w.tolist()}; without a conflict it is all ones (the plain sum): "
-              f"only a conflict, g_i^PC . g_j < 0, is projected (if dot < 0)")
+        C = coefficients(grads, 0)
+        check(PART, torch.equal(C, torch.eye(len(grads), dtype=C.dtype)), f"pcgrad_coefficients "
+              f"on {what} gives C = {C.tolist()}; without a conflict it stays the identity (each "
+              f"g_i^PC = g_i): only a conflict, g_i^PC . g_j < 0, is projected (if dot < 0)")
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -92,8 +97,8 @@ def test_a_projection_runs_along_the_original_gradient(seed):
         change = adjusted[i] - g[i]
         off = (change - (change @ g[j]) / (g[j] @ g[j]) * g[j]).norm().item()
         check(PART, off < 1e-10, f"two conflicting gradients: g_{i + 1}^PC - g_{i + 1} must be a "
-              f"multiple of the original g_{j + 1} (project onto grads[j], not adjusted[j]); "
-              f"{off:.3g} of it lies off g_{j + 1}")
+              f"multiple of the original g_{j + 1} (subtract from C[i, j] alone, the original g_j's "
+              f"coefficient, not a multiple of C[j]); {off:.3g} of it lies off g_{j + 1}")
 
 
 def test_each_projection_starts_from_the_one_before():
@@ -104,7 +109,7 @@ def test_each_projection_starts_from_the_one_before():
     dots = [round((adjusted[0] @ g[j]).item(), 12) + 0.0 for j in (1, 2)]
     check(PART, dots == [0, 0], f"g_1 = (-1, -2, 1) conflicts with g_2 = (1, 0, 0) and g_3 = (0, "
           f"1, 0): after both projections g_1^PC = (0, 0, 1), orthogonal to both; its dots with "
-          f"them are {dots}: each projection updates g_1^PC in place (adjusted[i] -= ...), "
+          f"them are {dots}: each projection updates g_1^PC in place (C[i, j] -= ...), "
           f"starting from the one before, not from the original g_i")
 
 
@@ -114,13 +119,13 @@ def test_the_conflict_is_measured_on_the_adjusted_gradient(seed):
     of g_1^PC after the first, so the last projection leaves g_1^PC orthogonal to its g_j."""
     g = torch.tensor([[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
     order = [1, 2]
-    random.Random(seed).shuffle(order)   # the order project_conflicting draws for g_1
+    random.Random(seed).shuffle(order)   # the order pcgrad_coefficients draws for g_1
     last = order[-1]
     dot = round((projected(g, seed)[0] @ g[last]).item(), 12) + 0.0
     check(PART, dot == 0, f"g_1 = (-1, -1, 0) conflicts with g_2 = (1, 0, 0) and g_3 = (1, 1, 0), "
           f"projected off them in the order {order[0] + 1}, {last + 1}: the last projection "
           f"leaves g_1^PC orthogonal to g_{last + 1}, but their dot is {dot:.3g}: test and "
-          f"project with the current g_i^PC (adjusted[i] @ grads[j]), not the original g_i")
+          f"project with the current g_i^PC . g_j (C[i] @ G[:, j]), not the original g_i's")
 
 
 def test_the_gram_form_by_hand():
@@ -128,8 +133,8 @@ def test_the_gram_form_by_hand():
     = g_1 + g_2 (C_12 = 1), g_2^PC = g_2 - (-2 / 4) g_1 = g_2 + 0.5 g_1 (C_21 = 0.5); w sums C's
     columns: (1.5, 2)."""
     G = torch.tensor([[4.0, -2.0], [-2.0, 2.0]], dtype=torch.float64)
-    w = graded(PART, "pcgrad_weights", pcgrad_weights, G, random.Random(0)).tolist()
-    check(PART, w == [1.5, 2.0], f"pcgrad_weights for g_1 = (2, 0), g_2 = (-1, 1) (G = [[4, -2], "
+    w = graded(PART, "pcgrad_coefficients", pcgrad_coefficients, G, random.Random(0)).sum(0).tolist()
+    check(PART, w == [1.5, 2.0], f"pcgrad_coefficients for g_1 = (2, 0), g_2 = (-1, 1) (G = [[4, -2], "
           f"[-2, 2]]): g_1^PC = g_1 + g_2 and g_2^PC = g_2 + 0.5 g_1, so w = (C_11 + C_21, "
           f"C_12 + C_22) = (1.5, 2); got w = {w}: a conflict SUBTRACTS g_i^PC.g_j / G_jj (the "
           f"squared norm of g_j, projected onto) from C_ij (row i, the gradient adjusted; column "
@@ -143,7 +148,7 @@ def test_the_gram_form_measures_the_conflict_on_the_adjusted_gradient(seed):
     g = torch.tensor([[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
     want = algorithm_1(g.tolist(), random.Random(seed))
     got = [round(x, 12) + 0.0 for x in from_gram(g, seed).tolist()]
-    check(PART, got == want, f"pcgrad_weights on g_1 = (-1, -1, 0), g_2 = (1, 0, 0), g_3 = (1, 1, "
+    check(PART, got == want, f"pcgrad_coefficients on g_1 = (-1, -1, 0), g_2 = (1, 0, 0), g_3 = (1, 1, "
           f"0) (seed {seed}): g_1 is projected off g_2 and g_3 in turn, and Algorithm 1's "
           f"direction is {want}; sum_j w_j g_j is {got}: test and project with the current "
           f"g_i^PC . g_j = C[i] @ G[:, j], not the original G_ij")
@@ -157,15 +162,13 @@ def test_two_tasks_equal_the_closed_form(seed):
     g = torch.stack([g1, g2])
     what = ("direction for two conflicting tasks (the closed form g_1 - (g_1.g_2 / ||g_2||^2) g_2 "
             "+ g_2 - (g_1.g_2 / ||g_1||^2) g_1)")
-    close(PART, projected(g, seed).sum(0), expected, f"project_conflicting's {what}",
-          atol=1e-12, rtol=0)
-    close(PART, from_gram(g, seed), expected, f"pcgrad_weights' {what}", atol=1e-12, rtol=0)
+    close(PART, from_gram(g, seed), expected, f"pcgrad_coefficients' {what}", atol=1e-12, rtol=0)
 
 
 def test_one_task_is_the_identity():
     g = torch.randn(1, 20, dtype=torch.float64)
-    close(PART, projected(g, 0), g, "project_conflicting's output for one task, which must be its "
-          "input unchanged,", atol=0, rtol=0)
+    close(PART, projected(g, 0), g, "the adjusted gradient of one task, which must be its input "
+          "unchanged,", atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -179,22 +182,20 @@ def test_k_tasks_match_algorithm_1(seed):
         g = conflicting(seed, K, 8)
     expected = torch.tensor(algorithm_1(g.tolist(), random.Random(seed)), dtype=torch.float64)
     conflicts = int(((g @ g.T).triu(1) < 0).sum())
-    close(PART, projected(g, seed).sum(0), expected, f"the sum of project_conflicting's gradients "
+    close(PART, from_gram(g, seed), expected, f"the sum of the adjusted gradients "
           f"({K} tasks, {conflicts} conflicting pairs; the oracle: Algorithm 1 written out)",
           atol=1e-12, rtol=0)
 
 
 def test_a_zero_gradient_is_harmless():
     g = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
-    close(PART, projected(g, 0), g, "project_conflicting's output with a zero gradient (its dot "
-          "is 0, no conflict, and nothing divides by its norm 0)", atol=0, rtol=0)
-    close(PART, graded(PART, "pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)),
-          torch.ones(2, dtype=torch.float64), "pcgrad_weights with a zero gradient", atol=0, rtol=0)
+    close(PART, projected(g, 0), g, "the adjusted gradients with a zero gradient (its dot is 0, no "
+          "conflict, and nothing divides by its norm 0)", atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_gram_matrix_version_equals_algorithm_1(seed):
-    """pcgrad_weights runs Algorithm 1 on the K x K Gram matrix; sum_j w_j g_j must be the
+    """pcgrad_coefficients runs Algorithm 1 on the K x K Gram matrix; sum_j w_j g_j must be the
     transcription's direction, for 2 to 5 tasks drawn with and without conflicts (a mistake in the
     coefficient update, or a different random order, shows here)."""
     g = torch.randn(2 + seed % 4, 16, generator=torch.Generator().manual_seed(seed),
@@ -305,9 +306,8 @@ def test_a_parameter_no_task_reaches_keeps_no_gradient():
 
 
 def test_sanity_check_the_projections():
-    """The sanity check: both forms on 4 fixed gradients with conflicts, against the solution's
-    stored outputs (tests/fixtures/references/pcgrad.pt)."""
+    """The sanity check: the adjusted gradients and the update's weights on 4 fixed gradients with
+    conflicts, against the solution's stored outputs (tests/fixtures/references/pcgrad.pt)."""
     g = conflicting(0)
-    matches_reference(PART, "project_conflicting", projected(g, 0))
-    matches_reference(PART, "pcgrad_weights",
-                      graded(PART, "pcgrad_weights", pcgrad_weights, g @ g.T, random.Random(0)))
+    matches_reference(PART, "adjusted", projected(g, 0))
+    matches_reference(PART, "weights", coefficients(g, 0).sum(0))

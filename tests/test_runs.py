@@ -17,13 +17,15 @@ import pytest
 import torch
 
 import minknn.checkpoint
+import minknn.data
 import minknn.files
 import minknn.runs
 import minknn.trainer
 import train
 from minknn import MinknnError, runs
 from minknn.cli import run
-from minknn.runs import LAST_ENTRIES, close_run_folder, load_last, lock_folder, new_run_folder, save_last
+from minknn.checkpoint import LAST_ENTRIES, load_last, save_last
+from minknn.runs import close_run_folder, lock_folder, new_run_folder
 from tests.conftest import DATA, dev_falling, write_tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -574,7 +576,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_nothing(tiny_bert_dir, da
 def test_ctrl_c_before_the_first_step(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(minknn.trainer, "training_examples", interrupted)  # train.py's build reads the data
+    monkeypatch.setattr(minknn.data, "training_examples", interrupted)  # read_examples reads the data
     with pytest.raises(SystemExit):
         train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")])
     assert capsys.readouterr().err.strip() == "interrupted before the first step; nothing was saved"

@@ -517,7 +517,7 @@ def knnbert_pieces(trainer, batches, timer, repeats):
 # multitask: a PCGrad step against a summed-loss step, and PCGrad's pieces
 
 def bench_multitask(args, device, timer, out):
-    from minknn.pcgrad import pcgrad_weights, project_conflicting
+    from minknn.pcgrad import pcgrad_coefficients
     tasks = [get_task(name, args.data_dir) for name in args.tasks.split(",")]
     train = {t.name: load_split(t, "train", args.data_dir) for t in tasks}
     rows = fixed_batches(train, tasks, 32, args.steps)
@@ -557,12 +557,26 @@ def bench_multitask(args, device, timer, out):
               "backward of the summed loss": timer.seconds(lambda: sum(losses()).backward(), args.steps) - forward,
               "one backward per task": timer.seconds(per_task_backward, args.steps) - forward,
               "the surgery: Gram matrix, Algorithm 1 on it, the weighted sum": timer.seconds(
-                  lambda: pcgrad_weights(grads @ grads.T, random.Random(0)).float() @ grads, args.steps),
-              "(not run in training: Algorithm 1 on the gradients, project_conflicting)": timer.seconds(
-                  lambda: project_conflicting(grads, random.Random(0)), args.steps)}
+                  lambda: pcgrad_coefficients(grads @ grads.T, random.Random(0)).sum(0).float() @ grads,
+                  args.steps),
+              "(not run in training: Algorithm 1 on the gradients themselves)": timer.seconds(
+                  lambda: on_gradients(grads, random.Random(0)), args.steps)}
     trainer.optimizer.zero_grad(set_to_none=True)
     for piece, s in pieces.items():
         table.row(f"of which {piece}", f"{1000 * s:.0f}", "")
+
+
+def on_gradients(grads, rng):
+    """Algorithm 1 as written, on the (K, P) gradients themselves: what the Gram form saves."""
+    adjusted = grads.clone()
+    for i in range(len(grads)):
+        others = [j for j in range(len(grads)) if j != i]
+        rng.shuffle(others)
+        for j in others:
+            dot = adjusted[i] @ grads[j]
+            if dot < 0:
+                adjusted[i] -= dot / (grads[j] @ grads[j]) * grads[j]
+    return adjusted.sum(0)
 
 
 # ---------------------------------------------------------------------------------------------
