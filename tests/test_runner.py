@@ -13,7 +13,7 @@ import torch
 import evaluate
 import train
 from minknn import MinknnError, Terminated
-from minknn.lab import grid, report, runner
+from minknn.lab import cells, grid, report, runner
 from minknn.runs import Diverged
 
 from conftest import DATA, dev_falling
@@ -318,7 +318,7 @@ def test_select_none_scores_the_last_epoch_and_chooses_nothing(tiny_bert_dir, tm
     seen = trained_with(monkeypatch)
     dev_falling(monkeypatch)
     run_small(tiny_bert_dir, out, "--select", "none", "--keep", methods="ce,ce+knn[k=2]", epochs="3")
-    assert [s[3] for s in seen] == ["last"], f"runner.train_argv: --select none must train with --save last: {seen}"
+    assert [s[3] for s in seen] == ["last"], f"cells.train_argv: --select none must train with --save last: {seen}"
     lines = lines_of(out)
     cell = out / "runs" / lines[0]["cell"]
     assert json.load(open(cell / "summary.json"))["best_epoch"] == 1, \
@@ -417,11 +417,11 @@ def test_a_diverged_cell_is_recorded_and_left_out(tiny_bert_dir, tmp_path, monke
 def killed_while_scoring(tiny_bert_dir, out, monkeypatch):
     """A one-task grid stopped by Ctrl-C in its first cell's scoring: that cell trained, none
     scored. Returns the list of train.py argvs the next run_grid calls will record."""
-    real = runner.score_cell
-    monkeypatch.setattr(runner, "score_cell", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    real = cells.score_cell
+    monkeypatch.setattr(cells, "score_cell", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(SystemExit):
         run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
-    monkeypatch.setattr(runner, "score_cell", real)
+    monkeypatch.setattr(cells, "score_cell", real)
     calls, real_main = [], train.main
     monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
     return calls

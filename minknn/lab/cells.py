@@ -1,30 +1,235 @@
-"""Every inference rule on one trained cell of a grid (minknn/lab/runner.py), from one prediction pass
-per split: the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi),
-and the probe (a logistic regression, minknn/probe.py, fit on the training set's z).
+"""A grid's cells (minknn/lab/runner.py): each trained by train.py (or resumed), then every inference
+rule its methods ask for scored on it from one prediction pass per split (minknn/inference.py):
+the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi), and the
+probe (a logistic regression, minknn/probe.py, fit on the training set's z); the result lines
+written to the cell's cell.json (record).
 Each method's result line holds, for every value of its inference grid, the scores on the
 selection split and on the test split (minknn/lab/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
 """
 import itertools
+import json
 import os
+import shutil
+import sys
 import time
 
 import torch
 
-from minknn import MinknnError
-from minknn import backbones
+import train  # a cell is trained by train.py's own main, in this process
+from minknn import MinknnError, backbones
 from minknn.checkpoint import load_checkpoint, rebuild
-from minknn.data import eval_subset, examples_fingerprint
-from minknn.engine import pick_device, predict
-from minknn.kinds import kind_of, score
+from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split, split_recipe,
+                         training_examples)
 from minknn.datastore import Datastore
+from minknn.engine import pick_device, predict
+from minknn.files import read_jsonl, write_json
 from minknn.inference import KnnSweep, probe_probabilities, rule_probabilities, scores_of
+from minknn.kinds import kind_of, score
 from minknn.knn import SWEEP_KS, SWEEP_PHIS, settings
+from minknn.lab import setfit_package
+from minknn.lab.grid import size_flags
 from minknn.model import Model
-from minknn.files import read_jsonl
+from minknn.runs import run_status
+from minknn.tasks import get_task
+from minknn.weights import read_json
 
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 
+
+# ------------------------------------------------------------------------------- a cell, run
+
+def train_argv(cell, ctx, folder):
+    """train.py's flags for a cell: the pass-through ones, then the cell's own."""
+    save = "last" if ctx.select == "none" else "best"  # none: the last epoch, chosen by nothing
+    argv = list(ctx.train_flags) + ["--task", cell.task, "--loss", cell.loss, "--seed",
+                                    str(cell.seed), "--out", folder, "--save", save]
+    argv += size_flags(cell.size)
+    for flag, value in cell.params:
+        argv += [f"--{flag}", str(value)]
+    if ctx.data_dir:
+        argv += ["--data_dir", ctx.data_dir]
+    selection = selection_size(ctx, len(ctx.train_examples(cell)))
+    if selection:
+        argv += ["--max_eval", str(selection)]
+    return argv
+
+
+def selection_size(ctx, n_train):
+    """How many dev examples choose the epoch and the hyper-parameters (None: all); under
+    --select none, the dev sample each epoch is scored on for the learning curve alone."""
+    if ctx.select in ("sample", "none"):
+        return n_train if not ctx.max_eval else min(n_train, ctx.max_eval)
+    return ctx.max_eval
+
+
+class Context:
+    """What every cell shares: the grid's flags, and the data it reads (cached per process)."""
+
+    def __init__(self, args, train_flags):
+        self.out, self.select, self.max_eval = args.out, args.select, args.max_eval
+        self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
+        self.seeds, self.search = args.seed_list, args.search_grid
+        self._cache = {}
+
+    def __getstate__(self):  # sent to a pool's process or a cluster's job: the flags; the data
+        return {**self.__dict__, "_cache": {}}  # is read there, not shipped in every pickle
+
+    def cached(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def task(self, name):
+        return self.cached(("task", name), lambda: get_task(name, self.data_dir))
+
+    def train_examples(self, cell):
+        per_class = int(cell.size[:-2]) if cell.size.endswith("pc") else None
+        max_train = int(cell.size) if cell.size.isdigit() else None
+        return self.cached(("train", cell.task, cell.size, cell.seed), lambda: training_examples(
+            self.task(cell.task), self.data_dir, max_train, cell.seed, per_class))
+
+    def splits(self, task_name, n_train):
+        """(selection examples, test examples, the test split's name)."""
+        def make():
+            task = self.task(task_name)
+            dev = load_split(task, "dev", self.data_dir)
+            selection = eval_subset(dev, selection_size(self, n_train))
+            if has_labelled_test(task, self.data_dir):
+                return selection, eval_subset(load_split(task, "test", self.data_dir),
+                                              self.max_eval), "test"
+            chosen = {e.id for e in selection}
+            rest = [e for e in dev if e.id not in chosen]
+            return selection, eval_subset(rest, self.max_eval), "dev less the selection sample"
+        return self.cached(("splits", task_name, n_train), make)
+
+
+def has_labelled_test(task, data_dir):
+    try:
+        split_recipe(task, "test")
+    except MinknnError:
+        return False
+    return labelled(load_split(task, "test", data_dir))
+
+
+# ------------------------------------------------------------------------------------ one cell
+
+def run_cell(cell, methods, ctx):
+    """Trains (or resumes) one cell, scores its methods' rules, and returns their result lines;
+    a finished cell's lines are read back from its cell.json (scored again, from its kept
+    checkpoint, for a method added to the grid since)."""
+    folder = os.path.join(ctx.out, "runs", cell.name)
+    if cell.loss == setfit_package.METHOD and saved_lines(folder) is None:  # not train.py's
+        line = setfit_package.run_cell(cell, methods, ctx, folder)
+        return record(cell, methods, ctx, folder, {}, [{**line_head(cell, methods[0], ctx), **line}])
+    done = os.path.join(folder, "cell.json")
+    saved = saved_lines(folder)
+    if saved is not None:
+        if all(m.name in saved for m in methods):
+            drop_checkpoints(folder, ctx)  # a kill may have come between the two
+            return [saved[m.name] for m in methods]
+    else:
+        saved = {}
+        status = training_status(folder)
+        if os.path.exists(done):  # damaged: score the model again, or train it if it is gone
+            gone = status == "done" and not os.path.exists(os.path.join(folder, "checkpoint.pt"))
+            status = "new" if gone else status
+            print(f"warning: {cell.name}: its cell.json is damaged; "
+                  f"{'training' if gone else 'scoring'} the cell again", file=sys.stderr)
+        if status == "done" and damaged_metrics(folder):  # the learning curve is lost with it
+            print(f"warning: {cell.name}: its metrics.jsonl is damaged; training the cell again",
+                  file=sys.stderr)
+            status = "new"
+        if status == "new" and os.path.isdir(folder):  # killed before its first epoch ended
+            shutil.rmtree(folder)
+        if status != "done":
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            try:  # train.py turns a divergence into one line, after saving summary.json
+                train.main(["--resume", folder] if status == "resume" else
+                           train_argv(cell, ctx, folder))
+            except MinknnError as e:
+                if training_status(folder) != "diverged":
+                    raise
+                print(f"{cell.name}: {e}; recorded as diverged", file=sys.stderr)
+    wanted = [m for m in methods if m.name not in saved]
+    if training_status(folder) == "diverged":
+        stopped = read_json(os.path.join(folder, "summary.json"))["stopped"]
+        new = [dict(line_head(cell, m, ctx), diverged=stopped) for m in wanted]
+    else:
+        new = score_cell(cell, wanted, ctx, folder)
+    return record(cell, methods, ctx, folder, saved, new)
+
+
+def record(cell, methods, ctx, folder, saved, new):
+    """A cell's new result lines marked for the table, written with its saved ones to its
+    cell.json (then its checkpoints go); returns the methods' lines."""
+    for line in new:
+        if ctx.search:  # the table's budget note: what was searched, and what did not apply
+            line["search"] = ctx.search
+        if ctx.select == "none":  # scored for nothing: no dev label chooses under --select none
+            for entry in line.get("grid", []):
+                entry.pop("select", None)
+    lines = {**saved, **{line["method"]: line for line in new}}
+    write_json(os.path.join(folder, "cell.json"), {"cell": cell.name,
+                                                   "lines": list(lines.values())})
+    drop_checkpoints(folder, ctx)
+    return [lines[m.name] for m in methods]
+
+
+def damaged_metrics(folder):
+    """Whether a trained cell's metrics.jsonl (its epochs' records: the learning curve and the
+    best epoch's scores) cannot be read back; a finished run keeps them nowhere else."""
+    try:
+        read_jsonl(os.path.join(folder, "metrics.jsonl"))
+    except (MinknnError, OSError):
+        return True
+    return False
+
+
+def saved_lines(folder):
+    """A scored cell's result lines by method, from its cell.json; None when it has none, or a
+    damaged one (cut short by a full disk, a copy): the cell is then done again."""
+    path = os.path.join(folder, "cell.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {line["method"]: line for line in json.load(f)["lines"]}
+    except (ValueError, KeyError, TypeError):  # not JSON, not UTF-8, or not a cell's
+        return None
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def training_status(folder):
+    """'done' (summary.json of a finished run), 'diverged' (its summary says so), 'resume'
+    (stopped after an epoch: last.pt) or 'new'."""
+    status = run_status(folder)
+    if status != "stopped":
+        return {"finished": "done", "diverged": "diverged"}[status]
+    return "resume" if os.path.exists(os.path.join(folder, "last.pt")) else "new"
+
+
+def drop_checkpoints(folder, ctx):
+    """A scored cell keeps its scores, not its 91 MB checkpoint (unless --keep)."""
+    for name in ("checkpoint.pt", "last.pt"):
+        path = os.path.join(folder, name)
+        if os.path.exists(path) and (name == "last.pt" or not ctx.keep):
+            os.remove(path)
+
+
+def missing_scores(cells, ctx):
+    """Cells scored before a method was added to the grid, whose checkpoint is gone."""
+    lacking = []
+    for cell, methods in cells.items():
+        folder = os.path.join(ctx.out, "runs", cell.name)
+        have = saved_lines(folder)
+        if have is not None and not os.path.exists(os.path.join(folder, "checkpoint.pt")):
+            lacking += [f"{cell.name} {m.name}" for m in methods if m.name not in have]
+    return lacking
+
+
+# ------------------------------------------------------------------------ a cell's rules, scored
 
 def line_head(cell, method, ctx):
     return {"task": cell.task, "size": cell.size, "seed": cell.seed, "method": method.name,

@@ -76,8 +76,8 @@ def model_folder(ctx):
 
 def run_cell(cell, methods, ctx, folder):
     """Trains the package on the cell's examples, scores it and returns the cell's result line
-    (one: the linear rule), which runner.record writes to <folder>/cell.json."""
-    from minknn.lab.cells import line_head  # the runner imports this module; rules imports torch etc.
+    (one: the linear rule) less its head (cells.line_head), which cells.record writes to
+    <folder>/cell.json."""
     setfit, Dataset = import_setfit()
     os.makedirs(folder, exist_ok=True)
     start = time.time()
@@ -95,7 +95,7 @@ def run_cell(cell, methods, ctx, folder):
     for split, examples in (("select", selection), ("test", test)):
         pred = np.asarray(model.predict([e.text for e in examples], as_numpy=True), dtype=int)
         scores[split] = score(task, pred, kind.gold(task, examples))
-    line = {**line_head(cell, methods[0], ctx), "grid": [{"params": {}, **scores}],
+    line = {"grid": [{"params": {}, **scores}],
             "selection": SELECTION, "package": f"setfit {setfit.__version__}",
             "test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
             "n_test": len(test),

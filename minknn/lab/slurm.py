@@ -31,7 +31,7 @@ import sys
 import time
 
 from minknn import MinknnError
-from minknn.lab.runner import run_cell
+from minknn.lab.cells import run_cell
 from minknn.files import write_json
 from minknn.weights import read_json
 
