@@ -181,9 +181,10 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if knn:  # the datastore first: its errors come before the slow encoding of the split
         datastore, build_seconds, index_seconds = run_datastore(args, ckpt, model, tokenizer, task,
                                                                 train, key, device, several)
-    # one pass gives the outputs and, with --knn, the queries in the datastore's representation
+    # one pass gives the outputs and the pooled z, or with --knn the queries in the datastore's
+    # representation (the key's)
     start = time.time()
-    outputs, reps = predict(model, tokenizer, task, examples, args.batch_size, device,
+    outputs, queries = predict(model, tokenizer, task, examples, args.batch_size, device,
                             progress=f"{task.name} {args.split}", key=key if knn else None,
                             precision=args.precision)
     encode_seconds = time.time() - start
@@ -192,7 +193,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     result = {"n": len(examples), "predictions": f"{base}.csv"}
     if args.proxy and has_proxies(losses[task.name]):
         # proxies compare the pooled z: a --knn_key other than the run's pooling needs its own pass
-        z = reps if not knn or key == model.pooling else \
+        z = queries if not knn or key == model.pooling else \
             predict(model, tokenizer, task, examples, args.batch_size, device, "z",
                     precision=args.precision)[1]
         rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", rule_probabilities(
@@ -204,7 +205,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
         # the queries are training examples: leave each one's own entry out of its neighbours
         exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
         start = time.time()
-        knn_probs = knn_probabilities(datastore, reps, s, exclude)
+        knn_probs = knn_probabilities(datastore, queries, s, exclude)
         knn_seconds = time.time() - start
         how = f"K {s.k}, --vote {s.vote}{f', T {s.temperature}' if s.vote != 'cosine' else ''}"
         rules += [(f"kNN alone ({how}, key {key})", "knn_", knn_probs, f"{base}-knn-only.csv"),
@@ -225,7 +226,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
         print(f"time: encoder {t['encode_ms_per_query']:.2f} ms/query, kNN search and vote "
               f"{t['knn_ms_per_query']:.3f} ms/query (+{share:.1f}%) over {len(datastore)} keys")
     if args.sweep and knn:
-        result["sweep"] = sweep(task, KnnSweep(datastore, reps, s, exclude=exclude), probabilities,
+        result["sweep"] = sweep(task, KnnSweep(datastore, queries, s, exclude=exclude), probabilities,
                                 gold, s)
         path = os.path.join(os.path.dirname(ckpt["file"]), f"knn-sweep-{args.split}-{s.vote}-"
                             f"{task.name + '-' if several else ''}{key}.json")

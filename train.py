@@ -101,7 +101,7 @@ def train_step(trainer, batches):
     scheduler.step()
     # END part training
     if trainer.moco:  # after the step, the batch's keys join the memory (minknn/memory.py)
-        trainer.moco.after_step(keys, targets, rows, outputs[name].embeddings)
+        trainer.moco.after_step(keys, targets, rows, outputs[name].z)
     return task_losses, terms, conflicts
 
 

@@ -259,13 +259,13 @@ def load_last(folder, needs=()):
     return state
 
 
-def check_last_fits(state, folder, parts, streams):
-    """last.pt's weights must fit the run's modules (parts: its entry -> the module it loads
+def check_last_fits(state, folder, modules, streams):
+    """last.pt's weights must fit the run's modules (modules: its entry -> the module it loads
     into: the model, the losses, a memory loss's memory and key encoder) and hold every task's
     batch stream, before any of them is loaded: one line naming the part, not load_state_dict's
     traceback."""
     path = os.path.join(folder, "last.pt")
-    for entry, module in parts.items():
+    for entry, module in modules.items():
         check_fits(module.state_dict(), state[entry], f"{path}: {entry}", "the run's arguments")
     missing = [name for name in streams if name not in state["streams"]]
     if missing:

@@ -127,9 +127,9 @@ class AllGather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
-        return torch.stack(parts)
+        pieces = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, x.contiguous())
+        return torch.stack(pieces)
 
     @staticmethod
     def backward(ctx, grad):
@@ -146,8 +146,8 @@ def gather(x, sizes):
     assert len(x) == sizes[rank()], f"rank {rank()} holds {len(x)} rows, not {sizes[rank()]}"
     # all_gather needs one shape on every rank: pad to the largest slice, cut after
     padded = torch.cat([x, x.new_zeros(max(sizes) - len(x), *x.shape[1:])])
-    parts = AllGather.apply(padded)  # (world, max(sizes), ...)
-    return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+    pieces = AllGather.apply(padded)  # (world, max(sizes), ...)
+    return torch.cat([piece[:n] for piece, n in zip(pieces, sizes)])
 
 
 @torch.no_grad()
@@ -169,7 +169,7 @@ def gather_output(output, sizes, pair=False):
             return gather(x, sizes)
         b = sizes[rank()]
         return torch.cat([gather(x[:b], sizes), gather(x[b:], sizes)])
-    return Output(logits=gather(output.logits, sizes), embeddings=vectors(output.embeddings),
+    return Output(logits=gather(output.logits, sizes), z=vectors(output.z),
                   retrieval=vectors(output.retrieval))
 
 

@@ -156,7 +156,7 @@ def predict(model, tokenizer, task, examples, batch_size, device, progress=None,
             out = model(task.name, **batch)
         outputs.append(out.logits.float().cpu())
         if not siamese:
-            z = out.embeddings if key is None else represent(out, batch["attention_mask"], key)
+            z = out.z if key is None else represent(out, batch["attention_mask"], key)
             representations.append(z.float().cpu())
     return (torch.cat(outputs)[inverse],
             torch.cat(representations)[inverse] if not siamese else None)

@@ -106,13 +106,13 @@ def interpolate(probabilities, knn_probs, phi):
 def knn_vote(scores, rows, values, vote, temperature):
     """KNN(q) = sum_j alpha_j y_j (Q, C), summed one neighbour rank at a time: gathering every
     neighbour's row at once, (Q, K, C), would not fit for K = 1024 and 90 classes."""
-    alpha = VOTES[vote](scores, temperature)  # (Q, K)
+    weights = VOTES[vote](scores, temperature)  # (Q, K): alpha_j, each neighbour's weight
     knn = torch.zeros(len(rows), values.shape[1], dtype=torch.float64)
     # rows (Q, K): each query's neighbours as rows of the datastore, whose values (N, C) are the
     # one-hot (or multi-hot) labels y. For each rank j, add alpha_j y_j to every query's row:
-    # values[rows[:, j]] is (Q, C), and alpha[:, j] must broadcast over C.
+    # values[rows[:, j]] is (Q, C), and weights[:, j] must broadcast over C.
     # BEGIN part knn
     for j in range(rows.shape[1]):
-        knn += alpha[:, j, None] * values[rows[:, j]]
+        knn += weights[:, j, None] * values[rows[:, j]]
     # END part knn
     return knn

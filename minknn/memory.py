@@ -64,12 +64,13 @@ class KeyEncoder:
     @torch.no_grad()
     def __call__(self, task, batch):
         """The unit keys (B, H) of one task's tokenised batch."""
-        return F.normalize(self.encoder(task, **batch).embeddings.float(), dim=1)
+        return F.normalize(self.encoder(task, **batch).z.float(), dim=1)
 
 
 class Memory(nn.Module):
     """size keys (size, dim), their labels (size,) and the training-set rows of their examples
-    (size,), as buffers."""
+    (size,), as buffers. The rows' buffer is named ids: checkpoints and last.pt save it under that
+    name. (A datastore's ids are something else: the examples' own ids, minknn/datastore.py.)"""
 
     def __init__(self, size, dim):
         super().__init__()
@@ -78,10 +79,10 @@ class Memory(nn.Module):
         self.register_buffer("ids", torch.zeros(size, dtype=torch.long))
 
     @torch.no_grad()
-    def fill(self, keys, labels, ids):
+    def fill(self, keys, labels, rows):
         self.keys.copy_(F.normalize(keys.float(), dim=1))
         self.labels.copy_(labels)
-        self.ids.copy_(ids)
+        self.ids.copy_(rows)
 
 
 class Queue(Memory):
@@ -90,25 +91,26 @@ class Queue(Memory):
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))  # the next slot to write
 
     @torch.no_grad()
-    def enqueue(self, keys, labels, ids):
-        """Writes a batch's keys (B, dim), labels (B,) and example ids (B,) over the oldest."""
+    def enqueue(self, keys, labels, rows):
+        """Writes a batch's keys (B, dim), labels (B,) and training-set rows (B,) over the
+        oldest."""
         size = len(self.keys)
         # The batch goes to slots ptr, ptr + 1, ... taken modulo size, so that it wraps round
         # the end onto the oldest keys; each key is normalised to unit length (dim 1). Then ptr
         # moves past the batch, modulo size too. A batch larger than the queue keeps its last
         # `size` keys.
         # BEGIN part memory
-        keys, labels, ids = keys[-size:], labels[-size:], ids[-size:]
+        keys, labels, rows = keys[-size:], labels[-size:], rows[-size:]
         slots = (self.ptr + torch.arange(len(keys), device=self.keys.device)) % size
         self.keys[slots] = F.normalize(keys.float(), dim=1)
         self.labels[slots] = labels
-        self.ids[slots] = ids
+        self.ids[slots] = rows
         self.ptr.copy_((self.ptr + len(keys)) % size)
         # END part memory
 
 
 class MemoryBank(Memory):
-    """Entry i is training example i's (ids = 0 .. size - 1)."""
+    """Entry i is training example i's (its rows, in ids: 0 .. size - 1)."""
 
     @torch.no_grad()
     def update(self, rows, queries, m=BANK_MOMENTUM):

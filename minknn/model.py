@@ -35,7 +35,7 @@ KNN_KEYS = (*POOLINGS, "decoupled")  # what a kNN datastore can store (--knn_key
 @dataclass
 class Output:
     logits: torch.Tensor      # (B, C), or (B,) for a similarity score
-    embeddings: torch.Tensor  # (B, H), the pooled representation z
+    z: torch.Tensor           # (B, H), the pooled representation
     hidden: torch.Tensor | None = None     # (B, T, H), the last hidden states, for pooling
                                            # another way (--knn_key)
     retrieval: torch.Tensor | None = None  # (B, H), r = MLP(z) with --decoupled, else None
@@ -121,7 +121,7 @@ class Model(nn.Module):
         if t.kind == "similarity" and logits.ndim == 2:
             logits = logits.squeeze(-1)
         r = self.retrieval(z) if self.retrieval is not None else None
-        return Output(logits=logits, embeddings=z, hidden=h, retrieval=r)
+        return Output(logits=logits, z=z, hidden=h, retrieval=r)
 
     @classmethod
     def from_config(cls, bert_config, tasks, pooling, pair_mode="cross", decoupled=False):

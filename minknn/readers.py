@@ -342,12 +342,12 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def reuters_text(body):
     """A story's text: its TITLE and BODY, or the whole TEXT element when it has neither (TYPE
     "UNPROC"); SGML entities (&lt;, &#3;) decoded, control characters removed."""
-    parts = [m.group(1) for tag in ("TITLE", "BODY")
+    pieces = [m.group(1) for tag in ("TITLE", "BODY")
              for m in [re.search(rf"<{tag}>(.*?)</{tag}>", body, re.S)] if m]
-    if not parts:
+    if not pieces:
         text = re.search(r"<TEXT[^>]*>(.*?)</TEXT>", body, re.S)
-        parts = [re.sub(r"<[^>]+>", " ", text.group(1))] if text else []
-    return CONTROL.sub(" ", html.unescape("\n".join(parts))).strip()
+        pieces = [re.sub(r"<[^>]+>", " ", text.group(1))] if text else []
+    return CONTROL.sub(" ", html.unescape("\n".join(pieces))).strip()
 
 
 def read_reuters(paths, task, source):

@@ -1,4 +1,4 @@
-"""What a training run is made of: its parts, built once from train.py's arguments, restored
+"""What a training run is made of, built once from train.py's arguments, restored
 from last.pt, and saved after each epoch. train.py's loop steps them; bench.py times the same ones.
 
     trainer, last = build(args, make_optimizer)   # last: last.pt's state, or None
@@ -8,7 +8,7 @@ from last.pt, and saved after each epoch. train.py's loop steps them; bench.py t
 evaluate() gives an epoch's dev scores, and check_epoch_finite() stops a run (Diverged) whose
 scores or weights are not finite, before the epoch is saved.
 
-A Trainer is no framework, only the parts (the loop is train.py's):
+A Trainer is no framework, only what a run holds (the loop is train.py's):
     device, tokenizer     --device; the model folder's vocabulary, cut at --max_len
     tasks, train, dev     each task (minknn/tasks.py), its training examples (all, or a
                           --max_train or --per_class draw) and its dev examples (a --max_eval
@@ -36,7 +36,7 @@ build() makes them in the order of their random draws: seed_everything(--seed), 
 (a probe fit draws nothing), the losses' parameters, the memory fill, then the streams. Another
 order trains another run from the same seed, and a resumed run would not be the run it continues.
 
-Under torchrun (minknn/distributed.py) every rank builds the same parts from the same seed and
+Under torchrun (minknn/distributed.py) every rank builds the same Trainer from the same seed and
 draws the same batches' rows; batch() encodes only the rank's slice of each batch, and forward()
 gathers the slices' outputs, so that every loss sees the whole batch. Rank 0 alone saves.
 """
@@ -264,7 +264,7 @@ def forward(trainer, batches):
     for name, (_, _, rows) in batches.items():
         n, output = sizes(len(rows), world()), outputs[name]
         if n[rank()] == 0:  # batch()'s stand-in example: no rows of this rank's
-            output = Output(output.logits[:0], output.embeddings[:0], retrieval=None
+            output = Output(output.logits[:0], output.z[:0], retrieval=None
                             if output.retrieval is None else output.retrieval[:0])
         gathered[name] = gather_output(output, n, model.siamese(model.tasks[name]))
     return gathered, keys

@@ -45,7 +45,7 @@ their_nca = pml.ProxyNCALoss(C, D, softmax_scale=3.0).double()
 their_nca.proxies.data.copy_(nca.proxies.data)
 compare("proxynca", nca, their_nca)
 
-st = SoftTripleLoss(C, D, tau=0.0).double()          # without the centre regulariser (compared below)
+st = SoftTripleLoss(C, D, reg_weight=0.0).double()          # without the centre regulariser (compared below)
 their_st = pml.SoftTripleLoss(C, D, centers_per_class=10, la=20, gamma=0.1, margin=0.01).double()
 their_st.fc.data.copy_(st.centres.data.reshape(C * 10, D).T)
 compare("softtriple", st, their_st)

@@ -62,7 +62,7 @@ class Encoder(nn.Module):
 
     def forward(self, task, x):
         z = self.encoder(x)
-        return Output(logits=self.head(z), embeddings=z)
+        return Output(logits=self.head(z), z=z)
 
 
 def inputs(n, seed=0):
@@ -131,7 +131,7 @@ def memory_steps(loss, kind, n=7, size=10, steps=2):
         total.backward()
         all_reduce_grads(model.parameters())
         optimizer.step()
-        moco.after_step(keys, y, rows, output.embeddings)
+        moco.after_step(keys, y, rows, output.z)
         losses.append(total.detach())
     return {"loss of each step": torch.stack(losses),
             **{f"memory {k}": v.clone() for k, v in moco.memory.state_dict().items()},
@@ -164,7 +164,7 @@ class Tasks(nn.Module):
 
     def forward(self, task, x):
         z = self.encoder(x)
-        return Output(logits=self.heads[task](z).squeeze(-1), embeddings=z)
+        return Output(logits=self.heads[task](z).squeeze(-1), z=z)
 
 
 def pcgrad_step(n=7):
@@ -205,8 +205,8 @@ def gather_pair(n=5):
     u, v = inputs(n, seed=3)[:, :D], inputs(n, seed=4)[:, :D]
     mine, slices = local(n)
     embeddings = torch.cat([u[mine], v[mine]])
-    output = gather_output(Output(logits=u[mine, 0], embeddings=embeddings), slices, pair=True)
-    return {"embeddings": output.embeddings, "logits": output.logits}
+    output = gather_output(Output(logits=u[mine, 0], z=embeddings), slices, pair=True)
+    return {"embeddings": output.z, "logits": output.logits}
 
 
 def proxies_broadcast():
@@ -371,5 +371,5 @@ def test_slices_cover_the_batch_in_order():
 def test_without_a_process_group_everything_is_the_identity():
     x = torch.randn(3, 2, requires_grad=True)
     assert (rank(), world(), is_main()) == (0, 1, True)
-    assert gather(x, [3]) is x and gather_output(Output(x, x), [3]).embeddings is x
+    assert gather(x, [3]) is x and gather_output(Output(x, x), [3]).z is x
     assert torch.equal(all_reduce_mean(x.detach().clone()), x.detach())

@@ -70,7 +70,7 @@ def test_predict_returns_each_example_in_order(tiny_bert_dir, tokenizer, data_di
         if model.siamese(task):
             assert z is None  # a siamese pair has two vectors: no representation to store
         else:
-            torch.testing.assert_close(z, torch.cat([o.embeddings for o in one_by_one]), atol=1e-5, rtol=1e-4,
+            torch.testing.assert_close(z, torch.cat([o.z for o in one_by_one]), atol=1e-5, rtol=1e-4,
                                        msg=f"{task.name}: representations out of order")
 
 

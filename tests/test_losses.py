@@ -181,7 +181,7 @@ def proxynca_oracle(h, y, loss):
 
 
 def proxyanchor_oracle(h, y, loss):
-    a, delta = loss.alpha, loss.delta
+    a, delta = loss.scale, loss.delta
     pos, neg = [], []
     for c, p in enumerate(loss.proxies):
         X_pos = [unit(x) for x, yi in zip(h, y) if yi == c]
@@ -209,7 +209,7 @@ def softtriple_oracle(h, y, loss):
         terms.append(-torch.log(top / (top + others)))
     R = sum(torch.sqrt(2 - 2 * W[c][s] @ W[c][t])
             for c in range(len(W)) for s in range(K) for t in range(s + 1, K))
-    return mean(terms) + loss.tau * R / (len(W) * K * (K - 1))
+    return mean(terms) + loss.reg_weight * R / (len(W) * K * (K - 1))
 
 
 ORACLES = {"triplet": triplet_oracle, "npairs": npairs_oracle, "supcon": supcon_oracle,
@@ -227,7 +227,7 @@ def knnbert_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss):
     per_query = []
     for i in range(len(h)):
         q = unit(h[i])
-        s = [q @ k / loss.tau for k in keys]
+        s = [q @ k / loss.temperature for k in keys]
         positives = [j for j in range(len(keys)) if key_labels[j] == y[i] and ids[j] != rows[i]]
         negatives = [j for j in range(len(keys)) if key_labels[j] != y[i]]
         if not positives:
@@ -249,8 +249,8 @@ def moco_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss):
     terms = []
     for i in range(len(h)):
         q = unit(h[i])
-        positive = torch.exp(q @ batch_keys[i] / loss.tau)
-        negatives = sum(torch.exp(q @ keys[j] / loss.tau)
+        positive = torch.exp(q @ batch_keys[i] / loss.temperature)
+        negatives = sum(torch.exp(q @ keys[j] / loss.temperature)
                         for j in range(len(keys)) if ids[j] != rows[i])
         terms.append(-torch.log(positive / (positive + negatives)))
     return mean(terms)
@@ -262,7 +262,7 @@ MEMORY_ORACLES = {"knnbert": knnbert_oracle, "moco": moco_oracle}
 def mlcon_oracle(h, y, loss):
     """L_con = sum_i sum_{j != i} -beta_ij log( exp(-d_ij / tau) / sum_{k != i} exp(-d_ik / tau) ),
     beta_ij = C_ij / sum_{k != i} C_ik, C_ij = y_i . y_j; a row with no shared label adds 0."""
-    B, tau, total = len(h), loss.tau, torch.tensor(0.0, dtype=h.dtype)
+    B, tau, total = len(h), loss.temperature, torch.tensor(0.0, dtype=h.dtype)
     d = [[(hi - hj).pow(2).sum().sqrt() for hj in h] for hi in h]   # d[i][j] = ||h_i - h_j||
     for i in range(B):
         shared = {j: float(y[i] @ y[j]) for j in range(B) if j != i}
@@ -675,7 +675,7 @@ def test_softtriple_weights_a_class_own_centres():
 
 
 def test_softtriple_the_margin_inside_the_scale():
-    loss = make("softtriple", tau=0.0)   # no regulariser
+    loss = make("softtriple", reg_weight=0.0)   # no regulariser
     loss.similarity = lambda h: torch.full((1, C), 0.5, dtype=torch.float64)  # S fixed: a tie
     v = value("softtriple", loss, randn(1, D, seed=0), torch.tensor([0]))
     want = math.log1p(3 * math.exp(20 * 0.01))
@@ -782,7 +782,7 @@ def test_knnbert_select_positives_by_rank():
 def knnbert_query(keys, tau=0.07):
     """The loss of one query, e_0 of class 0 and training row 0, over the memory `keys`."""
     vectors, labels, ids = memory_of(*keys)
-    return value("knnbert", make("knnbert", tau=tau), e(0)[None], torch.tensor([0]), None,
+    return value("knnbert", make("knnbert", temperature=tau), e(0)[None], torch.tensor([0]), None,
                  vectors, labels, torch.tensor([0]), ids)
 
 
@@ -828,7 +828,7 @@ def moco_query(keys, cos_positive=1.0, tau=0.07):
     """The MoCo loss of one query, e_0 of training row 0, over the memory `keys`."""
     positive = at_angle(math.acos(cos_positive))[None]
     vectors, labels, ids = memory_of(*keys)
-    return value("moco", make("moco", tau=tau), e(0)[None], torch.tensor([0]), positive,
+    return value("moco", make("moco", temperature=tau), e(0)[None], torch.tensor([0]), positive,
                  vectors, labels, torch.tensor([0]), ids)
 
 
@@ -1175,7 +1175,7 @@ def test_proxyanchor_averages_the_positive_term_over_the_proxies_in_the_batch():
 
 def test_knnbert_matches_equation_3_for_each_selection():
     for m_most, m_least in [(2, 3), (1, 0), (0, 2), (50, 100)]:
-        loss = make("knnbert", m_most=m_most, m_least=m_least, tau=0.5)
+        loss = make("knnbert", m_most=m_most, m_least=m_least, temperature=0.5)
         for seed in range(3):
             args = queue_case(seed)
             got, want = run("knnbert", loss, *args), knnbert_oracle(*args, loss)
@@ -1192,7 +1192,7 @@ def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
     angles = torch.tensor([0.1, 0.5, 0.9, 1.3, 1.7, 2.5], dtype=torch.float64)
     keys = torch.stack([angles.cos(), angles.sin()], 1)
     key_labels, ids = torch.tensor([0, 0, 0, 0, 0, 1]), torch.arange(1, 7)
-    loss = make("knnbert", m_most=1, m_least=2, tau=1.0)
+    loss = make("knnbert", m_most=1, m_least=2, temperature=1.0)
     s = keys @ q[0]
     # each selected positive j against the one negative, key 5
     term = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]))) for j in range(5)]
@@ -1232,7 +1232,7 @@ def test_moco_leaves_the_querys_own_older_key_out_of_its_negatives():
     q = fresh = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     angles = torch.tensor([2.0, 2.5, math.acos(0.995), 3.0], dtype=torch.float64)
     keys, ids = torch.stack([angles.cos(), angles.sin()], 1), torch.tensor([0, 1, 2, 3])
-    loss = make("moco", tau=0.07)
+    loss = make("moco", temperature=0.07)
     value = run("moco", loss, q, torch.tensor([0]), fresh, keys, torch.zeros(4, dtype=torch.long),
                 torch.tensor([2]), ids)
     s = keys[[0, 1, 3]] @ q[0] / 0.07
@@ -1247,11 +1247,11 @@ def test_moco_leaves_the_querys_own_older_key_out_of_its_negatives():
 def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
     """--memory bank: the positive is the example's own bank entry v_i; it appears once in the
     denominator, as in Wu et al.'s P(i | f_i) = exp(v_i.f / tau) / sum_j exp(v_j.f / tau)."""
-    loss = make("moco", tau=0.5)
+    loss = make("moco", temperature=0.5)
     for seed in range(3):
         h, _, v_i, bank, _, rows, ids = args = bank_case(seed)
-        want = mean([-torch.log(torch.exp(bank[row] @ unit(f) / loss.tau)
-                                / sum(torch.exp(v @ unit(f) / loss.tau) for v in bank))
+        want = mean([-torch.log(torch.exp(bank[row] @ unit(f) / loss.temperature)
+                                / sum(torch.exp(v @ unit(f) / loss.temperature) for v in bank))
                      for f, row in zip(h, rows)])
         got = run("moco", loss, *args)
         agrees("moco", near(got, want, atol=1e-9), f"the loss over a memory bank (seed {seed})",
@@ -1261,7 +1261,7 @@ def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
     # it could never fall below log 2
     bank = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
     rows = torch.tensor([0])
-    value = run("moco", make("moco", tau=0.07), bank[:1], None, bank[rows], bank, torch.zeros(4),
+    value = run("moco", make("moco", temperature=0.07), bank[:1], None, bank[rows], bank, torch.zeros(4),
                 rows, torch.arange(4))
     ok("moco", value.item() < 1e-5, f"the query on its own bank entry, the others far: got "
        f"{value.item():.4g}, expected about 0 (log 2 if the positive is also a negative)")
@@ -1337,7 +1337,7 @@ def test_every_metric_term_runs_in_fp32_under_autocast(name):
     else:
         objective, h = Objective(name, C, D), torch.randn(6, D)
         labels = F.one_hot(labels, C).float() if loss_kind(name) == "multilabel" else labels
-    out = Output(logits=torch.randn(6, 2 if name.startswith("pair_loss") else C), embeddings=h)
+    out = Output(logits=torch.randn(6, 2 if name.startswith("pair_loss") else C), z=h)
     loss = name.split()[-1]
     fp32 = run(loss, objective, out, labels)[1]["metric"]
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -1414,7 +1414,7 @@ def test_setfit_batches_are_the_first_texts_then_the_second_and_resume():
 def test_objective_mixes_ce_and_metric():
     torch.manual_seed(0)
     logits, h, y = torch.randn(6, C), torch.randn(6, D), torch.tensor([0, 1, 0, 1, 2, 2])
-    out = Output(logits=logits, embeddings=h)
+    out = Output(logits=logits, z=h)
     ce = F.cross_entropy(logits, y)
     metric = Objective("supcon", C, D).metric(h, y)
     assert Objective("ce", C, D)(out, y)[0] == ce
@@ -1432,7 +1432,7 @@ def test_setfit_objective_is_the_pair_loss_alone():
     logits, h = torch.randn(6, C, requires_grad=True), torch.randn(6, D, requires_grad=True)
     y = torch.tensor([0, 1, 0, 0, 2, 1])
     objective = Objective("setfit", C, D)
-    total, parts = objective(Output(logits=logits, embeddings=h), y)
+    total, parts = objective(Output(logits=logits, z=h), y)
     torch.testing.assert_close(total, setfit_oracle(h.detach().double(), y, None).float(),
                                msg="--loss setfit: the objective is the pair loss alone, lam 1")
     assert set(parts) == {"metric"} and objective.lam == 1, parts
@@ -1445,13 +1445,13 @@ def test_objective_passes_the_memory_and_runs_outside_autocast():
     torch.manual_seed(0)
     queue = Queue(12, D)
     queue.fill(torch.randn(12, D), torch.arange(12) % C, torch.arange(12))
-    out = Output(logits=torch.randn(4, C), embeddings=torch.randn(4, D))
+    out = Output(logits=torch.randn(4, C), z=torch.randn(4, D))
     y = torch.tensor([0, 1, 2, 3])
     rows = torch.tensor([0, 5, 6, 11])  # each query's own older key is in the queue
     objective = Objective("knnbert", C, D, m_most=1, m_least=1)
     assert (objective.metric.m_most, objective.metric.m_least, objective.lam) == (1, 1, 0.1)
     total, parts = objective(out, y, None, queue, rows)
-    expected = knnbert_oracle(out.embeddings.double(), y, None, queue.keys.double(), queue.labels,
+    expected = knnbert_oracle(out.z.double(), y, None, queue.keys.double(), queue.labels,
                               rows, queue.ids, objective.metric)
     assert parts["metric"].item() == pytest.approx(expected.item(), rel=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 autocast must not reach q.k / tau
@@ -1464,7 +1464,7 @@ def test_multilabel_objective_adds_gamma_mlcon_to_an_unweighted_bce():
     torch.manual_seed(0)
     logits, h = torch.randn(4, C), torch.randn(4, D)
     y = torch.tensor(MULTI_HOT["one shares no label"], dtype=torch.float)
-    out = Output(logits=logits, embeddings=h)
+    out = Output(logits=logits, z=h)
     bce = F.binary_cross_entropy_with_logits(logits, y)
     total, parts = Objective("mlcon", C, D)(out, y)
     ok("mlcon", near(total, bce + 0.1 * mlcon(h, y), rtol=1e-6), "the objective of --loss mlcon "
@@ -1478,13 +1478,13 @@ def test_task_losses_follow_their_formulas():
     score, gold = torch.rand(6) * 5, torch.rand(6) * 5
     for sts_loss, reduce in (("mse", lambda d: d.pow(2).mean()), ("l1", lambda d: d.abs().mean())):
         loss = task_loss(TASKS["sts"], D, {"sts_loss": sts_loss})
-        torch.testing.assert_close(loss(Output(logits=score, embeddings=None), gold)[0],
+        torch.testing.assert_close(loss(Output(logits=score, z=None), gold)[0],
                                    reduce(score - gold), msg=f"sts --sts_loss {sts_loss}")
     # a paraphrase task is 2-class classification: cross-entropy over two logits
     logits, labels = torch.randn(6, 2), torch.tensor([1, 0, 1, 1, 0, 1])
     u, v = torch.randn(6, D), torch.randn(6, D)
     # siamese: the 6 first texts, then the 6 second
-    out = Output(logits=logits, embeddings=torch.cat([u, v]))
+    out = Output(logits=logits, z=torch.cat([u, v]))
     ce = F.cross_entropy(logits, labels)
     torch.testing.assert_close(task_loss(TASKS["mrpc"], D, {"loss": "supcon"}, siamese=True)(
         out, labels)[0], ce, msg="a siamese pair task gets CE: --loss needs one vector per example")
@@ -1516,7 +1516,7 @@ def test_a_multilabel_task_under_another_kinds_loss_keeps_bce():
     y = torch.zeros(4, 90)
     y[[0, 1, 2, 3], [0, 5, 5, 7]] = 1
     objective = task_loss(TASKS["reuters"], 8, {"loss": "supcon"})
-    total, _ = objective(Output(logits=logits, embeddings=h), y)
+    total, _ = objective(Output(logits=logits, z=h), y)
     torch.testing.assert_close(total, F.binary_cross_entropy_with_logits(logits, y),
                                msg="reuters under --loss supcon (a multitask run): BCE alone")
 
@@ -1527,8 +1527,8 @@ def test_bce_is_the_mean_over_every_cell():
     p = torch.sigmoid(logits)
     # over the 2 x 3 (example, class) cells
     expected = -(y * p.log() + (1 - y) * (1 - p).log()).mean()
-    got = Objective("bce", 3, D)(Output(logits=logits, embeddings=None), y)[0]
+    got = Objective("bce", 3, D)(Output(logits=logits, z=None), y)[0]
     torch.testing.assert_close(got, expected,
                                msg="--loss bce: the mean over every (example, class) cell")
-    assert METRIC_LOSSES["mlcon"]().tau == 10.0 and METRIC_LOSSES["mlcon"].lam == 0.1, \
+    assert METRIC_LOSSES["mlcon"]().temperature == 10.0 and METRIC_LOSSES["mlcon"].lam == 0.1, \
         "Su et al.: tau' 10, gamma 0.1"

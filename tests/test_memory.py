@@ -33,7 +33,7 @@ def labels_of(examples):
 
 
 class StandIn(nn.Module):
-    """A model with the interface MoCo uses (model(task, **batch).embeddings, bert.config), whose
+    """A model with the interface MoCo uses (model(task, **batch).z, bert.config), whose
     representation is a linear map of the batch's x (B, 6): the memory's tests need no BERT."""
 
     def __init__(self, seed=0, dim=4):
@@ -46,7 +46,7 @@ class StandIn(nn.Module):
         self.bert = SimpleNamespace(config=SimpleNamespace(hidden_size=dim))
 
     def forward(self, task, x):
-        return SimpleNamespace(embeddings=self.linear(x))
+        return SimpleNamespace(z=self.linear(x))
 
 
 def trained(model, seed=1):
@@ -384,14 +384,14 @@ def test_train_step_leaves_each_querys_own_keys_out(model, tiny_bert_dir, data_d
     # example's key
     torch.manual_seed(1)
     keys = moco.key_encoder("sst", inputs) if kind == "queue" else memory_before[rows]
-    h = model("sst", **inputs).embeddings.detach().double()
+    h = model("sst", **inputs).z.detach().double()
     others = [[j for j in range(len(train_set)) if j != row] for row in rows.tolist()]
     q = F.normalize(h, dim=1)
     expected = []
     for i, row in enumerate(rows.tolist()):
-        s = q[i] @ memory_before[others[i]].double().T / objective.metric.tau
+        s = q[i] @ memory_before[others[i]].double().T / objective.metric.temperature
         if loss_name == "moco":
-            positive = q[i] @ keys[i].double() / objective.metric.tau
+            positive = q[i] @ keys[i].double() / objective.metric.temperature
             expected.append(torch.nn.functional.softplus(s.logsumexp(0) - positive))
         else:  # knnbert with at most 2 + 2 positives: all of another example's same-class keys
             same = labels_of(train_set)[others[i]] == labels[i]

@@ -128,7 +128,7 @@ def test_classifier_shapes_and_pretrain_freezes_bert(tiny_bert):
     model = Model(tiny_bert, [TASKS["sst"]], pooling="mean", option="pretrain")
     ids = torch.randint(5, 50, (3, 6))
     out = model("sst", ids, torch.ones_like(ids))
-    assert out.logits.shape == (3, 5) and out.embeddings.shape == (3, 32)
+    assert out.logits.shape == (3, 5) and out.z.shape == (3, 32)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {"heads.sst.weight", "heads.sst.bias"}
 
@@ -150,7 +150,7 @@ def test_siamese_heads_follow_their_formulas(tiny_bert):
     ids = torch.randint(5, 50, (8, 6))  # 4 pairs: the 4 first texts, then the 4 second ones
     with torch.no_grad():
         sts, para = model("sts", ids, torch.ones_like(ids)), model("mrpc", ids, torch.ones_like(ids))
-    u, v = sts.embeddings.chunk(2)
+    u, v = sts.z.chunk(2)
     torch.testing.assert_close(sts.logits, 2.5 * (F.cosine_similarity(u, v) + 1), msg="siamese sts: 2.5 (cos + 1)")
     head = model.heads["mrpc"]  # [u, v, |u - v|] -> two logits (dropout is off in eval mode)
     torch.testing.assert_close(para.logits, head(torch.cat([u, v, (u - v).abs()], -1)),

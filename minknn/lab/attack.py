@@ -498,11 +498,12 @@ def rule_classifier(args, model, losses, tokenizer, task, device, datastore, key
 
     def classify(texts):
         examples = [Example(text=t) for t in texts]
-        outputs, reps = predict(model, tokenizer, task, examples, args.batch_size, device,
+        # the pooled z, or for a kNN rule the queries in the datastore's representation
+        outputs, queries = predict(model, tokenizer, task, examples, args.batch_size, device,
                                 key=key if datastore is not None else None,
                                 precision=args.precision)
-        knn = knn_probabilities(datastore, reps, s) if datastore is not None else None
-        return rule_probabilities(args.attack, task, outputs, reps, losses[task.name],
+        knn = knn_probabilities(datastore, queries, s) if datastore is not None else None
+        return rule_probabilities(args.attack, task, outputs, queries, losses[task.name],
                                   args.proxy_alpha, knn, s.phi)
     return classify
 

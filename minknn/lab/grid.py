@@ -56,13 +56,13 @@ class Cell:
 
 def split_top(text, sep):
     """Splits on `sep` outside brackets: 'a[x=1,2],b' -> ['a[x=1,2]', 'b']."""
-    parts, depth, start = [], 0, 0
+    pieces, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         depth += {"[": 1, "]": -1}.get(ch, 0)
         if ch == sep and depth == 0:
-            parts.append(text[start:i])
+            pieces.append(text[start:i])
             start = i + 1
-    return parts + [text[start:]]
+    return pieces + [text[start:]]
 
 
 def parse_grid(text, where, flag="--methods"):

@@ -232,7 +232,7 @@ def budget_note(lines, methods, labels):
     for m in full:
         for flag, vs in values[m].items():
             most[flag] = max(most.get(flag, 0), len(vs))
-    parts = []
+    budgets = []
     for m in methods:
         if m in full:
             continue
@@ -241,10 +241,10 @@ def budget_note(lines, methods, labels):
                for flag in most if flag not in values[m]]
         why += [f"its own {flag}={','.join(map(str, sorted(values[m][flag])))}"
                 for flag in most if 0 < len(values[m].get(flag, ())) < most[flag]]
-        parts.append(f"{labels[m]}: {n} training{'s' * (n != '1')}"
+        budgets.append(f"{labels[m]}: {n} training{'s' * (n != '1')}"
                      + (f" ({', '.join(why)})" if why else ""))
     rest = f"{labels[full[0]]}: {top} trainings" if len(full) == 1 else f"the others {top}"
-    return [f"Budget, trainings per task, size and seed{searched}: {', '.join(parts)}, {rest}."]
+    return [f"Budget, trainings per task, size and seed{searched}: {', '.join(budgets)}, {rest}."]
 
 
 def choices_note(size, tasks, methods, labels, chosen, select=None):

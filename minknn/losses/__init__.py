@@ -3,8 +3,8 @@ and one line in METRIC_LOSSES; train.py needs no change, and tests/test_losses.p
 (it asks for one thing more, by name: the loss's oracle, a literal transcription of its formula).
 
 Every metric-learning loss is an nn.Module built as Loss(num_classes, dim) and called as
-loss(h, labels), with h the pooled representation (B, dim) and labels the batch's targets: class
-indices (B,), or multi-hot rows (B, C) for a multi-label loss. Each file normalises h itself where
+loss(z, labels), with z the pooled representation (B, dim) and labels the batch's targets: class
+indices (B,), or multi-hot rows (B, C) for a multi-label loss. Each file normalises z itself where
 its formula says so. A loss may own parameters (the proxies of the proxy losses); they are
 trained with their own learning rate (--proxy_lr) and saved in the checkpoint. A loss's `kind`
 says which tasks it trains: classify (the default) or multilabel (mlcon).
@@ -12,7 +12,7 @@ says which tasks it trains: classify (the default) or multilabel (mlcon).
 Each task of a run gets its kind's loss (task_loss below): for a classification task the
 combined objective of the DML paper (eq. 8) and KNN-BERT (eq. 6),
 
-    L = (1 - lam) CE(F(h), y) + lam L_metric(h, y)
+    L = (1 - lam) CE(F(z), y) + lam L_metric(z, y)
 
 and for a multi-label task Su et al.'s L = BCE + lam L_con (the BCE keeps weight 1, as in their
 paper); --loss ce (classify) and --loss bce (multilabel) are the base losses alone. A similarity
@@ -26,12 +26,12 @@ SetFit's pair loss (setfit.py) is the whole objective and trains no head (its `t
 False): train.py fits the head by logistic regression after each epoch, and feeds it pair
 batches (the B first texts, then the B second ones).
 With --decoupled the metric term is Liang et al.'s triplet loss on the retrieval head's output r
-instead of h (minknn/losses/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
+instead of z (minknn/losses/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
 task, it is a pair loss on the two texts' vectors (pairs.py).
 
 The memory losses (knnbert, moco) also see the MoCo memory (minknn/memory.py): they are called as
-loss(h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids), batch_keys being the
-key encoder's encoding of the same batch, rows the batch's training-set rows and memory_ids the
+loss(z, labels, batch_keys, memory_keys, memory_labels, rows, memory_rows), batch_keys being the
+key encoder's encoding of the same batch, rows the batch's training-set rows and memory_rows the
 rows of the keys' examples (a query's own older keys are left out). A loss built with train.py
 flags lists them in its `flags` attribute.
 Every metric loss runs outside autocast, in fp32: a bf16 q.k / 0.07 would be off by a few percent.
@@ -132,7 +132,7 @@ class Objective(nn.Module):
     metric loss, (1 - lam) base + lam metric (classify) or base + lam metric (multilabel).
     Called as objective(output, targets) with the model's Output, plus the batch's keys, the
     memory and the batch's training-set rows for a memory loss; returns the total and, for the
-    progress bar, its parts."""
+    progress bar, its terms."""
 
     def __init__(self, name, num_classes, dim, lam=None, decoupled=False, pair_loss=None,
                  positive=None, **flags):
@@ -160,13 +160,13 @@ class Objective(nn.Module):
     def forward(self, output, labels, batch_keys=None, memory=None, rows=None):
         if self.metric is None:
             return self.base(output, labels), {}
-        h = (output.retrieval if self.decoupled else output.embeddings).float()
-        with torch.autocast(h.device.type, enabled=False):
+        z = (output.retrieval if self.decoupled else output.z).float()
+        with torch.autocast(z.device.type, enabled=False):
             if self.uses_memory:
-                metric = self.metric(h, labels, batch_keys, memory.keys, memory.labels, rows,
+                metric = self.metric(z, labels, batch_keys, memory.keys, memory.labels, rows,
                                      memory.ids)
             else:
-                metric = self.metric(h, labels)
+                metric = self.metric(z, labels)
         if not self.trains_head:  # SetFit: the pair loss alone; the head is fit after each epoch
             return metric, {"metric": metric.detach()}
         # Su et al.: BCE + gamma L_con

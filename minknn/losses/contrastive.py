@@ -2,7 +2,7 @@
 report.
 
     L(i, j) = 1/2 (1 - y_ij) d_ij^2 + 1/2 y_ij max(0, m - d_ij)^2
-    d_ij = ||z_i - z_j||,  z = h / ||h||
+    d_ij = ||u_i - u_j||,  u = z / ||z||, the L2-normalised pooled representation
 
 y_ij = 1 marks a DISSIMILAR pair, 0 a similar one (Hadsell's convention, kept from the report):
 similar pairs are pulled together, dissimilar ones pushed to at least the margin m apart.
@@ -38,17 +38,17 @@ class ContrastiveLoss(nn.Module):
         super().__init__()
         self.margin = margin
 
-    def forward(self, h, labels):
-        # h (B, dim), labels (B,). Every unordered pair i < j once (torch.triu_indices with
+    def forward(self, z, labels):
+        # z (B, dim), labels (B,). Every unordered pair i < j once (torch.triu_indices with
         # offset 1: not i with itself, not (j, i) again); d_ij = ||z_i - z_j|| of the normalised
         # vectors, sqrt(2 - 2 z_i.z_j), clamped away from 0 before the sqrt (its gradient at 0 is
         # infinite). A pair is dissimilar when the labels differ; the mean over the pairs.
         # BEGIN part contrastive
-        z = F.normalize(h, dim=-1)
-        i, j = torch.triu_indices(len(z), len(z), offset=1, device=z.device)   # every pair i < j
+        u = F.normalize(z, dim=-1)
+        i, j = torch.triu_indices(len(u), len(u), offset=1, device=u.device)   # every pair i < j
         if len(i) == 0:
-            return z.sum() * 0.0
+            return u.sum() * 0.0
         # ||z_i - z_j|| = sqrt(2 - 2 z_i.z_j); the clamp keeps the gradient finite for equal vectors
-        d = (2 - 2 * (z[i] * z[j]).sum(-1)).clamp(min=1e-12).sqrt()
+        d = (2 - 2 * (u[i] * u[j]).sum(-1)).clamp(min=1e-12).sqrt()
         return contrastive(d, labels[i] != labels[j], self.margin).mean()
         # END part contrastive

@@ -4,7 +4,7 @@ Pre-Trained Models with KNN Classifier", eq. 3).
     L_sc(q) = 1/|S(q)| sum_{k_j in S(q)}
               -log( exp(q.k_j / tau) / sum_{k_i in N(q) + {k_j}} exp(q.k_i / tau) )
 
-    q = h / ||h||      the query: the L2-normalised pooled representation of a training example
+    q = z / ||z||      the query: the L2-normalised pooled representation of a training example
     k_i                the memory's keys (already L2-normalised), each with a label: the MoCo queue
                        or the memory bank (minknn/memory.py, --memory queue|bank)
     P(q) = keys with q's label (positives), except the query's own older keys (below);
@@ -67,17 +67,17 @@ def select_positives(s, positive, m_most, m_least):
     # END part knnbert
 
 
-def knnbert_loss(q, labels, rows, keys, key_labels, key_ids, m_most, m_least, tau):
+def knnbert_loss(q, labels, rows, keys, key_labels, key_rows, m_most, m_least, temperature):
     """q (B, d) unit queries, labels (B,), rows (B,) their training-set rows; keys (K, d) unit
-    keys, key_labels (K,), key_ids (K,) their examples' rows. A scalar."""
+    keys, key_labels (K,), key_rows (K,) their examples' rows. A scalar."""
     # s = q k^T / tau, (B, K). Positives: keys of the query's label, minus its own older keys
-    # (rows against key_ids); S(q) from select_positives. Negatives: keys of another label. Each
+    # (rows against key_rows); S(q) from select_positives. Negatives: keys of another label. Each
     # selected k_j gives softplus(logsumexp_N(s) - s_j): k_j itself stays in its denominator.
     # Average over each query's S(q), then over the queries with at least one selected key.
     # BEGIN part knnbert
-    s = q @ keys.T / tau                                               # (B, K)
+    s = q @ keys.T / temperature                                       # (B, K)
     same_class = labels[:, None] == key_labels[None, :]
-    own = rows[:, None] == key_ids[None, :]                            # the query's older keys
+    own = rows[:, None] == key_rows[None, :]                            # the query's older keys
     positive = same_class & ~own
     selected = select_positives(s, positive, m_most, m_least)
     # (B, 1); -inf if none
@@ -121,18 +121,19 @@ class KNNBertLoss(nn.Module):
                     f"{m_most} and {m_least}")
         return None
 
-    def __init__(self, num_classes=None, dim=None, m_most=M_MOST, m_least=M_LEAST, tau=0.07):
+    def __init__(self, num_classes=None, dim=None, m_most=M_MOST, m_least=M_LEAST,
+                 temperature=0.07):
         super().__init__()
-        self.m_most, self.m_least, self.tau = m_most, m_least, tau
+        self.m_most, self.m_least, self.temperature = m_most, m_least, temperature
         self.checked = False  # the classes' sizes in memory, looked at on the first call
 
-    def forward(self, h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids):
+    def forward(self, z, labels, batch_keys, memory_keys, memory_labels, rows, memory_rows):
         if not self.checked:  # checked once, on the memory the run starts with
             warn_if_every_positive_is_used(memory_labels, self.m_most, self.m_least)
             self.checked = True
         # batch_keys (the key encoder's view of this batch) are not used: they join the memory
-        # after the step. The query is the normalised h.
+        # after the step. The query is the normalised z.
         # BEGIN part knnbert
-        return knnbert_loss(F.normalize(h, dim=-1), labels, rows, memory_keys, memory_labels,
-                            memory_ids, self.m_most, self.m_least, self.tau)
+        return knnbert_loss(F.normalize(z, dim=-1), labels, rows, memory_keys, memory_labels,
+                            memory_rows, self.m_most, self.m_least, self.temperature)
         # END part knnbert

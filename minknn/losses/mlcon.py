@@ -52,7 +52,7 @@ import torch
 import torch.nn as nn
 
 
-def mlcon(z, y, tau=10.0):
+def mlcon(z, y, temperature=10.0):
     """z (B, d) representations, y (B, C) multi-hot labels. A scalar."""
     # d (B, B): Euclidean distances (not squared) of the raw z, by broadcasting z[:, None] -
     # z[None]; clamp before the sqrt (d_ii = 0). log_p: log-softmax of -d / tau' over each row's
@@ -66,7 +66,7 @@ def mlcon(z, y, tau=10.0):
     eye = torch.eye(B, dtype=torch.bool, device=z.device)
     # the clamp keeps d_ii's gradient finite
     d = ((z[:, None] - z[None]) ** 2).sum(-1).clamp(min=1e-12).sqrt()   # (B, B)
-    logits = (-d / tau).masked_fill(eye, float("-inf"))                 # k in g(i): every k != i
+    logits = (-d / temperature).masked_fill(eye, float("-inf"))                 # k in g(i): every k != i
     log_p = (logits - logits.logsumexp(1, keepdim=True)).masked_fill(eye, 0.0)
     C = (y @ y.T).masked_fill(eye, 0.0)                                  # (B, B) shared labels
     # counts (y multi-hot): a row of zeros stays zeros
@@ -94,16 +94,16 @@ class MultiLabelContrastiveLoss(nn.Module):
         "help": "L_con summed over the batch as Su et al. write it, or its mean over the examples "
                 "that share a label with another, on BCE's scale (minknn/losses/mlcon.py)"}}
 
-    def __init__(self, num_classes=None, dim=None, tau=10.0, mlcon_reduction="sum"):
+    def __init__(self, num_classes=None, dim=None, temperature=10.0, mlcon_reduction="sum"):
         super().__init__()
         if mlcon_reduction not in REDUCTIONS:
             raise ValueError(f"mlcon_reduction must be one of {REDUCTIONS}, "
                              f"got {mlcon_reduction!r}")
-        self.tau, self.reduction = tau, mlcon_reduction
+        self.temperature, self.reduction = temperature, mlcon_reduction
 
-    def forward(self, h, labels):
-        y = labels.to(h.dtype)
-        total = mlcon(h, y, self.tau)                                    # the paper's sum
+    def forward(self, z, labels):
+        y = labels.to(z.dtype)
+        total = mlcon(z, y, self.temperature)                                    # the paper's sum
         if self.reduction == "mean":  # over the anchors with a sharer; none: 0 / 1
             return total / anchors_with_a_sharer(y).clamp(min=1)
         return total

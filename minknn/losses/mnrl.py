@@ -46,14 +46,14 @@ class MNRLoss(nn.Module):
         super().__init__()
         self.scale = scale
 
-    def forward(self, h, labels):
-        # h (B, dim), labels (B,). S = scale * z z^T, (B, B). As in npairs.py: for each anchor,
+    def forward(self, z, labels):
+        # z (B, dim), labels (B,). S = scale * u u^T, (B, B). As in npairs.py: for each anchor,
         # logsumexp of S over its negatives (another label; a masked row), then every (i, p),
         # p != i of the same label, gives softplus(that - S_ip). Same-class examples other than
         # p are not candidates at all. The mean over the (i, p) pairs; none gives 0.
         # BEGIN part mnrl
-        z = F.normalize(h, dim=-1)
-        s = self.scale * z @ z.T                                   # (B, B) S(x_i, x_j)
+        u = F.normalize(z, dim=-1)
+        s = self.scale * u @ u.T                                   # (B, B) S(x_i, x_j)
         positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
         negative = labels[:, None] != labels[None, :]
         if not positive.any() or not negative.any():

@@ -4,7 +4,7 @@ Representation Learning", eq. 1), the baseline KNN-BERT compares with (its Table
     L(q) = -log( exp(q.k+ / tau) / (exp(q.k+ / tau) + sum_{k_i in N(q)} exp(q.k_i / tau)) )
          = softplus( logsumexp_{N(q)}(q.k_i / tau) - q.k+ / tau )
 
-    q = h / ||h||   the query: the L2-normalised pooled representation of training example i
+    q = z / ||z||   the query: the L2-normalised pooled representation of training example i
     k+              the positive: the key encoder's encoding of the same example (--memory queue),
                     or that example's own memory-bank entry v_i (--memory bank)
     N(q)            the negatives: every key in memory except those of example i itself (each
@@ -32,21 +32,21 @@ class MoCoLoss(nn.Module):
     part = "moco-loss"  # the assignment's (minknn/parts.py)
     uses_memory = True  # called with the batch's keys and the memory (Objective.forward)
 
-    def __init__(self, num_classes=None, dim=None, tau=0.07):
+    def __init__(self, num_classes=None, dim=None, temperature=0.07):
         super().__init__()
-        self.tau = tau
+        self.temperature = temperature
 
-    def forward(self, h, labels, batch_keys, memory_keys, memory_labels, rows, memory_ids):
-        """h (B, d), batch_keys (B, d) the positives, rows (B,) the batch's training-set rows;
-        memory_keys (K, d) unit keys, memory_ids (K,) their examples' rows. A scalar."""
-        # q = normalised h. The positive logit q.k+ / tau, (B,); the negatives' logits
+    def forward(self, z, labels, batch_keys, memory_keys, memory_labels, rows, memory_rows):
+        """z (B, d), batch_keys (B, d) the positives, rows (B,) the batch's training-set rows;
+        memory_keys (K, d) unit keys, memory_rows (K,) their examples' rows. A scalar."""
+        # q = normalised z. The positive logit q.k+ / tau, (B,); the negatives' logits
         # q.k_i / tau, (B, K), with -inf where a key belongs to the query's own example (rows
-        # against memory_ids). -log(e^pos / (e^pos + sum_N e^neg)) = softplus(lse_N - pos): the
+        # against memory_rows). -log(e^pos / (e^pos + sum_N e^neg)) = softplus(lse_N - pos): the
         # positive stays in the denominator. The mean over the batch.
         # BEGIN part moco-loss
-        q = F.normalize(h, dim=-1)
-        positive = (q * batch_keys).sum(1) / self.tau                            # (B,)
-        own = rows[:, None] == memory_ids[None, :]                                # (B, K)
-        s = (q @ memory_keys.T / self.tau).masked_fill(own, float("-inf"))        # (B, K)
+        q = F.normalize(z, dim=-1)
+        positive = (q * batch_keys).sum(1) / self.temperature                            # (B,)
+        own = rows[:, None] == memory_rows[None, :]                                # (B, K)
+        s = (q @ memory_keys.T / self.temperature).masked_fill(own, float("-inf"))        # (B, K)
         return F.softplus(s.logsumexp(1) - positive).mean()
         # END part moco-loss

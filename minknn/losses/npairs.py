@@ -10,7 +10,7 @@ label is an (anchor, positive) pair, and all examples of the other classes are i
 builds batches of exactly one pair per class; taking every same-class pair keeps the loss
 independent of the order of the batch.)
 
-f is the pooled representation h as it is, NOT normalised: Sohn uses raw inner products and keeps
+f is the pooled representation z as it is, NOT normalised: Sohn uses raw inner products and keeps
 the norms in check with an L2 penalty; l2_reg = 0.002 is a small weight of our choosing. lam = 0.1.
 A batch with no (anchor, positive, negative) triple, e.g. a single class, gives 0 (plus the
 penalty).
@@ -28,15 +28,15 @@ class NPairsLoss(nn.Module):
         super().__init__()
         self.l2_reg = l2_reg
 
-    def forward(self, h, labels):
-        # h (B, dim) as it is (raw inner products, no normalisation), labels (B,).
-        # s = h h^T holds every f_a.f_n. For each anchor, log sum_n exp(f_a.f_n) over its
+    def forward(self, z, labels):
+        # z (B, dim) as it is (raw inner products, no normalisation), labels (B,).
+        # s = z z^T holds every f_a.f_n. For each anchor, log sum_n exp(f_a.f_n) over its
         # negatives by logsumexp on a masked row (-inf where not a negative); then every (a, p)
         # term is softplus(that - f_a.f_p) = log(1 + sum_n exp(f_a.f_n - f_a.f_p)). A pair needs
         # p != a. The penalty: l2_reg times the mean over the batch of ||f_i||^2.
         # BEGIN part npairs
-        penalty = self.l2_reg * h.pow(2).sum(-1).mean()
-        s = h @ h.T                                                # (B, B) inner products f_i.f_j
+        penalty = self.l2_reg * z.pow(2).sum(-1).mean()
+        s = z @ z.T                                                # (B, B) inner products f_i.f_j
         positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
         negative = labels[:, None] != labels[None, :]
         if not positive.any() or not negative.any():

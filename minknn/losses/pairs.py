@@ -8,7 +8,7 @@ the two texts' vectors u and v, added to the task's cross-entropy as (1 - lam) C
 
 A pair "matches" when its label is the task's positive class (Task.positive: Quora's duplicate,
 MRPC's paraphrase). The siamese batch's representations are the B first texts, then the B
-second ones (minknn/model.py), so h (2B, H) splits into u and v.
+second ones (minknn/model.py), so z (2B, H) splits into u and v.
 """
 import torch.nn as nn
 import torch.nn.functional as F
@@ -26,10 +26,10 @@ class PairLoss(nn.Module):
         self.loss = PAIR_LOSSES[name]()
         self.lam = self.loss.lam
 
-    def forward(self, h, labels):
-        u, v = h.chunk(2)
+    def forward(self, z, labels):
+        u, v = z.chunk(2)
         match = labels == self.positive
         if self.name == "contrastive":
             d = (F.normalize(u, dim=-1) - F.normalize(v, dim=-1)).norm(dim=-1)
             return contrastive(d, ~match, self.loss.margin).mean()
-        return mnrl_pairs(u[match], v[match], self.loss.scale) if match.any() else h.sum() * 0.0
+        return mnrl_pairs(u[match], v[match], self.loss.scale) if match.any() else z.sum() * 0.0

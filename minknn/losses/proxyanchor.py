@@ -10,13 +10,13 @@ class and pushes the others away, weighting the hard ones most (the log-sum-exp)
     X_p+ = the batch's examples of p's class;  X_p- = all the others
     cos(x, p) = x.p / (||x|| ||p||)   (both normalised here)
 
-Hyper-parameters: scale alpha = 32, margin delta = 0.1 (the paper's values); lam = 0.5 (the proxy
+Hyper-parameters: scale alpha = 32 (`scale` in the code), margin delta = 0.1 (the paper's values); lam = 0.5 (the proxy
 term carries as much weight as cross-entropy; the DML paper tunes this mix). The proxies are
 initialised at random and trained with their own, larger learning rate (train.py --proxy_lr,
 default 100x the encoder's, following the authors' "x100" for proxies).
 log(1 + sum exp(a)) is computed as logsumexp over [0, a...], which neither overflows nor, for an
 empty set, returns anything but log 1 = 0.
-`class_logits` gives alpha * cos(h, p_c), used by proxy inference (minknn/proxy.py).
+`class_logits` gives alpha * cos(z, p_c), used by proxy inference (minknn/proxy.py).
 """
 import torch
 import torch.nn as nn
@@ -34,30 +34,30 @@ class ProxyAnchorLoss(nn.Module):
     lam = 0.5
     part = "proxyanchor"  # the assignment's (minknn/parts.py)
 
-    def __init__(self, num_classes, dim, alpha=32.0, delta=0.1):
+    def __init__(self, num_classes, dim, scale=32.0, delta=0.1):
         super().__init__()
-        self.alpha, self.delta = alpha, delta
+        self.scale, self.delta = scale, delta
         self.proxies = nn.Parameter(torch.randn(num_classes, dim))
 
-    def cos(self, h):
+    def cos(self, z):
         # (B, C): cos(x_b, p_c), both normalised.
         # BEGIN part proxyanchor
-        return F.normalize(h, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
+        return F.normalize(z, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
         # END part proxyanchor
 
-    def class_logits(self, h):
-        return self.alpha * self.cos(h)
+    def class_logits(self, z):
+        return self.scale * self.cos(z)
 
-    def forward(self, h, labels):
+    def forward(self, z, labels):
         # positive[b, c]: example b is of class c (F.one_hot), so column c is X_p+ and ~column c
         # X_p-. Each proxy's two terms by log1p_sum_exp over the BATCH (dim 0), giving (C,) each:
         # -alpha (cos - delta) on its positives, alpha (cos + delta) on its negatives. The first
         # is averaged over P+ only (proxies with an example in the batch), the second over all C.
         # BEGIN part proxyanchor
-        cos = self.cos(h)
+        cos = self.cos(z)
         positive = F.one_hot(labels, len(self.proxies)).bool()    # (B, C): x in X_p+
         with_positives = positive.any(0)                           # P+
-        pos_term = log1p_sum_exp(-self.alpha * (cos - self.delta), positive, dim=0)    # (C,)
-        neg_term = log1p_sum_exp(self.alpha * (cos + self.delta), ~positive, dim=0)    # (C,)
+        pos_term = log1p_sum_exp(-self.scale * (cos - self.delta), positive, dim=0)    # (C,)
+        neg_term = log1p_sum_exp(self.scale * (cos + self.delta), ~positive, dim=0)    # (C,)
         return pos_term[with_positives].mean() + neg_term.mean()
         # END part proxyanchor

@@ -24,7 +24,7 @@ costs 0.44 with gradient norm 0.36, one lying on another class's proxy 2.51 with
 On SST (1,000 training examples, 1 epoch, 2 seeds; RESULTS.md, "ProxyNCA's scale") the nearest
 proxy reaches macro-F1 .27-.31 at s = 9 against .14-.15 at s = 1; the linear head loses a few
 points of accuracy.
-`class_logits` gives -s d(h, p_c), up to a constant per example the same as 2 s cos(h, p_c).
+`class_logits` gives -s d(z, p_c), up to a constant per example the same as 2 s cos(z, p_c).
 """
 import torch
 import torch.nn as nn
@@ -40,16 +40,16 @@ class ProxyNCALoss(nn.Module):
         self.scale = scale
         self.proxies = nn.Parameter(torch.randn(num_classes, dim))
 
-    def class_logits(self, h):
+    def class_logits(self, z):
         # (B, C): -s d(x, p_c), d the squared distance of the NORMALISED x and p_c, which is
-        # 2 - 2 cos(x, p_c): one matrix product of the normalised h and proxies.
+        # 2 - 2 cos(x, p_c): one matrix product of the normalised z and proxies.
         # BEGIN part proxynca
-        cos = F.normalize(h, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
+        cos = F.normalize(z, dim=-1) @ F.normalize(self.proxies, dim=-1).T   # (B, C)
         return -self.scale * (2 - 2 * cos)                                     # -s d(x, p_c)
         # END part proxynca
 
-    def forward(self, h, labels):
+    def forward(self, z, labels):
         # The softmax over every proxy, the positive included: cross-entropy on class_logits.
         # BEGIN part proxynca
-        return F.cross_entropy(self.class_logits(h), labels)
+        return F.cross_entropy(self.class_logits(z), labels)
         # END part proxynca

@@ -7,7 +7,7 @@ sentence-transformers CosineSimilarityLoss, SetFit's default):
 
 over a batch of B pairs, u_i and v_i the pooled z of the pair's two texts. The batch holds the B
 first texts, then the B second ones (as a siamese pair batch does, minknn/engine.py
-encode_batch): h is (2B, dim), labels (2B,) the texts' classes, and a pair's target is whether
+encode_batch): z is (2B, dim), labels (2B,) the texts' classes, and a pair's target is whether
 its two classes are equal.
 
 The pairs (draw_pairs) are SetFit v0.x's (src/setfit/modeling.py sentence_pairs_generation,
@@ -70,7 +70,7 @@ class SetFitLoss(nn.Module):
     lam = 1.0            # the pair loss alone: no cross-entropy term
     part = "setfit"      # the assignment's (minknn/parts.py)
     trains_head = False  # minknn/losses/__init__.py Objective leaves the head out
-    pairs = True         # called on pair batches: h (2B, dim), the first texts then the second
+    pairs = True         # called on pair batches: z (2B, dim), the first texts then the second
     flags = {"setfit_iterations": {"type": int, "default": ITERATIONS, "min": 1,  # train.py's
                                    "help": "R, rounds of one positive and one negative pair per "
                                            "example; an epoch is a pass over the pairs"}}
@@ -83,15 +83,15 @@ class SetFitLoss(nn.Module):
         """The pairs the run's batches are made of (draw_pairs above, R = --setfit_iterations)."""
         return draw_pairs(labels, rng, self.iterations)
 
-    def forward(self, h, labels):
-        if len(h) % 2:
+    def forward(self, z, labels):
+        if len(z) % 2:
             raise ValueError(f"a SetFit batch holds pairs (the first texts, then the second); "
-                             f"got {len(h)} vectors")
-        # h (2B, dim), labels (2B,). u = h[:B], v = h[B:]: cos(u_i, v_i) for each pair i
+                             f"got {len(z)} vectors")
+        # z (2B, dim), labels (2B,). u = z[:B], v = z[B:]: cos(u_i, v_i) for each pair i
         # (F.cosine_similarity along the features), the target t_i = 1.0 where the two labels
         # are equal, else 0.0, and the mean of the squared differences over the B pairs.
         # BEGIN part setfit
-        u, v = h.chunk(2)
+        u, v = z.chunk(2)
         cos = F.cosine_similarity(u, v, dim=-1)                     # (B,)
         B = len(u)
         target = (labels[:B] == labels[B:]).to(cos.dtype)           # 1: one class, 0: two

@@ -2,9 +2,9 @@
 Gunel et al. 2021.
 
     L = 1/|I+| sum_{i in I+}  -1/|P(i)| sum_{p in P(i)}
-        log( exp(z_i.z_p / tau) / sum_{a in A(i)} exp(z_i.z_a / tau) )
+        log( exp(u_i.u_p / tau) / sum_{a in A(i)} exp(u_i.u_a / tau) )
 
-    z_i = h_i / ||h_i||      the L2-normalised pooled representation
+    u_i = z_i / ||z_i||      the L2-normalised pooled representation (Khosla et al.'s z_i)
     A(i) = every other example of the batch; P(i) = those in A(i) with label y_i
     I+ = the anchors with at least one positive (anchors without one are left out; naive code
          divides by |P(i)| = 0 there and returns NaN)
@@ -26,15 +26,15 @@ class SupConLoss(nn.Module):
         super().__init__()
         self.temperature = temperature
 
-    def forward(self, h, labels):
-        # h (B, dim), labels (B,). s = z z^T / tau, (B, B). log_prob[i, p] = s_ip - log sum over
+    def forward(self, z, labels):
+        # z (B, dim), labels (B,). s = u u^T / tau, (B, B). log_prob[i, p] = s_ip - log sum over
         # a in A(i) of exp(s_ia): the anchor itself is not in A(i), so mask the diagonal with -inf
         # before the logsumexp (over dim 1, the candidates). Average each anchor's log_prob over
         # its positives P(i) (not itself), then over the anchors that have a positive.
         # BEGIN part supcon
-        z = F.normalize(h, dim=-1)
-        s = z @ z.T / self.temperature                             # (B, B)
-        self_mask = torch.eye(len(z), dtype=torch.bool, device=z.device)
+        u = F.normalize(z, dim=-1)
+        s = u @ u.T / self.temperature                             # (B, B)
+        self_mask = torch.eye(len(u), dtype=torch.bool, device=u.device)
         positive = (labels[:, None] == labels[None, :]) & ~self_mask
         anchors = positive.any(1)
         if not anchors.any():

@@ -1,8 +1,8 @@
 """Triplet margin loss over every valid triplet in the batch (Schroff et al. 2015, FaceNet).
 
-    L = 1/|T| sum_{(a,p,n) in T} max(0, d(z_a, z_p) - d(z_a, z_n) + m)
+    L = 1/|T| sum_{(a,p,n) in T} max(0, d(u_a, u_p) - d(u_a, u_n) + m)
 
-    z_i = h_i / ||h_i||               the L2-normalised pooled representation
+    u_i = z_i / ||z_i||               the L2-normalised pooled representation
     d(u, v) = ||u - v||^2 = 2 - 2 u.v  squared Euclidean distance, as in FaceNet
     T = {(a, p, n) : y_p = y_a, p != a, y_n != y_a}, every valid triplet of the batch
 
@@ -25,15 +25,15 @@ class TripletLoss(nn.Module):
         super().__init__()
         self.margin = margin
 
-    def forward(self, h, labels):
-        # h (B, dim), labels (B,). Normalise first; then every squared distance at once from the
-        # Gram matrix, d = 2 - 2 z z^T, clamped at 0 (rounding can make it slightly negative).
+    def forward(self, z, labels):
+        # z (B, dim), labels (B,). Normalise first; then every squared distance at once from the
+        # Gram matrix, d = 2 - 2 u u^T, clamped at 0 (rounding can make it slightly negative).
         # Every (a, p, n) term by broadcasting, d[:, :, None] - d[:, None, :] + m: (B, B, B). A
         # mask keeps the valid triplets (p != a: an example is not its own positive); the mean
         # runs over ALL valid triplets, zero terms included; no valid triplet gives 0, not 0/0.
         # BEGIN part triplet
-        z = F.normalize(h, dim=-1)
-        d = (2 - 2 * z @ z.T).clamp(min=0)                         # (B, B) squared distances
+        u = F.normalize(z, dim=-1)
+        d = (2 - 2 * u @ u.T).clamp(min=0)                         # (B, B) squared distances
         # (a, p): same class, not a
         positive = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
         negative = labels[:, None] != labels[None, :]              # (a, n)
