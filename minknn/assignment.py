@@ -1,15 +1,5 @@
-"""minknn as a course assignment: the student edition, written from this repository.
-
-The code students write is marked in the source as solution blocks, whole lines between two
-comments at the same indent:
-
-        # BEGIN part pooling
-        ...                   (the solution: removed from the student edition)
-        # END part pooling
-
-PARTS below lists the parts in the order to do them, each with its number, a one-line statement,
-the equation it implements and the command that grades it. A part may have several blocks (the
-transformer layer's add-and-norm and its feed-forward) but lives in one file.
+"""minknn as a course assignment: the student edition, written from this repository. The parts a
+student writes, their solution blocks and their test commands are minknn/parts.py's.
 
     python -m minknn.assignment OUT                           every part
     python -m minknn.assignment OUT --parts 1,attention,4     a smaller one (numbers or names)
@@ -35,10 +25,6 @@ download, git archive), the entries PROJECT lists. Both skip SKIPPED folders and
 holding pyvenv.cfg, at any depth, so that an edition made with or without .git holds the same
 files. A new top-level file must be committed, and added to PROJECT (tests/test_assignment.py
 compares the two editions).
-
-In an edition, train.py and evaluate.py first check that the parts they run are written
-(require_written: a block that is only its stub's raise line is not), and stop with one line
-naming the first one in the handout's order and its test command.
 """
 import argparse
 import os
