@@ -22,6 +22,7 @@ official address, where it has one, to a temporary name that is renamed only onc
 has arrived (and its git blob id checked), so an interrupted download never leaves a half file
 that looks whole, nor the folders it made.
 """
+import csv
 import hashlib
 import http.client
 import json
@@ -334,3 +335,65 @@ def read_examples(args, tasks):
         if t.kind == "classify":
             check_every_class_present(train[t.name], t, f"--task {t.name} train split")
     return train, dev
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a source file (minknn/readers.py's formats read their files with these)
+
+def read_bytes(path):
+    """The file's bytes; a file that cannot be read (a folder, no permission) is one line naming
+    it."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror})") from None
+
+
+def read_lines(path, latin1=False):
+    """The file's lines, as UTF-8 (read_utf8), or with latin1=True, where UTF-8 fails, as latin-1
+    (SentEval reads its files as latin-1; TREC's training file has one byte that is not UTF-8).
+    Lines end at \n (or \r\n) only: str.splitlines() would also break at characters such as
+    U+2028 inside a text."""
+    if latin1:
+        data = read_bytes(path)
+        try:
+            return split_lines(data.decode("utf-8-sig"))
+        except UnicodeDecodeError:
+            return split_lines(data.decode("latin-1"))
+    return split_lines(read_utf8(path))
+
+
+def split_lines(text):
+    lines = text.replace("\r\n", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def read_utf8(path):
+    """The file's text, a byte-order mark dropped; a byte that is not UTF-8 is one line naming the
+    file and line, not a traceback (the official files of every task but SentEval's and Reuters'
+    are UTF-8: such a byte means a damaged copy)."""
+    data = read_bytes(path)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason})") from None
+
+
+def csv_rows(path, **fmt):
+    """The rows of a CSV (or tab-separated, CSV-quoted) file whose fields hold no line breaks
+    (every such file minknn reads): one row per line, each line parsed alone. A field wrapped in
+    quotes ("..", with "" for a quote mark inside) must close on its own line: read as one
+    stream, a stray quote mark opening a field would swallow the lines up to the next quote mark
+    into one text and drop their rows without a word. Such a line is one line naming it."""
+    rows = []
+    for lineno, line in enumerate(read_lines(path), start=1):
+        try:
+            rows.append(next(csv.reader([line], strict=True, **fmt)))
+        except csv.Error as e:
+            why = ("a field opens with a quote mark (\") that does not close on this line"
+                   if "end of data" in str(e) else f"the CSV quoting is broken ({e})")
+            raise DataError(f"{path}:{lineno}: {why}; a quoted field is \"..\", with \"\" for a "
+                            f"quote mark inside") from None
+    return rows

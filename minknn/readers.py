@@ -9,72 +9,12 @@ Labels are parsed against the task: a class given by its index ("0", "1") or by 
 ("entailment"); a similarity score in [0, 5]; a multi-label example's classes as a sorted tuple
 of indices.
 """
-import csv
 import html
 import os
 import re
 import tarfile
 
-from minknn.data import DataError, Example
-
-
-def read_bytes(path):
-    """The file's bytes; a file that cannot be read (a folder, no permission) is one line naming
-    it."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read it ({e.strerror})") from None
-
-
-def read_lines(path, latin1=False):
-    """The file's lines, as UTF-8 (read_utf8), or with latin1=True, where UTF-8 fails, as latin-1
-    (SentEval reads its files as latin-1; TREC's training file has one byte that is not UTF-8).
-    Lines end at \n (or \r\n) only: str.splitlines() would also break at characters such as
-    U+2028 inside a text."""
-    if latin1:
-        data = read_bytes(path)
-        try:
-            return split_lines(data.decode("utf-8-sig"))
-        except UnicodeDecodeError:
-            return split_lines(data.decode("latin-1"))
-    return split_lines(read_utf8(path))
-
-
-def split_lines(text):
-    lines = text.replace("\r\n", "\n").split("\n")
-    return lines[:-1] if lines[-1] == "" else lines
-
-
-def read_utf8(path):
-    """The file's text, a byte-order mark dropped; a byte that is not UTF-8 is one line naming the
-    file and line, not a traceback (the official files of every task but SentEval's and Reuters'
-    are UTF-8: such a byte means a damaged copy)."""
-    data = read_bytes(path)
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason})") from None
-
-
-def csv_rows(path, **fmt):
-    """The rows of a CSV (or tab-separated, CSV-quoted) file whose fields hold no line breaks
-    (every such file minknn reads): one row per line, each line parsed alone. A field wrapped in
-    quotes ("..", with "" for a quote mark inside) must close on its own line: read as one
-    stream, a stray quote mark opening a field would swallow the lines up to the next quote mark
-    into one text and drop their rows without a word. Such a line is one line naming it."""
-    rows = []
-    for lineno, line in enumerate(read_lines(path), start=1):
-        try:
-            rows.append(next(csv.reader([line], strict=True, **fmt)))
-        except csv.Error as e:
-            why = ("a field opens with a quote mark (\") that does not close on this line"
-                   if "end of data" in str(e) else f"the CSV quoting is broken ({e})")
-            raise DataError(f"{path}:{lineno}: {why}; a quoted field is \"..\", with \"\" for a "
-                            f"quote mark inside") from None
-    return rows
+from minknn.data import DataError, Example, csv_rows, read_bytes, read_lines
 
 
 def parse_class(value, task, where):
@@ -241,46 +181,48 @@ def read_senteval_classes(paths, task, source):
     return examples
 
 
+def read_labelled_lines(paths, task, source, split, expected, trec=False):
+    """One example per line of paths[0] (latin-1, as SentEval ships them): split(line) -> (label,
+    text), or None for a line that is not `expected`. trec: blank lines are skipped, and the
+    error shows the line's start."""
+    path, examples = paths[0], []
+    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
+        if trec and not line.strip():
+            continue
+        found = split(line)
+        if found is None:
+            got = f", got '{line[:40]}'" if trec else ""
+            raise DataError(f"{path}:{lineno}: expected {expected}{got}")
+        label, text = found
+        examples.append(Example(text=text.strip(), label=parse_class(label, task,
+                                                                     f"{path}:{lineno}"),
+                                id=f"{source}:{lineno}"))
+    return examples
+
+
 def read_trec(paths, task, source):
     """TREC (train_5500.label, TREC_10.label): "COARSE:fine question", one per line; the label is
     the coarse class (ABBR, DESC, ENTY, HUM, LOC, NUM), as in SentEval."""
-    path, examples = paths[0], []
-    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
-        if not line.strip():
-            continue
+    def split(line):
         label, _, text = line.partition(" ")
-        if ":" not in label or not text.strip():
-            raise DataError(f"{path}:{lineno}: expected 'COARSE:fine question', got '{line[:40]}'")
-        examples.append(Example(text=text.strip(),
-                                label=parse_class(label.split(":")[0], task, f"{path}:{lineno}"),
-                                id=f"{source}:{lineno}"))
-    return examples
+        return (label.split(":")[0], text) if ":" in label and text.strip() else None
+    return read_labelled_lines(paths, task, source, split, "'COARSE:fine question'", trec=True)
 
 
 def read_sst_binary(paths, task, source):
     """SentEval's SST/binary/sentiment-{train,dev,test}: "sentence<TAB>label" per line."""
-    path, examples = paths[0], []
-    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
+    def split(line):
         text, tab, label = line.rpartition("\t")
-        if not tab:
-            raise DataError(f"{path}:{lineno}: expected 'sentence<TAB>label'")
-        examples.append(Example(text=text.strip(),
-                                label=parse_class(label, task, f"{path}:{lineno}"),
-                                id=f"{source}:{lineno}"))
-    return examples
+        return (label, text) if tab else None
+    return read_labelled_lines(paths, task, source, split, "'sentence<TAB>label'")
 
 
 def read_sst_fine(paths, task, source):
     """SentEval's SST/fine/sentiment-{train,dev,test}: "label sentence" per line, labels 0-4."""
-    path, examples = paths[0], []
-    for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
+    def split(line):
         label, _, text = line.partition(" ")
-        if not text.strip():
-            raise DataError(f"{path}:{lineno}: expected 'label sentence'")
-        examples.append(Example(text=text.strip(),
-                                label=parse_class(label, task, f"{path}:{lineno}"),
-                                id=f"{source}:{lineno}"))
-    return examples
+        return (label, text) if text.strip() else None
+    return read_labelled_lines(paths, task, source, split, "'label sentence'")
 
 
 # ------------------------------------------------------------------------ IMDB, AG News

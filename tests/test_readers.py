@@ -587,7 +587,7 @@ def test_a_stray_quote_mark_names_file_and_line(data_dir, tmp_path, name, split,
         assert f"{file}:{line}: {message}" in str(e) and "\n" not in str(e), f"{name}: the error: {e}"
         return
     pytest.fail(f"{name}: {file} with a stray quote mark on line {line} was read, as {len(examples)} {split} "
-                f"examples (readers.csv_rows must refuse it, naming the line)")
+                f"examples (data.csv_rows must refuse it, naming the line)")
 
 
 # A byte that is not UTF-8 in a UTF-8 dataset (all but SentEval's and Reuters'): one DataError line
