@@ -97,7 +97,7 @@ def knnbert_pieces(trainer, batches, timer, repeats):
 
     def key_forward_inference_mode():  # what the issue asked to try: no autograd bookkeeping
         with torch.inference_mode(), autocast(trainer.device, trainer.args.precision):
-            moco.key_encoder.encoder(trainer.tasks[0].name, **inputs).embeddings.float().clone()
+            moco.key_encoder.encoder(trainer.tasks[0].name, **inputs).z.float().clone()
 
     def loss_over_queue():
         loss.metric(z, labels, keys, moco.memory.keys, moco.memory.labels, rows,
