@@ -152,6 +152,26 @@ def check_args(p, args):
     if args.loss is not None:
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)
+    check_loss(p, args, tasks)
+    check_loss_flags(p, args)
+    check_head_init(p, args, tasks)
+    check_whole_objective(p, args, tasks)
+    if proxy_lr_given and args.loss not in PROXY_LOSSES:
+        p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
+                f"({', '.join(PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} has none")
+    if args.pcgrad and len(tasks) < 2:
+        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask "
+                "with two tasks or more")
+    if args.pair_loss and (args.pair_mode != "siamese" or
+                           not any(t.positive is not None for t in tasks)):
+        p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a "
+                "paraphrase task (one whose Task.positive names the class of matching pairs)")
+
+
+def check_loss(p, args, tasks):
+    """--loss against the run's tasks: each task gets its kind's base loss where none is given; a
+    metric loss needs tasks of its kind with one vector per example, and a memory loss (or
+    --decoupled) one task."""
     kinds = {t.kind for t in tasks}
     if args.loss is None:  # each task gets its kind's base loss; the run is named after one of them
         base = [KINDS[k].default_loss for k in ("classify", "multilabel") if k in kinds]
@@ -179,18 +199,6 @@ def check_args(p, args):
         what = "--decoupled" if args.decoupled else f"--loss {args.loss}"
         p.error(f"{what} is for runs of one classification task (with --pair_mode cross for a pair "
                 f"task), not multi-task ones")
-    check_loss_flags(p, args)
-    check_head_init(p, args, tasks)
-    check_whole_objective(p, args, tasks)
-    if proxy_lr_given and args.loss not in PROXY_LOSSES:
-        p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
-                f"({', '.join(PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} has none")
-    if args.pcgrad and len(tasks) < 2:
-        p.error("--pcgrad resolves conflicts between tasks' gradients; it needs --task multitask "
-                "with two tasks or more")
-    if args.pair_loss and (not siamese or not any(t.positive is not None for t in tasks)):
-        p.error("--pair_loss compares the two texts' vectors: it needs --pair_mode siamese and a "
-                "paraphrase task (one whose Task.positive names the class of matching pairs)")
 
 
 WHOLE_NUMBERS = ("epochs", "batch_size", "max_len", "max_train", "per_class", "max_eval",

@@ -285,29 +285,39 @@ def score_cell(cell, methods, ctx, folder):
     lines = []
     for method in methods:
         line = line_head(cell, method, ctx)
-        if method.rule == "linear":
-            grid = [{"params": {}, **scores(base)}]
-        elif method.rule == "probe":  # the head refit: scikit-learn's LogisticRegression()
-            if z["test"] is None:
-                raise MinknnError(f"{task.name}: the probe rule fits a vector per example, and a "
-                                  f"siamese pair has two; use --pair_mode cross")
-            grid = [{"params": {}, **scores(probe_probabilities(
-                task, train_set, training_vectors(model.pooling), z))}]
-        elif method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(z) + alpha s cos(z, P_c))
-            grid = [{"params": {"alpha": alpha}, **scores({
-                s: rule_probabilities("proxy", task, outputs[s], z[s], loss, alpha)
-                for s in examples})} for alpha in method.rule_grid.get("alpha", [0.5])]
-        else:  # s = (1 - phi) P(q) + phi KNN(q); knn-only: phi = 1
-            default_k, default_phi = settings(task.kind)[:2]
-            phis = method.rule_grid.get("phi", [default_phi]) if method.rule == "knn" else [1.0]
-            grid = [{"params": {"k": min(k, len(train_set)), "phi": phi}, **knn["at"](k, phi)}
-                    for k, phi in itertools.product(method.rule_grid.get("k", [default_k]), phis)]
+        if method.rule.startswith("knn"):
             line["sweep"] = knn["sweep"]
+        grid = method_grid(method, task, loss, outputs, z, base, scores, knn if method.rule
+                           .startswith("knn") else None, len(train_set),
+                           lambda: probe_probabilities(task, train_set,
+                                                       training_vectors(model.pooling), z))
         lines.append({**line, "grid": grid, **common})
     if cell.seed == ctx.seeds[0] and z["test"] is not None:  # a 2-D map, before and after
         lines[0]["map"] = representation_map(ctx, task, ckpt, tokenizer, test, z["test"], device,
                                              precision)
     return lines
+
+
+def method_grid(method, task, loss, outputs, z, base, scores, knn, n_train, probe):
+    """A method's rule at each value of its inference grid: [{"params", "select", "test"}].
+    base: each split's head probabilities; scores(split -> probabilities) scores them; knn: the
+    cell's knn_tables; probe(): the probe's probabilities (fit only when asked for)."""
+    if method.rule == "linear":
+        return [{"params": {}, **scores(base)}]
+    if method.rule == "probe":  # the head refit: scikit-learn's LogisticRegression()
+        if z["test"] is None:
+            raise MinknnError(f"{task.name}: the probe rule fits a vector per example, and a "
+                              f"siamese pair has two; use --pair_mode cross")
+        return [{"params": {}, **scores(probe())}]
+    if method.rule == "proxy":  # p(c|x) = softmax((1 - alpha) F(z) + alpha s cos(z, P_c))
+        return [{"params": {"alpha": alpha}, **scores({
+            s: rule_probabilities("proxy", task, outputs[s], z[s], loss, alpha) for s in z})}
+            for alpha in method.rule_grid.get("alpha", [0.5])]
+    # s = (1 - phi) P(q) + phi KNN(q); knn-only: phi = 1
+    default_k, default_phi = settings(task.kind)[:2]
+    phis = method.rule_grid.get("phi", [default_phi]) if method.rule == "knn" else [1.0]
+    return [{"params": {"k": min(k, n_train), "phi": phi}, **knn["at"](k, phi)}
+            for k, phi in itertools.product(method.rule_grid.get("k", [default_k]), phis)]
 
 
 def knn_tables(task, model, tokenizer, train_set, keys, examples, key, z, base, batch, device,
