@@ -185,7 +185,7 @@ def beside_the_project(root):
 
 @pytest.mark.parametrize("git", [True, False], ids=["clone", "no-git"])
 def test_an_edition_copies_no_environment_runs_or_data(tmp_path, git):
-    """The issue: `python -m venv .venv` in the clone made every edition 1.1 GB. Whatever one
+    """The bug it guards: `python -m venv .venv` in the clone made every edition 1.1 GB. Whatever one
     keeps beside the project stays out; a new file of one's own in minknn/ goes in, committed
     or not (the module docstring says why)."""
     root = str(tmp_path / "clone")

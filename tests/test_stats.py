@@ -57,7 +57,7 @@ def test_paired_t_stays_a_probability_for_huge_t():
 def test_paired_t_gives_no_p_where_t_is_undefined():
     cases = [  # (a, b, the reason t_undefined must give, what the case is)
         ([0.61, 0.63], [0.60, 0.62], "fewer than 3 paired seeds",
-         "2 seeds, each one point better (the issue: it printed p 0.000*)"),
+         "2 seeds, each one point better (the bug: it printed p 0.000*)"),
         ([0.61, 0.70], [0.60, 0.62], "fewer than 3 paired seeds", "2 seeds, unequal differences"),
         ([0.7, 0.9, 0.3], [0.6, 0.8, 0.2], "the differences are all equal",
          "3 seeds, each 10 points better"),
