@@ -196,7 +196,7 @@ def size_table(size, metric_of, tasks, methods, labels, chosen, baseline, test):
             cells.append(text)
         rows.append(f"| {labels[method]} | " + " | ".join(cells) + " |")
     seeds = sorted({s for (m, t), v in by_seed.items() if t != "mean" for s in v})
-    notes = [f"No p for " + "; ".join(f"{m} ({', '.join(cols)})" for m, cols in where.items())
+    notes = ["No p for " + "; ".join(f"{m} ({', '.join(cols)})" for m, cols in where.items())
              + f": {why}." for why, where in no_p.items()]
     if test == "signflip" and pairs and sign_flip_floor(min(pairs)) >= 0.05:
         n = min(pairs)

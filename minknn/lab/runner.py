@@ -66,7 +66,7 @@ import time
 import torch
 
 from minknn import MinknnError, Terminated, options
-from minknn.cli import Parser, run
+from minknn.cli import Parser, below_one, run
 from minknn.engine import pick_device
 from minknn.files import write_json, write_jsonl
 from minknn.lab import report, setfit_package
@@ -105,8 +105,8 @@ def get_args(argv=None):
     p.add_argument("--select", default="sample", choices=["sample", "dev", "none"], help="choose "
                    "the epoch and hyper-parameters on a dev sample as large as the training set, "
                    "or all dev; none: no dev labels, the last epoch and the values given")
-    p.add_argument("--max_eval", type=int, help="at most N test (and --select dev) examples")
-    p.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
+    options.add_flags(p, "max_eval", "data_dir", max_eval={
+        "help": "at most N test (and --select dev) examples"})
     p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"], help="where the "
                    "cells run: here, or each a job on a SLURM cluster (minknn/lab/slurm.py)")
@@ -145,9 +145,8 @@ def get_args(argv=None):
     for name in ("tasks", "out"):
         if not getattr(args, name):
             p.error(f"--{name} is required (or --table OUT to redraw a table)")
-    for name in ("max_eval", "jobs", "slurm_time", "slurm_max_parallel"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for message in below_one(args, ("max_eval", "jobs", "slurm_time", "slurm_max_parallel")):
+        p.error(message)
     slurm_given = [name for name in SLURM_FLAGS if getattr(args, name) not in (None, [])]
     if args.launcher == "local" and slurm_given:
         p.error(f"--{slurm_given[0]} is for --launcher slurm")

@@ -28,7 +28,8 @@ import argparse
 import os
 
 from minknn import backbones
-from minknn.cli import Parser
+from minknn.cli import Parser, below_one
+from minknn.options import add_flags
 from minknn.engine import pick_device
 from minknn.lab.bench.epoch import bench_ddp, bench_epoch, bench_grid
 from minknn.lab.bench.knn import NOISE, bench_index, bench_knn, clustered_keys
@@ -58,7 +59,7 @@ def make_parser():
         c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
         c.add_argument("--model", default="minilm",
                        help="minilm (the default weights), or a folder")
-        c.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+        add_flags(c, "device", device={"help": "auto, cpu, cuda or cuda:N"})
         c.add_argument("--rounds", type=int, default=rounds,
                        help="alternating rounds; the best counts")
         c.add_argument("--write", metavar="FILE", help="also write the table into FILE's block "
@@ -67,7 +68,7 @@ def make_parser():
             c.add_argument("--steps", type=int, default=steps["steps"],
                            help="timed steps per round")
         if name != "model" and name != "index":
-            c.add_argument("--data_dir", help="dataset root (default: $MINKNN_DATA, else ./data)")
+            add_flags(c, "data_dir")
         return c
 
     c = command("model", "the hand-written BERT against Hugging Face's, random tokens", 3, steps=5)
@@ -125,7 +126,8 @@ def make_parser():
                    help="HNSW's candidates kept per query, each value a row")
     c.add_argument("--cache", metavar="FILE",
                    help="keep the encoded real keys in FILE for the next run")
-    c.add_argument("--data_dir", help="dataset root, for SST (default: $MINKNN_DATA, else ./data)")
+    add_flags(c, "data_dir", data_dir={"help": "dataset root, for SST (default: $MINKNN_DATA, "
+                                               "else ./data)"})
     return p
 
 
@@ -144,10 +146,9 @@ def whole_numbers(text):
 def main(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name in ("rounds", "steps", "examples", "batch_size", "k", "dim", "queries", "processes",
-                 "jobs"):
-        if getattr(args, name, 1) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for message in below_one(args, ("rounds", "steps", "examples", "batch_size", "k", "dim",
+                                    "queries", "processes", "jobs")):
+        p.error(message)
     if getattr(args, "max_len", 8) < 8:
         p.error(f"--max_len must be at least 8, as train.py's, got {args.max_len}")
     if not 0 <= getattr(args, "seed", 0) < 2 ** 32:
