@@ -21,12 +21,12 @@ from tqdm import tqdm
 from minknn import distributed
 from minknn.cli import run
 from minknn.engine import autocast, pick_device
+from minknn.inference import dev_scores
 from minknn.kinds import describe_run
 from minknn.options import get_args, parts_run
 from minknn.parts import require_written
 from minknn.probe import fit_head
 from minknn.runs import Diverged, run_folder
-from minknn.inference import dev_scores
 from minknn.trainer import batch, begin, build, check_epoch_finite, finish, forward, restore, save
 
 
@@ -65,7 +65,7 @@ def make_optimizer(model_params, loss_params, args, total_steps):
 
 def train_step(trainer, batches):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows);
-    trainer: the run's parts, minknn/trainer.py). Returns each task's loss and its terms (CE and
+    trainer: the run's model, losses, optimiser and the rest, minknn/trainer.py's Trainer). Returns each task's loss and its terms (CE and
     the metric term), and with --pcgrad how many task pairs' gradients conflicted. The forward
     and the losses run under --precision (engine.autocast); the weights and gradients stay fp32."""
     outputs, keys = forward(trainer, batches)  # trainer.py: under torchrun, gathered
