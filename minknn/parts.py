@@ -55,7 +55,7 @@ PARTS = (
     Part("pooling", "minknn/model.py", pytest("tests/test_model.py"),
          "pool(): the [CLS] vector, the mean over real tokens, or the max over real tokens",
          "Reimers and Gurevych 2019, sec. 3 (CLS, MEAN and MAX pooling)"),
-    Part("training", "train.py", pytest("tests/test_train.py", "part_training"),
+    Part("training", "train.py", pytest("tests/test_training_step.py"),
          "the training step and the optimiser: AdamW without decay on biases and LayerNorm, "
          "warm-up then linear decay, zero_grad, backward, clipping to norm 1, step",
          "Devlin et al. 2019, appendix A.2; Loshchilov and Hutter 2019 (AdamW)"),
