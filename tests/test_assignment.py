@@ -500,7 +500,8 @@ def test_mutate_catches_a_planted_mistake(tmp_path, monkeypatch):
 def test_mutate_tells_a_diagnosis_from_a_value_check():
     """mutate.py counts a caught mistake as generic when its failure is a value check's: grading's
     close(), matches_reference() and differs() all say GENERIC, check() adds nothing, and no part's
-    test file writes the phrase itself (a property check saying it would count as generic)."""
+    test file, nor the losses' shared checks and oracles, writes the phrase itself (a property check
+    saying it would count as generic)."""
     import grading
     import mutate
     import torch
@@ -516,7 +517,8 @@ def test_mutate_tells_a_diagnosis_from_a_value_check():
     assert [mutate.generic("caught", messages[n]) for n in ("close", "differs", "check")] == \
         [True, True, False], messages
     assert not mutate.generic("SURVIVED", messages["close"])
-    for test_file in sorted({p.test.split()[4] for p in PARTS}):
+    shared = [os.path.join("tests", "losses", f) for f in ("checks.py", "oracles.py")]
+    for test_file in sorted({p.test.split()[4] for p in PARTS} | set(shared)):
         text = open(os.path.join(ROOT, test_file), encoding="utf-8").read()
         assert grading.GENERIC not in text, (f"{test_file} writes '{grading.GENERIC.strip()}': "
                                              f"only grading's value checks say it (GENERIC)")
