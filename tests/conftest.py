@@ -1,21 +1,16 @@
-"""Shared fixtures: a tiny random BERT folder in the Hugging Face layout, and the tiny datasets;
-tiny RoBERTa and DistilBERT folders (tests/hf_folders.py).
-
-The tiny BERT (2 layers, 32 wide) is written with the same file formats as a real one
-(config.json, model.safetensors, vocab.txt), so the whole loading path is exercised in
-milliseconds. Only the parity tests in test_bert.py and test_tokenizer.py load the real default model.
+"""The shared pytest fixtures, and nothing else: a tiny random BERT folder in the Hugging Face layout
+and the model loaded from it, tiny RoBERTa and DistilBERT folders, and the fixture datasets' folder.
+What they are made with, and the helpers tests import (DATA, TINY, tiny_vocab, write_tiny_bert,
+dev_falling), is in tests/helpers.py and tests/hf_folders.py; tests/losses/conftest.py adds the
+losses' own fixture.
 """
-import json
-import os
-import re
 import signal
 
 import pytest
-import torch
 
-from minknn.bert import BertConfig, BertModel
-from minknn.weights import save_safetensors
+from helpers import DATA, write_tiny_bert
 from hf_folders import write_distilbert, write_roberta
+from minknn.bert import BertModel
 
 # The Ctrl-C tests (test_checkpoint.py, test_runs.py, test_slurm.py) need SIGINT to raise
 # KeyboardInterrupt, here and in the processes they start. A shell starts a background job
@@ -23,45 +18,6 @@ from hf_folders import write_distilbert, write_roberta
 # those tests then failed with "never arrived". Python's own handler back, as in a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
-DATA = os.path.join(FIXTURES, "data")
-
-TINY = dict(vocab_size=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", model_type="bert")
-
-
-def tiny_vocab():
-    """Special tokens, every word of the fixture datasets, and letters (so any word tokenises)."""
-    words = set()
-    for root, _, files in os.walk(DATA):
-        if os.path.relpath(root, DATA) not in ("minbert", os.path.join("glue", "MRPC")):
-            continue  # the other fixtures' words tokenise into the letters below
-        for name in files:
-            with open(os.path.join(root, name), encoding="utf-8-sig") as f:
-                lines = f.read().splitlines()
-            header = lines[0].split("\t")
-            columns = [header.index(c) for c in ("sentence", "sentence1", "sentence2", "#1 String", "#2 String") if c in header]
-            for line in lines[1:]:
-                for column in columns:
-                    words.update(re.findall(r"\w+", line.split("\t")[column].lower()))
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words - set(letters)) + list(letters)
-            + ["##" + c for c in letters] + list(".,!?'\"-"))
-
-
-def write_tiny_bert(folder, seed=0):
-    os.makedirs(folder, exist_ok=True)
-    vocab = tiny_vocab()
-    config = dict(TINY, vocab_size=len(vocab))
-    torch.manual_seed(seed)
-    model = BertModel(BertConfig.from_dict(config))
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f)
-    with open(os.path.join(folder, "vocab.txt"), "w") as f:
-        f.write("\n".join(vocab) + "\n")
-    save_safetensors(model.state_dict(), os.path.join(folder, "model.safetensors"))
-    return model
 
 
 @pytest.fixture(scope="session")
@@ -96,16 +52,3 @@ def tiny_distilbert_dir(tmp_path_factory):
 @pytest.fixture
 def data_dir():
     return DATA
-
-
-def dev_falling(monkeypatch):
-    """Makes every epoch's overall dev score lower than the one before, so that epoch 1 is the best (the epoch
-    scored: one more than the run's metrics.jsonl holds, so a resumed run scores as the run left alone)."""
-    import train
-    real = train.dev_scores
-
-    def falling(*args, **kwargs):
-        path = os.path.join(args[5].out, "metrics.jsonl")  # args[5]: the run's arguments
-        epoch = 1 + (len(open(path).readlines()) if os.path.exists(path) else 0)
-        return {**real(*args, **kwargs), "overall": 1.0 - 0.1 * epoch}
-    monkeypatch.setattr(train, "dev_scores", falling)

@@ -21,9 +21,10 @@ mutations caught with it as caught generically.
 
 Stored references: tests/fixtures/references/<part>.pt, a dict of named tensors the solution
 computed on fixed inputs (as minBERT's sanity_check.py). After a deliberate change to what a part
-computes, rewrite them with
+computes, rewrite them by running the part's test command (minknn/parts.py) with
     MINKNN_WRITE_REFERENCES=1 python -m pytest -q tests/test_<file>.py
-and say why in the commit.
+(a loss's: tests/losses/test_<loss>.py; the training part's: tests/test_training_step.py) and say
+why in the commit.
 """
 import os
 

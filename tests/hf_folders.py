@@ -16,7 +16,7 @@ so a LayerNorm or a bias loaded into the wrong place, or not at all, changes the
     write_roberta(folder, seed=0, pooler=False, vocab=None, merges=None, **config)
         vocab.json + merges.txt: tests/fixtures/bpe unless given; no pooler, as roberta-base
     write_distilbert(folder, seed=0, vocab=None, **config)
-        vocab.txt: conftest.tiny_vocab() unless given; tokenizer_config.json: do_lower_case
+        vocab.txt: helpers.tiny_vocab() unless given; tokenizer_config.json: do_lower_case
 (**config: config.json's keys to change, e.g. hidden_size=768.)
 """
 import json
@@ -24,9 +24,9 @@ import os
 
 import torch
 
+from helpers import FIXTURES, tiny_vocab
 from minknn.weights import save_safetensors
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 BPE = os.path.join(FIXTURES, "bpe")  # a byte-level BPE trained on fixtures/data (make_backbones.py)
 
 # roberta-base's config.json, made tiny: 64 tokens fit, as positions start after padding_idx = 1
@@ -139,10 +139,9 @@ def write_roberta(folder, seed=0, pooler=False, vocab=None, merges=None, **overr
 
 
 def write_distilbert(folder, seed=0, vocab=None, **overrides):
-    """A random DistilBERT folder; vocab (vocab.txt's lines) defaults to conftest.tiny_vocab(),
+    """A random DistilBERT folder; vocab (vocab.txt's lines) defaults to helpers.tiny_vocab(),
     lower-cased WordPiece. Returns {name: tensor}."""
     if vocab is None:
-        from conftest import tiny_vocab  # here: conftest imports this module
         vocab = tiny_vocab()
     config = {**DISTILBERT, "vocab_size": len(vocab), **overrides}
     weights = random_weights(distilbert_shapes(config), seed)

@@ -4,7 +4,9 @@ fails with a message naming the part (`part 2 attention: ...`) within the time l
 passes is a missing test. A caught mistake is caught generically when that first failure is a
 value check's, which says only that a number differs from a reference ("the loss on the 'mixed'
 batch differs from the literal transcription ..."; tests/grading.py, GENERIC), not what is wrong:
-the score gives the share of the caught ones whose failure says more.
+the score gives the share of the caught ones whose failure says more. A part's command runs its
+own test file (each loss's: tests/losses/test_<loss>.py; the training part's:
+tests/test_training_step.py) or a -k selection of one (the BERT parts': tests/test_bert.py).
 
     python tests/mutate.py                      every mutation, 2 at a time
     python tests/mutate.py --part attention     one part's

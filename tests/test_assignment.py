@@ -366,9 +366,9 @@ END_TO_END = ("test_train.py", "test_runner.py", "test_readme.py", "test_runs.py
 def test_a_finished_edition_passes_the_tests_a_kernel_can_change(edition, tmp_path):
     """The handout's promise: every part written (the solution put back), the edition's default
     explicit attention kept, `python -m pytest -q` passes. It catches a test that holds only for
-    the fused kernel this repository defaults to. Run here: every test file but END_TO_END's,
-    then the training part's own command (tests/test_train.py -k part_training: its stored
-    reference run)."""
+    the fused kernel this repository defaults to. Run here: every test file but END_TO_END's (the
+    training part's own file, tests/test_training_step.py with its stored reference run, among
+    them)."""
     copy = str(tmp_path / "finished")
     shutil.copytree(edition, copy)
     solve(copy)
@@ -379,13 +379,13 @@ def test_a_finished_edition_passes_the_tests_a_kernel_can_change(edition, tmp_pa
     assert all(os.path.exists(os.path.join(copy, "tests", f)) for f in END_TO_END), \
         "END_TO_END names a test file the edition lacks: mend the list"
     skip = [f"--ignore=tests/{f}" for f in END_TO_END]
-    for argv in ([sys.executable, "-m", "pytest", "-q", *skip],
-                 command_argv(BY_NAME["training"].test)):
-        r = subprocess.run(argv + ["-x", "-p", "no:cacheprovider"], cwd=copy,
-                           env=edition_env(str(tmp_path)), capture_output=True, text=True,
-                           timeout=900)
-        assert r.returncode == 0, ("the finished student edition (explicit attention) fails "
-                                   f"python {' '.join(argv[1:])}:\n{(r.stdout + r.stderr)[-1500:]}")
+    assert BY_NAME["training"].test.split()[4] not in (f"tests/{f}" for f in END_TO_END), \
+        "the training part's file is left out here: run its command too"
+    argv = [sys.executable, "-m", "pytest", "-q", *skip]
+    r = subprocess.run(argv + ["-x", "-p", "no:cacheprovider"], cwd=copy,
+                       env=edition_env(str(tmp_path)), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, ("the finished student edition (explicit attention) fails "
+                               f"python {' '.join(argv[1:])}:\n{(r.stdout + r.stderr)[-1500:]}")
 
 
 def test_the_edition_refuses_an_existing_folder_and_bad_parts(tmp_path):
@@ -500,7 +500,8 @@ def test_mutate_catches_a_planted_mistake(tmp_path, monkeypatch):
 def test_mutate_tells_a_diagnosis_from_a_value_check():
     """mutate.py counts a caught mistake as generic when its failure is a value check's: grading's
     close(), matches_reference() and differs() all say GENERIC, check() adds nothing, and no part's
-    test file writes the phrase itself (a property check saying it would count as generic)."""
+    test file, nor the losses' shared checks and oracles, writes the phrase itself (a property check
+    saying it would count as generic)."""
     import grading
     import mutate
     import torch
@@ -516,7 +517,8 @@ def test_mutate_tells_a_diagnosis_from_a_value_check():
     assert [mutate.generic("caught", messages[n]) for n in ("close", "differs", "check")] == \
         [True, True, False], messages
     assert not mutate.generic("SURVIVED", messages["close"])
-    for test_file in sorted({p.test.split()[4] for p in PARTS}):
+    shared = [os.path.join("tests", "losses", f) for f in ("checks.py", "oracles.py")]
+    for test_file in sorted({p.test.split()[4] for p in PARTS} | set(shared)):
         text = open(os.path.join(ROOT, test_file), encoding="utf-8").read()
         assert grading.GENERIC not in text, (f"{test_file} writes '{grading.GENERIC.strip()}': "
                                              f"only grading's value checks say it (GENERIC)")

@@ -10,7 +10,7 @@ import torch
 
 import evaluate
 import train
-from conftest import DATA
+from helpers import DATA
 from minknn import MinknnError
 from minknn.lab.attack import main as attack_main
 from minknn.lab.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,

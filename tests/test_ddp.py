@@ -39,7 +39,7 @@ import minknn.model
 import train
 from minknn.distributed import sizes
 from minknn.checkpoint import load_last
-from tests.conftest import DATA
+from helpers import DATA
 from tests.test_runs import keep_last, stop_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -43,7 +43,7 @@ from minknn.pcgrad import PCGrad
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
-from conftest import DATA
+from helpers import DATA
 
 WORLD, D, C = 2, 4, 3  # ranks, embedding width, classes
 LOSSES = ("ce", "supcon", "triplet", "npairs", "contrastive", "mnrl", "softtriple", "proxynca",

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import DATA
+from helpers import DATA
 from minknn.assignment import repository_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,7 +14,7 @@ import torch
 
 import evaluate
 import train
-from conftest import DATA
+from helpers import DATA
 from minknn.lab import runner
 
 OLD = os.path.join(os.path.dirname(__file__), "fixtures", "old")

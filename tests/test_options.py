@@ -7,7 +7,7 @@ from minknn.lab import bench
 import evaluate
 from minknn import MinknnError, cli, options
 from minknn.lab import runner
-from tests.conftest import DATA
+from helpers import DATA
 
 
 def refused(capsys, *flags):

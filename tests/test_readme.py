@@ -29,7 +29,7 @@ checked:
                   --seeds 0 (one seed, one size: every task and method of the line still runs)
     assignment    nothing: writing an edition copies files, already quick
     bench.py      --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
-TINY is a random 2-layer BERT 32 wide (tests/conftest.py's, with 128 positions: bench.py knn
+TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench.py knn
 encodes at length 128); where the page's own --model names a RoBERTa or DistilBERT folder
 (`path/to/roberta-base`), TINY is a tiny one of that architecture (tests/hf_folders.py). Three things stand in for what would take long or reach outside:
 - A train line whose run a later `--resume` line continues is stopped by Ctrl-C in its second
@@ -62,7 +62,7 @@ import minknn.lab.attack
 import minknn.data
 import minknn.lab.runner
 import train
-from conftest import DATA, TINY, tiny_vocab
+from helpers import DATA, TINY, tiny_vocab
 from hf_folders import write_distilbert, write_roberta
 from minknn.cli import run
 from minknn.bert import BertConfig, BertModel
@@ -179,7 +179,7 @@ MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "r
 # ------------------------------------------------------------------------ what a user has
 
 def write_bert(folder):
-    """tests/conftest.py's tiny BERT with 128 positions (bench.py knn encodes at length 128)."""
+    """tests/helpers.py's tiny BERT with 128 positions (bench.py knn encodes at length 128)."""
     os.makedirs(folder)
     vocab = tiny_vocab()
     config = dict(TINY, vocab_size=len(vocab), max_position_embeddings=128)

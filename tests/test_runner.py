@@ -16,7 +16,7 @@ from minknn import MinknnError, Terminated
 from minknn.lab import cells, grid, report, runner
 from minknn.runs import Diverged
 
-from conftest import DATA, dev_falling
+from helpers import DATA, dev_falling
 
 METHODS = "ce,proxyanchor+proxy[alpha=0,0.5,1],ce+knn[k=1,2,4;phi=0,0.5,1]"
 

@@ -26,7 +26,7 @@ from minknn import MinknnError, runs
 from minknn.cli import run
 from minknn.checkpoint import LAST_ENTRIES, load_last, save_last
 from minknn.runs import close_run_folder, lock_folder, new_run_folder
-from tests.conftest import DATA, dev_falling, write_tiny_bert
+from helpers import DATA, dev_falling, write_tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,7 +16,7 @@ from minknn.data import eval_subset, load_split, training_examples
 from minknn.kinds import score
 from minknn.tasks import get_task
 
-from conftest import DATA
+from helpers import DATA
 
 
 def rule(text):

@@ -17,7 +17,7 @@ submitit = pytest.importorskip("submitit")  # an optional extra (pip install sub
 import train
 from minknn.lab import runner, slurm
 
-from conftest import DATA
+from helpers import DATA
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)

@@ -1,6 +1,8 @@
 """The loss registry: --loss NAME picks one of the losses below. Adding a loss is one new file here
-and one line in METRIC_LOSSES; train.py needs no change, and tests/test_losses.py tests it at once
-(it asks for one thing more, by name: the loss's oracle, a literal transcription of its formula).
+and one line in METRIC_LOSSES; train.py needs no change. tests/losses/test_objective.py then asks
+for two things more, by name: the loss's oracle, a literal transcription of its formula
+(tests/losses/oracles.py), and its test file, tests/losses/test_NAME.py, which runs the checks
+every loss goes through (tests/losses/checks.py).
 
 Every metric-learning loss is an nn.Module built as Loss(num_classes, dim) and called as
 loss(z, labels), with z the pooled representation (B, dim) and labels the batch's targets: class

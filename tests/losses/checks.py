@@ -1,0 +1,412 @@
+"""The checks every metric-learning loss goes through, and what the losses' tests are built of.
+
+Each loss's own file, tests/losses/test_<loss>.py (its part's command, minknn/parts.py), runs them
+for its loss, in this order: check_normalises_what_its_formula_normalises, its property tests,
+check_matches_its_oracle (tests/losses/oracles.py), check_degenerate_inputs_are_finite,
+check_gradcheck, check_invariant_to_batch_order and check_falls_as_classes_separate (the losses
+called as loss(h, labels)), check_sanity_check (the stored reference outputs,
+tests/fixtures/references/<part>.pt), its by-hand tests, then check_runs_in_fp32_under_autocast.
+checks_of(name) lists the ones that apply to a loss; tests/losses/test_objective.py holds every
+registered loss to them.
+
+The order matters. A property test builds a batch on which one choice of the formula shows, and
+says which choice fails and how to fix it; the oracle only says that a value differs. pytest -x
+stops at the first failure, so the property tests run before the oracle: each one's batch leaves
+the choices checked after it out of play (the values they would change do not occur on it), so a
+failure names the mistake made, not one checked later.
+
+Also here: how a failure names the loss's part ("part 8 supcon: ...", through tests/grading.py:
+ok, agrees, run), the losses built in float64 (make), the batches they are compared with their
+oracles on (cases, degenerate_cases, fixed_inputs), and the vectors the property tests are built
+of (e, at_angle, apart, triangle).
+"""
+import inspect
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from grading import GENERIC, check, differs, matches_reference
+from minknn.losses import METRIC_LOSSES, Objective, loss_kind, task_loss
+from minknn.model import Output
+from minknn.parts import BY_NAME, PARTS, label
+from minknn.tasks import TASKS
+from oracles import IN_BATCH, WITH_ORACLE, oracle_of, table_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+C, D = 4, 8
+# settings other than the defaults, to keep a test small or exercise a choice (absent: defaults)
+SETTINGS = {"knnbert": {"m_most": 2, "m_least": 3}, "softtriple": {"centres": 3}}
+
+
+# ---- naming a failure: the part that writes the loss, or the loss's file ----
+
+def source_file(name):
+    return os.path.relpath(inspect.getsourcefile(METRIC_LOSSES[name]), ROOT)
+
+
+def part_of(name):
+    """The part whose file holds loss `name` (moco's is 'moco-loss'); None for a loss that is no
+    part of the assignment."""
+    return next((p.name for p in PARTS if p.file == source_file(name)), None)
+
+
+def ok(name, condition, message):
+    """tests/grading.py's check() for the loss's part; a loss that is no part is named by file."""
+    part = part_of(name)
+    if part:
+        check(part, condition, message)
+    elif not condition:
+        raise AssertionError(f"loss '{name}' ({source_file(name)}): {message}")
+
+
+def agrees(name, condition, what, reference, detail):
+    """A value check (tests/grading.py, differs()): `what` equals `reference`, an oracle's value or
+    one computed by hand, else a failure saying only that it differs. The property checks that say
+    what is wrong run before it."""
+    if condition:
+        return
+    if part_of(name):
+        differs(part_of(name), what, reference, detail)
+    raise AssertionError(f"loss '{name}' ({source_file(name)}): {what}{GENERIC}{reference}"
+                         f"{detail}")
+
+
+def run(name, loss, *args):
+    """loss(*args); an error raised inside the loss is reported naming its part."""
+    try:
+        return loss(*args)
+    except NotImplementedError:  # the student edition's stub names its part already
+        raise
+    except Exception as e:
+        who = label(part_of(name)) if part_of(name) else f"loss '{name}'"
+        raise AssertionError(f"{who}: the loss raised {type(e).__name__}: {e}") from e
+
+
+def near(a, b, atol=1e-9, rtol=1e-9):
+    a, b = (x.detach().item() if torch.is_tensor(x) else float(x) for x in (a, b))
+    return math.isclose(a, b, abs_tol=atol, rel_tol=rtol)
+
+
+def make(name, seed=0, **settings):
+    torch.manual_seed(seed)
+    return METRIC_LOSSES[name](C, D, **{**SETTINGS.get(name, {}), **settings}).double()
+
+
+def randn(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=torch.float64, generator=g)
+
+
+# ---- the inputs: batches in each loss's calling convention ----
+
+BATCHES = {  # labels of the test batches: mixed, with a class seen once, with a class absent
+    "mixed": [0, 1, 2, 3, 0, 1, 2, 3, 0, 1],
+    "one singleton": [0, 0, 1, 1, 1, 2, 3, 3],
+    "class absent": [0, 0, 1, 1, 1, 0],
+}
+# In-batch losses have nothing to compare on these (npairs: its L2 penalty alone); the proxy
+# losses still compare each example with the proxies.
+NOTHING_TO_COMPARE = {"every class once": [0, 1, 2, 3], "one class": [2, 2, 2, 2, 2],
+                      "one example": [1]}
+MULTI_HOT = {  # rows of label sets over C = 4 classes
+    "overlapping": [[1, 1, 0, 0], [1, 0, 0, 0], [0, 1, 1, 0], [1, 1, 1, 0], [0, 0, 1, 1],
+                    [0, 0, 0, 1]],
+    "one shares no label": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 1]],
+    "an all-zero row": [[1, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0], [0, 0, 1, 0]],
+}
+MULTI_HOT_NOTHING = {"no pair shares a label": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 1]],
+                     "one example": [[1, 1, 0, 0]]}
+
+
+def memory(n, classes, seed, n_examples=None):
+    """n unit keys, their labels, and their examples' ids: rows of a training set of n_examples
+    (default n: each example once, as after the fill); fewer rows than keys repeat some."""
+    g = torch.Generator().manual_seed(seed)
+    keys = F.normalize(torch.randn(n, D, dtype=torch.float64, generator=g), dim=1)
+    ids = torch.randperm(n, generator=g) % (n_examples or n)
+    return keys, torch.randint(0, classes, (n,), generator=g), ids
+
+
+def queue_case(seed):
+    """30 keys of classes 0 to 2 (queries of class 3 have no positive) from 20 examples, so some
+    queries have older keys in memory; query 1's are of its class."""
+    keys, key_labels, ids = memory(30, C - 1, seed, n_examples=20)
+    key_labels[ids == 5] = 1
+    y, rows = torch.tensor([0, 1, 2, 3, 0, 3, 1]), torch.tensor([0, 5, 9, 11, 19, 3, 7])
+    h, batch_keys = randn(len(y), D, seed=seed + 10), F.normalize(randn(len(y), D, seed=seed), 1)
+    return h, y, batch_keys, keys, key_labels, rows, ids
+
+
+def bank_case(seed):
+    """A memory bank: entry i is example i; each query's positive is its own entry."""
+    bank, bank_labels, _ = memory(10, C, seed)
+    rows = torch.tensor([4, 0, 9])
+    h = randn(3, D, seed=seed + 10)
+    return h, bank_labels[rows], bank[rows], bank, bank_labels, rows, torch.arange(10)
+
+
+def cases(name):
+    """[(what, args)]: the inputs on which loss `name` is compared with its oracle."""
+    table = table_of(name)
+    if table in ("ORACLES", "PAIR_ORACLES"):  # as pairs: the first half with the second
+        return [(f"the '{b}' batch {y} (seed {s})", (randn(len(y), D, seed=s), torch.tensor(y)))
+                for b, y in BATCHES.items() for s in range(3)]
+    if table == "MULTILABEL_ORACLES":
+        return [(f"the '{b}' batch (seed {s})",
+                 (3 * randn(len(y), D, seed=s), torch.tensor(y, dtype=torch.float64)))
+                for b, y in MULTI_HOT.items() for s in range(3)]
+    return ([(f"a queue holding older keys of some queries (seed {s})", queue_case(s))
+             for s in range(3)]
+            + [(f"a memory bank (seed {s})", bank_case(s)) for s in range(3)])
+
+
+def degenerate_cases(name):
+    """[(what, args)]: inputs with nothing, or almost nothing, to compare."""
+    table = table_of(name)
+    if table == "ORACLES":
+        return [(f"a batch with {b} {y}", (randn(len(y), D, seed=0), torch.tensor(y)))
+                for b, y in NOTHING_TO_COMPARE.items()]
+    if table == "PAIR_ORACLES":  # SetFit pairs an example with itself: cos 1, at the top of its range
+        x = randn(2, D, seed=0)
+        return [("one pair, a text with itself", (torch.cat([x[:1], x[:1]]), torch.tensor([1, 1]))),
+                ("a text with itself, its class not its own", (torch.cat([x, x]),
+                                                              torch.tensor([0, 1, 1, 0])))]
+    if table == "MULTILABEL_ORACLES":
+        return [(f"a batch with {b}", (randn(len(y), D, seed=0),
+                                       torch.tensor(y, dtype=torch.float64)))
+                for b, y in MULTI_HOT_NOTHING.items()]
+    keys, _, ids = memory(6, C, 0)
+    h, rows = randn(3, D, seed=1), torch.tensor([0, 1, 2])
+    batch_keys = F.normalize(randn(3, D, seed=2), dim=1)
+    y = torch.tensor([2, 2, 2])
+    return [("a memory where no query has a positive",
+             (h, torch.tensor([0, 1, 0]), batch_keys, keys, torch.full((6,), 3), rows, ids)),
+            ("a memory without negatives", (h, y, batch_keys, keys, torch.full((6,), 2), rows,
+                                            ids)),
+            ("a memory of one key, query 0's own",
+             (h, y, batch_keys, keys[:1], torch.tensor([2]), rows, torch.tensor([0])))]
+
+
+def source(name):
+    part = part_of(name)
+    return BY_NAME[part].source if part else "its docstring's formula"
+
+
+def clustered(spread, seed=0):
+    """Four well-separated class centres and examples around them at distance ~spread."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.eye(C, D, dtype=torch.float64) * 3
+    y = torch.tensor([0, 1, 2, 3] * 3)
+    return centres, centres[y] + spread * torch.randn(len(y), D, dtype=torch.float64,
+                                                      generator=g), y
+
+
+# ---- the sanity check: fixed inputs, the solution's outputs stored (tests/grading.py) ----
+
+def fixed_inputs(name):
+    """The loss and its inputs, made without a random generator."""
+    B = 6
+    h = 2 * torch.sin(1.3 * torch.arange(B * D, dtype=torch.float64) + 0.2).reshape(B, D)
+    loss = METRIC_LOSSES[name](C, D, **SETTINGS.get(name, {})).double()
+    with torch.no_grad():
+        for p in loss.parameters():
+            p.copy_(torch.cos(0.37 * torch.arange(p.numel(), dtype=p.dtype) + 1).reshape(p.shape))
+    table = table_of(name)
+    if table in ("ORACLES", "PAIR_ORACLES"):
+        return loss, (h, torch.tensor([0, 1, 0, 2, 1, 0]))
+    if table == "MULTILABEL_ORACLES":
+        return loss, (h, torch.tensor(MULTI_HOT["overlapping"], dtype=torch.float64))
+    K = 12
+    keys = F.normalize(torch.cos(0.7 * torch.arange(K * D, dtype=torch.float64)).reshape(K, D), 1)
+    batch_keys = F.normalize(torch.cos(0.9 * torch.arange(B * D, dtype=torch.float64) + 0.5)
+                             .reshape(B, D), 1)
+    ids = torch.arange(K) % 9  # examples 0, 1 and 2 have two keys
+    return loss, (h, torch.tensor([0, 1, 2, 1, 1, 2]), batch_keys, keys, torch.arange(K) % 3,
+                  torch.tensor([0, 4, 2, 7, 1, 5]), ids)
+
+
+# ---- the vectors the property tests are built of ----
+
+def e(i, scale=1.0):
+    """The i-th unit vector of R^D, times scale."""
+    return scale * torch.eye(D, dtype=torch.float64)[i]
+
+
+def at_angle(a):
+    """The unit vector at angle a from e_0, in the plane of e_0 and e_1."""
+    return math.cos(a) * e(0) + math.sin(a) * e(1)
+
+
+def apart(d):
+    """Two unit vectors at distance d."""
+    return torch.stack([e(0), at_angle(2 * math.asin(d / 2))])
+
+
+def triangle(r=0.1):
+    """Three unit vectors around e_0, each pair at the squared distance 3 sin(r)^2 (0.03)."""
+    return torch.stack([math.cos(r) * e(0) + math.sin(r) * (math.cos(a) * e(1) + math.sin(a) * e(2))
+                        for a in (0, 2 * math.pi / 3, 4 * math.pi / 3)])
+
+
+# two equal examples of class 0 and one opposite: z_0.z_1 = 1, z_0.z_2 = -1
+OPPOSITE = (torch.stack([e(0), e(0), -e(0)]), torch.tensor([0, 0, 1]))
+
+
+def value(name, loss, *args):
+    return run(name, loss, *args).item()
+
+
+def falls_with_tau(name, loss, attribute, args, taus=(1.0, 0.5, 0.1)):
+    """The loss at each temperature, and whether it falls as tau does."""
+    values = []
+    for tau in taus:
+        setattr(loss, attribute, tau)
+        values.append(value(name, loss, *args))
+    return values, all(a > b for a, b in zip(values, values[1:]))
+
+
+def orthonormal_proxies(name, **settings):
+    loss = make(name, **settings)
+    with torch.no_grad():
+        loss.proxies.copy_(torch.eye(C, D, dtype=torch.float64))
+    return loss
+
+
+def memory_of(*keys):
+    """Unit keys given as (vector, label, id)."""
+    vectors, labels, ids = zip(*keys)
+    return torch.stack(vectors), torch.tensor(labels), torch.tensor(ids)
+
+
+# ---- the checks every loss goes through (each loss's test file runs those of checks_of) ----
+
+def check_normalises_what_its_formula_normalises(name):
+    """Each h_i scaled by its own factor: a loss on normalised vectors does not move, one on the raw
+    vectors (npairs, mlcon) does; the same for the proxies or centres, each row scaled."""
+    loss, oracle = make(name), oracle_of(name)
+    _, args = cases(name)[0]
+    factors = torch.linspace(0.3, 3.0, len(args[0]), dtype=torch.float64)[:, None]
+    scaled = (args[0] * factors, *args[1:])
+    before, after = run(name, loss, *args), run(name, loss, *scaled)
+    if near(oracle(*scaled, loss), oracle(*args, loss)):
+        ok(name, near(before, after), f"scaling each h_i by its own factor (0.3 to 3) moved the "
+           f"loss from {before.item():.6g} to {after.item():.6g}; the formula normalises each "
+           f"vector, z_i = h_i / ||h_i|| (F.normalize(h, dim=-1): along the features, not the "
+           f"batch)")
+    else:
+        ok(name, not near(before, after), "scaling each h_i changed nothing, but the formula "
+           "uses h as it is: it must not be normalised")
+    for p in loss.parameters():
+        with torch.no_grad():  # each proxy (or centre) by its own factor
+            n = p[..., 0].numel()
+            p.mul_(torch.linspace(0.3, 3.0, n, dtype=p.dtype).reshape(*p.shape[:-1], 1))
+        ok(name, near(run(name, loss, *args), before, atol=1e-9, rtol=1e-7),
+           f"scaling each row of the loss's {tuple(p.shape)} parameter (its proxies or centres) "
+           f"moved the loss from {before.item():.6g} to {run(name, loss, *args).item():.6g}; "
+           f"the formula normalises each of them, p / ||p|| (along the last dimension)")
+
+
+def check_matches_its_oracle(name):
+    loss, oracle = make(name), oracle_of(name)
+    for what, args in cases(name):
+        got, want = run(name, loss, *args), oracle(*args, loss)
+        agrees(name, near(got, want, atol=1e-6, rtol=1e-9), f"the loss on {what}",
+               f"the literal transcription of {source(name)} ({oracle.__name__} in "
+               f"tests/losses/oracles.py)", f": got {got.item():.8g}, it gives {want.item():.8g}")
+
+
+def check_degenerate_inputs_are_finite(name):
+    """Nothing to compare gives a finite loss and gradient, the oracle's value (often 0)."""
+    loss, oracle = make(name), oracle_of(name)
+    for what, args in degenerate_cases(name):
+        h = args[0].clone().requires_grad_()
+        value = run(name, loss, h, *args[1:])
+        value.backward()
+        want = oracle(*args, loss)
+        ok(name, bool(torch.isfinite(value)), f"the loss on {what} is {value.item():.8g}: a mean "
+           f"over no terms must be 0, not 0/0 (divide by the count clamped at 1)")
+        agrees(name, near(value, want, atol=1e-9), f"the loss on {what}", "the oracle's value",
+               f": got {value.item():.8g}, expected {want.item():.8g}")
+        ok(name, bool(torch.isfinite(h.grad).all()), f"the gradient on {what} is not finite "
+           f"(a sqrt or a division at 0?)")
+        ok(name, all(torch.isfinite(p.grad).all() for p in loss.parameters()),
+           f"the gradient of the proxies on {what} is not finite")
+
+
+def check_gradcheck(name):
+    loss, args = fixed_inputs(name)  # 6 examples
+    inputs = (args[0].clone().requires_grad_(), *loss.parameters())
+    passed = torch.autograd.gradcheck(lambda h, *params: run(name, loss, h, *args[1:]), inputs,
+                                      raise_exception=False, fast_mode=True)
+    ok(name, passed, "the gradient autograd computes is not the numerical one "
+       "(torch.autograd.gradcheck): an in-place change of a tensor that autograd needs, or a "
+       "value taken out of the graph (.item(), .detach())?")
+
+
+def check_invariant_to_batch_order(name):
+    loss = make(name)
+    _, h, y = clustered(1.0)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
+    a, b = run(name, loss, h[perm], y[perm]), run(name, loss, h, y)
+    ok(name, near(a, b, atol=1e-12), f"shuffling the batch moved the loss from {b.item():.8g} "
+       f"to {a.item():.8g}")
+
+
+def check_falls_as_classes_separate(name):
+    loss = make(name)
+    with torch.no_grad():  # put the proxies (or each class's centres) at the class centres
+        for p in loss.parameters():
+            centres, _, _ = clustered(0)
+            p.copy_(centres if p.ndim == 2 else centres[:, None, :] + 0.01 * torch.randn_like(p))
+    values = [run(name, loss, *clustered(spread)[1:]).item() for spread in (3.0, 1.0, 0.3, 0.1)]
+    ok(name, values == sorted(values, reverse=True) and values[-1] < values[0],
+       f"the loss must fall as the classes' examples gather around their centres (spread 3, 1, "
+       f"0.3, 0.1); it went {', '.join(f'{v:.4g}' for v in values)}")
+
+
+def check_sanity_check(name):
+    """The loss and its gradient on fixed inputs against the stored reference outputs."""
+    loss, (h, *rest) = fixed_inputs(name)
+    h = h.clone().requires_grad_()
+    value = run(name, loss, h, *rest)
+    value.backward()
+    matches_reference(part_of(name), "loss", value, atol=1e-8, rtol=1e-6)
+    matches_reference(part_of(name), "gradient of h", h.grad, atol=1e-8, rtol=1e-6)
+
+
+def check_runs_in_fp32_under_autocast(name):
+    """Under bf16 autocast (train.py --precision bf16) each metric term is its fp32 value to float
+    precision: bf16 matmuls would move a scaled cosine such as mnrl's 20 cos by about 0.1."""
+    torch.manual_seed(0)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0])
+    if name.startswith("pair_loss"):  # a siamese pair task: the 6 first texts, then the 6 second
+        objective = task_loss(TASKS["mrpc"], D, {"pair_loss": name.split()[1]}, siamese=True)
+        labels, h = labels.clamp(max=1), torch.randn(12, D)
+    else:
+        objective, h = Objective(name, C, D), torch.randn(6, D)
+        labels = F.one_hot(labels, C).float() if loss_kind(name) == "multilabel" else labels
+    out = Output(logits=torch.randn(6, 2 if name.startswith("pair_loss") else C), z=h)
+    loss = name.split()[-1]
+    fp32 = run(loss, objective, out, labels)[1]["metric"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = run(loss, objective, out, labels)[1]["metric"]
+    ok(loss, near(bf16, fp32, atol=1e-6, rtol=1e-6), f"{name}: the metric term under bf16 "
+       f"autocast is {bf16.item():.8g}, in fp32 {fp32.item():.8g}")
+
+
+def checks_of(name):
+    """The checks above that loss `name` goes through, in the order its test file runs them: the
+    in-batch ones (order, separation) for a loss called as loss(h, labels) only, the sanity check
+    for a part of the assignment, autocast for a loss outside the memory."""
+    return [check for check, applies in (
+        (check_normalises_what_its_formula_normalises, name in WITH_ORACLE),
+        (check_matches_its_oracle, name in WITH_ORACLE),
+        (check_degenerate_inputs_are_finite, name in WITH_ORACLE),
+        (check_gradcheck, True),
+        (check_invariant_to_batch_order, name in IN_BATCH),
+        (check_falls_as_classes_separate, name in IN_BATCH),
+        (check_sanity_check, part_of(name) is not None),
+        (check_runs_in_fp32_under_autocast,
+         name in WITH_ORACLE and table_of(name) != "MEMORY_ORACLES")) if applies]

@@ -1,0 +1,154 @@
+"""Part knnbert of the assignment, minknn/losses/knnbert.py: KNN-BERT's supervised contrastive loss
+over the labelled memory (Li et al. (KNN-BERT), eq. 3). Its command runs every check of the loss,
+and no other:
+
+    python -m pytest -q tests/losses/test_knnbert.py
+
+In this order (tests/losses/checks.py says why it matters): its normalisation, the properties that
+tell its common mistakes apart, its oracle (knnbert_oracle, tests/losses/oracles.py), degenerate
+inputs, gradcheck, the sanity check against tests/fixtures/references/knnbert.pt, then the cases
+worked by hand. A failure names the part.
+"""
+import torch
+
+from checks import (C, D, agrees, at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
+                    check_matches_its_oracle, check_normalises_what_its_formula_normalises,
+                    check_sanity_check, e, make, memory, memory_of, near, ok, queue_case, randn,
+                    run, value)
+from minknn.losses.knnbert import select_positives
+from oracles import knnbert_oracle
+
+
+# ---- what it normalises, then the properties that tell its mistakes apart ----
+
+def test_knnbert_normalises_what_its_formula_normalises():
+    check_normalises_what_its_formula_normalises("knnbert")
+
+
+def test_knnbert_select_positives_by_rank():
+    s = torch.tensor([[5.0, 4, 3, 2, 1, 9]])   # five positives, then a negative
+    positive = torch.tensor([[True] * 5 + [False]])
+    got = run("knnbert", select_positives, s, positive, 1, 2)
+    picked = s[got].tolist()
+    ok("knnbert", picked == [5, 2, 1], f"select_positives with positives at s = 5, 4, 3, 2, 1 "
+       f"and a negative at 9, M_m = 1, M_l = 2: S(q) is the most similar positive and the two "
+       f"least similar, s = [5, 2, 1]; got s = {picked}: rank < M_m from the top, or "
+       f"rank >= n_pos - M_l")
+
+
+def knnbert_query(keys, tau=0.07):
+    """The loss of one query, e_0 of class 0 and training row 0, over the memory `keys`."""
+    vectors, labels, ids = memory_of(*keys)
+    return value("knnbert", make("knnbert", temperature=tau), e(0)[None], torch.tensor([0]), None,
+                 vectors, labels, torch.tensor([0]), ids)
+
+
+def test_knnbert_the_querys_own_older_key_is_no_positive():
+    v = knnbert_query([(e(0), 0, 0), (e(1), 1, 1)])   # its own older key, and a negative
+    ok("knnbert", v == 0, f"a memory holding the query's own older key (id = its row) and a "
+       f"negative: the query has no positive, so it contributes nothing and the loss is 0; got "
+       f"{v:.6g}: leave the query's own older keys out of P(q) (rows against key ids)")
+
+
+def test_knnbert_the_querys_own_older_key_is_no_negative():
+    keys = [(at_angle(0.5), 0, 1), (e(1), 1, 2)]   # a positive and a negative
+    v, with_own = knnbert_query(keys), knnbert_query(keys + [(e(0), 0, 0)])
+    ok("knnbert", near(v, with_own), f"adding the query's own older key (id = its row) to the "
+       f"memory moved the loss from {v:.6g} to {with_own:.6g}: it is neither a positive nor a "
+       f"negative (the negatives are the keys of another label)")
+
+
+def test_knnbert_each_term_keeps_its_positive_in_the_denominator():
+    v = knnbert_query([(e(0), 0, 1), (-e(0), 1, 2)])
+    ok("knnbert", v >= 0, f"a positive on the query and a negative opposite: the loss is "
+       f"-log(e^s_j / (e^s_j + sum_N e^s_i)), a probability's -log, at least 0; got {v:.6g}: "
+       f"keep k_j in its own denominator, softplus(logsumexp_N(s) - s_j)")
+
+
+def test_knnbert_divides_by_the_temperature():
+    keys = [(e(0), 0, 1), (-e(0), 1, 2)]
+    values = [knnbert_query(keys, tau) for tau in (1.0, 0.5, 0.07)]
+    ok("knnbert", values[0] > values[1] > values[2], f"a positive on the query and a negative "
+       f"opposite: the loss softplus(-2 / tau) must fall as tau falls (1, 0.5, 0.07); it went "
+       f"{', '.join(f'{v:.4g}' for v in values)}: divide q.k by tau, do not multiply")
+
+
+def test_knnbert_averages_over_the_selected_positives():
+    keys = [(at_angle(0.3), 0, 1), (e(1), 1, 2)]
+    v, twice = knnbert_query(keys), knnbert_query(keys + [(at_angle(0.3), 0, 3)])
+    ok("knnbert", near(v, twice), f"a second copy of the query's one positive moved the loss "
+       f"from {v:.6g} to {twice:.6g}: each term's denominator holds its own positive and the "
+       f"negatives only, and L_sc(q) is the MEAN over S(q) (divide by |S(q)|)")
+
+
+# ---- the checks every loss goes through (tests/losses/checks.py) ----
+
+def test_knnbert_matches_its_oracle():
+    check_matches_its_oracle("knnbert")
+
+
+def test_knnbert_degenerate_inputs_are_finite():
+    check_degenerate_inputs_are_finite("knnbert")
+
+
+def test_knnbert_gradcheck():
+    check_gradcheck("knnbert")
+
+
+def test_knnbert_sanity_check():
+    check_sanity_check("knnbert")
+
+
+# ---- by hand: the cases that show one choice of its formula ----
+
+def test_knnbert_matches_equation_3_for_each_selection():
+    for m_most, m_least in [(2, 3), (1, 0), (0, 2), (50, 100)]:
+        loss = make("knnbert", m_most=m_most, m_least=m_least, temperature=0.5)
+        for seed in range(3):
+            args = queue_case(seed)
+            got, want = run("knnbert", loss, *args), knnbert_oracle(*args, loss)
+            agrees("knnbert", near(got, want, atol=1e-9, rtol=0), f"the loss at M_m = "
+                   f"{m_most}, M_l = {m_least} (seed {seed})", "eq. 3 (knnbert_oracle)",
+                   f": got {got.item():.8g}, it gives {want.item():.8g}; S(q) is the M_m most "
+                   f"similar and the M_l least similar positives, or all of them when there "
+                   f"are at most M_m + M_l")
+
+
+def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
+    # one query along e0; five positives at decreasing similarity, one negative
+    q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    angles = torch.tensor([0.1, 0.5, 0.9, 1.3, 1.7, 2.5], dtype=torch.float64)
+    keys = torch.stack([angles.cos(), angles.sin()], 1)
+    key_labels, ids = torch.tensor([0, 0, 0, 0, 0, 1]), torch.arange(1, 7)
+    loss = make("knnbert", m_most=1, m_least=2, temperature=1.0)
+    s = keys @ q[0]
+    # each selected positive j against the one negative, key 5
+    term = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]))) for j in range(5)]
+    args = (q, torch.tensor([0]), None, keys, key_labels, torch.tensor([0]))
+    got = run("knnbert", loss, *args, ids)
+    ok("knnbert", near(got, (term[0] + term[3] + term[4]) / 3, atol=1e-12),
+       "one query, positives at angles 0.1 to 1.7, M_m = 1, M_l = 2: the loss must average the "
+       "terms of the most similar positive and the two least similar ones")
+    # key 0 is now the query's own older key (id 0 = its row): it leaves the positives, so the
+    # most similar positive is key 1 and the least similar stay 3, 4
+    ids[0] = 0
+    got = run("knnbert", loss, *args, ids)
+    ok("knnbert", near(got, (term[1] + term[3] + term[4]) / 3, atol=1e-12),
+       "the query's own older key (its id is the query's row) was counted as a positive")
+
+
+def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
+    """A class with no more than M_m + M_l keys in memory has S(q) = P(q) (few-shot runs): one
+    warning line on the first call, none after, none when every class is larger."""
+    keys, _, ids = memory(12, C, 0)
+    key_labels = torch.tensor([0] * 8 + [1] * 4)
+    y, rows = torch.tensor([0, 1]), torch.tensor([0, 8])
+    h = randn(2, D, seed=0)
+    loss = make("knnbert", m_most=2, m_least=2)
+    run("knnbert", loss, h, y, None, keys, key_labels, rows, ids)
+    run("knnbert", loss, h, y, None, keys, key_labels, rows, ids)
+    lines = capsys.readouterr().out.splitlines()
+    ok("knnbert", len(lines) == 1 and "1 of 2 classes" in lines[0] and "fewest 4" in lines[0],
+       f"the warning about classes using every positive, once: {lines}")
+    run("knnbert", make("knnbert", m_most=2, m_least=1), h, y, None, keys, key_labels, rows, ids)
+    ok("knnbert", capsys.readouterr().out == "", "a warning where no class is that small")

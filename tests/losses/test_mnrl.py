@@ -1,0 +1,108 @@
+"""Part mnrl of the assignment, minknn/losses/mnrl.py: the multiple negatives ranking loss over
+in-batch negatives (Henderson et al. 2017, the multiple negatives ranking loss). Its command runs
+every check of the loss, and no other:
+
+    python -m pytest -q tests/losses/test_mnrl.py
+
+In this order (tests/losses/checks.py says why it matters): its normalisation, the properties that
+tell its common mistakes apart, its oracle (mnrl_oracle, tests/losses/oracles.py), degenerate
+inputs, gradcheck, batch order, separation, the sanity check against
+tests/fixtures/references/mnrl.pt, the cases worked by hand, then fp32 under autocast (--pair_loss
+mnrl too). A failure names the part.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import (D, OPPOSITE, agrees, check_degenerate_inputs_are_finite,
+                    check_falls_as_classes_separate, check_gradcheck,
+                    check_invariant_to_batch_order, check_matches_its_oracle,
+                    check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
+                    check_sanity_check, e, make, near, ok, randn, run, value)
+from minknn.losses.mnrl import mnrl_pairs
+
+
+# ---- what it normalises, then the properties that tell its mistakes apart ----
+
+def test_mnrl_normalises_what_its_formula_normalises():
+    check_normalises_what_its_formula_normalises("mnrl")
+
+
+def test_mnrl_the_scale_multiplies_the_cosines():
+    loss = make("mnrl")
+    values = []
+    for scale in (1.0, 20.0):
+        loss.scale = scale
+        values.append(value("mnrl", loss, *OPPOSITE))
+    ok("mnrl", not near(*values), f"the loss is {values[0]:.6g} at scale 1 and at scale 20: S = "
+       f"scale * cos, the logits of the softmax (two equal examples of a class and one opposite "
+       f"give log(1 + e^(-2 scale)))")
+
+
+def test_mnrl_candidates_are_the_positive_and_the_other_classes():
+    # three equal examples of class 0 and one opposite: each (i, p) has p at cos 1 and the one
+    # negative at cos -1 as candidates
+    h, y = torch.stack([e(0)] * 3 + [-e(0)]), torch.tensor([0, 0, 0, 1])
+    v, want = value("mnrl", make("mnrl"), h, y), math.log1p(math.exp(-40))
+    ok("mnrl", near(v, want), f"three equal examples of class 0 and one opposite: each (i, p) "
+       f"chooses between p and the one negative, log(1 + e^(-2 * 20)), about 0; got {v:.6g} "
+       f"(log 3 = 1.0986 with i and all of its class as candidates): the anchor and the other "
+       f"examples of its class are no candidates, only p and the other classes' examples")
+
+
+def test_mnrl_pairs_normalises_anchors_and_positives():
+    a, p = randn(5, D, seed=0), randn(5, D, seed=1)
+    factors = torch.linspace(0.3, 3.0, 5, dtype=torch.float64)[:, None]
+    v = run("mnrl", mnrl_pairs, a, p).item()
+    for what, args in (("anchor", (a * factors, p)), ("positive", (a, p * factors))):
+        moved = run("mnrl", mnrl_pairs, *args).item()
+        ok("mnrl", near(v, moved), f"mnrl_pairs: scaling each {what} by its own factor (0.3 to "
+           f"3) moved J from {v:.6g} to {moved:.6g}: S is scale * cos, so normalise the anchors "
+           f"and the positives (F.normalize(x, dim=-1)) before their product")
+
+
+# ---- the checks every loss goes through (tests/losses/checks.py) ----
+
+def test_mnrl_matches_its_oracle():
+    check_matches_its_oracle("mnrl")
+
+
+def test_mnrl_degenerate_inputs_are_finite():
+    check_degenerate_inputs_are_finite("mnrl")
+
+
+def test_mnrl_gradcheck():
+    check_gradcheck("mnrl")
+
+
+def test_mnrl_invariant_to_batch_order():
+    check_invariant_to_batch_order("mnrl")
+
+
+def test_mnrl_falls_as_classes_separate():
+    check_falls_as_classes_separate("mnrl")
+
+
+def test_mnrl_sanity_check():
+    check_sanity_check("mnrl")
+
+
+# ---- by hand: the cases that show one choice of its formula ----
+
+def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
+    a, p = randn(5, D, seed=0), randn(5, D, seed=1)
+    S = [[20 * F.cosine_similarity(ai, pj, dim=0) for pj in p] for ai in a]
+    expected = -sum(S[i][i] - torch.log(sum(torch.exp(S[i][j]) for j in range(5)))
+                    for i in range(5)) / 5
+    got = run("mnrl", mnrl_pairs, a, p)
+    agrees("mnrl", near(got, expected), "mnrl_pairs on 5 (anchor, positive) pairs",
+           "J of Henderson et al. with S = 20 cos, written out",
+           f": got {got.item():.8g}, it gives {expected.item():.8g}")
+
+
+@pytest.mark.parametrize("name", ["mnrl", "pair_loss mnrl"])
+def test_mnrl_runs_in_fp32_under_autocast(name):
+    """As --loss mnrl, and as --pair_loss mnrl on a siamese pair task."""
+    check_runs_in_fp32_under_autocast(name)

@@ -1,0 +1,118 @@
+"""Part moco-loss of the assignment, minknn/losses/moco.py: the MoCo contrastive loss: one positive key
+against the memory's negatives (He et al. 2020, eq. 1). Its command runs every check of the loss,
+and no other:
+
+    python -m pytest -q tests/losses/test_moco.py
+
+In this order (tests/losses/checks.py says why it matters): its normalisation, the properties that
+tell its common mistakes apart, its oracle (moco_oracle, tests/losses/oracles.py), degenerate
+inputs, gradcheck, the sanity check against tests/fixtures/references/moco-loss.pt, then the cases
+worked by hand. A failure names the part.
+"""
+import math
+
+import torch
+
+from checks import (agrees, at_angle, bank_case, check_degenerate_inputs_are_finite,
+                    check_gradcheck, check_matches_its_oracle,
+                    check_normalises_what_its_formula_normalises, check_sanity_check, e, make,
+                    memory_of, near, ok, run, value)
+from oracles import mean, unit
+
+
+# ---- what it normalises, then the properties that tell its mistakes apart ----
+
+def test_moco_normalises_what_its_formula_normalises():
+    check_normalises_what_its_formula_normalises("moco")
+
+
+def moco_query(keys, cos_positive=1.0, tau=0.07):
+    """The MoCo loss of one query, e_0 of training row 0, over the memory `keys`."""
+    positive = at_angle(math.acos(cos_positive))[None]
+    vectors, labels, ids = memory_of(*keys)
+    return value("moco", make("moco", temperature=tau), e(0)[None], torch.tensor([0]), positive,
+                 vectors, labels, torch.tensor([0]), ids)
+
+
+def test_moco_the_positive_stays_in_its_denominator():
+    v = moco_query([(-e(0), 0, 1), (-e(0), 0, 2), (e(1), 0, 3)])
+    ok("moco", v >= 0, f"the query on its positive key, the negatives opposite or orthogonal: the "
+       f"loss is -log(e^pos / (e^pos + sum_N e^neg)), a probability's -log, at least 0; got "
+       f"{v:.6g}: keep the positive in the denominator, softplus(logsumexp_N - pos)")
+
+
+def test_moco_the_querys_own_keys_are_no_negatives():
+    keys = [(-e(0), 0, 1), (e(1), 0, 2)]
+    v, with_own = moco_query(keys), moco_query(keys + [(e(0), 0, 0)])
+    ok("moco", near(v, with_own), f"adding an older key of the query's own example (id = its row) "
+       f"to the memory moved the loss from {v:.6g} to {with_own:.6g}: the query's own keys are "
+       f"not negatives (mask them with -inf, rows against the keys' ids)")
+
+
+def test_moco_the_positive_shares_the_temperature():
+    half = at_angle(math.acos(0.5))
+    v = moco_query([(half, 0, 1), (half, 1, 2), (half, 2, 3)], cos_positive=0.5)
+    ok("moco", near(v, math.log(4)), f"the query at cosine 0.5 to its positive and to its 3 "
+       f"negatives: all 4 logits are equal, so the loss is log 4 = 1.386; got {v:.6g}: divide "
+       f"the positive's q.k+ by tau as well as the negatives'")
+
+
+# ---- the checks every loss goes through (tests/losses/checks.py) ----
+
+def test_moco_matches_its_oracle():
+    check_matches_its_oracle("moco")
+
+
+def test_moco_degenerate_inputs_are_finite():
+    check_degenerate_inputs_are_finite("moco")
+
+
+def test_moco_gradcheck():
+    check_gradcheck("moco")
+
+
+def test_moco_sanity_check():
+    check_sanity_check("moco")
+
+
+# ---- by hand: the cases that show one choice of its formula ----
+
+def test_moco_leaves_the_querys_own_older_key_out_of_its_negatives():
+    # the queue holds the whole training set: 4 examples, the query is example 2, its older key
+    # (id 2) sits at cosine 0.995 to its fresh key
+    q = fresh = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    angles = torch.tensor([2.0, 2.5, math.acos(0.995), 3.0], dtype=torch.float64)
+    keys, ids = torch.stack([angles.cos(), angles.sin()], 1), torch.tensor([0, 1, 2, 3])
+    loss = make("moco", temperature=0.07)
+    value = run("moco", loss, q, torch.tensor([0]), fresh, keys, torch.zeros(4, dtype=torch.long),
+                torch.tensor([2]), ids)
+    s = keys[[0, 1, 3]] @ q[0] / 0.07
+    # -log(e^{1/tau} / (e^{1/tau} + sum over ids 0, 1, 3))
+    expected = torch.log1p(torch.exp(s - 1 / 0.07).sum())
+    ok("moco", near(value, expected, atol=1e-9) and value.item() < 0.01,
+       f"the query on its fresh key, its older key at cosine 0.995: got {value.item():.4g}, "
+       f"expected {expected.item():.4g}; with its own older key as a negative it would be about "
+       f"log 2")
+
+
+def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
+    """--memory bank: the positive is the example's own bank entry v_i; it appears once in the
+    denominator, as in Wu et al.'s P(i | f_i) = exp(v_i.f / tau) / sum_j exp(v_j.f / tau)."""
+    loss = make("moco", temperature=0.5)
+    for seed in range(3):
+        h, _, v_i, bank, _, rows, ids = args = bank_case(seed)
+        want = mean([-torch.log(torch.exp(bank[row] @ unit(f) / loss.temperature)
+                                / sum(torch.exp(v @ unit(f) / loss.temperature) for v in bank))
+                     for f, row in zip(h, rows)])
+        got = run("moco", loss, *args)
+        agrees("moco", near(got, want, atol=1e-9), f"the loss over a memory bank (seed {seed})",
+               "Wu et al.'s eq. 2, written out", f": got {got.item():.8g}, it gives "
+               f"{want.item():.8g}")
+    # the query on its own entry, the others far away: near 0; with the positive counted twice
+    # it could never fall below log 2
+    bank = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
+    rows = torch.tensor([0])
+    value = run("moco", make("moco", temperature=0.07), bank[:1], None, bank[rows], bank, torch.zeros(4),
+                rows, torch.arange(4))
+    ok("moco", value.item() < 1e-5, f"the query on its own bank entry, the others far: got "
+       f"{value.item():.4g}, expected about 0 (log 2 if the positive is also a negative)")

@@ -1,0 +1,83 @@
+"""Part npairs of the assignment, minknn/losses/npairs.py: the N-pairs loss with its L2 penalty (Sohn
+2016, the multi-class N-pair loss). Its command runs every check of the loss, and no other:
+
+    python -m pytest -q tests/losses/test_npairs.py
+
+In this order (tests/losses/checks.py says why it matters): its normalisation, the properties that
+tell its common mistakes apart, its oracle (npairs_oracle, tests/losses/oracles.py), degenerate
+inputs, gradcheck, batch order, separation, the sanity check against
+tests/fixtures/references/npairs.pt, then fp32 under autocast. A failure names the part.
+"""
+import math
+
+import torch
+
+from checks import (cases, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
+                    check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
+                    check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
+                    check_sanity_check, e, make, near, ok, value)
+
+
+# ---- what it normalises, then the properties that tell its mistakes apart ----
+
+def test_npairs_normalises_what_its_formula_normalises():
+    check_normalises_what_its_formula_normalises("npairs")
+
+
+def test_npairs_penalty_is_the_mean_squared_norm():
+    h = torch.stack([e(0, 1.0), e(1, 2.0), e(2, 3.0)])   # ||f_i||^2 = 1, 4, 9
+    v = value("npairs", make("npairs"), h, torch.tensor([2, 2, 2]))
+    want = 0.002 * 14 / 3
+    ok("npairs", near(v, want), f"a batch of one class has no (anchor, positive, negative): the "
+       f"loss is the penalty alone, l2_reg * mean_i ||f_i||^2 = 0.002 * (1 + 4 + 9) / 3 = "
+       f"{want:.6g}; got {v:.6g}: average the squared norms (each a sum over the features) over "
+       f"the batch, not every coordinate")
+
+
+def test_npairs_uses_raw_inner_products():
+    loss, (h, y) = make("npairs", l2_reg=0.0), cases("npairs")[0][1]
+    v, doubled = value("npairs", loss, h, y), value("npairs", loss, 2 * h, y)
+    ok("npairs", not near(v, doubled), f"with l2_reg = 0, doubling every f_i left the loss at "
+       f"{v:.6g}: N-pairs uses the raw inner products f_a.f_n, so their size counts (do not "
+       f"normalise h)")
+
+
+def test_npairs_an_anchor_is_not_its_own_negative():
+    # two equal examples of class 0, ||f||^2 = 9, and one of class 1 orthogonal to them
+    h = torch.stack([e(0, 3.0), e(0, 3.0), e(1, 3.0)])
+    v = value("npairs", make("npairs", l2_reg=0.0), h, torch.tensor([0, 0, 1]))
+    want = math.log1p(math.exp(-9))
+    ok("npairs", near(v, want), f"two equal examples of class 0 (||f||^2 = 9) and one "
+       f"orthogonal of class 1, l2_reg = 0: each pair costs log(1 + e^(0 - 9)) = {want:.4g}; got "
+       f"{v:.4g} (log 2 = 0.693 if f_a.f_a is a negative): the anchor's negatives are the other "
+       f"classes' examples only, not itself")
+
+
+# ---- the checks every loss goes through (tests/losses/checks.py) ----
+
+def test_npairs_matches_its_oracle():
+    check_matches_its_oracle("npairs")
+
+
+def test_npairs_degenerate_inputs_are_finite():
+    check_degenerate_inputs_are_finite("npairs")
+
+
+def test_npairs_gradcheck():
+    check_gradcheck("npairs")
+
+
+def test_npairs_invariant_to_batch_order():
+    check_invariant_to_batch_order("npairs")
+
+
+def test_npairs_falls_as_classes_separate():
+    check_falls_as_classes_separate("npairs")
+
+
+def test_npairs_sanity_check():
+    check_sanity_check("npairs")
+
+
+def test_npairs_runs_in_fp32_under_autocast():
+    check_runs_in_fp32_under_autocast("npairs")

@@ -1,0 +1,78 @@
+"""Part triplet of the assignment, minknn/losses/triplet.py: the batch-all triplet loss on
+L2-normalised vectors (Schroff et al. 2015 (FaceNet), the triplet loss). Its command runs every
+check of the loss, and no other:
+
+    python -m pytest -q tests/losses/test_triplet.py
+
+In this order (tests/losses/checks.py says why it matters): its normalisation, the properties that
+tell its common mistakes apart, its oracle (triplet_oracle, tests/losses/oracles.py), degenerate
+inputs, gradcheck, batch order, separation, the sanity check against
+tests/fixtures/references/triplet.pt, then fp32 under autocast. A failure names the part.
+"""
+import torch
+
+from checks import (check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
+                    check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
+                    check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
+                    check_sanity_check, e, make, near, ok, triangle, value)
+
+
+# ---- what it normalises, then the properties that tell its mistakes apart ----
+
+def test_triplet_normalises_what_its_formula_normalises():
+    check_normalises_what_its_formula_normalises("triplet")
+
+
+def test_triplet_an_anchor_is_not_its_own_positive():
+    v = value("triplet", make("triplet"), triangle(), torch.tensor([0, 1, 2]))
+    ok("triplet", v == 0, f"three examples of three classes, close together (squared distances "
+       f"0.03 < m): no valid triplet, so the loss is 0; got {v:.6g}: an anchor is not its own "
+       f"positive (p != a: fill the positive mask's diagonal with False), and a mean over no "
+       f"triplet is 0, not 0/0")
+
+
+def test_triplet_the_margin_on_a_tie():
+    v = value("triplet", make("triplet"), triangle(), torch.tensor([0, 0, 1]))
+    ok("triplet", near(v, 0.2), f"three examples at equal distances (labels 0, 0, 1): each of "
+       f"the 2 triplets costs max(0, d_ap - d_an + m) = m, so the loss is m = 0.2; got {v:.6g}: "
+       f"add the margin to d_ap - d_an, inside the hinge")
+
+
+def test_triplet_the_mean_counts_the_satisfied_triplets():
+    # the triangle (labels 0, 0, 1: 2 triplets at m) and two equal examples of class 2 on e_3,
+    # 2 away from it: 12 valid triplets, the 10 new ones satisfied (terms 0)
+    h = torch.cat([triangle(), torch.stack([e(3), e(3)])])
+    v = value("triplet", make("triplet"), h, torch.tensor([0, 0, 1, 2, 2]))
+    ok("triplet", near(v, 0.4 / 12), f"12 valid triplets, 2 of them active at m = 0.2 and 10 "
+       f"satisfied: the loss is 0.4 / 12 = {0.4 / 12:.6g}; got {v:.6g}: the mean runs over every "
+       f"valid triplet, the satisfied (zero) ones included, not over the active ones only")
+
+
+# ---- the checks every loss goes through (tests/losses/checks.py) ----
+
+def test_triplet_matches_its_oracle():
+    check_matches_its_oracle("triplet")
+
+
+def test_triplet_degenerate_inputs_are_finite():
+    check_degenerate_inputs_are_finite("triplet")
+
+
+def test_triplet_gradcheck():
+    check_gradcheck("triplet")
+
+
+def test_triplet_invariant_to_batch_order():
+    check_invariant_to_batch_order("triplet")
+
+
+def test_triplet_falls_as_classes_separate():
+    check_falls_as_classes_separate("triplet")
+
+
+def test_triplet_sanity_check():
+    check_sanity_check("triplet")
+
+
+def test_triplet_runs_in_fp32_under_autocast():
+    check_runs_in_fp32_under_autocast("triplet")

@@ -1,0 +1,422 @@
+"""Part 5 training (train.py, minknn/parts.py): make_optimizer and train_step, the optimiser and
+the step. Fast checks on a model small enough to follow every number; the oracle writes the step
+out (the clipped gradient of the summed losses, then AdamW), and the sanity check compares with
+the stored reference outputs (tests/fixtures/references/training.pt). The part's command:
+
+    python -m pytest -q tests/test_training_step.py
+
+test_train.py runs train.py and evaluate.py end to end.
+"""
+import copy
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from grading import check, close, graded, matches_reference
+from minknn import options
+from minknn.bert import BertConfig, BertModel
+from minknn.runs import Diverged
+
+PART = "training"
+TOTAL, WARMUP = 8, 0.25  # the step tests' schedule: 2 warm-up steps of 8, so each step's lr differs
+SCALES = (30.0, 0.01, 30.0)  # the losses' scale at each step: gradient norm over 1, under, over
+
+
+class Tiny(torch.nn.Module):
+    """A stand-in for minknn.model.Model in train_step: model(task, input_ids=...) -> the task's
+    logits, through an embedding, a dense layer and a LayerNorm (a BERT in miniature) and a head per
+    task. Its weights come from their own generator: the same in every run, and the global random
+    state untouched."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng():  # the layers' own init draws from the global generator
+            self.embeddings = torch.nn.Embedding(10, 6)
+            self.dense = torch.nn.Linear(6, 6)
+            self.LayerNorm = torch.nn.LayerNorm(6)
+            self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(6, 3),
+                                              "b": torch.nn.Linear(6, 2)})
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, task, input_ids):
+        h = self.LayerNorm(torch.tanh(self.dense(self.embeddings(input_ids).mean(1))))
+        return self.heads[task](h)
+
+
+class ProxyLoss(torch.nn.Module):
+    """A loss with parameters of its own, as the proxy losses: cross-entropy on the logits and on
+    their products with the proxies, times `scale` (which puts the gradient norm over 1 or under).
+    `poison` "nan" adds sqrt(0 x proxies), a loss of 0 whose gradient is NaN; "inf" adds
+    sqrt(p - p) with p the proxies' sum, a loss of 0 whose gradient is infinite."""
+
+    def __init__(self, classes, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.proxies = torch.nn.Parameter(torch.randn(classes, classes, generator=g))
+        self.scale, self.poison = 1.0, None
+
+    def forward(self, output, targets):
+        ce = F.cross_entropy(output, targets)
+        metric = F.cross_entropy(output @ self.proxies.T, targets)
+        loss = self.scale * (ce + metric)
+        if self.poison == "nan":
+            loss = loss + torch.sqrt(0 * self.proxies.sum())
+        elif self.poison == "inf":
+            p = self.proxies.sum()
+            loss = loss + torch.sqrt(p - p.detach())
+        return loss, {"ce": ce.detach(), "metric": metric.detach()}
+
+
+def tiny_args(warmup=WARMUP):
+    return options.make_parser().parse_args(["--lr", "0.01", "--proxy_lr", "0.05",
+                                           "--weight_decay", "0.1", "--warmup", str(warmup)])
+
+
+def tiny_batches(step):
+    """Step `step`'s batch of each task: 4 examples of 5 tokens, the same in every run."""
+    g = torch.Generator().manual_seed(100 + step)
+    return {task: ({"input_ids": torch.randint(10, (4, 5), generator=g)},
+                   torch.randint(classes, (4,), generator=g), torch.arange(4))
+            for task, classes in (("a", 3), ("b", 2))}
+
+
+def tiny_run(total=TOTAL, warmup=WARMUP):
+    """The tiny model and its losses, make_optimizer's optimiser and scheduler for them, and the
+    parameters with their names."""
+    model = Tiny()
+    losses = torch.nn.ModuleDict({"a": ProxyLoss(3, 1), "b": ProxyLoss(2, 2)})
+    args = tiny_args(warmup)
+    names = [n for n, _ in model.named_parameters()]
+    names += [f"losses.{n}" for n, _ in losses.named_parameters()]
+    optimizer, scheduler = graded(
+        PART, f"make_optimizer(..., total_steps={total}) with --warmup {warmup}",
+        train.make_optimizer, list(model.parameters()), list(losses.parameters()), args, total)
+    params = list(model.parameters()) + list(losses.parameters())
+    return model, losses, optimizer, scheduler, params, names, args
+
+
+def tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad=None, rng=None):
+    """What train_step reads of a run's parts (minknn/trainer.py's Trainer): the tiny model, its
+    losses, the optimiser and scheduler, what trains, PCGrad and its rng; no memory, one process."""
+    return SimpleNamespace(model=model, losses=losses, optimizer=optimizer, scheduler=scheduler,
+                           params=params, pcgrad=pcgrad, rng=rng or random.Random(0), moco=None,
+                           ddp=None, args=SimpleNamespace(precision=None))
+
+
+def factor(s, total=TOTAL, warmup=WARMUP):
+    """The schedule: the factor on the lr at step s (0 for the first optimizer.step())."""
+    w = max(1, int(warmup * total))
+    return min((s + 1) / w, max(0.0, (total - s) / max(1, total - w)))
+
+
+def base_lr(name, args):
+    return args.proxy_lr if name.startswith("losses.") else args.lr
+
+
+def decays(name):
+    return not (name.endswith("bias") or "LayerNorm" in name or name.startswith("losses."))
+
+
+def groups_of(optimizer, p):
+    return [g for g in optimizer.param_groups if any(q is p for q in g["params"])]
+
+
+def first_name(group, names, params):
+    """The name of a group's first parameter, to name the group."""
+    return next(n for n, p in zip(names, params) if any(q is p for q in group["params"]))
+
+
+def set_scale(losses, scale):
+    for loss in losses.values():
+        loss.scale = scale
+
+
+def clipped_gradients(model, losses, batches):
+    """What optimizer.step() should see, computed on copies: the gradient of the sum of the task
+    losses, clipped to total norm 1 (as clip_grad_norm_: times 1 / (norm + 1e-6) where that is
+    under 1). Returns them and the norm before clipping."""
+    model, losses = copy.deepcopy(model), copy.deepcopy(losses)
+    params = list(model.parameters()) + list(losses.parameters())
+    total = sum(losses[t](model(t, **inputs), targets)[0]
+                for t, (inputs, targets, _) in batches.items())
+    grads = torch.autograd.grad(total, params)
+    norm = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
+    return [g * min(1.0, 1.0 / (norm + 1e-6)) for g in grads], norm
+
+
+def oracle(model, losses, args, steps=3):
+    """The first steps written out by hand, on copies: the clipped gradient of the summed losses,
+    then AdamW (Loshchilov and Hutter 2019, Algorithm 2: the decay apart from the adaptive step)
+    with the default betas and eps, the groups chosen by name and the scheduled lr. Returns the
+    named weights after them."""
+    model, losses = copy.deepcopy(model), copy.deepcopy(losses)
+    named = list(model.named_parameters())
+    named += [(f"losses.{n}", p) for n, p in losses.named_parameters()]
+    m, v = [torch.zeros_like(p) for _, p in named], [torch.zeros_like(p) for _, p in named]
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for s in range(steps):
+        set_scale(losses, SCALES[s])
+        grads, _ = clipped_gradients(model, losses, tiny_batches(s))
+        with torch.no_grad():
+            for i, ((name, p), g) in enumerate(zip(named, grads)):
+                lr = base_lr(name, args) * factor(s, TOTAL, args.warmup)
+                p.mul_(1 - lr * (args.weight_decay if decays(name) else 0.0))
+                m[i] = b1 * m[i] + (1 - b1) * g
+                v[i] = b2 * v[i] + (1 - b2) * g * g
+                m_hat, v_hat = m[i] / (1 - b1 ** (s + 1)), v[i] / (1 - b2 ** (s + 1))
+                p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+    return {name: p.detach() for name, p in named}
+
+
+def spy(optimizer, params):
+    """Records at each optimizer.step() every group's lr and a copy of every gradient (None where
+    there is none)."""
+    calls = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: calls.append((
+        [g["lr"] for g in opt.param_groups],
+        [None if p.grad is None else p.grad.clone() for p in params])))
+    return calls
+
+
+def test_part_training_parameter_groups():
+    """make_optimizer on a (tiny) BERT with a head and a loss's proxies: AdamW; every parameter in
+    one group; decay on the weight matrices only; the proxies at --proxy_lr, without decay."""
+    with torch.random.fork_rng():  # BertModel's init draws from the global generator
+        torch.manual_seed(0)
+        config = BertConfig.from_dict(dict(vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=16,
+                                           max_position_embeddings=16))
+        model = torch.nn.ModuleDict({"bert": BertModel(config), "heads": torch.nn.ModuleDict(
+            {"sst": torch.nn.Linear(8, 5)})})
+    losses = torch.nn.ModuleDict({"sst": ProxyLoss(5, 1)})
+    args = tiny_args()
+    named = list(model.named_parameters())
+    named += [(f"losses.{n}", p) for n, p in losses.named_parameters()]
+    optimizer, _ = graded(PART, "make_optimizer", train.make_optimizer, list(model.parameters()),
+                          list(losses.parameters()), args, 100)
+    check(PART, isinstance(optimizer, torch.optim.AdamW), f"make_optimizer must build "
+          f"torch.optim.AdamW (the weight decay apart from the adaptive step, Loshchilov and "
+          f"Hutter 2019); it built {type(optimizer).__name__}")
+    given = {id(p) for _, p in named}
+    extra = sum(id(p) not in given for g in optimizer.param_groups for p in g["params"])
+    check(PART, extra == 0, f"the optimiser holds {extra} tensors that are not in model_params or "
+          f"loss_params")
+    for name, p in named:
+        groups = groups_of(optimizer, p)
+        check(PART, len(groups) == 1, f"{name} is in {len(groups)} parameter groups; each "
+              f"parameter of model_params and loss_params belongs in exactly one")
+        group, wd = groups[0], groups[0]["weight_decay"]
+        lr = group.get("initial_lr", group["lr"])  # a scheduler keeps the group's lr in initial_lr
+        check(PART, tuple(group["betas"]) == (0.9, 0.999) and group["eps"] == 1e-8, f"BERT's "
+              f"optimiser has AdamW's default betas (0.9, 0.999) and eps 1e-8 (Devlin et al., "
+              f"A.2); the group holding {name} has betas {tuple(group['betas'])}, eps "
+              f"{group['eps']}: leave them at their defaults")
+        if name.startswith("losses."):
+            check(PART, lr == args.proxy_lr, f"the loss's parameters (proxies) learn at "
+                  f"args.proxy_lr = {args.proxy_lr}; the group holding {name} has lr {lr}")
+            check(PART, wd == 0, f"the loss's parameters (proxies) get no weight decay; the group "
+                  f"holding {name} has weight_decay {wd}")
+            continue
+        check(PART, lr == args.lr, f"the model's parameters learn at args.lr = {args.lr}; the "
+              f"group holding {name} has lr {lr}")
+        if decays(name):
+            check(PART, wd == args.weight_decay, f"the weight matrices get weight decay "
+                  f"args.weight_decay = {args.weight_decay}; the group holding {name} has "
+                  f"weight_decay {wd}")
+        else:
+            check(PART, wd == 0, f"biases and LayerNorm weights must get no weight decay; the "
+                  f"group holding {name} has weight_decay {wd}")
+
+
+def test_part_training_schedule():
+    """The lr at each optimizer.step(), every group alike: up from lr / warmup to lr over the
+    warm-up steps, then down to 0 at total_steps; warmup is a share of the steps, at least one,
+    truncated (int), not rounded."""
+    # 5 warm-up steps of 20; int(0.6) = 0: 1 step; int(3.6) = 3 steps of 20, not 4
+    for total, warmup in ((20, 0.25), (10, 0.06), (20, 0.18)):
+        _, _, optimizer, scheduler, params, names, args = tiny_run(total, warmup)
+        w = max(1, int(warmup * total))
+        lrs = []
+        for s in range(total + 1):  # each step's lrs, and after the last step's (0)
+            lrs.append([g["lr"] for g in optimizer.param_groups])
+            optimizer.step()  # no gradients: nothing moves
+            scheduler.step()
+        for i, group in enumerate(optimizer.param_groups):
+            name = first_name(group, names, params)
+            f = [row[i] / base_lr(name, args) for row in lrs]
+            bad = [s for s in range(total + 1) if abs(f[s] - factor(s, total, warmup)) > 1e-6]
+            if not bad:
+                continue
+            s = bad[0]
+            rise = next((k for k in range(1, total) if f[k] <= f[k - 1] + 1e-9), total)
+            truncated = (f"; int() truncates {warmup} x {total} = {warmup * total:.3g} to {w}, "
+                         f"not rounded" if rise == round(warmup * total) != w else "")
+            hint = ("the lr never changes: there is no schedule" if max(f) - min(f) < 1e-9 else
+                    "the first step trains at lr / warmup, not 0: the warm-up factor is "
+                    "(s + 1) / warmup" if s == 0 and f[0] == 0 else
+                    f"the lr rises over {rise} steps; the warm-up lasts warmup = max(1, "
+                    f"int(args.warmup x total_steps)) = {w} steps (a share of the steps, not of "
+                    f"the epochs){truncated}" if rise != w else
+                    "after the warm-up the lr falls linearly to 0 at total_steps")
+            check(PART, False, f"the learning rate at step {s} of {total} (--warmup {warmup}, the "
+                  f"group holding {name}) is {f[s]:.4g} x its lr, expected "
+                  f"{factor(s, total, warmup):.4g} = min((s + 1) / warmup, (total_steps - s) / "
+                  f"(total_steps - warmup)) with warmup {w}: {hint}")
+
+
+def test_part_training_step_clears_old_gradients():
+    """Gradients left in .grad before train_step (here NaN) must not reach the step:
+    optimizer.zero_grad() clears every group's, the proxies' included (model.zero_grad() would
+    leave theirs)."""
+    model, losses, optimizer, scheduler, params, names, _ = tiny_run()
+    for p in params:
+        p.grad = torch.full_like(p, float("nan"))
+    calls = spy(optimizer, params)
+    try:
+        train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
+    except Diverged as e:
+        check(PART, False, f"train_step raised Diverged ({e}) with NaN left in .grad from before "
+              f"the call: clear the last step's gradients (optimizer.zero_grad(set_to_none=True)) "
+              f"before backward")
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        check(PART, False, f"train_step raised {type(e).__name__}: {e}")
+    for _, grads in calls:
+        for name, g in zip(names, grads):
+            check(PART, g is None or torch.isfinite(g).all(), f"the gradient of {name} at "
+                  f"optimizer.step() still holds what .grad held before train_step: "
+                  f"optimizer.zero_grad(set_to_none=True) before backward")
+
+
+def test_part_training_step_order():
+    """Three calls of train_step: each calls optimizer.step() once, on this batch's gradient of the
+    sum of the task losses clipped to total norm 1, at the scheduled lr; then the scheduler moves
+    on to the next step's lr."""
+    model, losses, optimizer, scheduler, params, names, args = tiny_run()
+    calls = spy(optimizer, params)
+    for s, scale in enumerate(SCALES):
+        set_scale(losses, scale)
+        expected, raw_norm = clipped_gradients(model, losses, tiny_batches(s))
+        assert (raw_norm > 1) == (scale > 1), "the scales no longer put the norm over and under 1"
+        before = len(calls)
+        graded(PART, f"train_step (call {s + 1})", train.train_step,
+               tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(s))
+        call = f"train_step call {s + 1}"
+        check(PART, len(calls) == before + 1, f"{call} called optimizer.step() "
+              f"{len(calls) - before} times; once per call")
+        lrs, grads = calls[-1]
+        missing = [n for n, g in zip(names, grads) if g is None]
+        check(PART, not missing, f"at optimizer.step() in {call}, {', '.join(missing)} had no "
+              f"gradient: backward (after zero_grad) comes before the step")
+        norm = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
+        check(PART, norm <= 1 + 1e-4, f"optimizer.step() in {call} ran on gradients of total norm "
+              f"{norm:.4g}: clip the gradients of `params`, the proxies' included, to norm 1 "
+              f"(clip_grad_norm_) before the step")
+        for name, g, e in zip(names, grads, expected):
+            close(PART, g, e, f"the gradient of {name} at optimizer.step() in {call} (that of the "
+                  f"sum of every task's loss, clipped to total norm 1)", atol=1e-6, rtol=1e-4)
+        for i, group in enumerate(optimizer.param_groups):
+            name = first_name(group, names, params)
+            want, after = (base_lr(name, args) * factor(k) for k in (s, s + 1))
+            late = abs(lrs[i] - after) <= 1e-9 and ": scheduler.step() comes after optimizer.step()"
+            check(PART, abs(lrs[i] - want) <= 1e-9, f"optimizer.step() in {call} ran with lr "
+                  f"{lrs[i]:.4g} in the group holding {name}; the schedule gives {want:.4g} at "
+                  f"step {s}{late or ''}")
+            check(PART, abs(group["lr"] - after) <= 1e-9, f"after {call} the group holding {name} "
+                  f"has lr {group['lr']:.4g}; the schedule gives {after:.4g} for the next step: "
+                  f"train_step calls scheduler.step() once, after optimizer.step()")
+
+
+def test_part_training_step_passes_pcgrad_the_losses():
+    """With --pcgrad, pcgrad.backward(the task losses, rng) replaces the sum's backward, and
+    train_step returns its count of conflicting pairs; without, the count is None."""
+    class FakePCGrad:
+        def __init__(self):
+            self.calls = []
+
+        def backward(self, losses, rng):
+            self.calls.append((len(losses), rng))
+            sum(losses).backward()
+            return 7
+
+    model, losses, optimizer, scheduler, params, _, _ = tiny_run()
+    rng, pcgrad = random.Random(0), FakePCGrad()
+    _, _, conflicts = graded(PART, "train_step with pcgrad", train.train_step,
+                             tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad, rng),
+                             tiny_batches(0))
+    check(PART, pcgrad.calls == [(2, rng)] and conflicts == 7, f"with --pcgrad, train_step calls "
+          f"pcgrad.backward(list(task_losses.values()), rng) once in place of the sum's backward, "
+          f"and returns what it returns (7 here); it made the calls {pcgrad.calls} (the number of "
+          f"losses, the rng) and returned {conflicts}")
+    _, _, conflicts = graded(PART, "train_step", train.train_step,
+                             tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(1))
+    check(PART, conflicts is None, f"without --pcgrad, train_step returns conflicts None; it "
+          f"returned {conflicts}")
+
+
+@pytest.mark.parametrize("poison", ["nan", "inf"])
+def test_part_training_step_stops_on_a_gradient_that_is_not_finite(poison):
+    """A NaN or infinite gradient raises Diverged before optimizer.step(): the weights stay as
+    they were."""
+    model, losses, optimizer, scheduler, params, names, _ = tiny_run()
+    losses["a"].poison = poison
+    before = [p.detach().clone() for p in params]
+    stopped = None
+    try:
+        train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
+    except Diverged as e:
+        stopped = e
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        check(PART, False, f"train_step raised {type(e).__name__}: {e}")
+    hint = "" if poison == "nan" else ": test torch.isfinite(norm), not only torch.isnan"
+    check(PART, stopped is not None, f"a gradient norm that is not finite (here "
+          f"{'NaN' if poison == 'nan' else 'infinite'}) must raise Diverged before "
+          f"optimizer.step(); train_step went on{hint}")
+    changed = [n for n, p, b in zip(names, params, before) if not torch.equal(p.detach(), b)]
+    check(PART, not changed, f"train_step raised Diverged, but after changing "
+          f"{', '.join(changed)}: check the norm before optimizer.step(), so that the weights "
+          f"stay finite")
+
+
+def three_steps():
+    """The named weights after three train_step calls, and the oracle's."""
+    model, losses, optimizer, scheduler, params, names, args = tiny_run()
+    expected = oracle(model, losses, args)
+    for s, scale in enumerate(SCALES):
+        set_scale(losses, scale)
+        graded(PART, f"train_step (call {s + 1})", train.train_step,
+               tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(s))
+    return dict(zip(names, (p.detach() for p in params))), expected
+
+
+def test_part_training_three_steps_match_the_step_written_out():
+    got, expected = three_steps()
+    for name in expected:
+        close(PART, got[name], expected[name], f"{name} after three train_step calls (the oracle: "
+              f"the clipped gradient of the summed losses, AdamW with the groups and the scheduled "
+              f"lr)", atol=1e-6, rtol=1e-4)
+
+
+def test_part_training_sanity_check():
+    """The stored reference outputs (tests/fixtures/references/training.pt): each group's lr over
+    the 20 steps of a schedule, and the weights after three train_step calls."""
+    _, _, optimizer, scheduler, _, _, _ = tiny_run(20)
+    lrs = []
+    for _ in range(21):
+        lrs.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    matches_reference(PART, "lr over 20 steps", torch.tensor(lrs, dtype=torch.float64),
+                      atol=1e-9, rtol=1e-6)
+    got, _ = three_steps()
+    matches_reference(PART, "weights after 3 steps", torch.cat([p.flatten() for p in got.values()]))
