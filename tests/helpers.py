@@ -6,7 +6,7 @@ The tiny BERT (2 layers, 32 wide) is written with the same file formats as a rea
 (config.json, model.safetensors, vocab.txt), so the whole loading path is exercised in
 milliseconds. Only the parity tests in test_bert.py and test_tokenizer.py load the real default model.
 
-    from helpers import DATA, TINY, tiny_vocab, write_tiny_bert, dev_falling
+    from helpers import DATA, TINY, tiny_vocab, write_tiny_bert, dev_falling, run_grid, lines_of
 """
 import json
 import os
@@ -15,6 +15,7 @@ import re
 import torch
 
 from minknn.bert import BertConfig, BertModel
+from minknn.lab import report, runner
 from minknn.weights import save_safetensors
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -68,3 +69,18 @@ def dev_falling(monkeypatch):
         epoch = 1 + (len(open(path).readlines()) if os.path.exists(path) else 0)
         return {**real(*args, **kwargs), "overall": 1.0 - 0.1 * epoch}
     monkeypatch.setattr(train, "dev_scores", falling)
+
+
+# the runner's grids (tests/lab/test_runner.py; test_backbones.py runs one on RoBERTa)
+METHODS = "ce,proxyanchor+proxy[alpha=0,0.5,1],ce+knn[k=1,2,4;phi=0,0.5,1]"
+
+
+def run_grid(tiny_bert_dir, out, *extra, data_dir=DATA, tasks="mr,sst2", methods=METHODS):
+    return runner.main(["--tasks", tasks, "--methods", methods, "--sizes", "6", "--seeds", "0-1",
+                        "--out", str(out), "--model", tiny_bert_dir, "--data_dir", data_dir,
+                        "--epochs", "2", "--lr", "3e-3", "--batch_size", "4", "--max_len", "32",
+                        "--device", "cpu", *extra])
+
+
+def lines_of(out):
+    return report.read_results(str(out))

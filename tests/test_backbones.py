@@ -23,7 +23,7 @@ from minknn.pcgrad import PCGrad
 from minknn.weights import save_safetensors
 from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
-from test_runner import lines_of, run_grid
+from helpers import lines_of, run_grid
 from test_runs import assert_same_run, flags, keep_last, stop_at
 from test_train import run_multitask, run_train
 

@@ -4,11 +4,12 @@ docs/ name exists. A README line that stops working fails here, naming the file 
 Which commands: every line of every ```bash block of README.md and docs/*.md, in order (a line
 ending in a backslash goes on to the next; `a && b` is two commands; `#` starts a comment). Each
 is one of
-    python train.py ...              train.main        in-process, through minknn.run as the
-    python evaluate.py ...           evaluate.main     scripts' __main__ does: a MinknnError is
-    python -m minknn.lab.bench ...              bench.main        `error: ...` and exit status 2
-    python -m minknn.lab.runner ...      minknn.lab.runner.main
-    python -m minknn.assignment ...  minknn.assignment.main
+    python train.py ...               train.main      in-process, through minknn.cli.run as the
+    python evaluate.py ...            evaluate.main   scripts' __main__ does: a MinknnError is
+    python -m minknn.lab.bench ...    bench.main      `error: ...` and exit status 2
+    python -m minknn.lab.runner ...   runner.main
+    python -m minknn.lab.attack ...   attack.main
+    python -m minknn.assignment ...   minknn.assignment.main
     torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
                                      --nproc_per_node 2 train.py ..., 1 thread each (gloo)
 or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
@@ -16,27 +17,29 @@ environment the tests already run in, installs packages, sets MINKNN_DATA, or is
 itself). A command of any other kind fails the test until it is added to one or the other.
 
 How each runs. A file's commands share one fresh working folder, in order, so the run a train line
-writes to `runs/NAME` is the one a later evaluate line reads; train.py, evaluate.py, bench.py and
-minknn/ are linked into it, as in a checkout. Small sizes are APPENDED to each command (argparse
+writes to `runs/NAME` is the one a later evaluate line reads; train.py, evaluate.py and minknn/
+are linked into it, as in a checkout. Small sizes are APPENDED to each command (argparse
 keeps the last value of a flag given twice), so every flag the README gives is still parsed and
 checked:
     train.py      --model TINY --epochs 1 --max_train 16 --max_eval 8 --max_len 32 --batch_size 8
                   --device cpu (so `--model path/to/...` and `--max_train 5000` become these)
     --resume      --device cpu alone: a resumed run takes its own flags and refuses others
-    evaluate.py   --max_eval 8 --device cpu, and --k 4 with --knn (the datastore holds 16 keys);
-                  with --attack: --attack_n 4 --device cpu --attack_encoder TINY (--k 4 for kNN)
+    evaluate.py   --max_eval 8 --device cpu, and --k 4 with --knn (the datastore holds 16 keys)
+    attack        --attack_n 4 --device cpu --attack_encoder TINY (and --k 4 for kNN)
     runner        --model TINY --epochs 1 --max_len 32 --batch_size 8 --device cpu --sizes 16
                   --seeds 0 (one seed, one size: every task and method of the line still runs)
     assignment    nothing: writing an edition copies files, already quick
-    bench.py      --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
-TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench.py knn
-encodes at length 128); where the page's own --model names a RoBERTa or DistilBERT folder
-(`path/to/roberta-base`), TINY is a tiny one of that architecture (tests/hf_folders.py). Three things stand in for what would take long or reach outside:
+    bench         --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
+TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench knn encodes
+at length 128); where the page's own --model names a RoBERTa or DistilBERT folder
+(`path/to/roberta-base`), TINY is a tiny one of that architecture (tests/hf_folders.py). Three
+things stand in for what would take long or reach outside:
 - A train line whose run a later `--resume` line continues is stopped by Ctrl-C in its second
   epoch (`--epochs 2 --steps_per_epoch 1` appended), the stop the resume line's comment means;
   the test expects its exit status 130 and then the resumed run to finish.
-- The runner draws no plots (minknn.lab.plots unimportable, as without matplotlib: tests/test_plots.py
-  draws them); bench.py's peak matmul (seconds of 2048x2048 products) is a constant.
+- The runner draws no plots (minknn.lab.plots unimportable, as without matplotlib:
+  tests/lab/test_plots.py draws them); bench's peak matmul (seconds of 2048x2048 products) is a
+  constant.
 - The data is what a user has who followed the README's set-up with downloads unavailable: the
   fixture datasets (tests/fixtures/data) less the files that are not in the copy `RESULTS.md` was
   measured on (data/README.md names them: Quora's train and test-student, QNLI's train, AG News'
@@ -179,7 +182,7 @@ MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "r
 # ------------------------------------------------------------------------ what a user has
 
 def write_bert(folder):
-    """tests/helpers.py's tiny BERT with 128 positions (bench.py knn encodes at length 128)."""
+    """tests/helpers.py's tiny BERT with 128 positions (bench knn encodes at length 128)."""
     os.makedirs(folder)
     vocab = tiny_vocab()
     config = dict(TINY, vocab_size=len(vocab), max_position_embeddings=128)
@@ -323,7 +326,7 @@ def test_ci_runs_the_readmes_set_up_and_test_commands():
 
 DOCUMENTS = PAGES + ["data/README.md"]
 TOP = {"README.md", "RESULTS.md", "LICENSE", "requirements.txt", "pyproject.toml", ".ci", "minknn",
-       "tests", "docs", "train.py", "evaluate.py", "bench.py"}
+       "tests", "docs", "train.py", "evaluate.py"}
 
 
 def anchors(path):

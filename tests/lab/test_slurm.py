@@ -45,7 +45,7 @@ def figures(out):
 @pytest.fixture(autouse=True)
 def jobs_env(monkeypatch):
     """The jobs: one torch thread (as the reference runs: the same float sums), and this file
-    importable, for the CellJob subclasses below. No plots (test_plots.py draws them)."""
+    importable, for the CellJob subclasses below. No plots (lab/test_plots.py draws them)."""
     monkeypatch.setitem(sys.modules, "minknn.lab.plots", None)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, ROOT, os.environ.get("PYTHONPATH", "")]))

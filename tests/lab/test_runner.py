@@ -16,21 +16,7 @@ from minknn import MinknnError, Terminated
 from minknn.lab import cells, grid, report, runner
 from minknn.runs import Diverged
 
-from helpers import DATA, dev_falling
-
-METHODS = "ce,proxyanchor+proxy[alpha=0,0.5,1],ce+knn[k=1,2,4;phi=0,0.5,1]"
-
-
-def run_grid(tiny_bert_dir, out, *extra, data_dir=DATA, tasks="mr,sst2", methods=METHODS):
-    return runner.main(["--tasks", tasks, "--methods", methods, "--sizes", "6", "--seeds", "0-1",
-                        "--out", str(out), "--model", tiny_bert_dir, "--data_dir", data_dir,
-                        "--epochs", "2", "--lr", "3e-3", "--batch_size", "4", "--max_len", "32",
-                        "--device", "cpu", *extra])
-
-
-def lines_of(out):
-    return report.read_results(str(out))
-
+from helpers import DATA, METHODS, dev_falling, lines_of, run_grid
 
 @pytest.fixture(scope="module")
 def finished(tiny_bert_dir, tmp_path_factory):
