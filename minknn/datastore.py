@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.files import atomic_save, load_tagged, sealed
 from minknn.data import data_root, examples_fingerprint, source_paths, split_recipe, training_examples
 from minknn.engine import predict
+from minknn.files import atomic_save, load_tagged, sealed
 from minknn.index import (INDEX_FLAGS, build_index, built_with, describe_index, index_settings,
                           metric_of, search_parameters)
 from minknn.kinds import kind_of

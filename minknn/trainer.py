@@ -1,12 +1,15 @@
-"""What a training run is made of, built once from train.py's arguments, restored
-from last.pt, and saved after each epoch. train.py's loop steps them; bench.py times the same ones.
+"""What a training run is made of, built once from train.py's arguments, restored from last.pt,
+and saved after each epoch. train.py's loop steps them; the lab's bench times the same ones.
 
     trainer, last = build(args, make_optimizer)   # last: last.pt's state, or None
     best, records = restore(trainer, last) if last else (None, [])
+    begin(trainer, last, records)                  # run.json, each rank's dropout, its lines
     batches = batch(trainer, {name: next(stream) for name, stream in trainer.streams.items()})
+    outputs, keys = forward(trainer, batches)      # train_step's forward, gathered under torchrun
     save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
-evaluate() gives an epoch's dev scores, and check_epoch_finite() stops a run (Diverged) whose
-scores or weights are not finite, before the epoch is saved.
+    finish(trainer, best, records)                 # summary.json, the last line
+check_epoch_finite() stops a run (Diverged) whose scores or weights are not finite, before the
+epoch is saved.
 
 A Trainer is no framework, only what a run holds (the loop is train.py's):
     device, tokenizer     --device; the model folder's vocabulary, cut at --max_len
@@ -24,7 +27,7 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
     steps, rng, streams   steps per epoch (a pass over the largest task, --steps_per_epoch, or
                           --steps / --epochs);
                           each task's batch stream, all drawn from one random.Random(--seed)
-                          (--loss setfit: over SetFit's pairs, drawn first from it)
+                          (a loss trained on pairs, setfit: over the pairs it draws first)
     pcgrad                --pcgrad: gradient surgery on the shared encoder (minknn/pcgrad.py)
     base                  --option pretrain: the base model's folder, which checkpoints name
                           instead of holding a copy of the frozen BERT
@@ -33,8 +36,9 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
                           averages the gradients over the ranks (None in one process)
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
-(a probe fit draws nothing), the losses' parameters, the memory fill, then the streams. Another
-order trains another run from the same seed, and a resumed run would not be the run it continues.
+(a probe fit draws nothing), the losses' parameters, the memory fill, then the streams (their
+own random.Random). Another order trains another run from the same seed, and a resumed run would
+not be the run it continues.
 
 Under torchrun (minknn/distributed.py) every rank builds the same Trainer from the same seed and
 draws the same batches' rows; batch() encodes only the rank's slice of each batch, and forward()
@@ -49,27 +53,25 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from minknn import MinknnError
-from minknn import backbones
-from minknn.weights import resolve_model_path
+from minknn import MinknnError, backbones
 from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
                                save_checkpoint, save_last, set_random_states)
-from minknn.files import signals_held
 from minknn.data import read_examples, run_data
 from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
                                 slice_of, world)
 from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device,
                            seed_everything, to_device)
+from minknn.files import signals_held, write_json, write_jsonl
 from minknn.kinds import describe_run, kind_of
 from minknn.losses import build_losses
-from minknn.model import Model, Output
 from minknn.memory import MoCo, filled_memory
+from minknn.model import Model, Output
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.runs import Diverged, check_same_data, summarise
-from minknn.files import write_json, write_jsonl
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
+from minknn.weights import resolve_model_path
 
 
 @dataclasses.dataclass

@@ -19,12 +19,11 @@ import os
 import re
 
 from minknn import MinknnError
+from minknn.files import atomic_save, read_jsonl
 from minknn.lab.grid import search_text
-from minknn.metrics import METRICS
-from minknn.files import atomic_save
-from minknn.files import read_jsonl
 from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
                           t_undefined)
+from minknn.metrics import METRICS
 
 LOWER_IS_BETTER = {"hamming"}
 TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}

@@ -67,6 +67,7 @@ import torch
 
 from minknn import MinknnError, Terminated, options
 from minknn.cli import Parser, below_one, run
+from minknn.data import load_split
 from minknn.engine import pick_device
 from minknn.files import write_json, write_jsonl
 from minknn.lab import report, setfit_package
@@ -74,7 +75,6 @@ from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_ce
                               selection_size, train_argv)
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
-from minknn.data import load_split
 from minknn.proxy import PROXY_LOSSES
 from minknn.runs import lock_folder, make_folder
 from minknn.weights import read_json

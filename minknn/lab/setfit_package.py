@@ -36,9 +36,9 @@ import time
 import numpy as np
 
 from minknn import MinknnError
+from minknn.kinds import kind_of, score
 from minknn.options import make_parser
 from minknn.weights import resolve_model_path
-from minknn.kinds import kind_of, score
 
 METHOD = "setfit-package"
 SELECTION = ("none: the package's defaults, one training, nothing chosen; the selection "

@@ -45,11 +45,11 @@ import torch
 import torch.nn as nn
 
 from minknn import MinknnError
-from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.kinds import kind_of
 from minknn.losses.bce import BinaryCrossEntropy
 from minknn.losses.ce import CrossEntropy
 from minknn.losses.contrastive import ContrastiveLoss
+from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.losses.knnbert import KNNBertLoss
 from minknn.losses.mlcon import MultiLabelContrastiveLoss
 from minknn.losses.mnrl import MNRLoss

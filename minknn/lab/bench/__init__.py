@@ -29,7 +29,6 @@ import os
 
 from minknn import backbones
 from minknn.cli import Parser, below_one
-from minknn.options import add_flags
 from minknn.engine import pick_device
 from minknn.lab.bench.epoch import bench_ddp, bench_epoch, bench_grid
 from minknn.lab.bench.knn import NOISE, bench_index, bench_knn, clustered_keys
@@ -40,6 +39,7 @@ from minknn.lab.bench.shared import (Table, Timer, built, check_transformers, de
                                      precision_of, step, times_itself)
 from minknn.lab.grid import parse_seeds, parse_sizes
 from minknn.lab.report import write_block
+from minknn.options import add_flags
 
 __all__ = ["make_parser", "main", "whole_numbers",
            "bench_model", "bench_epoch", "bench_ddp", "bench_grid", "bench_knn",
