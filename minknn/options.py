@@ -382,6 +382,6 @@ def parts_run(args):
         if name is not None:
             parts += [need(name, "part")] * (need(name, "part") in BY_NAME)
     parts += ["memory"] * (args.loss in MEMORY_LOSSES) + ["pcgrad"] * args.pcgrad
-    # a proxy loss at --lam 1 is scored by its proxies (minknn/trainer.py evaluate())
+    # a proxy loss at --lam 1 is scored by its proxies (minknn/inference.py dev_scores)
     parts += ["proxy-inference"] * (args.lam == 1 and args.loss in PROXY_LOSSES)
     return parts

@@ -369,7 +369,7 @@ def summary(results):
             "queries": mean([r["queries"] for r in attacked])}
 
 
-# --- what evaluate.py --attack plugs in: the meaning encoder, the candidates, a resumable run ---
+# --- what main() plugs in: the meaning encoder, the candidates, a resumable run ---
 
 def sentence_encoder(path="minilm", device="cpu", batch_size=64):
     """(encode, neighbours' inputs) of a pretrained model folder ('minilm': all-MiniLM-L6-v2, a
