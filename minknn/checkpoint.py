@@ -1,4 +1,5 @@
-"""Checkpoints that rebuild a run on another machine, written so a crash never corrupts one.
+"""Checkpoints that rebuild a run on another machine, written so a crash never corrupts one; and
+last.pt, the state a stopped run resumes from (at the end of this file).
 
 A checkpoint is one torch.save'd dict:
     format       "minknn-checkpoint-2"
@@ -15,8 +16,8 @@ A checkpoint is one torch.save'd dict:
                  only what trained (the heads, the --decoupled retrieval head), kilobytes instead
                  of the encoder's 91 MB: rebuild loads the encoder from that folder and refuses
                  it if its weights changed since the run.
-    memory       the MoCo queue (keys, labels, example ids, pointer) or memory bank, for the
-                 memory losses only
+    memory       the MoCo queue (keys, labels, the rows of the keys' examples, pointer) or memory
+                 bank, for the memory losses only
     epoch, dev   the epoch it was saved after and its dev scores
     data         {"root", "train_fingerprint": {task: sha256}}: the data root the run read and its
                  training examples' fingerprints (data.run_data), for evaluate.py

@@ -9,15 +9,17 @@ A run folder (train.py --out) holds:
                     first step, once every input has been checked (--resume reads them)
     last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
                     and schedule, every random generator, the batch streams' places in their
-                    passes, the memory and key encoder of a memory loss, the epochs' records.
-                    Deleted when the run finishes: only a run that can still go on needs it.
+                    passes, the memory and key encoder of a memory loss, the epochs' records
+                    (minknn/checkpoint.py). Deleted when the run finishes: only a run that can
+                    still go on needs it.
     checkpoint.pt   the best epoch (minknn/checkpoint.py); the last with train.py --save last,
                     none with --save none
     metrics.jsonl, summary.json   every epoch's scores, and the run's best
-Every file is written to a temporary name and renamed (checkpoint.atomic_save), so a kill leaves
+Every file is written to a temporary name and renamed (files.atomic_save), so a kill leaves
 each file either old or new; the temporary files a kill leaves behind are removed when the run
 is resumed. last.pt and checkpoint.pt carry a checksum of their contents, checked on loading.
-The lock needs fcntl (Linux, macOS).
+The lock needs fcntl (Linux, macOS). run_folder() holds a run's folder while it trains and says
+how a run that did not finish ended (Ctrl-C, SIGTERM, divergence, a lost process).
 
 On the CPU a resumed run is exact: it draws the same batches and the same dropout masks, so it
 ends with the same weights as the run left alone (tests/test_runs.py). On a GPU some kernels are
