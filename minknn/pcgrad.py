@@ -63,7 +63,7 @@ def pcgrad_coefficients(gram, rng=random):
     adjusted gradients, g_i^PC = sum_j C_ij g_j. Each task's others come in a random order, drawn
     from rng (the tests draw the same one)."""
     G = gram.double()
-    C = torch.eye(len(G), dtype=torch.float64)  # g_i^PC <- g_i: row i is e_i
+    C = torch.eye(len(G), dtype=torch.float64, device=G.device)  # g_i^PC <- g_i: row i is e_i
     for i in range(len(G)):                    # for T_i in the tasks
         others = [j for j in range(len(G)) if j != i]
         rng.shuffle(others)                    # the other tasks, in a random order
@@ -130,7 +130,8 @@ class PCGrad:
             if self.reduce is not None:
                 self.reduce(grads[k])  # the global g_k, the same on every rank
         gram = grads @ grads.T  # (K, K)
-        weights = pcgrad_coefficients(gram, rng).sum(0).to(grads.dtype)  # (K,): sum_i C_ij
+        # Algorithm 1 on K x K numbers, on the CPU (on a GPU each `if dot < 0` would wait for it)
+        weights = pcgrad_coefficients(gram.cpu(), rng).sum(0).to(grads)  # (K,): sum_i C_ij
         update = torch.mv(grads.T, weights, out=self.update)  # (P,): sum_k w_k g_k = sum_k g_k^PC
         offset = 0
         for n, p in enumerate(self.shared):
