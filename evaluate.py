@@ -51,7 +51,8 @@ def make_parser(description=__doc__.split("\n")[0], rules=True):
                                                    "(default: all)"})
     add_flags(p, "batch_size", "device", "precision", "attention", "data_dir",
               batch_size={"default": 64, "help": "examples per prediction batch"},
-              data_dir={"help": "dataset root (default: $MINKNN_DATA, else the run's, else ./data)"})
+              data_dir={"help": "dataset root (default: $MINKNN_DATA, else the run's, else "
+                                "./data)"})
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
     g = p.add_argument_group("proxy inference")
     if rules:
@@ -194,8 +195,8 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if args.proxy and has_proxies(losses[task.name]):
         # proxies compare the pooled z: a --knn_key other than the run's pooling needs its own pass
         z = queries if not knn or key == model.pooling else \
-            predict(model, tokenizer, task, examples, args.batch_size, device, "z",
-                    precision=args.precision)[1]
+            predict(model, tokenizer, task, examples, args.batch_size, device,
+                    progress=f"{task.name} {args.split} z", precision=args.precision)[1]
         rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", rule_probabilities(
             "proxy", task, outputs, z, losses[task.name], args.proxy_alpha), f"{base}-proxy.csv"))
         result["proxy_alpha"] = args.proxy_alpha
@@ -226,8 +227,8 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
         print(f"time: encoder {t['encode_ms_per_query']:.2f} ms/query, kNN search and vote "
               f"{t['knn_ms_per_query']:.3f} ms/query (+{share:.1f}%) over {len(datastore)} keys")
     if args.sweep and knn:
-        result["sweep"] = sweep(task, KnnSweep(datastore, queries, s, exclude=exclude), probabilities,
-                                gold, s)
+        result["sweep"] = sweep(task, KnnSweep(datastore, queries, s, exclude=exclude),
+                                probabilities, gold, s)
         path = os.path.join(os.path.dirname(ckpt["file"]), f"knn-sweep-{args.split}-{s.vote}-"
                             f"{task.name + '-' if several else ''}{key}.json")
         write_json(path, result["sweep"])

@@ -65,9 +65,10 @@ def make_optimizer(model_params, loss_params, args, total_steps):
 
 def train_step(trainer, batches):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows);
-    trainer: the run's model, losses, optimiser and the rest, minknn/trainer.py's Trainer). Returns each task's loss and its terms (CE and
-    the metric term), and with --pcgrad how many task pairs' gradients conflicted. The forward
-    and the losses run under --precision (engine.autocast); the weights and gradients stay fp32."""
+    trainer: the run's model, losses, optimiser and the rest, minknn/trainer.py's Trainer).
+    Returns each task's loss and its terms (CE and the metric term), and with --pcgrad how many
+    task pairs' gradients conflicted. The forward and the losses run under --precision
+    (engine.autocast); the weights and gradients stay fp32."""
     outputs, keys = forward(trainer, batches)  # trainer.py: under torchrun, gathered
     task_losses, terms = {}, {}
     for name, (_, targets, rows) in batches.items():
@@ -101,6 +102,7 @@ def train_step(trainer, batches):
     scheduler.step()
     # END part training
     if trainer.moco:  # after the step, the batch's keys join the memory (minknn/memory.py)
+        (name, (_, targets, rows)), = batches.items()  # a memory loss's run has one task
         trainer.moco.after_step(keys, targets, rows, outputs[name].z)
     return task_losses, terms, conflicts
 

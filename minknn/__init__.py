@@ -7,8 +7,8 @@ import threading
 
 
 class MinknnError(Exception):
-    """A problem with the user's input (a file, a flag, a value). Scripts run through `run` print
-    its message as one line and exit with status 2, instead of a traceback."""
+    """A problem with the user's input (a file, a flag, a value). Scripts run through
+    `minknn.cli.run` print its message as one line and exit with status 2, not a traceback."""
 
 
 class Terminated(KeyboardInterrupt):

@@ -221,7 +221,7 @@ def set_random_states(state):
 
 
 def save_last(folder, **state):
-    """last.pt: the state, its format tag and its checksum (checkpoint.sealed)."""
+    """last.pt: the state, its format tag and its checksum (files.sealed)."""
     atomic_save(sealed({"format": LAST_FORMAT, **state}), os.path.join(folder, "last.pt"))
 
 

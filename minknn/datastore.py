@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.data import data_root, examples_fingerprint, source_paths, split_recipe, training_examples
+from minknn.data import (data_root, examples_fingerprint, source_paths, split_recipe,
+                         training_examples)
 from minknn.engine import predict
 from minknn.files import atomic_save, load_tagged, sealed
 from minknn.index import (INDEX_FLAGS, build_index, built_with, describe_index, index_settings,
@@ -113,7 +114,7 @@ class Datastore:
     def save(self, path, fingerprint):
         """The keys, labels and ids, the index's settings and the approximate indexes built so
         far, serialised by faiss (a flat index is the keys themselves: rebuilt on loading), with
-        the checksum of it all (checkpoint.sealed)."""
+        the checksum of it all (files.sealed)."""
         built = {} if self.settings["index"] == "flat" else \
             {metric: torch.from_numpy(faiss.serialize_index(index))
              for metric, index in self._indexes.items()}
@@ -273,11 +274,11 @@ def run_datastore(args, ckpt, model, tokenizer, task, train, key, device, severa
                           progress="datastore", key=key, precision=args.precision)
         labels = kind_of(task).targets(task, train, "cpu")  # class indices, or multi-hot rows
         datastore = Datastore(keys, labels, [e.id for e in train], len(task.labels), wanted)
-        datastore.save(path, stamp)
+        datastore.save(path, stamp)  # now, before any index: a failed build keeps the keys
         seconds = time.time() - start
         print(f"datastore: {len(datastore)} keys ({key}) built in {seconds:.1f} s, saved to {path}")
     datastore.use_index(wanted)  # nprobe and ef_search: the flags', whatever was saved
-    vote = knn_settings(args, task)[2]
+    vote = knn_settings(args, task).vote
     index_seconds = None
     if not datastore.has_index(vote):  # a flat index is never saved: the keys are all it holds
         start = time.time()
@@ -292,6 +293,7 @@ def run_datastore(args, ckpt, model, tokenizer, task, train, key, device, severa
 
 
 def datastore_path(args, ckpt, task, key, several):
-    """--datastore, else <run>/datastore-<key>.pt (datastore-<task>-<key>.pt in a multi-task run)."""
+    """--datastore, else <run>/datastore-<key>.pt (datastore-<task>-<key>.pt in a multi-task
+    run)."""
     name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
     return args.datastore or os.path.join(os.path.dirname(ckpt["file"]), name)

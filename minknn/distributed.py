@@ -158,7 +158,7 @@ def gather_keys(x, sizes):
 
 
 def gather_output(output, sizes, pair=False):
-    """The model's Output for the whole batch: logits, embeddings and retrieval gathered with
+    """The model's Output for the whole batch: logits, z and retrieval gathered with
     gradients. `hidden` (B, T, H) is left None: each rank pads to its own longest text, and only
     a kNN datastore reads it, built at evaluation on rank 0. pair: a siamese pair batch, whose
     vectors are its B first texts then its B second ones; each half is gathered on its own."""

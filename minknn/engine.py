@@ -105,11 +105,11 @@ class TrainBatches:
 
 
 class PairBatches:
-    """The batch stream of a loss trained on pairs (--loss setfit): each batch the rows of its pairs'
-    first texts, then of their second ones (2B rows for B pairs); one shuffled pass over the pairs
-    after another (TrainBatches over the pair list). pairs: [(row, row)], drawn once by the loss
-    from the run's rng, so a resumed run rebuilds the same ones; its place in the pass is saved
-    with last.pt."""
+    """The batch stream of a loss trained on pairs (--loss setfit): each batch the rows of its
+    pairs' first texts, then of their second ones (2B rows for B pairs); one shuffled pass over
+    the pairs after another (TrainBatches over the pair list). pairs: [(row, row)], drawn once by
+    the loss from the run's rng, so a resumed run rebuilds the same ones; its place in the pass
+    is saved with last.pt."""
 
     def __init__(self, pairs, batch_size, rng):
         self.pairs = pairs

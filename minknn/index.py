@@ -31,12 +31,12 @@ import torch
 from minknn import MinknnError
 
 INDEXES = ("flat", "ivf", "hnsw")
-# The approximate indexes' defaults, chosen by measurement (`bench.py index`, RESULTS.md): on 152k
-# real MiniLM keys queried by SST's dev sentences, recall@64 is 0.93 for IVF at nprobe 128 and
-# 0.97 for HNSW at ef_search 256, each at 8 to 17% of the encoder's time per query on a 2-core
-# CPU; the cheaper nprobe 32 and ef_search 128 found only 0.80 and 0.93. nlist and the k-means
-# sample follow the faiss wiki's guidelines, hnsw_m (32) is within its 4 to 64. Change them here
-# and nowhere else.
+# The approximate indexes' defaults, chosen by measurement (`python -m minknn.lab.bench index`,
+# RESULTS.md): on 152k real MiniLM keys queried by SST's dev sentences, recall@64 is 0.93 for IVF
+# at nprobe 128 and 0.97 for HNSW at ef_search 256, each at 8 to 17% of the encoder's time per
+# query on a 2-core CPU; the cheaper nprobe 32 and ef_search 128 found only 0.80 and 0.93. nlist
+# and the k-means sample follow the faiss wiki's guidelines, hnsw_m (32) is within its 4 to 64.
+# Change them here and nowhere else.
 INDEX_DEFAULTS = {
     "flat": {},
     "ivf": {"nlist_per_sqrt_n": 4, "nprobe": 128, "max_train_per_cell": 64},

@@ -124,9 +124,10 @@ class MemoryBank(Memory):
 
 
 class MoCo:
-    """What train.py calls for a memory loss: before the loss, batch_keys(); after the optimiser
-    step, after_step(). The memory itself is `self.memory`; it serves one classification task.
-    Under DDP it is given the model itself, not its DDP wrapper (the key encoder is a copy)."""
+    """What a step calls for a memory loss: before the loss, batch_keys() (trainer.forward); after
+    the optimiser step, after_step() (train.py's train_step). The memory itself is `self.memory`;
+    it serves one classification task. Under DDP it is given the model itself, not its DDP
+    wrapper (the key encoder is a copy)."""
 
     def __init__(self, model, task, kind, size, momentum=MOMENTUM):
         self.task, self.kind = task, kind
@@ -188,9 +189,9 @@ class MoCo:
 
 def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_size, device,
                   precision=None):
-    """The memory of a run's memory loss (train.py), filled from its training examples: returns
-    the MoCo and the seconds the fill took. size None: min(QUEUE_SIZE, training set) for the queue;
-    the bank always holds one entry per example."""
+    """The memory of a run's memory loss (trainer.make_memory), filled from its training examples:
+    returns the MoCo and the seconds the fill took. size None: min(QUEUE_SIZE, training set) for
+    the queue; the bank always holds one entry per example."""
     size = len(train) if kind == "bank" else size or min(QUEUE_SIZE, len(train))
     if not 1 <= size <= len(train):
         raise MinknnError(f"--queue_size {size}: the queue is filled from the {len(train)} "

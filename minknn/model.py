@@ -14,10 +14,10 @@ heads only; finetune trains everything (the CS224N minBERT convention). A run of
 (train.py --task multitask) shares the encoder and gives each task its own head.
 
 --decoupled adds the retrieval head of Liang et al. ("Retrieval-Augmented Classification with
-Decoupled Representation", sec. 2.2): r = MLP(z) = W2 GELU(W1 z + b1) + b2, both layers H -> H.
-z still feeds the linear head; r is trained by its own triplet loss (minknn/losses/decoupled.py) and is
-what the kNN datastore stores, so retrieval and classification stop pulling z two ways.
-The paper says only "a simple MLP layer"; the two layers and the GELU are our choice.
+Decoupled Representation", sec. 2.2): r = MLP(z) = W2 GELU(W1 z + b1) + b2, both layers H -> H. z
+still feeds the linear head; r is trained by its own triplet loss (minknn/losses/decoupled.py) and
+is what the kNN datastore stores, so retrieval and classification stop pulling z two ways. The
+paper says only "a simple MLP layer"; the two layers and the GELU are our choice.
 """
 from dataclasses import dataclass
 

@@ -85,8 +85,8 @@ def make_parser():
     g.add_argument("--steps", type=int, help="train N optimiser steps in all, whatever the "
                    "training set's size (Zhang et al. 2021), a multiple of --epochs: each epoch is "
                    "N / --epochs steps (default: --epochs passes over the largest task)")
-    add_flags(g, "batch_size", batch_size={"help": "examples per batch, per task; under "
-                                           "torchrun the global batch, split between the processes"})
+    add_flags(g, "batch_size", batch_size={"help": "examples per batch, per task; under torchrun "
+                                           "the global batch, split between the processes"})
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
     g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
@@ -126,8 +126,6 @@ def make_parser():
                    "completed epoch, with its own flags (only --device may change) (default: start "
                    "a new run)")
     return p
-
-
 
 
 def check_args(p, args):

@@ -43,13 +43,13 @@ operating system zeroes every new page.
 Under DDP (minknn/distributed.py) the surgery runs on the global gradients, never on each rank's:
 PCGrad(shared, reduce=all_reduce_mean, heads=...) averages each task's g_k over the ranks as soon
 as it is taken (one all-reduce per task), so every rank builds the same Gram matrix and the same
-g^PC (with the same rng: train.py's is seeded alike on every rank). Projecting per rank would not
-be PCGrad: the projection is not linear in g_k, so the mean of per-rank surgeries is not the
-surgery of the means. train.py runs a PCGrad step's forward outside DDP's hooks (on the wrapped
-module, as no_sync() would), so that DDP's own all-reduce does not average the gradients a second
-time; the model's other trainable parameters (`heads`, each its own task's) are then averaged
-here in one all-reduce, as DDP would have. A loss's proxies need nothing: every rank computes the
-same loss, so their gradient is the same on every rank.
+g^PC (with the same rng: the run's, seeded alike on every rank by trainer.build). Projecting per
+rank would not be PCGrad: the projection is not linear in g_k, so the mean of per-rank surgeries is
+not the surgery of the means. trainer.forward runs a PCGrad step's forward outside DDP's hooks (on
+the wrapped module, as no_sync() would), so that DDP's own all-reduce does not average the
+gradients a second time; the model's other trainable parameters (`heads`, each its own task's) are
+then averaged here in one all-reduce, as DDP would have. A loss's proxies need nothing: every rank
+computes the same loss, so their gradient is the same on every rank.
 """
 import random
 

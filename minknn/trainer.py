@@ -101,8 +101,8 @@ class Trainer:  # the fields the module docstring describes; None where a run ha
 def build(args, make_optimizer, examples=None, device=None):
     """(the run's Trainer, last.pt's state with --resume, else None). make_optimizer: train.py's
     (model_params, loss_params, args, total_steps) -> (optimizer, scheduler). examples: (train,
-    dev), each task name -> its examples, already read (bench.py); by default they are read as
-    the arguments say, and their fingerprints kept for the run folder. device: under torchrun,
+    dev), each task name -> its examples, already read (the lab's bench); by default they are read
+    as the arguments say, and their fingerprints kept for the run folder. device: under torchrun,
     this rank's (distributed.setup); by default --device's."""
     seed_everything(args.seed)
     device = device or pick_device(args.device)
@@ -211,7 +211,8 @@ def make_pcgrad(model):
     shared = [p for p in model.bert.parameters() if p.requires_grad]
     if world() == 1:
         return PCGrad(shared)
-    heads = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("bert.")]
+    heads = [p for n, p in model.named_parameters()
+             if p.requires_grad and not n.startswith("bert.")]
     return PCGrad(shared, all_reduce_mean, heads)
 
 
@@ -342,8 +343,8 @@ def begin(trainer, last, records):
                         "data": trainer.data})
     if rank() > 0:  # its own dropout masks; rank 0 draws what one process would
         torch.manual_seed(random.Random(f"{args.seed} {rank()} {len(records)}").getrandbits(62))
-    sizes = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
-    print(f"train/dev examples: {sizes}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
+    counts = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)
+    print(f"train/dev examples: {counts}{' (dev: a --max_eval subset)' if args.max_eval else ''}; "
           f"{sum(p.numel() for p in trainer.params):,} trainable parameters; "
           f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}"

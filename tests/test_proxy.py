@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from minknn.losses import METRIC_LOSSES, Objective
-from minknn.proxy import PROXY_LOSSES, has_proxies, proxy_logits
+from minknn.losses import PROXY_LOSSES
+from minknn.proxy import has_proxies, proxy_logits
 
 from grading import as_mix, check, close, graded, matches_reference
 

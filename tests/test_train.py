@@ -18,8 +18,8 @@ from minknn.bert import BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.datastore import Datastore
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
+from minknn.losses import PROXY_LOSSES
 from minknn.pcgrad import PCGrad
-from minknn.proxy import PROXY_LOSSES
 from minknn.tasks import TASKS
 from test_training_step import factor  # the schedule, part 5's
 

@@ -1,8 +1,8 @@
-"""A grid's cells (minknn/lab/runner.py): each trained by train.py (or resumed), then every inference
-rule its methods ask for scored on it from one prediction pass per split (minknn/inference.py):
-the linear head, proxy inference at each alpha, kNN mixed and alone at each (K, phi), and the
-probe (a logistic regression, minknn/probe.py, fit on the training set's z); the result lines
-written to the cell's cell.json (record).
+"""A grid's cells (minknn/lab/runner.py): each trained by train.py (or resumed), then every
+inference rule its methods ask for scored on it from one prediction pass per split
+(minknn/inference.py): the linear head, proxy inference at each alpha, kNN mixed and alone at
+each (K, phi), and the probe (a logistic regression, minknn/probe.py, fit on the training set's
+z); the result lines written to the cell's cell.json (record).
 Each method's result line holds, for every value of its inference grid, the scores on the
 selection split and on the test split (minknn/lab/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
@@ -25,7 +25,7 @@ from minknn.datastore import Datastore
 from minknn.engine import pick_device, predict
 from minknn.files import read_jsonl, write_json
 from minknn.inference import KnnSweep, probe_probabilities, rule_probabilities, scores_of
-from minknn.kinds import kind_of, score
+from minknn.kinds import kind_of
 from minknn.knn import SWEEP_KS, SWEEP_PHIS, settings
 from minknn.lab import setfit_package
 from minknn.lab.grid import size_flags
@@ -121,7 +121,8 @@ def run_cell(cell, methods, ctx):
     folder = os.path.join(ctx.out, "runs", cell.name)
     if cell.loss == setfit_package.METHOD and saved_lines(folder) is None:  # not train.py's
         line = setfit_package.run_cell(cell, methods, ctx, folder)
-        return record(cell, methods, ctx, folder, {}, [{**line_head(cell, methods[0], ctx), **line}])
+        return record(cell, methods, ctx, folder, {},
+                      [{**line_head(cell, methods[0], ctx), **line}])
     done = os.path.join(folder, "cell.json")
     saved = saved_lines(folder)
     if saved is not None:
@@ -261,7 +262,7 @@ def score_cell(cell, methods, ctx, folder):
     gold = {split: kind.gold(task, ex) for split, ex in examples.items()}
 
     def scores(probabilities):  # {"select": {...}, "test": {...}}
-        return {s: score(task, kind.decide(probabilities[s]), gold[s]) for s in examples}
+        return {s: scores_of(task, probabilities[s], gold[s]) for s in examples}
     base = {s: kind.probabilities(outputs[s]) for s in examples}
     vectors = {}  # key -> the training set's vectors: one prediction pass each, shared by rules
 
@@ -314,10 +315,10 @@ def method_grid(method, task, loss, outputs, z, base, scores, knn, n_train, prob
             s: rule_probabilities("proxy", task, outputs[s], z[s], loss, alpha) for s in z})}
             for alpha in method.rule_grid.get("alpha", [0.5])]
     # s = (1 - phi) P(q) + phi KNN(q); knn-only: phi = 1
-    default_k, default_phi = settings(task.kind)[:2]
-    phis = method.rule_grid.get("phi", [default_phi]) if method.rule == "knn" else [1.0]
+    default = settings(task.kind)
+    phis = method.rule_grid.get("phi", [default.phi]) if method.rule == "knn" else [1.0]
     return [{"params": {"k": min(k, n_train), "phi": phi}, **knn["at"](k, phi)}
-            for k, phi in itertools.product(method.rule_grid.get("k", [default_k]), phis)]
+            for k, phi in itertools.product(method.rule_grid.get("k", [default.k]), phis)]
 
 
 def knn_tables(task, model, tokenizer, train_set, keys, examples, key, z, base, batch, device,

@@ -1,4 +1,4 @@
-"""The grid's grammar: methods, sizes, seeds, and the cells they make (minknn/lab/runner.py runs them).
+"""The grid's grammar: methods, sizes, seeds, and the cells they make (runner.py runs them).
 
 A method is a training loss, optionally with an inference rule: `ce`, `proxyanchor+proxy`,
 `knnbert+knn`, `knnbert+knn-only`. Rules: the linear head (no rule), `proxy` (proxy inference,

@@ -1,5 +1,6 @@
-"""The grid's pictures, from results.jsonl alone (minknn/lab/runner.py writes it; minknn/lab/report.py
-draws them after the table). One PNG per picture, scores plotted as they are, in [0, 1]:
+"""The grid's pictures, from results.jsonl alone (minknn/lab/runner.py writes it;
+minknn/lab/report.py draws them after the table). One PNG per picture, scores plotted as they
+are, in [0, 1]:
 
 sweep-<task>-<size>.png   KNN-BERT's Figure 2 (Li et al.): the test score of each kNN method
                           against phi, the weight of the kNN vote against the linear head's

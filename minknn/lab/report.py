@@ -32,7 +32,8 @@ TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}
 def read_results(folder):
     path = os.path.join(folder, "results.jsonl")
     if not os.path.exists(path):
-        raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.lab.runner ...)")
+        raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.lab.runner "
+                          f"...)")
     return read_jsonl(path, fix="run the grid's command again: it rewrites results.jsonl from "
                                 "the cells' own runs/*/cell.json, retraining none")
 

@@ -17,10 +17,11 @@ comparisons are paired. Any flag the runner does not know (--epochs, --batch_siz
 A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): every method is
 trained with each combination of the values that apply to it, as if they were written in its
 brackets (`method[lr=...;lam=...]`), and chosen on the selection split like any other value.
-A value applies to a method when train.py takes its flag with the method's loss (train.py's own
-check_args decides: lam only for a loss with a metric term, m_most only for knnbert; lr, epochs,
-warmup for every loss); a method's own bracketed values win over --search's for the same flag.
-The table says each method's budget, the trainings per task, size and seed, and why two differ.
+A value applies to a method when train.py takes its flag with the method's loss (its own
+options.check_args decides: lam only for a loss with a metric term, m_most only for knnbert; lr,
+epochs, warmup for every loss); a method's own bracketed values win over --search's for the same
+flag. The table says each method's budget, the trainings per task, size and seed, and why two
+differ.
 
 Selection (--select): `sample` (default, the strict few-shot practice) picks the best epoch and
 every hyper-parameter on a fixed sample of dev as large as the training set; `dev` on the whole
@@ -75,14 +76,14 @@ from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_ce
                               selection_size, train_argv)
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
-from minknn.proxy import PROXY_LOSSES
+from minknn.losses import PROXY_LOSSES
 from minknn.runs import lock_folder, make_folder
 from minknn.weights import read_json
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
-SLURM_FLAGS = ("slurm_partition", "slurm_time", "gpus_per_cell", "slurm_max_parallel", "slurm_param",
-               "slurm_cluster")                     # --launcher slurm's
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "gpus_per_cell", "slurm_max_parallel",
+               "slurm_param", "slurm_cluster")      # --launcher slurm's
 
 
 # ----------------------------------------------------------------------------------- the grid
@@ -90,7 +91,8 @@ SLURM_FLAGS = ("slurm_partition", "slurm_time", "gpus_per_cell", "slurm_max_para
 def get_args(argv=None):
     p = Parser(allow_abbrev=False,  # --seed is train.py's (refused below), not --seeds
                description="Run a grid of trainings and write the papers' table (see the module "
-                           "docstring: python -c 'import minknn.lab.runner; help(minknn.lab.runner)'). "
+                           "docstring: python -c 'import minknn.lab.runner; "
+                           "help(minknn.lab.runner)'). "
                            "Any other flag is train.py's and goes to every cell.")
     p.add_argument("--tasks", help="comma-separated task names")
     p.add_argument("--methods", default="ce", help="comma-separated: "
@@ -476,7 +478,8 @@ def start_worker(threads, gpus, started):
 
 
 def table_and_plots(folder, args):
-    """table.md (minknn/lab/report.py), then plots/ (minknn/lab/plots.py, when matplotlib is there)."""
+    """table.md (minknn/lab/report.py), then plots/ (minknn/lab/plots.py, when matplotlib is
+    there)."""
     text = report.write_report(folder, args.metric, args.baseline, args.test, args.write)
     try:
         from minknn.lab import plots

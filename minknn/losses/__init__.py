@@ -28,8 +28,8 @@ SetFit's pair loss (setfit.py) is the whole objective and trains no head (its `t
 False): train.py fits the head by logistic regression after each epoch, and feeds it pair
 batches (the B first texts, then the B second ones).
 With --decoupled the metric term is Liang et al.'s triplet loss on the retrieval head's output r
-instead of z (minknn/losses/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese pair
-task, it is a pair loss on the two texts' vectors (pairs.py).
+instead of z (minknn/losses/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese
+pair task, it is a pair loss on the two texts' vectors (pairs.py).
 
 The memory losses (knnbert, moco) also see the MoCo memory (minknn/memory.py): they are called as
 loss(z, labels, batch_keys, memory_keys, memory_labels, rows, memory_rows), batch_keys being the
@@ -143,7 +143,7 @@ class Objective(nn.Module):
         self.kind = loss_kind(name)
         self.base_name = "bce" if self.kind == "multilabel" else "ce"
         self.base = BASE_LOSSES[self.base_name](num_classes, dim)
-        self.decoupled = decoupled  # train.py allows it with --loss ce only
+        self.decoupled = decoupled  # options.check_loss allows it with --loss ce only
         if decoupled:
             self.metric = DecoupledTripletLoss()
         elif pair_loss:

@@ -28,9 +28,9 @@ The batch loss is the mean of L_sc(q) over the queries with at least one positiv
 query without one contributes nothing (the authors' code skipped the whole loss then), and a
 batch without any gives 0. Trained as (1 - lam) CE + lam L_sc (eq. 6).
 
-Hyper-parameters: tau = 0.07 and lam = 0.1 (the paper's); --m_most 50 and --m_least 100, the
-paper's best pair on RTE (Table 5: 75.7; using ALL positives collapsed to 52.0). The paper picks
-them by training-set size from {10, 50, 100, 200, 400}.
+Hyper-parameters: tau = 0.07 (`temperature` in the code) and lam = 0.1 (the paper's); --m_most 50
+and --m_least 100, the paper's best pair on RTE (Table 5: 75.7; using ALL positives collapsed to
+52.0). The paper picks them by training-set size from {10, 50, 100, 200, 400}.
 
 Few-shot runs: a class with at most M_m + M_l keys in memory uses every positive, the paper's
 "ALL". minknn keeps that (eq. 3 as written; the paper gives no rule to shrink M) and prints one

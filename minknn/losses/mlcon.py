@@ -22,8 +22,9 @@ Edge cases, both finite:
     an all-zero label vector: C_ij = 0 for every j, so it is such an example.
 A batch of one example has no pair and gives 0.
 
-Hyper-parameters (the paper's): tau' = 10; trained as L = BCE + gamma L_con with gamma = --lam =
-0.1 (AAPD's; 0.01 on RCV1-V2), batches of 128, Adam at 1e-3 (their appendix A).
+Hyper-parameters (the paper's): tau' = 10 (`temperature` in the code); trained as L = BCE + gamma
+L_con with gamma = --lam = 0.1 (AAPD's; 0.01 on RCV1-V2), batches of 128, Adam at 1e-3 (their
+appendix A).
 
 The reduction (--mlcon_reduction sum|mean, default sum). What the paper writes (sec. 3.3): "the
 contrastive loss for the whole minibatch is the summation over all the instance pairs",
@@ -66,7 +67,7 @@ def mlcon(z, y, temperature=10.0):
     eye = torch.eye(B, dtype=torch.bool, device=z.device)
     # the clamp keeps d_ii's gradient finite
     d = ((z[:, None] - z[None]) ** 2).sum(-1).clamp(min=1e-12).sqrt()   # (B, B)
-    logits = (-d / temperature).masked_fill(eye, float("-inf"))                 # k in g(i): every k != i
+    logits = (-d / temperature).masked_fill(eye, float("-inf"))         # k in g(i): every k != i
     log_p = (logits - logits.logsumexp(1, keepdim=True)).masked_fill(eye, 0.0)
     C = (y @ y.T).masked_fill(eye, 0.0)                                  # (B, B) shared labels
     # counts (y multi-hot): a row of zeros stays zeros

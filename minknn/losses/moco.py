@@ -20,8 +20,8 @@ Why example i's own keys are left out of N(q):
   - queue: when the whole training set fits in the queue (the default) it holds an older key of
     example i, cosine about 0.995 to k+. As a negative it pushes q away from its own positive.
 
-The batch loss is the mean over the batch. Hyper-parameters: tau = 0.07 (MoCo's), lam = 0.1 (the
-weight of KNN-BERT's contrastive term).
+The batch loss is the mean over the batch. Hyper-parameters: tau = 0.07 (MoCo's; `temperature` in
+the code), lam = 0.1 (the weight of KNN-BERT's contrastive term).
 """
 import torch.nn as nn
 import torch.nn.functional as F

@@ -10,10 +10,10 @@ class and pushes the others away, weighting the hard ones most (the log-sum-exp)
     X_p+ = the batch's examples of p's class;  X_p- = all the others
     cos(x, p) = x.p / (||x|| ||p||)   (both normalised here)
 
-Hyper-parameters: scale alpha = 32 (`scale` in the code), margin delta = 0.1 (the paper's values); lam = 0.5 (the proxy
-term carries as much weight as cross-entropy; the DML paper tunes this mix). The proxies are
-initialised at random and trained with their own, larger learning rate (train.py --proxy_lr,
-default 100x the encoder's, following the authors' "x100" for proxies).
+Hyper-parameters: scale alpha = 32 (`scale` in the code), margin delta = 0.1 (the paper's values);
+lam = 0.5 (the proxy term carries as much weight as cross-entropy; the DML paper tunes this mix).
+The proxies are initialised at random and trained with their own, larger learning rate (train.py
+--proxy_lr, default 100x the encoder's, following the authors' "x100" for proxies).
 log(1 + sum exp(a)) is computed as logsumexp over [0, a...], which neither overflows nor, for an
 empty set, returns anything but log 1 = 0.
 `class_logits` gives alpha * cos(z, p_c), used by proxy inference (minknn/proxy.py).

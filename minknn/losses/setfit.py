@@ -10,13 +10,13 @@ first texts, then the B second ones (as a siamese pair batch does, minknn/engine
 encode_batch): z is (2B, dim), labels (2B,) the texts' classes, and a pair's target is whether
 its two classes are equal.
 
-The pairs (draw_pairs) are SetFit v0.x's (src/setfit/modeling.py sentence_pairs_generation,
-which SetFitTrainer.train calls num_iterations times): R iterations (--setfit_iterations,
-default 20, the paper's), each giving every training example one positive partner, drawn
-uniformly from its class (itself included: SetFit's np.random.choice over the class's rows), and
-one negative, drawn uniformly from the other classes. R x 2 x N pairs, shuffled into batches of
---batch_size pairs each epoch (minknn/engine.py PairBatches). Left out: v0.x's multi-label and distillation pairs
-and its other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
+The pairs (draw_pairs) are SetFit v0.x's (src/setfit/modeling.py sentence_pairs_generation, which
+SetFitTrainer.train calls num_iterations times): R iterations (--setfit_iterations, default 20, the
+paper's), each giving every training example one positive partner, drawn uniformly from its class
+(itself included: SetFit's np.random.choice over the class's rows), and one negative, drawn
+uniformly from the other classes. R x 2 x N pairs, shuffled into batches of --batch_size pairs each
+epoch (minknn/engine.py PairBatches). Left out: v0.x's multi-label and distillation pairs and its
+other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
 ContrastiveDataset) draws otherwise by default: every unordered pair once, itself included, the
 rarer kind (positive or negative) repeated to as many as the other ("oversampling"); it draws
 R x 2 x N pairs only when given num_iterations. minknn/lab/setfit_package.py runs that package.
@@ -49,8 +49,8 @@ ITERATIONS = 20   # R, SetFit's num_iterations (the paper's value)
 
 def draw_pairs(labels, rng, setfit_iterations=ITERATIONS):
     """SetFit's pairs of a training set (labels: its class indices, in row order): for each of
-    R = setfit_iterations rounds, for each row i in order, (i, a row of i's class), then (i, a row of
-    another class); rng a random.Random. Returns [(first row, second row)], 2 x R x N."""
+    R = setfit_iterations rounds, for each row i in order, (i, a row of i's class), then (i, a
+    row of another class); rng a random.Random. Returns [(first row, second row)], 2 x R x N."""
     rows_of = {}
     for i, y in enumerate(labels):
         rows_of.setdefault(y, []).append(i)

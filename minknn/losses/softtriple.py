@@ -15,10 +15,10 @@ centres of a class that come close (so K acts as an upper bound on the modes):
     ||w^s - w^t|| = sqrt(2 - 2 w^s.w^t)
 
 x = z / ||z||. Hyper-parameters (the paper's): K = 10, lambda = 20 (`scale` in the code, since
-`lam` is the weight of the loss in the combined objective), gamma = 0.1, delta = 0.01, tau = 0.2 (`reg_weight`: the regulariser's weight, no temperature);
-lam = 0.5. The centres are trained with --proxy_lr. If the loss turns NaN, the paper's advice is a
-smaller lambda.
-`class_logits` gives lambda * S_c(z), the class score that proxy inference (minknn/proxy.py) uses.
+`lam` is the weight of the loss in the combined objective), gamma = 0.1, delta = 0.01, tau = 0.2
+(`reg_weight`: the regulariser's weight, no temperature); lam = 0.5. The centres are trained with
+--proxy_lr. If the loss turns NaN, the paper's advice is a smaller lambda. `class_logits` gives
+lambda * S_c(z), the class score that proxy inference (minknn/proxy.py) uses.
 """
 import torch
 import torch.nn as nn

@@ -216,7 +216,7 @@ def test_a_preempted_job_is_requeued_and_resumes_its_cell(reference, tiny_bert_d
         f"the requeued job must resume the cell (train.py --resume), not start it over: {calls}"
     epochs = [json.loads(line)["epoch"] for line in
               (out / "runs" / "mr-6-ce-seed0" / "metrics.jsonl").read_text().splitlines()]
-    assert epochs == [1, 2], f"metrics.jsonl: epoch 1 from the first job, 2 from the requeued one"
+    assert epochs == [1, 2], f"metrics.jsonl holds epochs {epochs}: epoch 1 from the first job, 2 from the requeued one"
     assert figures(out) == reference[:2], \
         "a preempted and resumed cell must give the uninterrupted cell's figures"
 
