@@ -361,7 +361,8 @@ def test_bank_gives_each_example_its_own_entry(model, tiny_bert_dir, data_dir):
 def test_train_step_leaves_each_querys_own_keys_out(model, tiny_bert_dir, data_dir, loss_name,
                                                     kind):
     """The whole training set in memory: every query's own older key (queue) or entry (bank) is
-    there. train_step must hand the loss the batch's rows, and the loss must drop those keys."""
+    there. train_step must hand the loss the batch's rows, and the loss must drop those keys;
+    after the step, the batch joins the memory."""
     tokenizer = Tokenizer.from_folder(tiny_bert_dir, 32)
     train_set = load_split(get_task("sst"), "train", data_dir)
     moco = MoCo(model, SST, kind, len(train_set), momentum=0.5)
@@ -375,6 +376,7 @@ def test_train_step_leaves_each_querys_own_keys_out(model, tiny_bert_dir, data_d
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the step changes nothing we compare
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     memory_before = moco.memory.keys.clone()
+    ptr_before = moco.memory.ptr.item() if kind == "queue" else None
     torch.manual_seed(1)
     trainer = SimpleNamespace(model=model, losses=losses, optimizer=optimizer, scheduler=scheduler,
                               params=list(model.parameters()), moco=moco, ddp=None, pcgrad=None,
@@ -404,3 +406,12 @@ def test_train_step_leaves_each_querys_own_keys_out(model, tiny_bert_dir, data_d
     close(PART, task_losses["sst"].double(), torch.stack(expected).mean(), f"the {loss_name} loss "
           f"of a training step over a {kind} (each query's own key left out; when the memory's "
           f"other tests pass, look at {loss_part})", rtol=1e-4, atol=1e-5)
+    if kind == "queue":  # its keys take the 4 oldest slots (the same key may land on its own)
+        took = (moco.memory.ptr.item() - ptr_before) % len(train_set)
+        what = f"the queue's pointer moved {took} slots"
+    else:
+        took = (moco.memory.keys != memory_before).any(dim=1).sum().item()
+        what = f"{took} of the bank's entries changed"
+    check(PART, took == len(rows), f"over a training step {what}, not the batch's {len(rows)}: "
+          "after the optimiser step, train.py's train_step hands the batch to "
+          "trainer.moco.after_step (when after_step's own tests pass, look at that call)")

@@ -257,6 +257,13 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert next(r for r in swept["phi"] if r["phi"] == 0.5)["acc"] == at_8["mix_acc"]
     assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-cosine-mean.json")
 
+    # another key: the mean-pooled datastore, given by name, is refused for [CLS] keys
+    code, err = cli("evaluate.py", *common, "--knn_key", "cls",
+                    "--datastore", str(tmp_path / "run" / "datastore-mean.pt"))
+    assert code == 2 and "was built by a different checkpoint, key" in err, (
+        f"--knn_key cls with the mean keys' --datastore: exit {code}, {err!r}; the datastore's "
+        "fingerprint (minknn/datastore.py) covers the key")
+
     # the checkpoint changes: the default datastore is rebuilt, an explicit one is refused
     run_train(tiny_bert_dir, data_dir, tmp_path / "run2", "--epochs", "1", "--seed", "5")
     code, err = cli("evaluate.py", "--checkpoint", str(tmp_path / "run2"), "--data_dir", data_dir, "--knn", "--k", "8",
