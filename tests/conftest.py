@@ -20,6 +20,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_user_data_root():
+    """The tests read the fixture data they name, whatever the user's shell exports: the README
+    tells users to export MINKNN_DATA, and evaluate.py prefers it to a run's own data root. A
+    test that wants it (test_readme.py) sets it itself."""
+    with pytest.MonkeyPatch.context() as m:
+        m.delenv("MINKNN_DATA", raising=False)
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("tiny-bert"))
