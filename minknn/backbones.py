@@ -27,7 +27,8 @@ import torch.nn as nn
 
 from minknn import MinknnError
 from minknn.bert import HEADS, BertConfig, BertEmbeddings, BertModel
-from minknn.weights import ARCHITECTURES, read_json, read_weights, resolve_model_path
+from minknn.files import read_json
+from minknn.weights import ARCHITECTURES, FOLDER_NEEDS, read_weights, resolve_model_path
 
 
 class RobertaPositions(nn.Embedding):
@@ -165,7 +166,7 @@ def config_from_dict(d, source="config.json"):
 def read_config(path):
     """The BertConfig of a model folder's config.json."""
     file = os.path.join(path, "config.json")
-    return config_from_dict(read_json(file), file)
+    return config_from_dict(read_json(file, FOLDER_NEEDS), file)
 
 
 def build(config):

@@ -29,7 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.weights import (check_config, check_finite, check_fits, check_sizes, read_json,
+from minknn.files import read_json
+from minknn.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits, check_sizes,
                             read_weights, resolve_model_path)
 
 
@@ -368,4 +369,4 @@ BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 def read_config(path):
     """The BertConfig of a model folder's config.json."""
     file = os.path.join(path, "config.json")
-    return BertConfig.from_dict(read_json(file), file)
+    return BertConfig.from_dict(read_json(file, FOLDER_NEEDS), file)

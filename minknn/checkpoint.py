@@ -35,13 +35,12 @@ import torch
 from minknn import MinknnError
 from minknn.bert import BertConfig
 from minknn.data import data_root
-from minknn.files import atomic_save, check_contents, load_tagged, sealed
+from minknn.files import atomic_save, check_contents, load_tagged, read_json, sealed
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import RobertaTokenizer, Tokenizer
-from minknn.weights import (check_finite, check_fits, file_sha256, read_json, read_weights,
-                            weights_file)
+from minknn.weights import check_finite, check_fits, file_sha256, read_weights, weights_file
 
 FORMAT = "minknn-checkpoint-2"
 

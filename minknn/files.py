@@ -159,6 +159,20 @@ def write_json(path, obj, indent=1):
     atomic_save(obj, path, lambda o, f: f.write(json.dumps(o, indent=indent).encode()))
 
 
+def read_json(path, missing=None):
+    """A JSON file's contents. A missing, unreadable or damaged file is one line naming it;
+    missing: what that line adds when the file is not there (a model folder's needs)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise MinknnError(f"{path}: not found{f' ({missing})' if missing else ''}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MinknnError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
+
+
 def read_jsonl(path, fix=None):
     """The records of a JSON Lines file (metrics.jsonl, results.jsonl), each a JSON object. A
     line that is not one, like a last line cut short (a kill, a full disk, a copy), is named in

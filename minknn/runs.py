@@ -35,8 +35,7 @@ import time
 
 from minknn import MinknnError, Terminated, distributed, sigterm_raises
 from minknn.checkpoint import load_last
-from minknn.files import write_json
-from minknn.weights import read_json
+from minknn.files import read_json, write_json
 
 class Diverged(MinknnError):
     """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing

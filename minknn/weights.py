@@ -106,6 +106,7 @@ NOT_IMPLEMENTED = {
     "pruned_heads": ({}, "pruned attention heads"),
 }
 ARCHITECTURES = ("bert", "roberta", "distilbert")  # config.json's model_type: minknn/backbones.py
+FOLDER_NEEDS = "a model folder needs config.json, its weights and its vocabulary"  # when missing
 
 
 def check_config(d, fields, source):
@@ -194,19 +195,6 @@ def resolve_model_path(name_or_path):
     if not os.path.isdir(name_or_path):
         raise MinknnError(f"--model '{name_or_path}' is neither 'minilm' nor a folder")
     return name_or_path
-
-
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise MinknnError(f"{path}: not found (a model folder needs config.json, its weights "
-                          f"and its vocabulary)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MinknnError(f"{path}: not valid JSON ({e})") from None
-    except OSError as e:
-        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
 
 
 def weights_file(path):

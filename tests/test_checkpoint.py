@@ -12,7 +12,7 @@ import torch
 from minknn import MinknnError, Terminated, backbones, sigterm_raises
 from minknn.bert import BertModel
 from minknn.checkpoint import base_model, load_checkpoint, rebuild, save_checkpoint
-from minknn.files import CHECKSUM, atomic_save, content_sha256
+from minknn.files import CHECKSUM, atomic_save, content_sha256, read_json
 from minknn.datastore import fingerprint
 from minknn.weights import load_safetensors, save_safetensors
 from minknn.losses import build_losses
@@ -381,3 +381,21 @@ def test_a_pretrain_checkpoint_needs_its_base_model_unchanged(tiny_bert_dir, tmp
     with pytest.raises(MinknnError, match=f"^--checkpoint .*checkpoint.pt: its base model {base} is not a folder "
                                           f"here; the run froze BERT"):
         rebuild(load_checkpoint(str(tmp_path)))
+
+
+def test_a_missing_or_damaged_json_file_is_one_line_naming_it(tmp_path):
+    """read_json serves run folders (run.json, summary.json) and model folders (config.json):
+    only a model folder's config.json may add what a model folder needs."""
+    with pytest.raises(MinknnError) as e:
+        read_json(str(tmp_path / "summary.json"))
+    assert str(e.value) == f"{tmp_path / 'summary.json'}: not found", \
+        f"a run folder's missing summary.json: {e.value} (only the path and 'not found')"
+    for reader in (BertModel.from_pretrained, backbones.from_pretrained):  # bert.py's, any kind's
+        with pytest.raises(MinknnError) as e:
+            reader(str(tmp_path))
+        assert "config.json: not found (a model folder needs config.json" in str(e.value), \
+            f"an empty model folder, {reader.__module__}: {e.value} (the line says what a model " \
+            f"folder needs)"
+    (tmp_path / "run.json").write_text('{"args": ')
+    with pytest.raises(MinknnError, match=r"run.json: not valid JSON"):
+        read_json(str(tmp_path / "run.json"))

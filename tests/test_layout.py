@@ -22,7 +22,7 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = {
-    "base": ["minknn", "minknn.parts"],
+    "base": ["minknn", "minknn.parts", "minknn.files"],
     "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.kinds", "minknn.metrics"],
     "model": ["minknn.weights", "minknn.bert", "minknn.backbones", "minknn.tokenizer",
               "minknn.model"],
@@ -30,8 +30,7 @@ LAYERS = {
     "methods": ["minknn.losses", "minknn.memory", "minknn.knn", "minknn.proxy", "minknn.pcgrad",
                 "minknn.probe"],
     "run": ["minknn.options", "minknn.cli", "minknn.trainer", "minknn.checkpoint", "minknn.runs",
-            "minknn.files", "minknn.index", "minknn.datastore", "minknn.inference",
-            "minknn.assignment"],
+            "minknn.index", "minknn.datastore", "minknn.inference", "minknn.assignment"],
     "scripts": ["train", "evaluate"],
     "lab": ["minknn.lab"],
 }

@@ -23,7 +23,7 @@ from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split
                          training_examples)
 from minknn.datastore import Datastore
 from minknn.engine import pick_device, predict
-from minknn.files import read_jsonl, write_json
+from minknn.files import read_json, read_jsonl, write_json
 from minknn.inference import KnnSweep, probe_probabilities, rule_probabilities, scores_of
 from minknn.kinds import kind_of
 from minknn.knn import SWEEP_KS, SWEEP_PHIS, settings
@@ -32,7 +32,6 @@ from minknn.lab.grid import size_flags
 from minknn.model import Model
 from minknn.runs import run_status
 from minknn.tasks import get_task
-from minknn.weights import read_json
 
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 

@@ -70,7 +70,7 @@ from minknn import MinknnError, Terminated, options
 from minknn.cli import Parser, below_one, run
 from minknn.data import load_split
 from minknn.engine import pick_device
-from minknn.files import write_json, write_jsonl
+from minknn.files import read_json, write_json, write_jsonl
 from minknn.lab import report, setfit_package
 from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_cell, saved_lines,
                               selection_size, train_argv)
@@ -78,7 +78,6 @@ from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, pa
                              search_text, size_flags, split_top, with_search)
 from minknn.losses import PROXY_LOSSES
 from minknn.runs import lock_folder, make_folder
-from minknn.weights import read_json
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
