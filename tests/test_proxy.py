@@ -18,52 +18,52 @@ PART = "proxy-inference"
 C, D = 5, 16
 
 
-def mixed(objective, logits, h, alpha):
+def mixed(objective, logits, z, alpha):
     """proxy_logits, an exception in it failing as the part's."""
-    return graded(PART, "proxy_logits", proxy_logits, objective, logits, h, alpha)
+    return graded(PART, "proxy_logits", proxy_logits, objective, logits, z, alpha)
 
 
 def stand_in(seed=0, B=6, scale=10.0):
-    """An objective whose proxy loss scores class c by scale * cos(h, P_c), the head's logits and
-    the embeddings: (objective, logits (B, C), h (B, D), the proxies' logits (B, C))."""
+    """An objective whose proxy loss scores class c by scale * cos(z, P_c), the head's logits and
+    the embeddings: (objective, logits (B, C), z (B, D), the proxies' logits (B, C))."""
     g = torch.Generator().manual_seed(seed)
     proxies = torch.randn(C, D, generator=g)
 
-    def class_logits(h):
-        return scale * F.normalize(h, dim=-1) @ F.normalize(proxies, dim=-1).T
+    def class_logits(z):
+        return scale * F.normalize(z, dim=-1) @ F.normalize(proxies, dim=-1).T
 
     objective = SimpleNamespace(metric=SimpleNamespace(class_logits=class_logits))
-    logits, h = torch.randn(B, C, generator=g), torch.randn(B, D, generator=g)
-    return objective, logits, h, class_logits(h)
+    logits, z = torch.randn(B, C, generator=g), torch.randn(B, D, generator=g)
+    return objective, logits, z, class_logits(z)
 
 
 def test_the_mix_weighs_the_head_by_1_minus_alpha_and_the_proxies_by_alpha():
-    """The mix read back as a F(h) + b s cos(h, P_c) (grading.as_mix): at each alpha, a must be
+    """The mix read back as a F(z) + b s cos(z, P_c) (grading.as_mix): at each alpha, a must be
     1 - alpha and b alpha; a mix that is no such sum mixes something else than the two logits
     (probabilities, say)."""
-    objective, logits, h, proxies = stand_in()
+    objective, logits, z, proxies = stand_in()
     for alpha in (0.0, 0.3, 1.0):
-        a, b, off = as_mix(mixed(objective, logits, h, alpha), logits, proxies)
+        a, b, off = as_mix(mixed(objective, logits, z, alpha), logits, proxies)
         check(PART, off < 1e-4, f"with alpha = {alpha}, the mix is not a weighted sum of the "
-              f"linear head's logits F(h) and the proxies' s cos(h, P_c) (off by {off:.3g}): mix "
+              f"linear head's logits F(z) and the proxies' s cos(z, P_c) (off by {off:.3g}): mix "
               f"the two logits themselves, not their softmax (it comes after the mix)")
         check(PART, abs(a - (1 - alpha)) < 1e-4 and abs(b - alpha) < 1e-4, f"with alpha = "
-              f"{alpha}, the mix must be {1 - alpha:.3g} F(h) + {alpha:.3g} s cos(h, P_c) "
+              f"{alpha}, the mix must be {1 - alpha:.3g} F(z) + {alpha:.3g} s cos(z, P_c) "
               f"(1 - alpha on the linear head's logits, alpha on the proxies'); it is {a:.3g} "
-              f"F(h) + {b:.3g} s cos(h, P_c)")
+              f"F(z) + {b:.3g} s cos(z, P_c)")
 
 
 def test_the_mix_by_hand():
-    """(1 - alpha) F(h) + alpha s cos(h, P_c), on logits (the softmax comes after): alpha = 0 is the
+    """(1 - alpha) F(z) + alpha s cos(z, P_c), on logits (the softmax comes after): alpha = 0 is the
     head alone, alpha = 1 the proxies alone, alpha = 0.3 gives the proxies 30 %."""
-    objective, logits, h, proxies = stand_in()
+    objective, logits, z, proxies = stand_in()
     for alpha, expected, what in (
             (0.0, logits, "with alpha = 0, the linear head's logits alone: the mix"),
             (1.0, proxies, "with alpha = 1, the proxies' scaled cosines alone: the mix"),
             (0.3, 0.7 * logits + 0.3 * proxies,
-             "with alpha = 0.3, 0.7 F(h) + 0.3 s cos(h, P_c) (alpha is the proxies' share, and the "
+             "with alpha = 0.3, 0.7 F(z) + 0.3 s cos(z, P_c) (alpha is the proxies' share, and the "
              "logits are mixed, not probabilities): the mix")):
-        close(PART, mixed(objective, logits, h, alpha), expected, what)
+        close(PART, mixed(objective, logits, z, alpha), expected, what)
 
 
 def setup(name):
@@ -74,41 +74,41 @@ def setup(name):
 
 @pytest.mark.parametrize("name", PROXY_LOSSES)
 def test_alpha_zero_is_the_linear_head(name):
-    objective, logits, h = setup(name)
-    close(PART, mixed(objective, logits, h, 0.0), logits,
+    objective, logits, z = setup(name)
+    close(PART, mixed(objective, logits, z, 0.0), logits,
           f"with --loss {name} and alpha = 0, the mix (it must be the linear head's logits)")
 
 
 @pytest.mark.parametrize("name", ["proxyanchor", "proxynca"])
 def test_alpha_one_predicts_the_nearest_proxy(name):
-    objective, logits, h = setup(name)
+    objective, logits, z = setup(name)
     proxies = objective.metric.proxies
-    cos = F.cosine_similarity(h[:, None, :], proxies[None, :, :], dim=-1)   # (N, C)
-    distances = (F.normalize(h, dim=-1)[:, None, :] - F.normalize(proxies, dim=-1)).norm(dim=-1)
+    cos = F.cosine_similarity(z[:, None, :], proxies[None, :, :], dim=-1)   # (N, C)
+    distances = (F.normalize(z, dim=-1)[:, None, :] - F.normalize(proxies, dim=-1)).norm(dim=-1)
     nearest = distances.argmin(1)
     assert torch.equal(cos.argmax(1), nearest)
     assert len(set(nearest.tolist())) > 1  # the test is not trivial
-    predicted = mixed(objective, logits, h, 1.0).argmax(1)
+    predicted = mixed(objective, logits, z, 1.0).argmax(1)
     wrong = (predicted != nearest).nonzero().flatten().tolist()
     check(PART, not wrong, f"with --loss {name} and alpha = 1, the prediction must be the nearest "
-          f"proxy; {len(wrong)} of {len(h)} examples are not, the first: example {wrong[:1]}")
+          f"proxy; {len(wrong)} of {len(z)} examples are not, the first: example {wrong[:1]}")
 
 
 def test_proxyanchor_mix_is_the_formula():
-    objective, logits, h = setup("proxyanchor")
-    cos = F.cosine_similarity(h[:, None, :], objective.metric.proxies[None, :, :], dim=-1)
-    close(PART, mixed(objective, logits, h, 0.3), 0.7 * logits + 0.3 * 32 * cos,
+    objective, logits, z = setup("proxyanchor")
+    cos = F.cosine_similarity(z[:, None, :], objective.metric.proxies[None, :, :], dim=-1)
+    close(PART, mixed(objective, logits, z, 0.3), 0.7 * logits + 0.3 * 32 * cos,
           "with --loss proxyanchor (s = 32) and alpha = 0.3, the mix", atol=1e-5, rtol=1e-4)
 
 
 def test_softtriple_scores_a_class_by_its_centres():
-    objective, logits, h = setup("softtriple")
-    x, w = F.normalize(h, dim=-1), F.normalize(objective.metric.centres, dim=-1)
+    objective, logits, z = setup("softtriple")
+    x, w = F.normalize(z, dim=-1), F.normalize(objective.metric.centres, dim=-1)
     sim = torch.einsum("nd,ckd->nck", x, w)
     S = (torch.softmax(sim / 0.1, -1) * sim).sum(-1)       # SoftTriple S_c
     # S_c is a weighted mean of the class's similarities, so never above the largest
     assert torch.all(S <= sim.max(-1).values + 1e-6)
-    predicted = mixed(objective, logits, h, 1.0).argmax(1)
+    predicted = mixed(objective, logits, z, 1.0).argmax(1)
     check(PART, torch.equal(predicted, S.argmax(1)), "with --loss softtriple and alpha = 1, the "
           "prediction must be the class of the largest S_c (the softmax-weighted similarity to "
           "its centres)")
@@ -124,5 +124,5 @@ def test_the_proxy_losses_are_those_with_class_logits():
 def test_sanity_check_the_mix():
     """The sanity check: the mix on fixed logits and cosines, against the solution's stored outputs
     (tests/fixtures/references/proxy-inference.pt)."""
-    objective, logits, h, _ = stand_in()
-    matches_reference(PART, "mix with alpha 0.3", mixed(objective, logits, h, 0.3))
+    objective, logits, z, _ = stand_in()
+    matches_reference(PART, "mix with alpha 0.3", mixed(objective, logits, z, 0.3))
