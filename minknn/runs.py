@@ -65,7 +65,11 @@ def run_folder(args):
             yield
     except KeyboardInterrupt as e:
         how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
-        if distributed.is_main():
+        if distributed.is_main() and run_status(args.out) == "finished":
+            # it came after finish() wrote summary.json: the run is whole, and its last.pt may be
+            # gone already; summary.json rewritten as stopped would say no epoch had finished
+            print(f"\n{how} after the run finished; {finished_hint(args.out)}", file=sys.stderr)
+        elif distributed.is_main():
             last = load_last(args.out)
             where = best_so_far(args, last) if last else "no epoch had finished"
             if summarise(args, last, stopped=how) is None:  # before the first step

@@ -7,7 +7,7 @@ and saved after each epoch. train.py's loop steps them; the lab's bench times th
     batches = batch(trainer, {name: next(stream) for name, stream in trainer.streams.items()})
     outputs, keys = forward(trainer, batches)      # train_step's forward, gathered under torchrun
     save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
-    finish(trainer, best, records)                 # summary.json, the last line
+    finish(trainer, best, records)                 # metrics.jsonl, summary.json, the last line
 check_epoch_finite() stops a run (Diverged) whose scores or weights are not finite, before the
 epoch is saved.
 
@@ -179,7 +179,11 @@ def read_last(args, bert, base, model_path):
     # a memory loss's last.pt also holds its memory, and a queue's its key encoder
     needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
     last = load_last(args.out, needs)
-    if last and last["epoch"] >= args.epochs:  # nothing would train, and last.pt would be deleted
+    # last.pt of the last epoch: a run stopped (Ctrl-C, SIGTERM, kill -9) after its last epoch was
+    # saved but before it finished, which --resume finishes without training; unless its schedule
+    # had further to go, when run.json's epochs was lowered by hand
+    if last and (last["epoch"] > args.epochs
+                 or last["epoch"] == args.epochs and not schedule_ended(last)):
         raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
                           f"has done {last['epoch']} (last.pt); was the file edited?")
     if base and last and any(not torch.equal(v, last["model"]["bert." + k])
@@ -188,6 +192,12 @@ def read_last(args, bert, base, model_path):
                           f"started; the run froze BERT, and its checkpoints name that folder for "
                           f"it (put the model back, or start a new run)")
     return last
+
+
+def schedule_ended(last):
+    """Whether last.pt (its state) was saved after the run's last step: train.py's schedule
+    (make_optimizer) brings every group's lr down to exactly 0 there, and nowhere before."""
+    return all(group["lr"] == 0 for group in last["optimizer"]["param_groups"])
 
 
 def make_memory(args, model, tokenizer, task, train, loss, last, device):
@@ -353,8 +363,9 @@ def begin(trainer, last, records):
     if trainer.moco and not last:
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "
               f"{trainer.fill_seconds:.0f} s")
-    if last:
-        print(f"resumed after epoch {last['epoch']} of {args.epochs}")
+    if last:  # stopped after its last epoch was saved: nothing to train, only the end to do
+        done = "; every epoch is done: the run only finishes" if len(records) == args.epochs else ""
+        print(f"resumed after epoch {last['epoch']} of {args.epochs}{done}")
 
 
 def where(trainer):
@@ -367,11 +378,13 @@ SAVED_NOTE = {"best": "", "none": ", not saved: --save none",
 
 
 def finish(trainer, best, records):
-    """A finished run's summary.json and last line (rank 0); last.pt goes, as nothing is left to
-    resume. Returns the summary (None on the other ranks)."""
+    """A finished run's metrics.jsonl (whole), summary.json and last line (rank 0); last.pt goes,
+    as nothing is left to resume. Returns the summary (None on the other ranks)."""
     if not is_main():
         return None
     args = trainer.args
+    # the records again: a kill -9 after the last epoch's last.pt left its metrics.jsonl behind
+    write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
     summary = summarise(args, {"best": best, "records": records, "train": trainer.train,
                                "dev": trainer.dev, "steps": trainer.steps,
                                "losses": trainer.losses, "device": trainer.device,

@@ -204,6 +204,69 @@ def test_ctrl_c_or_sigterm_at_any_moment_then_resume_is_the_run_left_alone(signu
     assert_same_run(left_alone, stopped, f"{signum.name} {where} {nth}, then resumed", final=True)
 
 
+def test_ctrl_c_while_the_last_epoch_saves_then_resume_finishes_the_run(left_alone, tiny_bert_dir, data_dir,
+                                                                       tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the last epoch's last.pt is half written: the save is finished first, so last.pt covers every
+    epoch and the run stops "interrupted" with its --resume line. That line must work: --resume trains nothing
+    and does what the end of a run does (summary.json without "stopped", last.pt deleted, the `done:` line), not
+    refuse the run as if its run.json had been edited."""
+    stopped = tmp_path / "stopped"
+    signal_in(monkeypatch, signal.SIGINT, "last.pt", 3)  # the third epoch's, of 3
+    with pytest.raises(SystemExit) as exit_:
+        train.main([*flags(tiny_bert_dir, data_dir, "--steps_per_epoch", "3"), "--out", str(stopped)])
+    monkeypatch.undo()
+    said = capsys.readouterr().err
+    summary = json.load(open(stopped / "summary.json"))
+    assert exit_.value.code == 130 and summary["stopped"] == "interrupted" and summary["epochs"] == 3, \
+        f"exit {exit_.value.code}, summary.json {summary}"
+    assert f"continue with: python train.py --resume {stopped}" in said, said[-2000:]
+    monkeypatch.setattr(train, "train_step", lambda *a, **k: pytest.fail("--resume trained a step of a run that "
+                                                                         "had done all its epochs"))
+    try:
+        train.main(["--resume", str(stopped)])
+    except MinknnError as e:
+        pytest.fail(f"--resume of a run stopped while its last epoch was saved was refused: {e}")
+    summary = json.load(open(stopped / "summary.json"))
+    assert "stopped" not in summary and summary["epochs"] == 3 and summary["best_epoch"], summary
+    assert not (stopped / "last.pt").exists(), "a finished run keeps no last.pt"
+    assert "done: " in capsys.readouterr().out, "the finished run's last line was not printed"
+    assert_same_run(left_alone, stopped, "stopped while saving the last epoch, then resumed")
+
+
+def test_ctrl_c_after_the_run_finished_leaves_its_summary(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the run's summary.json is written and its last.pt deleted (as its last line prints): the run is
+    finished, and stays so: summary.json is not rewritten as an "interrupted" run with no epoch done (whose --resume
+    would train it again from the start)."""
+    real_finish = train.finish
+
+    def finish_then_ctrl_c(*args):
+        real_finish(*args)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "finish", finish_then_ctrl_c)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(out)])
+    summary = json.load(open(out / "summary.json"))
+    assert "stopped" not in summary and summary["epochs"] == 1, f"a finished run's summary.json became {summary}"
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("interrupted")]
+    assert exit_.value.code == 130 and err == [f"interrupted after the run finished; evaluate it with: python "
+                                               f"evaluate.py --checkpoint {out}"], (exit_.value.code, err)
+
+
+def test_kill_9_between_the_last_epochs_last_pt_and_metrics_then_resume_finishes_whole(left_alone, tmp_path):
+    """A kill -9 after the last epoch's last.pt is renamed into place, before its metrics.jsonl is: no summary.json,
+    metrics.jsonl one epoch short. --resume finishes the run, and its metrics.jsonl holds every epoch again (what
+    the save of that epoch would have written), as the run left alone's does."""
+    killed = tmp_path / "killed"
+    shutil.copytree(left_alone, killed)  # its last.pt kept: the state after the last step
+    (killed / "summary.json").unlink()
+    lines = (killed / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (killed / "metrics.jsonl").write_text("".join(lines[:-1]))
+    train.main(["--resume", str(killed)])
+    assert "stopped" not in json.load(open(killed / "summary.json"))
+    assert_same_run(left_alone, killed, "killed before the last epoch's metrics.jsonl, then resumed")
+
+
 @pytest.mark.parametrize("entry", [*LAST_ENTRIES, "random['numpy']", "memory", "memory['keys']"])
 def test_a_last_pt_without_an_entry_is_refused_naming_it(entry, tmp_path):
     """Every entry --resume reads from last.pt (a memory loss's memory too) is checked on loading: a file saved

@@ -6,11 +6,13 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 
 import pytest
 import torch
 
 import evaluate
+import minknn.trainer
 import train
 from minknn import MinknnError, Terminated
 from minknn.lab import cells, grid, report, runner
@@ -152,6 +154,39 @@ def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monk
     strip = [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(out)]
     assert strip == [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(reference)], \
         "runner: a killed and resumed grid must give the uninterrupted grid's figures"
+
+
+def test_a_cell_stopped_while_its_last_epoch_saves_is_finished_by_the_rerun(tiny_bert_dir, tmp_path, monkeypatch):
+    """Ctrl-C while the first cell's last epoch (its second) saves last.pt: train.py finishes the save, then stops
+    the grid (exit 130). The rerun goes on from that cell: it finishes it without training a step, scores it, and
+    trains the other cell, as the grid left alone does."""
+    reference = tmp_path / "reference"
+    run_grid(tiny_bert_dir, reference, tasks="mr", methods="ce")
+    real_save, saves = minknn.trainer.save_last, []
+
+    def save_then_ctrl_c(folder, **state):  # save() holds the signal until the epoch's files are written
+        real_save(folder, **state)
+        saves.append(state["epoch"])
+        if len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+    monkeypatch.setattr(minknn.trainer, "save_last", save_then_ctrl_c)
+    out = tmp_path / "g"
+    with pytest.raises(SystemExit) as stop:
+        run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    assert stop.value.code == 130 and saves == [1, 2], f"exit {stop.value.code} after saving epochs {saves}"
+    monkeypatch.setattr(minknn.trainer, "save_last", real_save)
+    calls, real_main, real_step = [], train.main, train.train_step
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
+    monkeypatch.setattr(train, "train_step", lambda *a, **k: calls.append("step") or real_step(*a, **k))
+    try:
+        run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
+    except (MinknnError, SystemExit) as e:
+        pytest.fail(f"the rerun stopped on the cell stopped while its last epoch saved: {e!r}")
+    assert calls[0] == ["--resume", calls[0][1]] and calls[1] != "step", \
+        f"the stopped cell should be resumed and finished without a step: {calls[:3]}"
+    strip = [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(out)]
+    assert strip == [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(reference)], \
+        "runner: a grid stopped while a cell's last epoch saved must give the grid left alone's figures"
 
 
 def poisoned_copy(tmp_path):
