@@ -89,7 +89,8 @@ def make_parser():
                                            "the global batch, split between the processes"})
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="not on biases and LayerNorm")
+    g.add_argument("--weight_decay", type=float, default=0.01,
+                   help="AdamW's, in [0, 1); not on biases and LayerNorm")
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
     g.add_argument("--head_init", choices=["random", "probe"], help="the classification and "
                    "multi-label heads' start: random, or probe: a logistic regression fit on the "
@@ -222,6 +223,12 @@ def bad_values(args):
             yield name, f"a finite number {f'in [{low}, {high}]' if high else f'>= {low}'}"
     if args.lr == 0:
         yield "lr", "positive (0 would train nothing)"
+    # AdamW's decoupled decay: each step multiplies the weights by 1 - lr x weight_decay (then
+    # the Adam step); below 1 that factor stays positive for any lr up to 1, from 1 up it can zero
+    # or flip every weight, and the loss climbs into the thousands
+    if args.weight_decay is not None and args.weight_decay >= 1:
+        yield "weight_decay", ("in [0, 1) (each step AdamW multiplies the weights by "
+                               "1 - lr x weight_decay; BERT's recipe is 0.01)")
     if args.steps and args.epochs and args.epochs >= 1 and args.steps % args.epochs:
         yield "steps", f"a multiple of --epochs {args.epochs} (each epoch is N / --epochs steps)"
     if args.max_len is not None and args.max_len < 8:

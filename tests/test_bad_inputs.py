@@ -193,6 +193,9 @@ FLAG_CASES = [
     ("lr 0", "train", trainer("--lr", "0"), "--lr 0 would train nothing"),
     ("seed -1", "train", trainer("--seed", "-1"), "--seed must be in [0, 2**32), got -1"),
     ("weight_decay -1", "train", trainer("--weight_decay", "-1"), "--weight_decay must be a finite number >= 0"),
+    ("weight_decay 1e9", "train", trainer("--weight_decay", "1e9"),  # AdamW's step would flip every weight
+     "--weight_decay must be in [0, 1) (each step AdamW multiplies the weights by 1 - lr x weight_decay"),
+    ("weight_decay 1", "train", trainer("--weight_decay", "1"), "--weight_decay must be in [0, 1)"),
     ("warmup 5", "train", trainer("--warmup", "5"), "--warmup must be a finite number in [0, 1], got 5.0"),
     ("proxy_lr -1", "train", trainer("--loss", "proxyanchor", "--proxy_lr", "-1"), "--proxy_lr must be a finite"),
     ("attention bogus", "train", trainer("--attention", "flash"), "--attention: invalid choice: 'flash'"),
@@ -252,6 +255,8 @@ FLAG_CASES = [
      "run.json: batch_size is 0; it must be at least 1"),
     ("resume seed -5", "train", resume_edited(with_arg("seed", -5)), "run.json: seed is -5; it must be in [0, 2**32)"),
     ("resume lr -1", "train", resume_edited(with_arg("lr", -1)), "run.json: lr is -1; it must be a finite number >= 0"),
+    ("resume weight_decay 1e9", "train", resume_edited(with_arg("weight_decay", 1e9)),
+     "run.json: weight_decay is 1000000000.0; it must be in [0, 1)"),
     ("resume epochs -1", "train", resume_edited(with_arg("epochs", -1)),
      "run.json: epochs is -1; it must be at least 1"),
     ("resume pcgrad 1", "train", resume_edited(with_arg("pcgrad", 1)),
