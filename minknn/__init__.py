@@ -23,6 +23,23 @@ def first_process():
     return os.environ.get("RANK", "0") == "0"
 
 
+# Under torchrun: whether this rank's run has passed every check (trainer.begin sets it, for the
+# rest of the process: cli.run reads it after the run's block has ended); see says_errors
+_RUN_BEGUN = [False]
+
+
+def run_begun():
+    _RUN_BEGUN[0] = True
+
+
+def says_errors():
+    """Whether this process prints an error: not under torchrun, its rank 0, or another rank once
+    its run has begun. Before that every rank reads the same flags and files and finds the same
+    fault, which rank 0 says once; after it, an error of a rank's is its own, which it alone says
+    (the other ranks only lose a peer: minknn/runs.py)."""
+    return first_process() or _RUN_BEGUN[0]
+
+
 def warn(message):
     """`warning: message` on stderr, once: under torchrun rank 0 alone says it (every process reads
     the same files and would say the same)."""

@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 
-from minknn import MinknnError, Terminated, first_process, sigterm_raises
+from minknn import MinknnError, Terminated, first_process, says_errors, sigterm_raises
 from minknn.parts import not_written, stubbed_part
 
 def below_one(args, names):
@@ -46,15 +46,17 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def run(main):
-    """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr and exit
-    status 2, and so does the NotImplementedError of a part a student edition has not written
-    yet (minknn/parts.py); Ctrl-C that main() does not handle itself, `interrupted` and
-    status 130; SIGTERM, `terminated` and status 143 (128 + 15, the shells' status for it)."""
+    """Runs a script's main(): a MinknnError becomes `error: <message>` on stderr (under torchrun
+    once: minknn.says_errors) and exit status 2, and so does the NotImplementedError of a part a
+    student edition has not written yet (minknn/parts.py); Ctrl-C that main() does not handle
+    itself, `interrupted` and status 130; SIGTERM, `terminated` and status 143 (128 + 15, the
+    shells' status for it)."""
     try:
         with sigterm_raises():
             main()
     except MinknnError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if says_errors():  # under torchrun a bad input's line comes once, from rank 0
+            print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except NotImplementedError as e:
         name = stubbed_part(str(e))

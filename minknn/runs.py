@@ -29,8 +29,10 @@ import contextlib
 import fcntl
 import glob
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 from minknn import MinknnError, Terminated, distributed, sigterm_raises
@@ -60,10 +62,12 @@ def run_folder(args):
         args.out = distributed.broadcast_object(args.out if lock else None)
     if args.out is None:  # not rank 0: it says why
         sys.exit(2)
+    set_aside = {}  # the signal handlers of a run that is stopping (signals_ignored)
     try:
         with sigterm_raises():  # a cluster's SIGTERM stops the run as Ctrl-C does
             yield
     except KeyboardInterrupt as e:
+        set_aside = signals_ignored()
         how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
         if distributed.is_main() and run_status(args.out) == "finished":
             # it came after finish() wrote summary.json: the run is whole, and its last.pt may be
@@ -79,6 +83,7 @@ def run_folder(args):
                       file=sys.stderr)
         sys.exit(status)
     except Diverged as e:
+        set_aside = signals_ignored()
         if not distributed.is_main():  # every rank stops at the same step; rank 0 says why
             sys.exit(2)
         last = load_last(args.out)
@@ -88,15 +93,40 @@ def run_folder(args):
     except RuntimeError as e:
         if not distributed.lost_peer(e):
             raise
-        # under torchrun: a collective lost a rank that failed (its own error comes first), and
-        # torchrun stops the others
+        # under torchrun: a collective lost a rank that failed (its own error comes first) or was
+        # killed (torchrun reports it), and torchrun SIGTERMs the others: each says it here, in
+        # the line that comes back after the signals below, and ends with status 2
+        set_aside = signals_ignored()
         if distributed.is_main():
-            summarise(args, load_last(args.out), stopped="failed: another rank failed")
-        raise MinknnError(f"rank {distributed.rank()} stopped: another rank failed (see its "
-                          f"error); continue with: python train.py --resume {args.out}") from None
+            summarise(args, load_last(args.out), stopped="failed: another rank failed or was "
+                                                         "killed")
+        print(f"error: rank {distributed.rank()} stopped: another rank failed or was killed (its "
+              f"error, or torchrun's report of it, says which); continue with: python train.py "
+              f"--resume {args.out}", file=sys.stderr)
+        sys.exit(2)
     finally:
         if lock:
             close_run_folder(args.out, lock, created)
+        # in one process the handlers come back (train.main runs in-process in the runner and
+        # the tests); a rank that stopped under torchrun ends ignoring them
+        if not distributed.launched():
+            restore_signals(set_aside)
+
+
+def signals_ignored():
+    """Ctrl-C and SIGTERM ignored from here on; returns the handlers they had (restore_signals).
+    A run that is stopping says how (summary.json, one line) to the end: a second Ctrl-C, or
+    the SIGTERM torchrun sends every rank left as soon as one fails, would cut that short (it
+    came while rank 0 read last.pt, which left no summary.json and a bare `terminated`). Only the
+    main thread can set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_signals(handlers):
+    for s, handler in handlers.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def new_run_folder(out, default):

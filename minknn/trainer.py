@@ -53,7 +53,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from minknn import MinknnError, backbones
+from minknn import MinknnError, backbones, run_begun
 from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
                                save_checkpoint, save_last, set_random_states)
 from minknn.data import read_examples, run_data
@@ -351,6 +351,8 @@ def begin(trainer, last, records):
             write_json(os.path.join(args.out, "run.json"),
                        {"args": {k: v for k, v in vars(args).items() if k != "resume"},
                         "data": trainer.data})
+    if world() > 1:  # from here an error of this rank's is its own, which it says (says_errors)
+        run_begun()
     if rank() > 0:  # its own dropout masks; rank 0 draws what one process would
         torch.manual_seed(random.Random(f"{args.seed} {rank()} {len(records)}").getrandbits(62))
     counts = ", ".join(f"{t.name} {len(train[t.name])}/{len(dev[t.name])}" for t in tasks)

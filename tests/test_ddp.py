@@ -65,6 +65,9 @@ is a JSON object naming them:
   term_after   N: once rank 0 saved epoch N, SIGTERM to torchrun (this process's parent), as a
                cluster stops a job; rank 0 waits in here for it to come back
   fail         [rank, step]: that rank's train_step raises a MinknnError at its step `step`
+  kill         [rank, step]: that rank kills itself (SIGKILL, as kill -9) at its step `step`, and
+               torchrun's SIGTERM reaches the rank left as it reads last.pt to say how the run
+               stopped (when it comes is a race: here it is made to come at that worst moment)
   runs         [[argv, dump], ...]: train.py's runs one after the other in one process group
                (without it: one run of this file's arguments); after each, each rank writes
                into its dump folder rank<r>.pt: its exit status, weights, proxies, memory and
@@ -81,6 +84,7 @@ import time
 import torch
 
 import minknn.model
+import minknn.runs
 import train
 from minknn import MinknnError, distributed
 from minknn.cli import run
@@ -112,6 +116,22 @@ if "fail" in HOOKS:
             raise MinknnError(f"planted failure on rank {RANK} at its step {len(calls)}")
         return step(*args, **kwargs)
     train.train_step = failing_step
+
+if "kill" in HOOKS:
+    step, calls = train.train_step, []
+
+    def killing_step(*args, **kwargs):
+        calls.append(1)
+        if [RANK, len(calls)] == HOOKS["kill"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return step(*args, **kwargs)
+    train.train_step = killing_step
+    load_last = minknn.runs.load_last
+
+    def sigterm_then_load(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return load_last(*args, **kwargs)
+    minknn.runs.load_last = sigterm_then_load
 
 if "runs" not in HOOKS:
     run(train.main)
@@ -524,6 +544,30 @@ def test_a_rank_that_fails_stops_the_run_which_resumes(bert_dir, one_process, tm
         f"rank 1's failure: a rank printed a traceback:\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.parametrize("killed", [1, 0], ids=["rank-1-killed", "rank-0-killed"])
+def test_a_rank_killed_stops_the_run_with_its_resume_line(killed, bert_dir, tmp_path):
+    """kill -9 of one rank at epoch 2's step 2 (torchrun then SIGTERMs the other): the rank left
+    says so in one line with the resume command, and its exit is torchrun's report of the kill.
+    Rank 1 killed: rank 0 also writes summary.json ("failed: ..."); rank 0 killed: nothing could
+    write it, and last.pt is still epoch 1's (docs/runs.md says both)."""
+    argv = flags(bert_dir, "ce")
+    run = tmp_path / "run"
+    done = torchrun([*argv, "--out", run], tmp_path, {"kill": [killed, 8]})
+    assert done.returncode != 0, f"torchrun exited 0 though rank {killed} was killed"
+    said = re.findall(r"error: rank \d stopped[^\r\n]*", done.stderr)
+    assert said == [f"error: rank {1 - killed} stopped: another rank failed or was killed (its error, or "
+                    f"torchrun's report of it, says which); continue with: python train.py --resume {run}"], \
+        f"rank {killed} killed: the rank left must say so once, with the resume line: {said}\n" \
+        f"{done.stderr[-3000:]}"
+    assert not re.search(r"\[rank\d\]: Traceback|^terminated", done.stderr, re.M), \
+        f"rank {killed} killed: a traceback or a bare `terminated`:\n{done.stderr[-3000:]}"
+    if killed == 1:
+        summary = assert_stopped_after_epoch_1(run, "rank 1 killed in epoch 2")
+        assert summary["stopped"] == "failed: another rank failed or was killed", summary
+    else:
+        assert load_last(str(run))["epoch"] == 1 and not (run / "summary.json").exists()
+
+
 def test_plain_python_is_one_process(monkeypatch):
     """Without torchrun (no RANK) there is no process group: rank 0 of 1, and gather is the
     identity, so `python train.py` is unchanged."""
@@ -536,14 +580,19 @@ def test_plain_python_is_one_process(monkeypatch):
     assert distributed.launched(), "launched() with RANK=0 (torchrun's rank 0)"
 
 
-def test_a_bad_flag_is_one_line_under_torchrun(bert_dir, tmp_path):
-    """Every rank parses the same command line: rank 0 alone says what is wrong with it (not one
-    line per process), and no run folder is made."""
+@pytest.mark.parametrize("bad, says", [
+    (["--lr", "-1"], "--lr must be a finite number >= 0, got -1.0"),  # argparse's check
+    (["--task", "nosuch"], "unknown --task 'nosuch'"),                # a MinknnError, before the group
+    (["--model", "no-model"], "--model 'no-model' is neither"),       # one in the group, in build()
+], ids=["lr", "task", "model"])
+def test_a_bad_flag_is_one_line_under_torchrun(bad, says, bert_dir, tmp_path):
+    """Every rank reads the same command line and files: rank 0 alone says what is wrong with
+    them (not one line per process), the others exit with status 2 and nothing said (torchrun
+    may SIGTERM one first), and no run folder is made."""
     run = tmp_path / "run"
-    done = torchrun([*flags(bert_dir, "ce"), "--lr", "-1", "--out", run], tmp_path,
+    done = torchrun([*flags(bert_dir, "ce"), *bad, "--out", run], tmp_path,
                     script=os.path.join(ROOT, "train.py"))
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert done.returncode != 0 and errors == ["error: --lr must be a finite number >= 0, got "
-                                               "-1.0"], \
-        f"torchrun train.py --lr -1: exit {done.returncode}, error lines {errors} (want one)"
-    assert not run.exists(), "torchrun train.py --lr -1 made the run folder"
+    assert done.returncode != 0 and len(errors) == 1 and says in errors[0], \
+        f"torchrun train.py {' '.join(bad)}: exit {done.returncode}, error lines {errors} (want one)"
+    assert not run.exists(), f"torchrun train.py {' '.join(bad)} made the run folder"
