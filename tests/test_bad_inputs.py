@@ -541,16 +541,20 @@ def grid_in_use(tmp, tiny, fixtures):
     return grid()(tmp, tiny, fixtures)
 
 
+def result_line(test_acc=0.6):
+    """A finished result line of grid()'s one cell, its test accuracy test_acc."""
+    return {"task": "mr", "size": "6", "seed": 0, "method": "ce", "label": "ce",
+            "rule": "linear", "cell": "mr-6-ce-seed0", "train_params": {}, "select": "sample",
+            "test_split": "test", "n_test": 10, "n_select": 6,
+            "grid": [{"params": {}, "select": {"acc": 0.5}, "test": {"acc": test_acc}}],
+            "seconds": {"train": 1.0, "evaluate": 1.0}}
+
+
 def finished_grid(tail="", *flags):
     """--table on tmp/g, whose results.jsonl holds one finished line and then tail."""
     def argv(tmp, *_):
         (tmp / "g").mkdir()
-        line = {"task": "mr", "size": "6", "seed": 0, "method": "ce", "label": "ce",
-                "rule": "linear", "cell": "mr-6-ce-seed0", "train_params": {}, "select": "sample",
-                "test_split": "test", "n_test": 10, "n_select": 6,
-                "grid": [{"params": {}, "select": {"acc": 0.5}, "test": {"acc": 0.6}}],
-                "seconds": {"train": 1.0, "evaluate": 1.0}}
-        (tmp / "g" / "results.jsonl").write_text(json.dumps(line) + "\n" + tail)
+        (tmp / "g" / "results.jsonl").write_text(json.dumps(result_line()) + "\n" + tail)
         return ["--table", str(tmp / "g"), *flags]
     return argv
 
@@ -561,6 +565,14 @@ RUNNER_CASES = [
      "--methods: ce is given twice; give each method once"),
     ("runner method twice in two spellings", "runner", grid(methods="ce+knn[k=4;phi=0.5],ce+knn[phi=.5;k=4]"),
      "--methods: ce+knn[phi=.5;k=4] is given twice (also as ce+knn[k=4;phi=0.5])"),
+    ("runner empty task list", "runner", grid("--tasks", ","),
+     "--tasks ',': names no task; give comma-separated task names"),
+    ("runner empty method list", "runner", grid(methods=","), "--methods ',': names no method"),
+    ("runner search key twice", "runner", grid("--search", "lr=1e-5;lr=3e-5"),
+     "--search lr=1e-5;lr=3e-5: lr is given twice; give its values once, e.g. lr=1e-5,3e-5"),
+    ("runner method grid key twice", "runner", grid(methods="ce[lr=1e-5; lr=3e-5]"),
+     "--methods ce[lr=1e-5; lr=3e-5]: lr is given twice"),
+    ("runner empty search", "runner", grid("--search", ""), "--search '': names no value to search"),
     ("runner out in use by another runner", "runner", grid_in_use,
      "/g is in use by another runner (pid "),
     ("runner write a missing file", "runner", lambda tmp, *a: grid("--write", str(tmp / "R.md"))(tmp, *a),

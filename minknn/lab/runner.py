@@ -168,6 +168,12 @@ def get_args(argv=None):
         p.error(f"{', '.join(owned)}: the runner sets {'it' if len(owned) == 1 else 'them'} "
                 f"for each cell (--tasks, --methods, --sizes, --seeds, --out, --max_eval)")
     args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not args.task_list:  # `--tasks ,` would make a grid of no cells, and claim it done
+        raise MinknnError(f"--tasks '{args.tasks}': names no task; give comma-separated task "
+                          f"names, e.g. --tasks mr,cr")
+    if not args.methods.replace(",", "").strip():
+        raise MinknnError(f"--methods '{args.methods}': names no method; give comma-separated "
+                          f"methods, e.g. --methods ce,supcon")
     args.method_list = [parse_method(m) for m in split_top(args.methods, ",")]
     for i, m in enumerate(args.method_list):  # the same method twice would be two table rows
         twin = next((o for o in args.method_list[:i] if (o.loss, o.train_grid, o.rule, o.rule_grid)
@@ -178,6 +184,9 @@ def get_args(argv=None):
     args.size_list = parse_sizes(args.sizes)
     args.seed_list = parse_seeds(args.seeds)
     args.search_grid = parse_grid(args.search or "", args.search, flag="--search")
+    if args.search is not None and not args.search_grid:  # --search '' searches nothing
+        raise MinknnError(f"--search '{args.search}': names no value to search; give "
+                          f"flag=value,value;..., e.g. --search 'lr=1e-5,3e-5', or leave it out")
     owned = [name for name in args.search_grid if name in RUNNER_OWNS]
     if owned:
         raise MinknnError(f"--search {args.search}: {', '.join(owned)} is the runner's to set for "
