@@ -559,6 +559,18 @@ def finished_grid(tail="", *flags):
     return argv
 
 
+def scored_cell(test_acc):
+    """grid() on tmp/g, whose one cell was scored, its cell.json then edited to test_acc (as
+    json.dumps writes it: NaN too)."""
+    def argv(tmp, tiny, fixtures):
+        folder = tmp / "g" / "runs" / "mr-6-ce-seed0"
+        folder.mkdir(parents=True)
+        (folder / "cell.json").write_text(json.dumps({"cell": folder.name,
+                                                      "lines": [result_line(test_acc)]}))
+        return grid()(tmp, tiny, fixtures)
+    return argv
+
+
 # --- the runner's grids and tables (minknn/lab/runner.py, report.py) ---
 RUNNER_CASES = [
     ("runner method twice", "runner", grid(methods="ce,ce"),
@@ -573,12 +585,24 @@ RUNNER_CASES = [
     ("runner method grid key twice", "runner", grid(methods="ce[lr=1e-5; lr=3e-5]"),
      "--methods ce[lr=1e-5; lr=3e-5]: lr is given twice"),
     ("runner empty search", "runner", grid("--search", ""), "--search '': names no value to search"),
+    ("runner cell.json with an accuracy above 1", "runner", scored_cell(2.5),
+     "g/runs/mr-6-ce-seed0/cell.json: grid[0].test.acc is 2.5, which no acc can be (a number in [0, 1])"),
+    ("runner cell.json with a negative accuracy", "runner", scored_cell(-0.5),
+     "cell.json: grid[0].test.acc is -0.5, which no acc"),
+    ("runner cell.json with a NaN accuracy", "runner", scored_cell(float("nan")),
+     "cell.json: grid[0].test.acc is NaN, which no acc"),
+    ("runner cell.json with a string for a score", "runner", scored_cell("0.6"),
+     'cell.json: grid[0].test.acc is "0.6", which no acc'),
     ("runner out in use by another runner", "runner", grid_in_use,
      "/g is in use by another runner (pid "),
     ("runner write a missing file", "runner", lambda tmp, *a: grid("--write", str(tmp / "R.md"))(tmp, *a),
      "R.md: not found; create it with the two markers '<!-- runner g -->' and '<!-- /runner g -->'"),
     ("runner table with a truncated last line", "runner", finished_grid('{"task": "mr", "si'),
      "g/results.jsonl:2: a truncated or damaged line (not a JSON object); run the grid's command again"),
+    ("runner table with an impossible score", "runner",
+     finished_grid(json.dumps(result_line(test_acc=2.5)) + "\n"),
+     "g/results.jsonl:2: grid[0].test.acc is 2.5, which no acc can be (a number in [0, 1]); run the grid's "
+     "command again"),
     ("runner table write a missing file", "runner",
      lambda tmp, *a: finished_grid("", "--write", str(tmp / "R.md"))(tmp, *a), "R.md: not found"),
     ("runner table write a file without the block", "runner",

@@ -41,7 +41,8 @@ Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/c
 once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
 again skips the finished cells and resumes a killed one (train.py --resume): a grid killed at
 any point loses at most the epoch in progress. A damaged cell.json (a full disk, a copy cut
-short) is that cell's alone: it is scored again, or trained again if its checkpoint is gone.
+short, emptied) is that cell's alone: it is scored again, or trained again if its checkpoint is
+gone; one holding a figure no score can be (an accuracy of 2.5, NaN) is refused in one line.
 Writes <out>/results.jsonl (one line per cell and method: every figure on both splits for each
 value of its grid, the learning curve, the kNN sweep, times; rewritten whole from the cells'
 cell.json after each cell), <out>/table.md and <out>/plots/*.png.
