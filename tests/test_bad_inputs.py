@@ -571,6 +571,31 @@ def scored_cell(test_acc):
     return argv
 
 
+def unresumable_cell(tmp, tiny, fixtures):
+    """grid() of two seeds, --jobs 2, on tmp/g, whose seed 1 cell (run alone first) was stopped by Ctrl-C in
+    its second epoch, then lost its checkpoint.pt (last.pt kept): train.py --resume refuses it.
+    Seed 0's cell comes first and is not trained yet, so a grid that finds this only when the
+    cell's turn comes has trained seed 0 by then."""
+    real, calls = train.train_step, []
+
+    def step_or_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # 6 examples in batches of 4: the first step of epoch 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    train.train_step = step_or_stop
+    try:
+        runner.main(grid("--seeds", "1", "--epochs", "2")(tmp, tiny, fixtures))
+    except SystemExit:
+        pass
+    finally:
+        train.train_step = real
+    cell = tmp / "g" / "runs" / "mr-6-ce-seed1"
+    assert (cell / "last.pt").exists(), "the premise: the cell stopped after its first epoch"
+    (cell / "checkpoint.pt").unlink()
+    return grid("--seeds", "0-1", "--epochs", "2", "--jobs", "2")(tmp, tiny, fixtures)
+
+
 # --- the runner's grids and tables (minknn/lab/runner.py, report.py) ---
 RUNNER_CASES = [
     ("runner method twice", "runner", grid(methods="ce,ce"),
@@ -593,6 +618,9 @@ RUNNER_CASES = [
      "cell.json: grid[0].test.acc is NaN, which no acc"),
     ("runner cell.json with a string for a score", "runner", scored_cell("0.6"),
      'cell.json: grid[0].test.acc is "0.6", which no acc'),
+    ("runner a stopped cell that cannot be resumed", "runner", unresumable_cell,
+     "g/runs/mr-6-ce-seed1: this stopped cell cannot be resumed (checkpoint.pt, the best epoch so far, is "
+     "missing); delete its folder (rm -r "),
     ("runner out in use by another runner", "runner", grid_in_use,
      "/g is in use by another runner (pid "),
     ("runner write a missing file", "runner", lambda tmp, *a: grid("--write", str(tmp / "R.md"))(tmp, *a),

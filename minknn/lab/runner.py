@@ -74,11 +74,11 @@ from minknn.engine import pick_device
 from minknn.files import read_json, write_json, write_jsonl
 from minknn.lab import report, setfit_package
 from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_cell, saved_lines,
-                              selection_size, train_argv)
+                              selection_size, train_argv, training_status)
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
 from minknn.losses import PROXY_LOSSES
-from minknn.runs import lock_folder, make_folder
+from minknn.runs import lock_folder, make_folder, missing_checkpoint
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
@@ -373,6 +373,23 @@ def check_same_grid(args, shared, train_flags):
                           f"same flags to go on with it, or another --out")
 
 
+def check_resumable(cells, ctx):
+    """Every cell a killed grid left half-trained must be one train.py --resume takes (its
+    run.json, and the checkpoint.pt beside its last.pt): found now, not when its turn comes after
+    hours of other cells (or in a pool process, under --jobs). One line on how to go on in a
+    grid: delete the cell's folder, and the same command trains it from its first epoch."""
+    for cell in cells:
+        folder = os.path.join(ctx.out, "runs", cell.name)
+        if saved_lines(folder) is not None or training_status(folder) != "resume":
+            continue
+        save = "last" if ctx.select == "none" else "best"  # cells.train_argv's --save
+        why = train_refusal(["--resume", folder]) or missing_checkpoint(folder, save)
+        if why:
+            raise MinknnError(f"{folder}: this stopped cell cannot be resumed ({why}); delete "
+                              f"its folder (rm -r {folder}) and run the same command again: it "
+                              f"trains the cell from its first epoch")
+
+
 def lock_grid(out):
     """Creates `out` if needed and locks <out>/grid.lock (flock, as train.py locks a run
     folder's run.lock): held while the returned file stays open, and released by the OS when the
@@ -391,6 +408,7 @@ def main(argv=None):
     ctx, shared = check_grid(args, train_flags, cells)
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
         check_same_grid(args, shared, train_flags)
+        check_resumable(cells, ctx)
         failed = run_cells(args, cells, ctx)
         finished = os.path.exists(os.path.join(args.out, "results.jsonl"))  # not if all failed
         text = table_and_plots(args.out, args) if finished else ""
