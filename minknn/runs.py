@@ -236,14 +236,24 @@ def open_run_folder(folder, save="best"):
         close_run_folder(folder, lock, [])
         raise MinknnError(f"--resume {folder}: this run finished (summary.json); nothing to "
                           f"resume ({finished_hint(folder)}; a new run needs another --out)")
-    if save != "none" and os.path.exists(os.path.join(folder, "last.pt")) and \
-            not os.path.exists(os.path.join(folder, "checkpoint.pt")):
+    missing = missing_checkpoint(folder, save)
+    if missing:
         close_run_folder(folder, lock, [])
-        raise MinknnError(f"--resume {folder}: checkpoint.pt, the {save} epoch so far, is missing; "
-                          f"the run cannot go on without it (start it again)")
+        raise MinknnError(f"--resume {folder}: {missing}; the run cannot go on without it (start "
+                          f"it again)")
     for tmp in glob.glob(os.path.join(folder, "*.tmp")):
         os.remove(tmp)
     return lock
+
+
+def missing_checkpoint(folder, save="best"):
+    """Why a stopped run in `folder` cannot be resumed though it has last.pt: its checkpoint.pt,
+    the epoch --save kept so far, is gone; None when it can. The runner asks this of every cell
+    to resume before its grid trains."""
+    if save != "none" and os.path.exists(os.path.join(folder, "last.pt")) and \
+            not os.path.exists(os.path.join(folder, "checkpoint.pt")):
+        return f"checkpoint.pt, the {save} epoch so far, is missing"
+    return None
 
 
 def make_folder(folder, what="--out"):

@@ -546,18 +546,59 @@ def grid_in_use(tmp, tiny, fixtures):
     return grid()(tmp, tiny, fixtures)
 
 
+def result_line(test_acc=0.6):
+    """A finished result line of grid()'s one cell, its test accuracy test_acc."""
+    return {"task": "mr", "size": "6", "seed": 0, "method": "ce", "label": "ce",
+            "rule": "linear", "cell": "mr-6-ce-seed0", "train_params": {}, "select": "sample",
+            "test_split": "test", "n_test": 10, "n_select": 6,
+            "grid": [{"params": {}, "select": {"acc": 0.5}, "test": {"acc": test_acc}}],
+            "seconds": {"train": 1.0, "evaluate": 1.0}}
+
+
 def finished_grid(tail="", *flags):
     """--table on tmp/g, whose results.jsonl holds one finished line and then tail."""
     def argv(tmp, *_):
         (tmp / "g").mkdir()
-        line = {"task": "mr", "size": "6", "seed": 0, "method": "ce", "label": "ce",
-                "rule": "linear", "cell": "mr-6-ce-seed0", "train_params": {}, "select": "sample",
-                "test_split": "test", "n_test": 10, "n_select": 6,
-                "grid": [{"params": {}, "select": {"acc": 0.5}, "test": {"acc": 0.6}}],
-                "seconds": {"train": 1.0, "evaluate": 1.0}}
-        (tmp / "g" / "results.jsonl").write_text(json.dumps(line) + "\n" + tail)
+        (tmp / "g" / "results.jsonl").write_text(json.dumps(result_line()) + "\n" + tail)
         return ["--table", str(tmp / "g"), *flags]
     return argv
+
+
+def scored_cell(test_acc):
+    """grid() on tmp/g, whose one cell was scored, its cell.json then edited to test_acc (as
+    json.dumps writes it: NaN too)."""
+    def argv(tmp, tiny, fixtures):
+        folder = tmp / "g" / "runs" / "mr-6-ce-seed0"
+        folder.mkdir(parents=True)
+        (folder / "cell.json").write_text(json.dumps({"cell": folder.name,
+                                                      "lines": [result_line(test_acc)]}))
+        return grid()(tmp, tiny, fixtures)
+    return argv
+
+
+def unresumable_cell(tmp, tiny, fixtures):
+    """grid() of two seeds, --jobs 2, on tmp/g, whose seed 1 cell (run alone first) was stopped by Ctrl-C in
+    its second epoch, then lost its checkpoint.pt (last.pt kept): train.py --resume refuses it.
+    Seed 0's cell comes first and is not trained yet, so a grid that finds this only when the
+    cell's turn comes has trained seed 0 by then."""
+    real, calls = train.train_step, []
+
+    def step_or_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # 6 examples in batches of 4: the first step of epoch 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    train.train_step = step_or_stop
+    try:
+        runner.main(grid("--seeds", "1", "--epochs", "2")(tmp, tiny, fixtures))
+    except SystemExit:
+        pass
+    finally:
+        train.train_step = real
+    cell = tmp / "g" / "runs" / "mr-6-ce-seed1"
+    assert (cell / "last.pt").exists(), "the premise: the cell stopped after its first epoch"
+    (cell / "checkpoint.pt").unlink()
+    return grid("--seeds", "0-1", "--epochs", "2", "--jobs", "2")(tmp, tiny, fixtures)
 
 
 # --- the runner's grids and tables (minknn/lab/runner.py, report.py) ---
@@ -566,12 +607,35 @@ RUNNER_CASES = [
      "--methods: ce is given twice; give each method once"),
     ("runner method twice in two spellings", "runner", grid(methods="ce+knn[k=4;phi=0.5],ce+knn[phi=.5;k=4]"),
      "--methods: ce+knn[phi=.5;k=4] is given twice (also as ce+knn[k=4;phi=0.5])"),
+    ("runner empty task list", "runner", grid("--tasks", ","),
+     "--tasks ',': names no task; give comma-separated task names"),
+    ("runner empty method list", "runner", grid(methods=","), "--methods ',': names no method"),
+    ("runner search key twice", "runner", grid("--search", "lr=1e-5;lr=3e-5"),
+     "--search lr=1e-5;lr=3e-5: lr is given twice; give its values once, e.g. lr=1e-5,3e-5"),
+    ("runner method grid key twice", "runner", grid(methods="ce[lr=1e-5; lr=3e-5]"),
+     "--methods ce[lr=1e-5; lr=3e-5]: lr is given twice"),
+    ("runner empty search", "runner", grid("--search", ""), "--search '': names no value to search"),
+    ("runner cell.json with an accuracy above 1", "runner", scored_cell(2.5),
+     "g/runs/mr-6-ce-seed0/cell.json: grid[0].test.acc is 2.5, which no acc can be (a number in [0, 1])"),
+    ("runner cell.json with a negative accuracy", "runner", scored_cell(-0.5),
+     "cell.json: grid[0].test.acc is -0.5, which no acc"),
+    ("runner cell.json with a NaN accuracy", "runner", scored_cell(float("nan")),
+     "cell.json: grid[0].test.acc is NaN, which no acc"),
+    ("runner cell.json with a string for a score", "runner", scored_cell("0.6"),
+     'cell.json: grid[0].test.acc is "0.6", which no acc'),
+    ("runner a stopped cell that cannot be resumed", "runner", unresumable_cell,
+     "g/runs/mr-6-ce-seed1: this stopped cell cannot be resumed (checkpoint.pt, the best epoch so far, is "
+     "missing); delete its folder (rm -r "),
     ("runner out in use by another runner", "runner", grid_in_use,
      "/g is in use by another runner (pid "),
     ("runner write a missing file", "runner", lambda tmp, *a: grid("--write", str(tmp / "R.md"))(tmp, *a),
      "R.md: not found; create it with the two markers '<!-- runner g -->' and '<!-- /runner g -->'"),
     ("runner table with a truncated last line", "runner", finished_grid('{"task": "mr", "si'),
      "g/results.jsonl:2: a truncated or damaged line (not a JSON object); run the grid's command again"),
+    ("runner table with an impossible score", "runner",
+     finished_grid(json.dumps(result_line(test_acc=2.5)) + "\n"),
+     "g/results.jsonl:2: grid[0].test.acc is 2.5, which no acc can be (a number in [0, 1]); run the grid's "
+     "command again"),
     ("runner table write a missing file", "runner",
      lambda tmp, *a: finished_grid("", "--write", str(tmp / "R.md"))(tmp, *a), "R.md: not found"),
     ("runner table write a file without the block", "runner",

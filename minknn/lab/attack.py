@@ -47,7 +47,10 @@ every run), each cut to the words that fit the run's --max_len. Every attacked e
 <run>/attack-<split>-<candidates>-<rule>.csv (--out to name it), written as it ends, so a killed
 attack resumes where it stopped, and a rerun with another --attack_n attacks only the drawn
 examples the file lacks (IMDB's draw of 300 holds its draw of 60); the summary (TextAttack's
-figures over the drawn examples, and the seconds this call took) goes beside it, in its .json.
+figures over the drawn examples, and the seconds this call took) goes beside it, in its .json,
+with the settings a rerun must share to resume (the checkpoint by its sha256, so a run folder
+moved or copied keeps its attacks). A figure that is a mean of nothing (the success rate when no
+example was classified correctly) is null there and printed as n/a, with the reason.
 --attack_candidates wordnet takes WordNet's synonyms (Debian's wordnet-base).
 """
 import csv
@@ -70,12 +73,12 @@ from minknn.cli import run
 from minknn.data import Example, labelled
 from minknn.datastore import knn_settings, run_datastore
 from minknn.engine import predict
-from minknn.files import atomic_save, write_json
+from minknn.files import atomic_save, read_json, write_json
 from minknn.inference import RULES, knn_probabilities, rule_probabilities
 from minknn.kinds import kind_of
 from minknn.model import pool
 from minknn.tokenizer import Tokenizer
-from minknn.weights import resolve_model_path
+from minknn.weights import file_sha256, resolve_model_path
 
 # TextFooler's stopwords (github.com/jind11/TextFooler, as TextAttack's recipe lists them)
 STOPWORDS = frozenset("""
@@ -358,15 +361,24 @@ def summary(results):
     n, attacked = len(results), [r for r in results if r["status"] != "skipped"]
     won = [r for r in results if r["status"] == "succeeded"]
 
-    def mean(xs):
-        return sum(xs) / len(xs) if xs else float("nan")
+    def mean(xs, scale=1):  # None: a mean of nothing (not_available says why); JSON's null,
+        return scale * sum(xs) / len(xs) if xs else None  # not NaN
     return {"n": n, "succeeded": ok, "failed": failed, "skipped": skipped,
-            "original_accuracy": 100 * (n - skipped) / n if n else float("nan"),
-            "accuracy_under_attack": 100 * failed / n if n else float("nan"),
-            "attack_success_rate": 100 * mean([r["status"] == "succeeded" for r in attacked]),
-            "perturbed_word_share": 100 * mean([len(r["swaps"]) / r["words"] for r in won]),
+            "original_accuracy": 100 * (n - skipped) / n if n else None,
+            "accuracy_under_attack": 100 * failed / n if n else None,
+            "attack_success_rate": mean([r["status"] == "succeeded" for r in attacked], 100),
+            "perturbed_word_share": mean([len(r["swaps"]) / r["words"] for r in won], 100),
             "words_per_input": mean([r["words"] for r in results]),
             "queries": mean([r["queries"] for r in attacked])}
+
+
+def not_available(summary, field):
+    """Why summary()'s field is None: the examples it would be a mean over are none."""
+    if not summary["n"]:
+        return "no example was drawn"
+    if summary["n"] == summary["skipped"]:
+        return "no example was classified correctly, so there is nothing to attack"
+    return "no attack succeeded"
 
 
 # --- what main() plugs in: the meaning encoder, the candidates, a resumable run ---
@@ -459,7 +471,7 @@ def run_attack(examples, labels, classify, neighbours, encode, settings, path, n
         won = [[pair.split(":", 1)[1].lower().split(">") for pair in d["swaps"].split("; ")]
                for d in done if d["status"] == "succeeded"]
         hit = [any(tuple(pair) in antonyms for pair in swaps) for swaps in won]
-        result["antonym_attacks"] = 100 * sum(hit) / len(hit) if hit else float("nan")
+        result["antonym_attacks"] = 100 * sum(hit) / len(hit) if hit else None
     return result
 
 
@@ -518,7 +530,10 @@ def attack_settings(args, ckpt, task, key, knn):
     path = args.out or os.path.join(os.path.dirname(ckpt["file"]),
                                     f"attack-{args.split}-{args.attack_candidates}-{name}.csv")
     report = os.path.splitext(path)[0] + ".json"
-    asked = {"checkpoint": os.path.abspath(ckpt["file"]), "split": args.split, "rule": rule,
+    # the checkpoint by its bytes' sha256, which survives a move or a copy of the run; its path
+    # is kept for the reader, not compared
+    asked = {"checkpoint": os.path.abspath(ckpt["file"]),
+             "checkpoint_sha256": file_sha256(ckpt["file"]), "split": args.split, "rule": rule,
              "attack_n": args.attack_n, "encoder": args.attack_encoder,
              "candidates": args.attack_candidates,
              "attack": dataclasses.asdict(Settings(queries=args.attack_queries)),
@@ -526,14 +541,38 @@ def attack_settings(args, ckpt, task, key, knn):
                  **({"phi": s.phi} if rule == "knn" else {})} if knn else {}),
              **({"proxy_alpha": args.proxy_alpha} if rule == "proxy" else {})}
     if os.path.exists(path):
-        saved = None
-        if os.path.exists(report):
-            with open(report) as f:
-                saved = json.load(f).get("settings")
-        if saved is None or {**saved, "attack_n": args.attack_n} != asked:
-            raise MinknnError(f"--attack: {path} holds an attack with other settings "
-                              f"({report} says {saved}); give --out another file")
+        check_same_attack(path, report, asked)
     return path, report, asked, name
+
+
+def check_same_attack(path, report, asked):
+    """An existing CSV at the attack's path is resumed only when it is an attack's output (its
+    header), its settings file is beside it, and that holds these settings (asked), --attack_n
+    aside; else one line on which of the three is wrong."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        header = next(csv.reader(f), None)
+    if header != COLUMNS:
+        raise MinknnError(f"--attack: {path} is not an attack's output (its first line is not "
+                          f"the header {','.join(COLUMNS)}); give --out another file")
+    if not os.path.exists(report):
+        raise MinknnError(f"--attack: {path} is an attack's output, but its settings file "
+                          f"{report} is missing, so it cannot be told which run and rule its "
+                          f"rows attacked; put that file back, or give --out another file (or "
+                          f"delete {path} to attack again)")
+    saved = read_json(report)
+    saved = saved.get("settings") if isinstance(saved, dict) else None
+    if not isinstance(saved, dict):
+        raise MinknnError(f"--attack: {report} holds no \"settings\" object (was it edited?); "
+                          f"put the attack's own back, or give --out another file")
+    # an attack saved before the checkpoint's sha256 was: its checkpoint by path, as then
+    same_place = "checkpoint_sha256" not in saved and saved.get("checkpoint") == asked["checkpoint"]
+    ignored = {"checkpoint", "attack_n"} | ({"checkpoint_sha256"} if same_place else set())
+    differ = [f"{k} {json.dumps(saved.get(k))}, not {json.dumps(asked.get(k))}"
+              for k in sorted(set(saved) | set(asked))
+              if k not in ignored and saved.get(k) != asked.get(k)]
+    if differ:
+        raise MinknnError(f"--attack: {path} holds an attack with other settings ({report}: "
+                          f"{'; '.join(differ)}); give --out another file")
 
 
 def main(argv=None):
@@ -582,9 +621,14 @@ def main(argv=None):
     write_json(report, {"settings": asked, "summary": summary, "csv": path})
     print(f"{task.name} {args.split}, attack on {args.attack} ({name}), {summary['n']} examples:")
     for label, field, unit in REPORT:
-        if field in summary:
-            print(f"  {label:<32} {summary[field]:.2f}{unit}" if isinstance(summary[field], float)
-                  else f"  {label:<32} {summary[field]}")
+        if field not in summary:
+            continue
+        value = summary[field]
+        if value is None:  # a mean of nothing: say why, not nan%
+            print(f"  {label:<32} n/a ({not_available(summary, field)})")
+        else:
+            print(f"  {label:<32} {value:.2f}{unit}" if isinstance(value, float)
+                  else f"  {label:<32} {value}")
     print(f"every example in {path}; the summary in {report}")
     return summary
 

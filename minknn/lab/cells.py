@@ -28,6 +28,7 @@ from minknn.inference import KnnSweep, probe_probabilities, rule_probabilities, 
 from minknn.kinds import kind_of
 from minknn.knn import SWEEP_KS, SWEEP_PHIS, settings
 from minknn.lab import setfit_package
+from minknn.lab.report import impossible_score
 from minknn.lab.grid import size_flags
 from minknn.model import Model
 from minknn.runs import run_status
@@ -134,8 +135,8 @@ def run_cell(cell, methods, ctx):
         if os.path.exists(done):  # damaged: score the model again, or train it if it is gone
             gone = status == "done" and not os.path.exists(os.path.join(folder, "checkpoint.pt"))
             status = "new" if gone else status
-            print(f"warning: {cell.name}: its cell.json is damaged; "
-                  f"{'training' if gone else 'scoring'} the cell again", file=sys.stderr)
+            print(f"warning: {done}: damaged (cut short, emptied, or not a cell's result "
+                  f"lines); {'training' if gone else 'scoring'} the cell again", file=sys.stderr)
         if status == "done" and damaged_metrics(folder):  # the learning curve is lost with it
             print(f"warning: {cell.name}: its metrics.jsonl is damaged; training the cell again",
                   file=sys.stderr)
@@ -188,17 +189,39 @@ def damaged_metrics(folder):
 
 def saved_lines(folder):
     """A scored cell's result lines by method, from its cell.json; None when it has none, or a
-    damaged one (cut short by a full disk, a copy): the cell is then done again."""
+    damaged one (cut short by a full disk, a copy, emptied, not a cell's): the cell is then done
+    again. A whole file with a figure no score can be (an accuracy of 2.5, NaN: an edit by hand)
+    is refused in one line naming the file and the figure, before any cell trains."""
     path = os.path.join(folder, "cell.json")
     if not os.path.exists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return {line["method"]: line for line in json.load(f)["lines"]}
+            lines = json.load(f)["lines"]
     except (ValueError, KeyError, TypeError):  # not JSON, not UTF-8, or not a cell's
         return None
     except OSError as e:
         raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
+    if not isinstance(lines, list) or not lines or not all(map(whole_line, lines)):
+        return None
+    for line in lines:
+        wrong = impossible_score(line)
+        if wrong:
+            raise MinknnError(f"{path}: {wrong}; put the figure back, or delete the file and "
+                              f"the same command scores the cell again (or trains it, if its "
+                              f"checkpoint is gone)")
+    return {line["method"]: line for line in lines}
+
+
+def whole_line(line):
+    """Whether a cell.json line is a method's whole result: its name, and its scores (a grid of
+    test scores) or the divergence that left it none."""
+    if not isinstance(line, dict) or not isinstance(line.get("method"), str):
+        return False
+    grid = line.get("grid")
+    return "diverged" in line or isinstance(grid, list) and bool(grid) and all(
+        isinstance(entry, dict) and isinstance(entry.get("test"), dict) and entry["test"]
+        for entry in grid)
 
 
 def training_status(folder):

@@ -67,12 +67,16 @@ def split_top(text, sep):
 
 def parse_grid(text, where, flag="--methods"):
     """'lam=0.1,0.5;k=16' -> {'lam': [0.1, 0.5], 'k': [16]} (numbers where they parse)."""
-    grid = {}
+    grid, written = {}, {}
     for item in filter(None, text.split(";")):
         name, _, values = item.partition("=")
+        name = name.strip()
         if not name or not values:
             raise MinknnError(f"{flag} {where}: '{item}' is not name=value,value")
-        grid[name.strip()] = [number(v.strip()) for v in values.split(",")]
+        if name in grid:  # else the last would win, silently
+            raise MinknnError(f"{flag} {where}: {name} is given twice; give its values once, "
+                              f"e.g. {name}={written[name]},{values.strip()}")
+        grid[name], written[name] = [number(v.strip()) for v in values.split(",")], values.strip()
     return grid
 
 

@@ -15,6 +15,7 @@ differ: a --search value that does not apply to a method's loss), the values cho
 selection and the test split.
 """
 import collections
+import json
 import os
 import re
 
@@ -26,6 +27,7 @@ from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign
 from minknn.metrics import METRICS
 
 LOWER_IS_BETTER = {"hamming"}
+SCORE_RANGES = {"mcc": (-1, 1), "pearson": (-1, 1)}  # correlations; every other score is a share
 TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}
 
 
@@ -34,8 +36,34 @@ def read_results(folder):
     if not os.path.exists(path):
         raise MinknnError(f"{path}: not found; run the grid first (python -m minknn.lab.runner "
                           f"...)")
-    return read_jsonl(path, fix="run the grid's command again: it rewrites results.jsonl from "
-                                "the cells' own runs/*/cell.json, retraining none")
+    fix = ("run the grid's command again: it rewrites results.jsonl from the cells' own "
+           "runs/*/cell.json, retraining none")
+    lines = read_jsonl(path, fix=fix)
+    for n, line in enumerate(lines, 1):
+        wrong = impossible_score(line)
+        if wrong:
+            raise MinknnError(f"{path}:{n}: {wrong}; {fix}")
+    return lines
+
+
+def impossible_score(line):
+    """Where a result line holds a figure no score can be (an accuracy of 2.5 or -1, NaN, a
+    string: an edit by hand, a damaged file), said in words: 'grid[0].test.acc is 2.5, ...'; else
+    None. Scores are shares in [0, 1], or correlations in [-1, 1] (SCORE_RANGES)."""
+    places = [(f"{part}[{i}].{split}", entry.get(split))
+              for part, split in (("grid", "select"), ("grid", "test"), ("sweep", "select"),
+                                  ("sweep", "test"), ("curve", "dev"))
+              for i, entry in enumerate(line.get(part) or []) if isinstance(entry, dict)]
+    for where, scores in places:
+        for metric, value in (scores.items() if isinstance(scores, dict) else []):
+            if metric not in METRICS:
+                continue
+            low, high = SCORE_RANGES.get(metric, (0, 1))
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not low <= value <= high:  # NaN fails both comparisons
+                return (f"{where}.{metric} is {json.dumps(value)}, which no {metric} can be (a "
+                        f"number in [{low}, {high}])")
+    return None
 
 
 def candidate(line, entry):

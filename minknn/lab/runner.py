@@ -41,7 +41,8 @@ Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/c
 once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
 again skips the finished cells and resumes a killed one (train.py --resume): a grid killed at
 any point loses at most the epoch in progress. A damaged cell.json (a full disk, a copy cut
-short) is that cell's alone: it is scored again, or trained again if its checkpoint is gone.
+short, emptied) is that cell's alone: it is scored again, or trained again if its checkpoint is
+gone; one holding a figure no score can be (an accuracy of 2.5, NaN) is refused in one line.
 Writes <out>/results.jsonl (one line per cell and method: every figure on both splits for each
 value of its grid, the learning curve, the kNN sweep, times; rewritten whole from the cells'
 cell.json after each cell), <out>/table.md and <out>/plots/*.png.
@@ -73,11 +74,11 @@ from minknn.engine import pick_device
 from minknn.files import read_json, write_json, write_jsonl
 from minknn.lab import report, setfit_package
 from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_cell, saved_lines,
-                              selection_size, train_argv)
+                              selection_size, train_argv, training_status)
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
 from minknn.losses import PROXY_LOSSES
-from minknn.runs import lock_folder, make_folder
+from minknn.runs import lock_folder, make_folder, missing_checkpoint
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
@@ -168,6 +169,12 @@ def get_args(argv=None):
         p.error(f"{', '.join(owned)}: the runner sets {'it' if len(owned) == 1 else 'them'} "
                 f"for each cell (--tasks, --methods, --sizes, --seeds, --out, --max_eval)")
     args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not args.task_list:  # `--tasks ,` would make a grid of no cells, and claim it done
+        raise MinknnError(f"--tasks '{args.tasks}': names no task; give comma-separated task "
+                          f"names, e.g. --tasks mr,cr")
+    if not args.methods.replace(",", "").strip():
+        raise MinknnError(f"--methods '{args.methods}': names no method; give comma-separated "
+                          f"methods, e.g. --methods ce,supcon")
     args.method_list = [parse_method(m) for m in split_top(args.methods, ",")]
     for i, m in enumerate(args.method_list):  # the same method twice would be two table rows
         twin = next((o for o in args.method_list[:i] if (o.loss, o.train_grid, o.rule, o.rule_grid)
@@ -178,6 +185,9 @@ def get_args(argv=None):
     args.size_list = parse_sizes(args.sizes)
     args.seed_list = parse_seeds(args.seeds)
     args.search_grid = parse_grid(args.search or "", args.search, flag="--search")
+    if args.search is not None and not args.search_grid:  # --search '' searches nothing
+        raise MinknnError(f"--search '{args.search}': names no value to search; give "
+                          f"flag=value,value;..., e.g. --search 'lr=1e-5,3e-5', or leave it out")
     owned = [name for name in args.search_grid if name in RUNNER_OWNS]
     if owned:
         raise MinknnError(f"--search {args.search}: {', '.join(owned)} is the runner's to set for "
@@ -363,6 +373,23 @@ def check_same_grid(args, shared, train_flags):
                           f"same flags to go on with it, or another --out")
 
 
+def check_resumable(cells, ctx):
+    """Every cell a killed grid left half-trained must be one train.py --resume takes (its
+    run.json, and the checkpoint.pt beside its last.pt): found now, not when its turn comes after
+    hours of other cells (or in a pool process, under --jobs). One line on how to go on in a
+    grid: delete the cell's folder, and the same command trains it from its first epoch."""
+    for cell in cells:
+        folder = os.path.join(ctx.out, "runs", cell.name)
+        if saved_lines(folder) is not None or training_status(folder) != "resume":
+            continue
+        save = "last" if ctx.select == "none" else "best"  # cells.train_argv's --save
+        why = train_refusal(["--resume", folder]) or missing_checkpoint(folder, save)
+        if why:
+            raise MinknnError(f"{folder}: this stopped cell cannot be resumed ({why}); delete "
+                              f"its folder (rm -r {folder}) and run the same command again: it "
+                              f"trains the cell from its first epoch")
+
+
 def lock_grid(out):
     """Creates `out` if needed and locks <out>/grid.lock (flock, as train.py locks a run
     folder's run.lock): held while the returned file stays open, and released by the OS when the
@@ -381,6 +408,7 @@ def main(argv=None):
     ctx, shared = check_grid(args, train_flags, cells)
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
         check_same_grid(args, shared, train_flags)
+        check_resumable(cells, ctx)
         failed = run_cells(args, cells, ctx)
         finished = os.path.exists(os.path.join(args.out, "results.jsonl"))  # not if all failed
         text = table_and_plots(args.out, args) if finished else ""

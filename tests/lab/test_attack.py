@@ -426,3 +426,89 @@ def test_the_summary_counts_successful_attacks_that_swapped_in_an_antonym(tmp_pa
     s = run_attack(examples[1:2], [1], keyed, table(words), same_meaning, Settings(max_share=1),
                    str(tmp_path / "b.csv"), ["neg", "pos"], antonyms={("good", "bad")})
     assert s["antonym_attacks"] == 0.0, s
+
+
+def strict_json(path):
+    """The file's JSON, refusing NaN and Infinity (not JSON, though Python's json writes them)."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not valid JSON")
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def test_an_attack_with_every_example_misclassified_says_na_and_writes_null(
+        knn_run, data_dir, tiny_bert_dir, tmp_path, monkeypatch, capsys):
+    """Every drawn example misclassified (the classifier asked always answers a class not the gold
+    one): nothing is attacked, so the success rate, the perturbed share and the queries are means
+    of nothing: printed as n/a with the reason, null in the .json (valid JSON), not NaN."""
+    from minknn.lab import attack as module
+    real = module.attack
+
+    def always_wrong(text, label, classify, *rest):
+        def wrong(texts):  # all the mass on the class after the gold one
+            return torch.nn.functional.one_hot(torch.full((len(texts),), (label + 1) % 2), 2).float()
+        return real(text, label, wrong, *rest)
+    monkeypatch.setattr(module, "attack", always_wrong)
+    out = tmp_path / "a.csv"
+    capsys.readouterr()
+    s = attack_main(attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "3",
+                                 "--out", str(out)))
+    assert (s["n"], s["skipped"]) == (3, 3), s
+    report = strict_json(tmp_path / "a.json")["summary"]
+    for field in ("attack_success_rate", "perturbed_word_share", "queries"):
+        assert report[field] is None, f"attack.summary: {field} of no attacked example is {report[field]}, not null"
+    assert report["original_accuracy"] == 0.0
+    printed = capsys.readouterr().out
+    assert "nan" not in printed, printed
+    assert "attack success rate              n/a (no example was classified correctly, so there is nothing " \
+           "to attack)" in printed, printed
+
+
+def test_summary_of_no_success_or_no_example_is_none_with_its_reason():
+    from minknn.lab.attack import not_available
+    s = summary([{"status": "failed", "swaps": {}, "words": 5, "queries": 40}])
+    assert s["perturbed_word_share"] is None and s["attack_success_rate"] == 0.0
+    assert not_available(s, "perturbed_word_share") == "no attack succeeded"
+    s = summary([])
+    assert s["original_accuracy"] is None and not_available(s, "original_accuracy") == "no example was drawn"
+
+
+def test_an_attack_csv_without_its_settings_or_not_an_attacks_is_its_own_line(knn_run, data_dir, tiny_bert_dir,
+                                                                              tmp_path):
+    out = tmp_path / "a.csv"
+    flags = attack_flags(knn_run, data_dir, tiny_bert_dir, "--attack", "model", "--attack_n", "2", "--out", str(out))
+    attack_main(flags)
+    (tmp_path / "a.json").unlink()
+    with pytest.raises(MinknnError, match=rf"a.csv is an attack's output, but its settings file {tmp_path}/a.json "
+                                          r"is missing, so .*; put that file back, or give --out another file"):
+        attack_main(flags)
+    out.write_text("text,label\nfine,1\n")  # some other CSV, given as --out by mistake
+    with pytest.raises(MinknnError, match=r"a.csv is not an attack's output \(its first line is not the header "
+                                          r"id,status,"):
+        attack_main(flags)
+    assert out.read_text() == "text,label\nfine,1\n", "a CSV not the attack's must be left as it was"
+
+
+def test_an_attack_resumes_in_a_run_folder_moved_or_copied(knn_run, data_dir, tiny_bert_dir, tmp_path):
+    """The attack's settings name the checkpoint by its sha256: moved, the run's attack (its default
+    CSV beside the checkpoint) goes on, keeping its rows; another checkpoint is still refused."""
+    import shutil
+    first, moved = tmp_path / "run", tmp_path / "moved"
+    shutil.copytree(knn_run, first)
+    attack = ["--attack", "model", "--attack_n", "2"]
+    attack_main(attack_flags(str(first), data_dir, tiny_bert_dir, *attack))
+    (csv_path,) = first.glob("attack-*.csv")
+    rows = read_done(str(csv_path))
+    rows[0]["words"] = "999"  # a mark no attack of these short sentences would write
+    write_rows(str(csv_path), [[r[c] for c in COLUMNS] for r in rows], mode="w")
+    first.rename(moved)
+    s = attack_main(attack_flags(str(moved), data_dir, tiny_bert_dir, *attack))
+    assert s["n"] == 2 and read_done(str(moved / csv_path.name))[0]["words"] == "999", \
+        "the moved run's attack was attacked again, not resumed"
+    other = tmp_path / "other"
+    train.main(["--task", "sst", "--loss", "knnbert", "--model", tiny_bert_dir, "--data_dir", DATA,
+                "--out", str(other), "--epochs", "1", "--batch_size", "8", "--max_len", "32",
+                "--device", "cpu", "--queue_size", "16", "--seed", "1"])
+    with pytest.raises(MinknnError, match=r"holds an attack with other settings \(.*: checkpoint_sha256 \""):
+        attack_main(attack_flags(str(other), data_dir, tiny_bert_dir, *attack, "--out",
+                                 str(moved / csv_path.name)))

@@ -514,8 +514,8 @@ def test_damaged_results_and_cell_files_are_mended_by_a_rerun(tiny_bert_dir, tmp
                                                               monkeypatch, capsys):
     """A results.jsonl cut short (a kill in an older writer, a copy, a full disk): --table names
     its line; the rerun rewrites it from the cells' cell.json, training nothing. A damaged
-    cell.json: that cell is scored again from its kept checkpoint, or trained again without one;
-    the other cell is left alone."""
+    cell.json (cut short, or emptied of its lines): that cell is scored again from its kept
+    checkpoint, or trained again without one; the other cell is left alone."""
     out = tmp_path / "g"
     run_grid(tiny_bert_dir, out, "--keep", tasks="mr", methods="ce")
     results, table = (out / "results.jsonl").read_text(), (out / "table.md").read_text()
@@ -533,9 +533,9 @@ def test_damaged_results_and_cell_files_are_mended_by_a_rerun(tiny_bert_dir, tmp
         "runner: a damaged results.jsonl must leave the cells' own files alone"
 
     rescored, retrained = sorted(os.listdir(out / "runs"))  # seed 0's cell, seed 1's
-    for name in (rescored, retrained):
-        path = out / "runs" / name / "cell.json"
-        path.write_text(path.read_text()[:40])
+    cut, emptied = (out / "runs" / name / "cell.json" for name in (rescored, retrained))
+    emptied.write_text(json.dumps({"cell": rescored, "lines": []}))  # whole JSON, no scores
+    cut.write_text(cut.read_text()[:40])
     (out / "runs" / retrained / "checkpoint.pt").unlink()
     capsys.readouterr()
     monkeypatch.undo()
@@ -545,8 +545,9 @@ def test_damaged_results_and_cell_files_are_mended_by_a_rerun(tiny_bert_dir, tmp
     assert [argv[argv.index("--out") + 1] for argv in calls] == [str(out / "runs" / retrained)], \
         f"runner: only the cell whose cell.json and checkpoint are both gone trains again: {calls}"
     err = capsys.readouterr().err
-    assert f"warning: {rescored}: its cell.json is damaged; scoring the cell again" in err and \
-        f"{retrained}: its cell.json is damaged; training the cell again" in err, err
+    assert f"warning: {cut}: damaged (cut short, emptied, or not a cell's result lines); scoring the " \
+        f"cell again" in err and f"warning: {emptied}: damaged (cut short, emptied, or not a cell's result " \
+        f"lines); training the cell again" in err, err
     strip = [{k: v for k, v in ln.items() if k != "seconds"} for ln in lines_of(out)]
     want = [{k: v for k, v in json.loads(ln).items() if k != "seconds"}
             for ln in results.splitlines()]
