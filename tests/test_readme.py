@@ -361,3 +361,20 @@ def test_every_path_and_link_names_a_file_that_exists(page):
         if not found and not (edition and name in minknn.assignment.NOT_COPIED):
             faults.append(f"{page}:{line}: `{name}` names no file of the repository")
     assert not faults, "\n".join(faults)
+
+
+GONE = {  # a command a page once gave that no longer exists: what to write instead
+    "huggingface-cli": "huggingface_hub 1.0 replaced it with `hf` (`hf download REPO --local-dir DIR`)",
+}
+
+
+def test_no_page_or_message_names_a_command_that_is_gone():
+    """The pages (and the messages of the code) give only commands that exist: `huggingface-cli`
+    is gone from huggingface_hub 1.0 on, whose CLI is `hf`."""
+    files = DOCUMENTS + sorted(os.path.relpath(p, ROOT) for p in
+                               glob.glob(os.path.join(ROOT, "minknn", "**", "*.py"), recursive=True)
+                               + [os.path.join(ROOT, "train.py"), os.path.join(ROOT, "evaluate.py")])
+    faults = [f"{f}:{n}: `{gone}`: {instead}" for f in files
+              for n, line in enumerate(open(os.path.join(ROOT, f), encoding="utf-8"), 1)
+              for gone, instead in GONE.items() if gone in line]
+    assert not faults, "\n".join(faults)
