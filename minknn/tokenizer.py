@@ -4,8 +4,10 @@
     "A great film!"           -> [CLS] a great film ! [SEP]                token types 0 ... 0
     ("Is it?", "Yes it is.")  -> [CLS] is it ? [SEP] yes it is . [SEP]   token types 0 ... 0 1 ... 1
 
-Before splitting, BERT normalises the text as the folder's tokenizer_config.json says (Hugging Face
-BertTokenizer's options and defaults; its fast tokenizer lets them override tokenizer.json too):
+BERT's and DistilBERT's vocabulary is the folder's vocab.txt, else tokenizer.json's WordPiece
+model (what transformers 5 saves): the same tokens in the same order. Before splitting, BERT
+normalises the text as the folder's tokenizer_config.json says (Hugging Face BertTokenizer's
+options and defaults; they override tokenizer.json's normaliser there too, so it is not read):
     do_lower_case           lower-case                                    (default true)
     strip_accents           "café" -> "cafe"; null: strip when lower-casing  (default null)
     tokenize_chinese_chars  a space around each CJK character, so each is a word  (default true)
@@ -59,20 +61,24 @@ class Tokenizer:
     @classmethod
     def from_folder(cls, path, max_len=128):
         """The tokenizer of a model folder, as its config.json's model_type says: RoBERTa's BPE
-        (RobertaTokenizer), else WordPiece from vocab.txt and tokenizer_config.json. Checked
+        (RobertaTokenizer), else WordPiece from vocab.txt (else tokenizer.json's vocabulary, the
+        same tokens) and tokenizer_config.json. Checked
         against config.json: every token needs a row of the embedding, and max_len a position."""
         config = read_config(path)
         if config.model_type == "roberta":
             return RobertaTokenizer.read(path, config, max_len)
-        vocab_path = os.path.join(path, "vocab.txt")
-        if not os.path.exists(vocab_path):
-            raise MinknnError(f"{vocab_path}: not found (a {config.model_type} folder needs "
-                              f"vocab.txt)")
-        try:
-            with open(vocab_path, encoding="utf-8") as f:
-                vocab = [line.rstrip("\n") for line in f]
-        except UnicodeDecodeError as e:
-            raise MinknnError(f"{vocab_path}: not UTF-8 text ({e})") from None
+        vocab_path, json_path = (os.path.join(path, f) for f in ("vocab.txt", "tokenizer.json"))
+        if os.path.exists(vocab_path):
+            try:
+                with open(vocab_path, encoding="utf-8") as f:
+                    vocab = [line.rstrip("\n") for line in f]
+            except UnicodeDecodeError as e:
+                raise MinknnError(f"{vocab_path}: not UTF-8 text ({e})") from None
+        elif os.path.exists(json_path):  # what transformers 5 saves, without vocab.txt
+            vocab, vocab_path = read_wordpiece(json_path), json_path
+        else:
+            raise MinknnError(f"{path}: has neither vocab.txt nor tokenizer.json (a "
+                              f"{config.model_type} folder needs its WordPiece vocabulary)")
         check_fits_config(vocab_path, len(vocab), config, max_len)
         return cls(vocab, max_len=max_len, source=vocab_path, **read_options(path))
 
@@ -161,6 +167,27 @@ class RobertaTokenizer(Tokenizer):
                               f"or false")
         return cls(sorted(vocab, key=vocab.get), merges, max_len, add_prefix_space=prefix,
                    source=source)
+
+
+def read_wordpiece(path):
+    """The WordPiece tokens of a tokenizer.json, in id order: the vocab.txt it was made from. Its
+    normaliser is not read: transformers' BertTokenizer (4 and 5 alike) sets it from
+    tokenizer_config.json, defaults where absent, as read_options() does."""
+    model = read_json(path)
+    model = model.get("model") if isinstance(model, dict) else None
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind != "WordPiece":
+        raise MinknnError(f"{path}: not a WordPiece tokenizer (model type {json.dumps(kind)}); "
+                          f"BERT's and DistilBERT's are WordPiece")
+    prefix = model.get("continuing_subword_prefix", "##")
+    if prefix != "##":
+        raise MinknnError(f"{path}: continuing_subword_prefix is {json.dumps(prefix)}; BERT's "
+                          f"WordPiece writes \"##\"")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
+        raise MinknnError(f"{path}: the vocabulary is not a map of tokens to the ids 0, 1, 2, ... "
+                          f"(one each)")
+    return sorted(vocab, key=vocab.get)
 
 
 def read_merges(path):

@@ -21,7 +21,7 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
                           or multi-label head as the logistic regression on the loaded encoder
     losses                each task's loss (minknn/losses/), with a loss's parameters (proxies)
     moco, fill_seconds    a memory loss's queue or bank and key encoder (minknn/memory.py), filled
-                          from the training examples before the first step
+                          from the training examples before the first step (fill_memory)
     params, optimizer, scheduler   what trains (the model's and the losses' parameters), and
                           train.py's make_optimizer for them: AdamW, warm-up then linear decay
     steps, rng, streams   steps per epoch (a pass over the largest task, --steps_per_epoch, or
@@ -36,8 +36,8 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
                           averages the gradients over the ranks (None in one process)
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
-(a probe fit draws nothing), the losses' parameters, the memory fill, then the streams (their
-own random.Random). Another order trains another run from the same seed, and a resumed run would
+(a probe fit draws nothing), the losses' parameters, the memory (its key encoder a copy; the
+fill, in begin(), draws nothing), then the streams (their own random.Random). Another order trains another run from the same seed, and a resumed run would
 not be the run it continues.
 
 Under torchrun (minknn/distributed.py) every rank builds the same Trainer from the same seed and
@@ -48,6 +48,7 @@ import dataclasses
 import math
 import os
 import random
+import time
 
 import torch
 import torch.nn as nn
@@ -64,7 +65,7 @@ from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pi
 from minknn.files import signals_held, write_json, write_jsonl
 from minknn.kinds import describe_run, kind_of
 from minknn.losses import build_losses
-from minknn.memory import MoCo, filled_memory
+from minknn.memory import MoCo, new_memory
 from minknn.model import Model, Output
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
@@ -122,8 +123,8 @@ def build(args, make_optimizer, examples=None, device=None):
     if args.head_init == "probe" and not last:  # resumed: last.pt holds the heads
         fit_probes(args, model, tokenizer, tasks, train, device)
     losses = build_losses(model, vars(args)).to(device)
-    moco, fill_seconds = make_memory(args, model, tokenizer, tasks[0], train[tasks[0].name],
-                                     losses[tasks[0].name], last, device)
+    moco, fill_seconds = make_memory(args, model, tasks[0], train[tasks[0].name],
+                                     losses[tasks[0].name], last)
     rng = random.Random(args.seed)
     streams = {t.name: batch_stream(args, train[t.name], losses[t.name], rng) for t in tasks}
     model_params = [p for p in model.parameters() if p.requires_grad]
@@ -200,19 +201,31 @@ def schedule_ended(last):
     return all(group["lr"] == 0 for group in last["optimizer"]["param_groups"])
 
 
-def make_memory(args, model, tokenizer, task, train, loss, last, device):
+def make_memory(args, model, task, train, loss, last):
     """(MoCo, the seconds its fill took) of a loss that uses a memory (a run of one task,
-    minknn/options.py), filled from the training examples; with last.pt its memory comes from
-    there (restore()). (None, None) for the other losses."""
+    minknn/options.py): with last.pt its memory comes from there (restore()); a new run's is
+    empty until fill_memory(), and its seconds None. (None, None) for the other losses."""
     if not getattr(loss, "uses_memory", False):
         return None, None
     if last:
         return (MoCo(model, task, args.memory, len(last["memory"]["keys"]), args.momentum),
                 last["memory_fill_seconds"])
-    moco, seconds = filled_memory(model, tokenizer, task, train, args.memory, args.queue_size,
-                                  args.momentum, 2 * args.batch_size, device, args.precision)
+    moco = new_memory(model, task, train, args.memory, args.queue_size, args.momentum)
     args.queue_size = len(moco.memory.keys)
-    return moco, seconds
+    return moco, None
+
+
+def fill_memory(trainer):
+    """A new run's memory filled from its training examples, once, before the first step
+    (MoCo.fill: the key encoder's keys, in batches of twice --batch_size), and
+    trainer.fill_seconds the time it took. begin() calls it after the lines that say what the run
+    is, so that the fill's progress bar comes after them."""
+    args, task = trainer.args, trainer.tasks[0]
+    train, start = trainer.train[task.name], time.time()
+    labels = torch.tensor([e.label for e in train], device=trainer.device)
+    trainer.moco.fill(trainer.model, trainer.tokenizer, train, labels, 2 * args.batch_size,
+                      trainer.device, args.precision)
+    trainer.fill_seconds = time.time() - start
 
 
 def make_pcgrad(model):
@@ -340,8 +353,9 @@ def save(trainer, epoch, best, records):
 
 def begin(trainer, last, records):
     """A run's start, once all that can fail before its first step has passed: a new run's
-    run.json (rank 0), a resumed run's data checked against it, each rank's dropout masks, and
-    the lines that say what the run is. records: the epochs done (last.pt's)."""
+    run.json (rank 0), a resumed run's data checked against it, each rank's dropout masks, the
+    lines that say what the run is, then a new run's memory filled (its progress bar after
+    them). records: the epochs done (last.pt's)."""
     args, tasks, train, dev = trainer.args, trainer.tasks, trainer.train, trainer.dev
     if args.resume:
         check_same_data(args.out, trainer.data)
@@ -362,7 +376,8 @@ def begin(trainer, last, records):
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}"
           f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}; "
           f"{trainer.steps} steps/epoch; {where(trainer)}; run folder {args.out}")
-    if trainer.moco and not last:
+    if trainer.moco and not last:  # the fill's progress bar after the line above
+        fill_memory(trainer)
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "
               f"{trainer.fill_seconds:.0f} s")
     if last:  # stopped after its last epoch was saved: nothing to train, only the end to do

@@ -84,6 +84,8 @@ def test_the_edition_stubs_every_block_and_keeps_the_rest(edition):
             assert not os.path.exists(theirs), f"{f} quotes the solution; it must not be copied"
             continue
         ours = read_lines(os.path.join(ROOT, f)) if f.endswith((".py", ".md")) else None
+        if f == "README.md":  # the student's (test_the_editions_readme_and_handout_are_the_students)
+            continue
         if f not in assignment.PART_FILES:
             assert open(theirs, "rb").read() == open(os.path.join(ROOT, f), "rb").read(), \
                 f"{f} has no part; the edition must copy it unchanged"
@@ -117,6 +119,29 @@ def test_the_edition_stubs_every_block_and_keeps_the_rest(edition):
         assert part.test in handout, part.name
     bert = "".join(read_lines(os.path.join(edition, "minknn/bert.py")))
     assert 'ATTENTION = "explicit"' in bert, "the student edition must train with attention()"
+
+
+def test_the_editions_readme_and_handout_are_the_students(edition):
+    """The edition's README opens with HANDOUT.md and holds none of the instructor's lines (how an
+    edition is made and solved); the handout's set-up is the README's, word for word: a virtual
+    environment and PyTorch's CPU build, not PyPI's CUDA one."""
+    readme = open(os.path.join(edition, "README.md"), encoding="utf-8").read()
+    handout = open(os.path.join(edition, "HANDOUT.md"), encoding="utf-8").read()
+    opening = readme.split("\n\n")[:2]
+    assert opening[0] == "# minknn: the student edition" and "[HANDOUT.md](HANDOUT.md)" in opening[1], \
+        f"the edition's README must open with the assignment, HANDOUT.md: {opening}"
+    for instructor in ("--solve", "minknn.assignment", "minknn/assignment.py", "docs/assignment.md",
+                       "its own solution"):
+        assert instructor not in readme, f"the edition's README says `{instructor}`, the instructor's"
+    ours = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    set_up = assignment.set_up()
+    assert set_up.startswith("## Set up\n") and set_up in ours and set_up in readme and set_up in handout, \
+        "the handout's and the edition README's set-up must be this README's '## Set up' section"
+    for line in ("python -m venv .venv", "--index-url https://download.pytorch.org/whl/cpu"):
+        assert line in set_up, f"the set-up has no `{line}`"
+    # the rest of the README, less the instructor's lines, is this one's
+    kept = [line for line in ours.splitlines()[1:] if not any(s in line for s in assignment.INSTRUCTOR_LINES)]
+    assert readme.splitlines()[-len(kept):] == kept
 
 
 def block_lines(file):

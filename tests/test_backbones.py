@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+from tokenizers import BertWordPieceTokenizer
 from tokenizers import Tokenizer as BpeEngine
 from tokenizers import models
 
@@ -168,6 +169,20 @@ def test_roberta_tokenizer_json_gives_transformers_ids(merges_as, tiny_roberta_d
         got = Tokenizer.from_folder(str(folder), max_len=g["max_len"])(g["texts"], g["texts_b"])
         assert_same_ids(got, g, f"roberta from tokenizer.json (merges as {merges_as}), batch "
                                 f"'{batch}'")
+
+
+def test_distilbert_tokenizer_json_without_vocab_txt_gives_transformers_ids(tiny_distilbert_dir, tmp_path):
+    """A DistilBERT folder as transformers 5 saves it (tokenizer.json, no vocab.txt) gives the ids
+    transformers gave from vocab.txt, and its encoder loads."""
+    folder = tmp_path / "distilbert"
+    shutil.copytree(tiny_distilbert_dir, folder, ignore=shutil.ignore_patterns("vocab.txt"))
+    vocab = open(os.path.join(tiny_distilbert_dir, "vocab.txt"), encoding="utf-8").read().splitlines()
+    BertWordPieceTokenizer({w: i for i, w in enumerate(vocab)}).save(str(folder / "tokenizer.json"))
+    for batch in BATCHES:
+        g = GOLDEN["distilbert"][batch]
+        got = Tokenizer.from_folder(str(folder), max_len=g["max_len"])(g["texts"], g["texts_b"])
+        assert_same_ids(got, g, f"distilbert from tokenizer.json, batch '{batch}'")
+    assert backbones.from_pretrained(str(folder)).config.model_type == "distilbert"
 
 
 # Configs, weights and names

@@ -361,3 +361,41 @@ def test_every_path_and_link_names_a_file_that_exists(page):
         if not found and not (edition and name in minknn.assignment.NOT_COPIED):
             faults.append(f"{page}:{line}: `{name}` names no file of the repository")
     assert not faults, "\n".join(faults)
+
+
+GONE = {  # a command a page once gave that no longer exists: what to write instead
+    "huggingface-cli": "huggingface_hub 1.0 replaced it with `hf` (`hf download REPO --local-dir DIR`)",
+}
+
+
+def test_no_page_or_message_names_a_command_that_is_gone():
+    """The pages (and the messages of the code) give only commands that exist: `huggingface-cli`
+    is gone from huggingface_hub 1.0 on, whose CLI is `hf`."""
+    files = DOCUMENTS + sorted(os.path.relpath(p, ROOT) for p in
+                               glob.glob(os.path.join(ROOT, "minknn", "**", "*.py"), recursive=True)
+                               + [os.path.join(ROOT, "train.py"), os.path.join(ROOT, "evaluate.py")])
+    faults = [f"{f}:{n}: `{gone}`: {instead}" for f in files
+              for n, line in enumerate(open(os.path.join(ROOT, f), encoding="utf-8"), 1)
+              for gone, instead in GONE.items() if gone in line]
+    assert not faults, "\n".join(faults)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_resume_line_says_it_is_for_a_stopped_run(page):
+    """A `--resume` line fails on a run that finished (by design): its block is not introduced as
+    lines that run in order, and its comment says the line is for a stopped run (the test above
+    stops the run it resumes, as that comment says)."""
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    faults = []
+    for block in re.finditer(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        before = text[:block.start()].rstrip().rsplit("\n\n", 1)[-1]  # the paragraph above it
+        for i, line in enumerate(block.group(1).splitlines()):
+            if "--resume" not in line.split("#")[0]:
+                continue
+            number = text.count("\n", 0, block.start(1)) + 1 + i
+            if "stopped" not in line.partition("#")[2]:
+                faults.append(f"{page}:{number}: a --resume line whose comment does not say it is for a stopped run")
+            if re.search(r"in (this|that|the given) order", before):
+                faults.append(f"{page}:{number}: a --resume line in a block said to run in order; on the "
+                              f"run the block finished it fails")
+    assert not faults, "\n".join(faults)

@@ -123,6 +123,49 @@ def test_accents_and_chinese_characters_by_hand(tmp_path):
         assert got == ["[CLS]", *words, "[SEP]"], f"{options}: {got}"
 
 
+def saved_by_transformers_5(vocab_folder):
+    """The folder as transformers 5's save_pretrained writes it: tokenizer.json (here the `tokenizers`
+    library's WordPiece of the same vocabulary, its normaliser lower-casing, as BertWordPieceTokenizer
+    writes it) and no vocab.txt; tokenizer_config.json and config.json kept."""
+    path = os.path.join(vocab_folder, "vocab.txt")
+    vocab = open(path, encoding="utf-8").read().splitlines()
+    tokenizers.BertWordPieceTokenizer({w: i for i, w in enumerate(vocab)}).save(
+        os.path.join(vocab_folder, "tokenizer.json"))
+    os.remove(path)
+    return vocab_folder
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: json.dumps(o))
+def test_a_folder_with_tokenizer_json_and_no_vocab_txt_tokenises_as_with_it(tmp_path, options):
+    """transformers 5 saves tokenizer.json and no vocab.txt: its WordPiece vocabulary is the same
+    tokens, ids and special tokens, and tokenizer_config.json's options (do_lower_case false too)
+    win over tokenizer.json's normaliser, as in transformers' BertTokenizer."""
+    vocab = list(dict.fromkeys(accent_vocab()))  # once each, as in a real vocab.txt ("?" is twice)
+    with_txt = Tokenizer.from_folder(folder(tmp_path / "txt", vocab, options))
+    json_only = Tokenizer.from_folder(saved_by_transformers_5(folder(tmp_path / "json", vocab, options)))
+    assert json_only.vocab == vocab and json_only.pad_id == vocab.index("[PAD]")
+    assert json_only.options == with_txt.options
+    ref = reference(vocab, **options)
+    for text in STRINGS:
+        assert json_only.encode([text])[0][0] == ref.encode(text).ids, f"{options}: {text!r} tokenises otherwise"
+    pairs = (STRINGS[:6], STRINGS[6:12])
+    for key, value in with_txt(*pairs).items():
+        assert torch.equal(json_only(*pairs)[key], value), f"{options}: pairs' {key} differ from vocab.txt's"
+
+
+def test_a_bert_folder_with_neither_vocabulary_file_is_one_line_naming_both(tmp_path):
+    path = folder(tmp_path, accent_vocab())
+    os.remove(os.path.join(path, "vocab.txt"))
+    with pytest.raises(MinknnError) as e:
+        Tokenizer.from_folder(path)
+    assert str(e.value).startswith(f"{path}: has neither vocab.txt nor tokenizer.json") and \
+        "\n" not in str(e.value), str(e.value)
+    tokenizers.Tokenizer(tokenizers.models.BPE({"[UNK]": 0}, [])).save(os.path.join(path, "tokenizer.json"))
+    with pytest.raises(MinknnError, match=re.escape(f'{path}/tokenizer.json: not a WordPiece tokenizer '
+                                                    f'(model type "BPE")')):
+        Tokenizer.from_folder(path)
+
+
 def test_default_model_matches_its_own_tokenizer_json():
     """The default folder's tokenizer.json is the reference's fast tokenizer: same ids on STRINGS."""
     path = resolve_model_path("minilm")

@@ -1,6 +1,7 @@
 """train.py and evaluate.py end to end, on the tiny fixture datasets and the tiny random BERT (part 5's
 make_optimizer and train_step, on a model small enough to follow: test_training_step.py)."""
 import csv
+import io
 import json
 import os
 import shutil
@@ -223,6 +224,23 @@ def test_knnbert_trains_and_its_memory_is_saved(tiny_bert_dir, data_dir, tmp_pat
     assert sorted(ckpt["memory"]["labels"].tolist()) == train_labels
     if memory == "queue":
         assert ckpt["memory"]["ptr"].item() == 0  # 40 keys into 40 slots: one full turn
+
+
+@pytest.mark.parametrize("memory", ["queue", "bank"])
+def test_a_memory_run_says_what_it_is_before_the_fill_shows_its_progress(tiny_bert_dir, data_dir, tmp_path,
+                                                                          monkeypatch, memory):
+    """The run's first line (what it is) comes before the progress bar of the memory's fill, then
+    the memory's line: stdout and stderr into one stream, as a terminal shows them."""
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--steps_per_epoch", "1",
+              "--loss", "knnbert", "--memory", memory)
+    shown = screen.getvalue()
+    order = [shown.find(s) for s in ("train/dev examples:", f"filling the {memory}", f"memory: a {memory}")]
+    assert -1 not in order and order == sorted(order), (
+        f"the run's first line, the fill's progress bar and the memory's line must come in this order: "
+        f"{shown[:600]!r}")
 
 
 def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import torch
 
 from minknn import options
 from minknn.engine import TrainBatches
-from minknn.trainer import build
+from minknn.trainer import build, fill_memory
 import train as train_py  # the code that trains, timed as it is
 
 
@@ -131,6 +131,8 @@ def built(args, argv, train, device):
     argv = argv + ["--model", args.model, "--device", str(device)]
     argv += ["--data_dir", args.data_dir] if args.data_dir else []
     trainer, _ = build(options.get_args(argv), train_py.make_optimizer, (train, {}))
+    if trainer.moco:  # as train.py's begin() fills it
+        fill_memory(trainer)
     return trainer
 
 
