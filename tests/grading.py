@@ -37,10 +37,23 @@ GENERIC = " differs from "  # in a value check's message only (the property chec
 
 
 def close(part, actual, expected, what, **tolerances):
-    """assert_close with a message naming the part and the quantity; torch's own report (the
-    largest difference and where) follows it."""
+    """assert_close with a message naming the part and the quantity, and on its first line the
+    largest difference, where and by how much; torch's own report follows it."""
     torch.testing.assert_close(actual, expected, msg=lambda m: f"{label(part)}: {what}{GENERIC}"
-                               f"the expected value\n{m}", **tolerances)
+                               f"the expected value{largest_difference(actual, expected)}\n{m}",
+                               **tolerances)
+
+
+def largest_difference(actual, expected):
+    """': at index (0, 1) got 0.5, expected 0.4' for the element furthest from its expected
+    value; '' when the two cannot be compared element by element."""
+    if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
+            and actual.shape == expected.shape and actual.numel()):
+        return ""
+    a, b = actual.detach().double().cpu(), expected.detach().double().cpu()
+    gap = (a - b).abs().nan_to_num(float("inf"))
+    index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+    return f": at index {index} got {a[index].item():.6g}, expected {b[index].item():.6g}"
 
 
 def check(part, ok, message):
