@@ -84,6 +84,32 @@ def run(name, loss, *args):
         raise AssertionError(f"{who}: the loss raised {type(e).__name__}: {e}") from e
 
 
+def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6):
+    """A case worked by hand: `got` (a number, or a list of them) equals `want`; else the failure
+    names the first of `mistakes` ({the loss under a mistake, e.g. "with tau multiplied, not
+    divided": its value on the case, recomputed}) that `got` equals, and only then; else it says
+    what the case gives, what it got, and by how much (tests/grading.py: a cause is named only
+    where it is checked)."""
+    def numbers(x):
+        return [float(v) for v in x] if isinstance(x, (list, tuple)) else [float(x)]
+
+    def same(a, b):
+        return len(a) == len(b) and all(math.isclose(u, v, abs_tol=atol, rel_tol=rtol)
+                                        for u, v in zip(a, b))
+
+    def show(x):
+        return ", ".join(f"{v:.6g}" for v in x)
+    g, w = numbers(got), numbers(want)
+    if same(g, w):
+        return
+    for mistake, wrong in (mistakes or {}).items():
+        if same(g, numbers(wrong)):
+            ok(name, False, f"{case}: got {show(g)}, expected {show(w)}; {show(g)} is the loss "
+               f"{mistake}")
+    gap = max(abs(u - v) for u, v in zip(g, w))
+    ok(name, False, f"{case}: got {show(g)}, expected {show(w)} (off by up to {gap:.3g})")
+
+
 def near(a, b, atol=1e-9, rtol=1e-9):
     a, b = (x.detach().item() if torch.is_tensor(x) else float(x) for x in (a, b))
     return math.isclose(a, b, abs_tol=atol, rel_tol=rtol)
