@@ -300,9 +300,15 @@ def test_part_training_step_clears_old_gradients():
     try:
         train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
     except Diverged as e:
+        # the batch's own gradients are finite: a NaN norm is the NaN left in .grad, either
+        # stepped on (a step before this batch's backward: the spy saw it) or never cleared
+        stepped = bool(calls) and any(g is not None and not torch.isfinite(g).all()
+                                      for g in calls[0][1])
         check(PART, False, f"train_step raised Diverged ({e}) with NaN left in .grad from before "
-              f"the call: clear the last step's gradients (optimizer.zero_grad(set_to_none=True)) "
-              f"before backward")
+              f"the call: " + ("optimizer.step() ran first on those NaN gradients, before this "
+                               "batch's backward" if stepped else
+                               "they were still there at the clipping: clear them "
+                               "(optimizer.zero_grad(set_to_none=True)) before backward"))
     except NotImplementedError:
         raise
     except Exception as e:
@@ -332,8 +338,10 @@ def test_part_training_step_order():
               f"{len(calls) - before} times; once per call")
         lrs, grads = calls[-1]
         missing = [n for n, g in zip(names, grads) if g is None]
+        check(PART, len(missing) < len(names), f"at optimizer.step() in {call} no parameter had "
+              f"a gradient (.grad None)")
         check(PART, not missing, f"at optimizer.step() in {call}, {', '.join(missing)} had no "
-              f"gradient: backward (after zero_grad) comes before the step")
+              f"gradient (.grad None); the others had one")
         norm = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
         check(PART, norm <= 1 + 1e-4, f"optimizer.step() in {call} ran on gradients of total norm "
               f"{norm:.4g}: clip the gradients of `params`, the proxies' included, to norm 1 "
