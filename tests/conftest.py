@@ -3,6 +3,11 @@ and the model loaded from it, tiny RoBERTa and DistilBERT folders, and the fixtu
 What they are made with, and the helpers tests import (DATA, TINY, tiny_vocab, write_tiny_bert,
 dev_falling), is in tests/helpers.py and tests/hf_folders.py; tests/losses/conftest.py adds the
 losses' own fixture.
+
+Two hooks for the assignment's test commands (minknn/parts.py, PARTS), whose failures a student
+reads: each failure's first line, in full, after pytest's short summary (which cuts it to the
+terminal's width); and the check of the mutation list's text, which an edited solution fails,
+run last, after every test of what the code does (so `pytest -x` stops at the student's mistake).
 """
 import signal
 
@@ -18,6 +23,42 @@ from minknn.bert import BertModel
 # those tests then failed with "never arrived". Python's own handler back, as in a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+LAST = ("test_assignment.py::test_the_mutation_list_is_well_formed",)  # run after all the others
+
+
+def pytest_collection_modifyitems(items):
+    """The tests of LAST moved to the end, in their order: test_the_mutation_list_is_well_formed
+    reads the solution's text, which any edit of a solution line breaks; the behavioural tests
+    first, so that `pytest -x` stops on what the edit does, not on the list that quotes it."""
+    last = [item for item in items if item.nodeid.endswith(LAST)]
+    items[:] = [item for item in items if item not in last] + last
+
+
+def first_line(report):
+    """A failure's first line, without the exception's name when it is an AssertionError (the
+    tests' messages start `part N name: ...`)."""
+    longrepr = report.longrepr
+    message = longrepr if isinstance(longrepr, str) else getattr(
+        getattr(longrepr, "reprcrash", None), "message", "")
+    line = str(message).strip().splitlines()[0] if str(message).strip() else ""
+    return line.removeprefix("AssertionError: ")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # the outermost wrapper: after the short summary
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's short summary, which cuts each message to the terminal's width: each
+    failure's first line in full, the test's name on the line above."""
+    result = yield
+    failed = [r for r in terminalreporter.stats.get("failed", []) + terminalreporter.stats.get(
+        "error", []) if first_line(r)]
+    if failed:
+        terminalreporter.section("what failed, in full", sep="-")
+        for report in failed:
+            terminalreporter.write_line(report.nodeid.split("::")[-1] + ":")
+            terminalreporter.write_line("    " + first_line(report))
+    return result
 
 
 @pytest.fixture(scope="session", autouse=True)

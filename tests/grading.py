@@ -37,10 +37,45 @@ GENERIC = " differs from "  # in a value check's message only (the property chec
 
 
 def close(part, actual, expected, what, **tolerances):
-    """assert_close with a message naming the part and the quantity; torch's own report (the
-    largest difference and where) follows it."""
+    """assert_close with a message naming the part and the quantity, and on its first line the
+    largest difference, where and by how much; torch's own report follows it."""
     torch.testing.assert_close(actual, expected, msg=lambda m: f"{label(part)}: {what}{GENERIC}"
-                               f"the expected value\n{m}", **tolerances)
+                               f"the expected value{largest_difference(actual, expected)}\n{m}",
+                               **tolerances)
+
+
+def largest_difference(actual, expected):
+    """': at index (0, 1) got 0.5, expected 0.4' for the element furthest from its expected
+    value; '' when the two cannot be compared element by element."""
+    if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
+            and actual.shape == expected.shape and actual.numel()):
+        return ""
+    a, b = actual.detach().double().cpu(), expected.detach().double().cpu()
+    gap = (a - b).abs().nan_to_num(float("inf"))
+    index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+    return f": at index {index} got {a[index].item():.6g}, expected {b[index].item():.6g}"
+
+
+def diagnose(part, actual, expected, what, mistakes, atol=1e-5, rtol=1e-4):
+    """A value check that names a cause only where it checked it: passes when `actual` equals
+    `expected`; else names the first of `mistakes` ({what the student did: the value that mistake
+    gives}, each recomputed by the test) whose value `actual` equals; else fails as close() does,
+    saying what differs, where and by how much (GENERIC), and guessing no cause.
+        diagnose("supcon", got, want, "the loss on two equal examples and one opposite",
+                 {"the scores are multiplied by tau, not divided": oracle(1 / tau)})
+        -> part 8 supcon: the loss on ...: got 4.2, expected 0.0013: the scores are multiplied..."""
+    def tensor(x):
+        return x.detach().double().cpu() if torch.is_tensor(x) else torch.tensor(float(x),
+                                                                                  dtype=torch.float64)
+    a, b = tensor(actual), tensor(expected)
+    if a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=rtol):
+        return
+    values = f": got {a.item():.6g}, expected {b.item():.6g}" if a.numel() == 1 == b.numel() else ""
+    for mistake, value in mistakes.items():
+        wrong = tensor(value)
+        if a.shape == wrong.shape and torch.allclose(a, wrong, atol=atol, rtol=rtol):
+            check(part, False, f"{what}{values}: {mistake}")
+    close(part, a, b, what, atol=atol, rtol=rtol)
 
 
 def check(part, ok, message):

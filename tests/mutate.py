@@ -163,7 +163,7 @@ def main(argv=None):
                 if not verdict.startswith("caught"):
                     print("        " + "\n        ".join(tail))
                 else:
-                    print(f"        {tail[0].strip()[:150]}")
+                    print(f"        {tail[0].strip()}")  # whole: it is what a student reads
     finally:
         for c in copies:
             shutil.rmtree(c, ignore_errors=True)

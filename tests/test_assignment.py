@@ -555,3 +555,39 @@ def test_every_part_names_a_known_file_and_test():
         test_file = part.test.split()[4]
         assert os.path.exists(os.path.join(ROOT, test_file)), part
         assert BY_NAME[part.name] is part
+
+
+def test_a_part_command_prints_each_failures_first_line_whole(tmp_path):
+    """On a terminal 60 columns wide, where pytest's short summary cuts the message, the part's
+    command still prints the failure's first line whole, after the short summary (conftest.py's
+    pytest_terminal_summary), as the traceback's `E   AssertionError: ...` line has it."""
+    import mutate
+    copy = tmp_path / "copy"
+    mutate.copy_repository(str(copy))
+    mutation = next(m for m in MUTATIONS if m[4] == "scores not scaled by 1 / sqrt(hs)")
+    path = copy / mutation[1]
+    path.write_text(path.read_text().replace(mutation[2], mutation[3], 1))
+    env = dict(edition_env(str(tmp_path)), COLUMNS="60")
+    r = subprocess.run(command_argv(BY_NAME["attention"].test) + ["-p", "no:cacheprovider"],
+                       cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr
+    raised = [m[1] for m in re.finditer(r"^E +AssertionError: (part 2 attention: .*)$", r.stdout,
+                                        re.M)]
+    summary = r.stdout.split("what failed, in full")[-1].splitlines()
+    assert raised and all(len(line) > 60 for line in raised), raised
+    assert r.stdout.index("short test summary info") < r.stdout.index("what failed, in full")
+    for line in raised:
+        assert f"    {line}" in summary, (line, summary)
+
+
+def test_the_mutation_list_check_runs_after_the_behavioural_tests(tmp_path):
+    """conftest.py moves test_the_mutation_list_is_well_formed, which an edited solution line
+    fails, to the end of any selection: `pytest -x` stops first at what the edit does."""
+    r = subprocess.run(command_argv("python -m pytest -q --collect-only tests/test_assignment.py "
+                                    "tests/test_bert.py -k") + [
+                           "mutation_list_is_well_formed or embeddings_sanity"],
+                       cwd=ROOT, env=edition_env(str(tmp_path)), capture_output=True, text=True,
+                       timeout=120)
+    ids = [line for line in r.stdout.splitlines() if "::" in line]
+    assert [i.split("::")[-1] for i in ids] == ["test_embeddings_sanity_check",
+                                                 "test_the_mutation_list_is_well_formed"], r.stdout

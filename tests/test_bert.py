@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import check, close, matches_reference
-from minknn import MinknnError
+from grading import check, close, diagnose, graded, matches_reference
+from minknn import MinknnError, backbones
 from minknn.parts import label
 from minknn.weights import NOT_IMPLEMENTED
 from minknn.bert import BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing, attention
@@ -193,6 +193,80 @@ def test_embeddings_dropout_comes_last_and_only_in_training():
                           "(which fills the zeros again)", "in training mode, the values kept by "
                           "dropout (LayerNorm's output scaled by 1 / (1 - p); dropout is the last "
                           "step)")
+
+
+# RoBERTa and DistilBERT (minknn/backbones.py) run the same BertEmbeddings.forward with other
+# tables: RoBERTa's position table (RobertaPositions) starts at row padding_idx + 1, DistilBERT
+# has no token-type table (NoTokenTypes). A "<pad>" written inside a text (attention mask 1) takes
+# the next position, as every token does.
+
+BACKBONE_FOLDERS = {"bert": "tiny_bert_dir", "roberta": "tiny_roberta_dir",
+                    "distilbert": "tiny_distilbert_dir"}
+
+
+def backbone_batch(config):
+    """ids, types, mask (3, 6): a full row; a row with the pad id written at index 2 (a real
+    token, mask 1), then padding; a row of 2 tokens. Types 1 on the second segment where the
+    model has a token-type table of 2 rows (DistilBERT's are given and ignored)."""
+    pad = config.pad_token_id
+    words = [i for i in range(3, 30) if i != pad]
+    ids = torch.tensor([words[:6], words[6:8] + [pad] + words[8:10] + [pad],
+                        words[10:12] + [pad] * 4])
+    mask = torch.tensor([[1] * 6, [1] * 5 + [0], [1] * 2 + [0] * 4])
+    types = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
+    if config.model_type == "roberta":
+        types = torch.zeros_like(ids)  # one row: every token is type 0
+    return ids, types, mask
+
+
+def backbone_embeddings_oracle(emb, ids, types, mask, positions):
+    """Each real token's embedding, one at a time: LayerNorm(word[x] + position[row] + type[t]),
+    position[row] the row the token's position reads (RoBERTa: padding_idx + 1 + i), type[t] 0
+    for DistilBERT, which has none."""
+    rows = []
+    for b in range(ids.size(0)):
+        for i in range(ids.size(1)):
+            if mask[b, i]:
+                e = emb.word_embeddings.weight[ids[b, i]] + emb.position_embeddings.weight[
+                    positions[b, i]]
+                if isinstance(emb.token_type_embeddings, torch.nn.Embedding):
+                    e = e + emb.token_type_embeddings.weight[types[b, i]]
+                rows.append(layer_norm(e, emb.LayerNorm))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind", list(BACKBONE_FOLDERS))
+def test_embeddings_of_each_backbone_match_the_formula(kind, request):
+    """BertEmbeddings.forward under BERT, RoBERTa and DistilBERT (their tables, from the tiny
+    folders) against a literal oracle, with a "<pad>" id written inside a text."""
+    emb = backbones.from_pretrained(request.getfixturevalue(BACKBONE_FOLDERS[kind])).embeddings
+    emb.eval()
+    config = backbones.read_config(request.getfixturevalue(BACKBONE_FOLDERS[kind]))
+    ids, types, mask = backbone_batch(config)
+    tables = {"bert": "BERT's tables", "roberta": "RoBERTa's tables (positions from row "
+              f"padding_idx + 1 = {config.pad_token_id + 1}: RobertaPositions)",
+              "distilbert": "DistilBERT's tables (no token types: NoTokenTypes, a module with no "
+              "weight)"}[kind]
+    with torch.no_grad():
+        got = graded("embeddings", f"BertEmbeddings.forward with {tables}", emb, ids, types,
+                     Packing(mask))
+        first = config.pad_token_id + 1 if kind == "roberta" else 0
+        index = torch.arange(ids.size(1)).expand_as(ids)
+        counted = (ids != config.pad_token_id).cumsum(1) - 1   # over the ids that are not <pad>
+        mistakes = {
+            f"the positions are counted over the ids that are not the pad id "
+            f"{config.pad_token_id}; a token's position is its index in its row (the pad id at "
+            f"index 2 of row 1 is a real token, mask 1)":
+                backbone_embeddings_oracle(emb, ids, types, mask, first + counted.clamp(min=0)),
+        }
+        if first:
+            mistakes["the position table's rows are read from row 0 (its weight indexed); "
+                     f"RoBERTa's positions start at row {first}, which "
+                     "self.position_embeddings(positions) adds"] = \
+                backbone_embeddings_oracle(emb, ids, types, mask, index)
+        diagnose("embeddings", got, backbone_embeddings_oracle(emb, ids, types, mask,
+                                                               first + index),
+                 f"the embeddings of a padded batch with {tables}", mistakes)
 
 
 def test_embeddings_sanity_check():

@@ -255,20 +255,38 @@ def test_part_training_schedule():
             if not bad:
                 continue
             s = bad[0]
-            rise = next((k for k in range(1, total) if f[k] <= f[k - 1] + 1e-9), total)
-            truncated = (f"; int() truncates {warmup} x {total} = {warmup * total:.3g} to {w}, "
-                         f"not rounded" if rise == round(warmup * total) != w else "")
-            hint = ("the lr never changes: there is no schedule" if max(f) - min(f) < 1e-9 else
-                    "the first step trains at lr / warmup, not 0: the warm-up factor is "
-                    "(s + 1) / warmup" if s == 0 and f[0] == 0 else
-                    f"the lr rises over {rise} steps; the warm-up lasts warmup = max(1, "
-                    f"int(args.warmup x total_steps)) = {w} steps (a share of the steps, not of "
-                    f"the epochs){truncated}" if rise != w else
-                    "after the warm-up the lr falls linearly to 0 at total_steps")
-            check(PART, False, f"the learning rate at step {s} of {total} (--warmup {warmup}, the "
-                  f"group holding {name}) is {f[s]:.4g} x its lr, expected "
+            check(PART, False, f"the learning rate at step {s} of {total} (--warmup {warmup}, "
+                  f"the group holding {name}) is {f[s]:.4g} x its lr, expected "
                   f"{factor(s, total, warmup):.4g} = min((s + 1) / warmup, (total_steps - s) / "
-                  f"(total_steps - warmup)) with warmup {w}: {hint}")
+                  f"(total_steps - warmup)) with warmup {w}"
+                  f"{schedule_mistake(f, total, warmup, args.epochs)}")
+
+
+def schedule_mistake(f, total, warmup, epochs):
+    """': what was done' for the first known mistake whose schedule, recomputed, is the factors f
+    at every step; '' when f is none of them (the message then says only which step is off)."""
+    w = max(1, int(warmup * total))
+
+    def lrs(up=lambda s, w: (s + 1) / w, span=lambda w: max(1, total - w), w=w):
+        return [min(up(s, w), max(0.0, (total - s) / span(w))) for s in range(total + 1)]
+    rounded, in_epochs = max(1, round(warmup * total)), max(1, int(warmup * epochs))
+    mistakes = [("the lr is the same at every step: no schedule", [1.0] * (total + 1)),
+                ("the warm-up starts from 0 (s / warmup); its factor is (s + 1) / warmup, so the "
+                 "first step trains at lr / warmup", lrs(up=lambda s, w: s / w)),
+                ("the decay is (total_steps - s) / total_steps, over all the steps; it runs over "
+                 "the steps after the warm-up, (total_steps - s) / (total_steps - warmup)",
+                 lrs(span=lambda w: total))]
+    if rounded != w:
+        mistakes.append((f"the warm-up lasts round({warmup} x {total}) = {rounded} steps; int() "
+                         f"truncates it to {w}", lrs(w=rounded)))
+    if in_epochs != w:
+        mistakes.append((f"the warm-up lasts int(args.warmup x args.epochs) = {in_epochs} steps; "
+                         f"it is a share of the steps, int(args.warmup x total_steps) = {w}",
+                         lrs(w=in_epochs)))
+    for mistake, wrong in mistakes:
+        if all(abs(a - b) < 1e-6 for a, b in zip(f, wrong)):
+            return f": {mistake}"
+    return ""
 
 
 def test_part_training_step_clears_old_gradients():
@@ -282,9 +300,15 @@ def test_part_training_step_clears_old_gradients():
     try:
         train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
     except Diverged as e:
+        # the batch's own gradients are finite: a NaN norm is the NaN left in .grad, either
+        # stepped on (a step before this batch's backward: the spy saw it) or never cleared
+        stepped = bool(calls) and any(g is not None and not torch.isfinite(g).all()
+                                      for g in calls[0][1])
         check(PART, False, f"train_step raised Diverged ({e}) with NaN left in .grad from before "
-              f"the call: clear the last step's gradients (optimizer.zero_grad(set_to_none=True)) "
-              f"before backward")
+              f"the call: " + ("optimizer.step() ran first on those NaN gradients, before this "
+                               "batch's backward" if stepped else
+                               "they were still there at the clipping: clear them "
+                               "(optimizer.zero_grad(set_to_none=True)) before backward"))
     except NotImplementedError:
         raise
     except Exception as e:
@@ -314,8 +338,10 @@ def test_part_training_step_order():
               f"{len(calls) - before} times; once per call")
         lrs, grads = calls[-1]
         missing = [n for n, g in zip(names, grads) if g is None]
+        check(PART, len(missing) < len(names), f"at optimizer.step() in {call} no parameter had "
+              f"a gradient (.grad None)")
         check(PART, not missing, f"at optimizer.step() in {call}, {', '.join(missing)} had no "
-              f"gradient: backward (after zero_grad) comes before the step")
+              f"gradient (.grad None); the others had one")
         norm = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
         check(PART, norm <= 1 + 1e-4, f"optimizer.step() in {call} ran on gradients of total norm "
               f"{norm:.4g}: clip the gradients of `params`, the proxies' included, to norm 1 "

@@ -20,7 +20,7 @@ from checks import (D, agrees, apart, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, make, near, ok, run, value)
+                    check_sanity_check, make, near, ok, run, value, worked)
 from minknn.losses.contrastive import contrastive
 
 
@@ -53,8 +53,9 @@ def test_contrastive_each_unordered_pair_once():
 
 def test_contrastive_d_is_the_distance():
     v = value("contrastive", make("contrastive"), apart(0.3), torch.tensor([1, 1]))
-    ok("contrastive", near(v, 0.045), f"a similar pair 0.3 apart costs 1/2 d^2 = 0.045; got "
-       f"{v:.6g}: d is the distance ||z_i - z_j|| = sqrt(2 - 2 z_i.z_j), not its square")
+    worked("contrastive", v, 0.045, "a similar pair 0.3 apart costs 1/2 d^2", {
+        "with d the squared distance; d is the distance ||z_i - z_j|| = sqrt(2 - 2 z_i.z_j)":
+            0.5 * 0.09 ** 2}, atol=1e-9)
 
 
 def test_contrastive_the_hinge_is_on_the_distance():

@@ -9,12 +9,14 @@ tell its common mistakes apart, its oracle (knnbert_oracle, tests/losses/oracles
 inputs, gradcheck, the sanity check against tests/fixtures/references/knnbert.pt, then the cases
 worked by hand. A failure names the part.
 """
+import math
+
 import torch
 
 from checks import (C, D, agrees, at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
                     check_sanity_check, e, make, memory, memory_of, near, ok, queue_case, randn,
-                    run, value)
+                    run, value, worked)
 from minknn.losses.knnbert import select_positives
 from oracles import knnbert_oracle
 
@@ -43,11 +45,16 @@ def knnbert_query(keys, tau=0.07):
                  vectors, labels, torch.tensor([0]), ids)
 
 
+def softplus(x):
+    return math.log1p(math.exp(x))
+
+
 def test_knnbert_the_querys_own_older_key_is_no_positive():
     v = knnbert_query([(e(0), 0, 0), (e(1), 1, 1)])   # its own older key, and a negative
-    ok("knnbert", v == 0, f"a memory holding the query's own older key (id = its row) and a "
-       f"negative: the query has no positive, so it contributes nothing and the loss is 0; got "
-       f"{v:.6g}: leave the query's own older keys out of P(q) (rows against key ids)")
+    worked("knnbert", v, 0.0, "a memory holding the query's own older key (id = its row) and an "
+           "orthogonal negative: the query has no positive, so it contributes nothing, a loss of 0",
+           {"with the query's own older key a positive, softplus(-1 / tau) (leave it out of P(q): "
+            "rows against key ids)": softplus(-1 / 0.07)}, atol=1e-12, rtol=1e-9)
 
 
 def test_knnbert_the_querys_own_older_key_is_no_negative():
@@ -59,26 +66,35 @@ def test_knnbert_the_querys_own_older_key_is_no_negative():
 
 
 def test_knnbert_each_term_keeps_its_positive_in_the_denominator():
-    v = knnbert_query([(e(0), 0, 1), (-e(0), 1, 2)])
-    ok("knnbert", v >= 0, f"a positive on the query and a negative opposite: the loss is "
-       f"-log(e^s_j / (e^s_j + sum_N e^s_i)), a probability's -log, at least 0; got {v:.6g}: "
-       f"keep k_j in its own denominator, softplus(logsumexp_N(s) - s_j)")
+    v, tau = knnbert_query([(e(0), 0, 1), (-e(0), 1, 2)]), 0.07
+    worked("knnbert", v, softplus(-2 / tau), "a positive on the query and a negative opposite: "
+           "the loss -log(e^s_j / (e^s_j + e^s_n)) = softplus(-2 / tau)",
+           {"without k_j in its own denominator, logsumexp_N(s) - s_j = -2 / tau (keep it: "
+            "softplus(logsumexp_N(s) - s_j))": -2 / tau,
+            "with q.k multiplied by tau, not divided, softplus(-2 tau)": softplus(-2 * tau)},
+           atol=1e-9)
 
 
 def test_knnbert_divides_by_the_temperature():
-    keys = [(e(0), 0, 1), (-e(0), 1, 2)]
-    values = [knnbert_query(keys, tau) for tau in (1.0, 0.5, 0.07)]
-    ok("knnbert", values[0] > values[1] > values[2], f"a positive on the query and a negative "
-       f"opposite: the loss softplus(-2 / tau) must fall as tau falls (1, 0.5, 0.07); it went "
-       f"{', '.join(f'{v:.4g}' for v in values)}: divide q.k by tau, do not multiply")
+    keys, taus = [(e(0), 0, 1), (-e(0), 1, 2)], (1.0, 0.5, 0.07)
+    values = [knnbert_query(keys, tau) for tau in taus]
+    worked("knnbert", values, [softplus(-2 / t) for t in taus], "a positive on the query and a "
+           "negative opposite at tau 1, 0.5, 0.07: the loss softplus(-2 / tau)",
+           {"with q.k multiplied by tau, not divided, softplus(-2 tau)":
+            [softplus(-2 * t) for t in taus]}, atol=1e-9)
 
 
 def test_knnbert_averages_over_the_selected_positives():
-    keys = [(at_angle(0.3), 0, 1), (e(1), 1, 2)]
+    keys, tau = [(at_angle(0.3), 0, 1), (e(1), 1, 2)], 0.07
     v, twice = knnbert_query(keys), knnbert_query(keys + [(at_angle(0.3), 0, 3)])
-    ok("knnbert", near(v, twice), f"a second copy of the query's one positive moved the loss "
-       f"from {v:.6g} to {twice:.6g}: each term's denominator holds its own positive and the "
-       f"negatives only, and L_sc(q) is the MEAN over S(q) (divide by |S(q)|)")
+    s_p, s_n = math.cos(0.3) / tau, 0.0
+    worked("knnbert", twice, v, f"a second copy of the query's one positive: the loss must stay "
+           f"at {v:.6g}, each term's denominator its own positive and the negatives, and L_sc(q) "
+           f"the mean over S(q)", {
+               "summed over S(q), not averaged (divide by |S(q)|)": 2 * v,
+               "with every selected positive in each term's denominator, log(2 + e^(s_n - s_j)) "
+               "(it holds k_j and the negatives only)": math.log(2 + math.exp(s_n - s_p))},
+           atol=1e-9)
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----

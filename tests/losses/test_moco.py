@@ -16,7 +16,7 @@ import torch
 from checks import (agrees, at_angle, bank_case, check_degenerate_inputs_are_finite,
                     check_gradcheck, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_sanity_check, e, make,
-                    memory_of, near, ok, run, value)
+                    memory_of, near, ok, run, value, worked)
 from oracles import mean, unit
 
 
@@ -34,11 +34,19 @@ def moco_query(keys, cos_positive=1.0, tau=0.07):
                  vectors, labels, torch.tensor([0]), ids)
 
 
+def lse(*xs):
+    return math.log(sum(math.exp(x) for x in xs))
+
+
 def test_moco_the_positive_stays_in_its_denominator():
-    v = moco_query([(-e(0), 0, 1), (-e(0), 0, 2), (e(1), 0, 3)])
-    ok("moco", v >= 0, f"the query on its positive key, the negatives opposite or orthogonal: the "
-       f"loss is -log(e^pos / (e^pos + sum_N e^neg)), a probability's -log, at least 0; got "
-       f"{v:.6g}: keep the positive in the denominator, softplus(logsumexp_N - pos)")
+    v, t = moco_query([(-e(0), 0, 1), (-e(0), 0, 2), (e(1), 0, 3)]), 0.07
+    worked("moco", v, math.log1p(math.exp(lse(-1 / t, -1 / t, 0.0) - 1 / t)), "the query on its "
+           "positive key, the negatives opposite, opposite and orthogonal, tau 0.07: the loss "
+           "-log(e^pos / (e^pos + sum_N e^neg)) = softplus(logsumexp_N - pos)", {
+               "without the positive in its denominator, logsumexp_N - pos (keep it: "
+               "softplus(logsumexp_N - pos))": lse(-1 / t, -1 / t, 0.0) - 1 / t,
+               "with q.k multiplied by tau, not divided":
+                   math.log1p(math.exp(lse(-t, -t, 0.0) - t))}, atol=1e-9)
 
 
 def test_moco_the_querys_own_keys_are_no_negatives():
@@ -50,11 +58,13 @@ def test_moco_the_querys_own_keys_are_no_negatives():
 
 
 def test_moco_the_positive_shares_the_temperature():
-    half = at_angle(math.acos(0.5))
+    half, t = at_angle(math.acos(0.5)), 0.07
     v = moco_query([(half, 0, 1), (half, 1, 2), (half, 2, 3)], cos_positive=0.5)
-    ok("moco", near(v, math.log(4)), f"the query at cosine 0.5 to its positive and to its 3 "
-       f"negatives: all 4 logits are equal, so the loss is log 4 = 1.386; got {v:.6g}: divide "
-       f"the positive's q.k+ by tau as well as the negatives'")
+    worked("moco", v, math.log(4), "the query at cosine 0.5 to its positive and to its 3 "
+           "negatives: all 4 logits are equal, the loss log 4", {
+               "with the positive's q.k+ not divided by tau (the negatives' are)":
+                   math.log1p(math.exp(lse(0.5 / t, 0.5 / t, 0.5 / t) - 0.5)),
+               "with q.k multiplied by tau, not divided": math.log(4)})
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----

@@ -15,7 +15,7 @@ import torch
 from checks import (cases, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, value)
+                    check_sanity_check, e, make, near, ok, value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -28,18 +28,18 @@ def test_npairs_penalty_is_the_mean_squared_norm():
     h = torch.stack([e(0, 1.0), e(1, 2.0), e(2, 3.0)])   # ||f_i||^2 = 1, 4, 9
     v = value("npairs", make("npairs"), h, torch.tensor([2, 2, 2]))
     want = 0.002 * 14 / 3
-    ok("npairs", near(v, want), f"a batch of one class has no (anchor, positive, negative): the "
-       f"loss is the penalty alone, l2_reg * mean_i ||f_i||^2 = 0.002 * (1 + 4 + 9) / 3 = "
-       f"{want:.6g}; got {v:.6g}: average the squared norms (each a sum over the features) over "
-       f"the batch, not every coordinate")
+    worked("npairs", v, want, "a batch of one class has no (anchor, positive, negative): the loss "
+           "is the penalty alone, l2_reg * mean_i ||f_i||^2 = 0.002 * (1 + 4 + 9) / 3", {
+               "with the penalty a mean over every coordinate, not of each ||f_i||^2 (a sum over "
+               "the features)": want / h.shape[1],
+               "with the penalty's sum over the batch, not its mean": 3 * want}, atol=1e-12)
 
 
 def test_npairs_uses_raw_inner_products():
     loss, (h, y) = make("npairs", l2_reg=0.0), cases("npairs")[0][1]
     v, doubled = value("npairs", loss, h, y), value("npairs", loss, 2 * h, y)
     ok("npairs", not near(v, doubled), f"with l2_reg = 0, doubling every f_i left the loss at "
-       f"{v:.6g}: N-pairs uses the raw inner products f_a.f_n, so their size counts (do not "
-       f"normalise h)")
+       f"{v:.6g}: N-pairs uses the raw inner products f_a.f_n, so their size counts")
 
 
 def test_npairs_an_anchor_is_not_its_own_negative():

@@ -14,7 +14,7 @@ import torch
 from checks import (check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, triangle, value)
+                    check_sanity_check, e, make, near, ok, triangle, value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -43,9 +43,10 @@ def test_triplet_the_mean_counts_the_satisfied_triplets():
     # 2 away from it: 12 valid triplets, the 10 new ones satisfied (terms 0)
     h = torch.cat([triangle(), torch.stack([e(3), e(3)])])
     v = value("triplet", make("triplet"), h, torch.tensor([0, 0, 1, 2, 2]))
-    ok("triplet", near(v, 0.4 / 12), f"12 valid triplets, 2 of them active at m = 0.2 and 10 "
-       f"satisfied: the loss is 0.4 / 12 = {0.4 / 12:.6g}; got {v:.6g}: the mean runs over every "
-       f"valid triplet, the satisfied (zero) ones included, not over the active ones only")
+    worked("triplet", v, 0.4 / 12, "12 valid triplets, 2 of them active at m = 0.2 and 10 "
+           "satisfied: the loss 0.4 / 12", {"averaged over the active triplets only; the mean "
+                                             "runs over every valid one, the satisfied included":
+                                             0.4 / 2}, atol=1e-9)
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
