@@ -14,6 +14,8 @@ tests/test_training_step.py) or a -k selection of one (the BERT parts': tests/te
                                                 caught)
     python tests/mutate.py --check              only check the list (each mistake applies once,
                                                 inside a solution block of its part)
+    python tests/mutate.py --list FILE          another list: a Python file defining MUTATIONS
+                                                (a held-out set of mistakes, kept out of the repo)
 """
 import argparse
 import os
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from grading import GENERIC  # noqa: E402
 from minknn.assignment import repository_files  # noqa: E402
 from minknn.parts import BY_NAME, command_argv, find_blocks, label, read_lines  # noqa: E402
-from mutations import MUTATIONS  # noqa: E402
+from mutations import MUTATIONS as LISTED  # noqa: E402
 
 LIMIT = 10.0  # seconds: a part's test command must catch a mistake within this
 
@@ -64,6 +66,16 @@ def check_list(mutations, root=ROOT):
             problems.append(f"{where}: a duplicate or a no-op")
         seen.add((part, file, old, new))
     return problems
+
+
+def read_list(path):
+    """MUTATIONS of the Python file at path (run: it is the developer's own file)."""
+    scope = {}
+    with open(path, encoding="utf-8") as f:
+        exec(compile(f.read(), path, "exec"), scope)
+    if "MUTATIONS" not in scope:
+        sys.exit(f"--list {path}: defines no MUTATIONS")
+    return scope["MUTATIONS"]
 
 
 def copy_repository(dest):
@@ -124,14 +136,17 @@ def main(argv=None):
     p.add_argument("--generic", action="store_true", help="list only the mutations caught "
                    "generically, by a value check (and any not caught)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a run is stopped")
+    p.add_argument("--list", help="a Python file defining MUTATIONS, in place of "
+                   "tests/mutations.py")
     args = p.parse_args(argv)
-    problems = check_list(MUTATIONS)
+    listed = read_list(args.list) if args.list else LISTED
+    problems = check_list(listed)
     if problems:
         sys.exit("\n".join(problems))
-    mutations = [m for m in MUTATIONS if args.part in (None, m[0])]
+    mutations = [m for m in listed if args.part in (None, m[0])]
     if args.part and not mutations:
         sys.exit(f"--part {args.part}: no mutations; parts: {', '.join(BY_NAME)}")
-    print(f"{len(MUTATIONS)} mutations over {len({m[0] for m in MUTATIONS})} parts: the list is "
+    print(f"{len(listed)} mutations over {len({m[0] for m in listed})} parts: the list is "
           f"well formed")
     if args.check:
         return

@@ -522,6 +522,20 @@ def test_mutate_catches_a_planted_mistake(tmp_path, monkeypatch):
         "run_one must put the file back"
 
 
+def test_mutate_reads_another_list_and_checks_it(tmp_path, capsys):
+    """--list FILE: a held-out set of mistakes, kept out of the repository, is read and checked like
+    tests/mutations.py (a text that is not in its part's block is named, nothing runs)."""
+    import mutate
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(f"MUTATIONS = {MUTATIONS[:2]!r}\n")
+    bad.write_text("MUTATIONS = [('attention', 'minknn/bert.py', 'no such text', 'x', 'made up')]\n")
+    mutate.main(["--check", "--list", str(good)])
+    assert "2 mutations over 1 parts" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        mutate.main(["--check", "--list", str(bad)])
+    assert "mutation 1 (made up): the text to replace occurs 0 times" in str(stop.value)
+
+
 def test_mutate_tells_a_diagnosis_from_a_value_check():
     """mutate.py counts a caught mistake as generic when its failure is a value check's: grading's
     close(), matches_reference() and differs() all say GENERIC, check() adds nothing, and no part's
