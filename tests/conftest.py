@@ -4,6 +4,7 @@ What they are made with, and the helpers tests import (DATA, TINY, tiny_vocab, w
 dev_falling), is in tests/helpers.py and tests/hf_folders.py; tests/losses/conftest.py adds the
 losses' own fixture.
 """
+import os
 import signal
 
 import pytest
@@ -20,13 +21,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The suite's own switch (tests/grading.py: rewrite the stored references), not an input of the code
+SUITE_SWITCHES = ("MINKNN_WRITE_REFERENCES",)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_user_data_root():
-    """The tests read the fixture data they name, whatever the user's shell exports: the README
-    tells users to export MINKNN_DATA, and evaluate.py prefers it to a run's own data root. A
-    test that wants it (test_readme.py) sets it itself."""
+def no_user_minknn_variables():
+    """The tests read the fixture data and files they name, whatever the user's shell exports: every
+    MINKNN_* variable (MINKNN_DATA, which the README tells users to export, and any later one) is
+    unset once for the whole session and restored after it; SUITE_SWITCHES are kept. A test that
+    wants one (test_readme.py) sets it itself. tests/test_conftest.py holds this."""
     with pytest.MonkeyPatch.context() as m:
-        m.delenv("MINKNN_DATA", raising=False)
+        for name in [n for n in os.environ if n.startswith("MINKNN_") and n not in SUITE_SWITCHES]:
+            m.delenv(name)
         yield
 
 
