@@ -51,8 +51,8 @@ def make_parser(description=__doc__.split("\n")[0], rules=True):
                                                    "(default: all)"})
     add_flags(p, "batch_size", "device", "precision", "attention", "data_dir",
               batch_size={"default": 64, "help": "examples per prediction batch"},
-              data_dir={"help": "dataset root (default: $MINKNN_DATA, else the run's, else "
-                                "./data)"})
+              data_dir={"help": "dataset root (default: the run's own, if a folder here, else "
+                                "$MINKNN_DATA, else ./data)"})
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
     g = p.add_argument_group("proxy inference")
     if rules:

@@ -17,6 +17,7 @@ from minknn import options
 from minknn.bert import BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.datastore import Datastore
+from minknn.files import CHECKSUM, sealed
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
 from minknn.losses import PROXY_LOSSES
 from minknn.pcgrad import PCGrad
@@ -676,26 +677,45 @@ def without_data_record(run):
     torch.save(ckpt, run / "checkpoint.pt")
 
 
-def test_a_checkpoint_records_its_data_and_evaluate_reads_that_root(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+def test_a_checkpoint_records_its_data_and_evaluate_reads_that_root(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                                    capsys):
+    """--data_dir, else the run's own root (over $MINKNN_DATA: the README tells users to export it, and a run scored
+    on another root would score other examples), else $MINKNN_DATA, else ./data; a root other than the run's is
+    said in one line."""
     monkeypatch.delenv("MINKNN_DATA", raising=False)
     monkeypatch.chdir(tmp_path)  # no ./data here
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "16")
     ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     drawn = training_examples(TASKS["sst"], data_dir, 16, 0)
-    assert ckpt["data"] == {"root": os.path.abspath(data_dir), "train_fingerprint": {"sst": examples_fingerprint(drawn)}}
+    own = os.path.abspath(data_dir)
+    assert ckpt["data"] == {"root": own, "train_fingerprint": {"sst": examples_fingerprint(drawn)}}
+    knn = ["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"]
 
-    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])  # no --data_dir, no MINKNN_DATA
-    assert result["data_root"] == os.path.abspath(data_dir) and result["sst"]["n"] == 15
+    def data_lines(argv):
+        result = evaluate.main(argv)
+        return result["data_root"], [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("data:")]
+
+    capsys.readouterr()
+    assert data_lines(knn) == (own, [f"data: {own}, the run's (--data_dir for another)"])  # no flag, no MINKNN_DATA
     assert sorted(os.listdir(tmp_path)) == ["run"], "evaluate.py left a data folder behind"
     shutil.copytree(data_dir, tmp_path / "copy")  # the same examples elsewhere: --knn accepts them
-    monkeypatch.setenv("MINKNN_DATA", str(tmp_path / "copy"))
-    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])["data_root"] == str(tmp_path / "copy")
-    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir])["data_root"] == os.path.abspath(data_dir)
+    copy = str(tmp_path / "copy")
+    monkeypatch.setenv("MINKNN_DATA", copy)  # the run's own root, which is here, wins; a line says so
+    assert data_lines(knn) == (own, [f"data: {own}, the run's, not $MINKNN_DATA's {copy} (--data_dir for another)"])
+    assert data_lines(knn + ["--data_dir", copy]) == (copy, [
+        f"data: scoring on data root {copy} (from --data_dir), not the root the run trained on, {own}"])
+    assert data_lines(knn + ["--data_dir", data_dir]) == (own, [])  # the flag naming the run's own root: no line
+
+    # the run's root is not a folder here (a run moved to another machine): MINKNN_DATA's, in one line
+    ckpt["data"]["root"] = str(tmp_path / "gone")
+    torch.save(sealed({k: v for k, v in ckpt.items() if k != CHECKSUM}), tmp_path / "run" / "checkpoint.pt")
+    assert data_lines(knn) == (copy, [f"data: scoring on data root {copy} (from MINKNN_DATA), not the root the run "
+                                      f"trained on, {tmp_path / 'gone'} (not a folder here)"])
 
     monkeypatch.delenv("MINKNN_DATA")
     shutil.move(tmp_path / "copy", tmp_path / "data")  # a checkpoint without the record reads ./data, as before
     without_data_record(tmp_path / "run")
-    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])["data_root"] == str(tmp_path / "data")
+    assert evaluate.main(knn)["data_root"] == str(tmp_path / "data")
 
 
 def test_a_run_whose_data_root_is_gone_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
