@@ -74,7 +74,8 @@ def make_parser(description=__doc__.split("\n")[0], rules=True):
     if rules:
         g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 2, 4, .., "
                        "1024")
-    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
+    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt, "
+                   "datastore-<key>-<index>.pt for ivf and hnsw)")
     g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
                    "(approximate; minknn/index.py) (default: flat)")
     for name, text in INDEX_HELP.items():  # minknn/index.py

@@ -275,14 +275,15 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert evaluate.main(common)["sst"]["timing"]["datastore_build_seconds"] is not None
 
 
-def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(tiny_bert_dir, data_dir, tmp_path,
+def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tiny_bert_dir, data_dir, tmp_path,
                                                                               monkeypatch, capsys):
-    """--index hnsw: the index built once and saved in the datastore, loaded by the next evaluate (another
-    --ef_search only changes the search); another index: an explicit --datastore is refused, the default one
-    gets the new index built over its saved keys, without encoding the training set again."""
+    """--index hnsw: the index built once and saved in its own file, datastore-mean-hnsw.pt, beside the flat
+    datastore-mean.pt (which it leaves as it was), loaded by the next evaluate (another --ef_search only changes
+    the search); its keys are the flat file's, not encoded again. An explicit --datastore holding another index
+    is refused; an older minknn's datastore-mean.pt holding an approximate index is moved to that index's file."""
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1")
     common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8"]
-    path = tmp_path / "run" / "datastore-mean.pt"
+    path, hnsw_path, ivf_path = (tmp_path / "run" / f"datastore-mean{kind}.pt" for kind in ("", "-hnsw", "-ivf"))
 
     def refused(extra, message):
         """evaluate.py with these flags stops with one line, before encoding anything."""
@@ -297,31 +298,47 @@ def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(t
     flat = evaluate.main(common)["sst"]
     assert flat["knn"]["index"] == {"index": "flat"} and flat["timing"]["datastore_build_seconds"] is not None
     assert torch.load(path, weights_only=True)["faiss"] == {}  # a flat index is the keys: not saved
+    flat_bytes = path.read_bytes()
 
     passes = []
     predict = evaluate.predict
     for module in (evaluate, minknn.datastore):  # the split's pass, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
+    capsys.readouterr()
     hnsw = evaluate.main(common + ["--index", "hnsw", "--ef_search", "16"])["sst"]
     assert hnsw["knn"]["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64, "ef_search": 16}
     assert hnsw["timing"]["datastore_build_seconds"] is None and hnsw["timing"]["index_build_seconds"] is not None
-    assert "holds index flat, not hnsw (hnsw_m 32, ef_construction 64); building that over its keys" in capsys.readouterr().out
-    saved = torch.load(path, weights_only=True)
+    assert path.read_bytes() == flat_bytes, "building the hnsw index replaced the flat datastore"
+    assert f"40 keys (mean) loaded from {path}; index hnsw (hnsw_m 32, ef_construction 64) goes to {hnsw_path}" \
+        in capsys.readouterr().out
+    saved = torch.load(hnsw_path, weights_only=True)
     assert saved["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64} and set(saved["faiss"]) == {"cosine"}
     again = evaluate.main(common + ["--index", "hnsw", "--ef_search", "64"])["sst"]
     assert (again["timing"]["datastore_build_seconds"], again["timing"]["index_build_seconds"]) == (None, None)
     assert again["knn"]["index"]["ef_search"] == 64 and again["knn_acc"] == hnsw["knn_acc"]
     evaluate.main(common + ["--index", "hnsw", "--vote", "distance"])  # the l2 index joins the cosine one
-    assert set(torch.load(path, weights_only=True)["faiss"]) == {"cosine", "l2"}
-    assert passes == ["sst dev"] * 3, passes  # the training set was encoded once, by the flat evaluate
+    assert set(torch.load(hnsw_path, weights_only=True)["faiss"]) == {"cosine", "l2"}
+    assert (evaluate.main(common)["sst"]["timing"]["datastore_build_seconds"],) == (None,)  # the flat file, as it was
+    assert passes == ["sst dev"] * 4, passes  # the training set was encoded once, by the first flat evaluate
 
-    refused(["--index", "ivf", "--datastore", str(path)],
-            r"datastore-mean.pt holds index hnsw \(hnsw_m 32, ef_construction 64\), but the flags ask for ivf "
+    refused(["--index", "ivf", "--datastore", str(hnsw_path)],
+            r"datastore-mean-hnsw.pt holds index hnsw \(hnsw_m 32, ef_construction 64\), but the flags ask for ivf "
             r"\(nlist 1, max_train_per_cell 64\); give its flags, or leave out --datastore$")
     ivf = evaluate.main(common + ["--index", "ivf"])["sst"]
-    assert ivf["timing"]["datastore_build_seconds"] is None and torch.load(path, weights_only=True)["index"] == \
+    assert ivf["timing"]["datastore_build_seconds"] is None and torch.load(ivf_path, weights_only=True)["index"] == \
         {"index": "ivf", "nlist": 1, "max_train_per_cell": 64}
     assert (ivf["knn_acc"], ivf["mix_acc"]) == (flat["knn_acc"], flat["mix_acc"])  # one cell of 40 keys: exact
+    assert set(torch.load(hnsw_path, weights_only=True)["faiss"]) == {"cosine", "l2"}, "ivf replaced the hnsw file"
+
+    # an older minknn kept every index in datastore-mean.pt: its hnsw index moves to its own file, not lost
+    shutil.move(hnsw_path, path)
+    capsys.readouterr()
+    evaluate.main(common)
+    assert f"{path} held index hnsw; moved to {hnsw_path}" in capsys.readouterr().out
+    assert torch.load(path, weights_only=True)["index"] == {"index": "flat"}
+    assert set(torch.load(hnsw_path, weights_only=True)["faiss"]) == {"cosine", "l2"}
+    assert evaluate.main(common + ["--index", "hnsw"])["sst"]["timing"]["index_build_seconds"] is None
+    assert passes == ["sst dev"] * 7, passes  # the split only, each time
 
 
 def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
