@@ -236,7 +236,8 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     again = evaluate.main(common + ["--phi", "1", "--vote", "distance"])["sst"]
     assert again["timing"]["datastore_build_seconds"] is None  # reused: same checkpoint, key, training set
     assert (again["mix_acc"], again["mix_macro_f1"]) == (again["knn_acc"], again["knn_macro_f1"])  # phi 1: kNN alone
-    rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn.csv")))
+    assert os.path.exists(tmp_path / "run" / "predictions-dev-knn-k8-phi0.0.csv")  # the first's, kept
+    rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn-distance-k8-phi1.0.csv")))
     assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
     # on the training set each query's own entry is left out (test_knn.py checks the search itself)
@@ -256,7 +257,7 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert swept["phi"][0]["acc"] == first["acc"]
     at_8 = evaluate.main(common + ["--phi", "0.5"])["sst"]
     assert next(r for r in swept["phi"] if r["phi"] == 0.5)["acc"] == at_8["mix_acc"]
-    assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-cosine-mean.json")
+    assert os.path.exists(tmp_path / "run" / "predictions-dev-knn-k8-sweep.json")
 
     # another key: the mean-pooled datastore, given by name, is refused for [CLS] keys
     code, err = cli("evaluate.py", *common, "--knn_key", "cls",
@@ -534,7 +535,7 @@ def test_a_pair_task_with_knnbert_then_knn(tiny_bert_dir, data_dir, tmp_path):
     assert result["n"] == 8 and result["timing"]["datastore_size"] == 36  # test: GLUE's dev file, labelled
     for rule in ("", "knn_", "mix_"):
         assert 0 <= result[rule + "acc"] <= 1, rule
-    rows = list(csv.reader(open(tmp_path / "run" / "predictions-test-knn.csv")))
+    rows = list(csv.reader(open(tmp_path / "run" / "predictions-test-knn-k8.csv")))
     assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 9
     assert rows[1][2] in ("entailment", "not_entailment") and rows[1][4] in ("entailment", "not_entailment")
 
@@ -557,7 +558,7 @@ def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_di
     assert [r["k"] for r in swept["k"]] == [1, 2, 4, 8, 16, 32, 40] and swept["phi"][0]["micro_f1"] == result["micro_f1"]
     at_half = next(r for r in swept["phi"] if r["phi"] == 0.5)
     assert at_half["micro_f1"] == result["mix_micro_f1"]  # the defaults: K 5, lam 0.5
-    assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-euclidean-mean.json")
+    assert os.path.exists(tmp_path / "run" / "predictions-dev-knn-sweep.json")
 
 
 def test_one_loop_trains_a_three_kind_mix(tiny_bert_dir, data_dir, tmp_path):
@@ -771,14 +772,14 @@ def test_knn_refuses_training_examples_other_than_the_runs(tiny_bert_dir, data_d
 def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_dir, tmp_path):
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--loss", "proxyanchor")
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "4", "--proxy"])
-    saved = json.load(open(tmp_path / "run" / "predictions-dev-metrics.json"))
+    saved = json.load(open(tmp_path / "run" / "predictions-dev-proxy-knn-k4-metrics.json"))
     assert saved == result and saved["split"] == "dev" and saved["epoch"] == 1 and saved["sst"]["n"] == 15
     for rule in ("", "proxy_", "knn_", "mix_"):  # every rule's scores
         assert 0 <= saved["sst"][rule + "acc"] <= 1 and 0 <= saved["sst"][rule + "macro_f1"] <= 1, rule
     assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean",
                                    "index": {"index": "flat"}}
     dev = list(csv.reader(open(os.path.join(data_dir, "minbert", "ids-sst-dev.csv")), delimiter="\t"))[1:]
-    for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only"), ("mix_", "-knn")):
+    for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only-k4"), ("mix_", "-knn-k4")):
         rows = list(csv.reader(open(tmp_path / "run" / f"predictions-dev{name}.csv")))[1:]
         assert [(r[0], r[3]) for r in rows] == [(d[1], d[3]) for d in dev], f"{rule}: not the gold class in order"
         assert sum(r[1] == r[3] for r in rows) / len(rows) == saved["sst"][rule + "acc"], f"{rule}: the file disagrees"
@@ -788,3 +789,39 @@ def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_
     saved = json.load(open(tmp_path / "elsewhere" / "sst-test-metrics.json"))
     assert saved == test and saved["split"] == "test" and set(saved["sst"]) == {"n", "predictions"}  # no labels, no scores
     assert sorted(os.listdir(tmp_path / "elsewhere")) == ["sst-test-metrics.json", "sst-test.csv"]
+
+
+def test_evaluations_with_other_flags_keep_their_own_files(tiny_bert_dir, data_dir, tmp_path):
+    """Each evaluate.py call used to overwrite the last one's predictions and metrics, whatever their flags: the
+    files are named by the flags that change what is scored (the split, --max_eval, the rules and their flags), and
+    the same flags again write the same files."""
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--loss", "proxyanchor")
+    run = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir]
+    evaluations = {  # the flags -> the metrics file they write
+        (): "predictions-dev-metrics.json",
+        ("--max_eval", "5"): "predictions-dev-max_eval5-metrics.json",
+        ("--split", "train"): "predictions-train-metrics.json",
+        ("--proxy",): "predictions-dev-proxy-metrics.json",
+        ("--proxy", "--proxy_alpha", "0.2"): "predictions-dev-proxy-proxy_alpha0.2-metrics.json",
+        ("--knn", "--k", "4"): "predictions-dev-knn-k4-metrics.json",
+        ("--knn", "--k", "4", "--phi", "1"): "predictions-dev-knn-k4-phi1.0-metrics.json",
+        ("--knn", "--k", "4", "--vote", "distance", "--index", "hnsw"):
+            "predictions-dev-knn-distance-k4-hnsw-metrics.json",
+        ("--knn", "--k", "4", "--sweep"): "predictions-dev-knn-k4-sweep-metrics.json",
+    }
+    results = {flags: evaluate.main(run + list(flags)) for flags in evaluations}
+    for flags, name in evaluations.items():
+        assert json.load(open(tmp_path / "run" / name)) == results[flags], \
+            f"{name}, of evaluate.py {' '.join(flags)}, was overwritten by a later evaluation with other flags"
+    subset = results[("--max_eval", "5")]["sst"]["predictions"]
+    assert subset == str(tmp_path / "run" / "predictions-dev-max_eval5.csv")
+    assert len(list(csv.reader(open(subset)))) == 6  # a header and 5 rows
+    assert len(list(csv.reader(open(tmp_path / "run" / "predictions-dev.csv")))) == 16, "--max_eval 5 overwrote it"
+    for alpha in ("", "-proxy_alpha0.2"):  # each --proxy_alpha's file; each --phi's mix, one kNN alone
+        assert os.path.exists(tmp_path / "run" / f"predictions-dev-proxy{alpha}.csv")
+    assert {n for n in os.listdir(tmp_path / "run") if n.startswith("predictions-dev-knn")} >= {
+        "predictions-dev-knn-k4.csv", "predictions-dev-knn-k4-phi1.0.csv", "predictions-dev-knn-only-k4.csv",
+        "predictions-dev-knn-distance-k4-hnsw.csv", "predictions-dev-knn-only-distance-k4-hnsw.csv",
+        "predictions-dev-knn-k4-sweep.json"}
+    again = evaluate.main(run + ["--knn", "--k", "4"])  # the same flags: the same files, rewritten
+    assert json.load(open(tmp_path / "run" / "predictions-dev-knn-k4-metrics.json")) == again
