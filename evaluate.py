@@ -9,7 +9,8 @@
 
 Each task of the run is predicted by the model and, with --proxy and --knn, by those rules too,
 side by side (minknn/inference.py); a multi-label run's --knn is Su et al.'s vote. Each rule's
-predictions go to a CSV beside the run, the scores to predictions-<split>-metrics.json; --knn's
+predictions go to a CSV beside the run, the scores to predictions-<split>-metrics.json, each name
+with the flags that change what is scored (predictions-dev-knn-k16-metrics.json: NAMED); --knn's
 datastore of the run's own training examples is saved beside it and reused (minknn/datastore.py).
 Every task's data is read and checked before any encoding. The files and the data root:
 docs/runs.md; kNN and its flags: docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
@@ -51,9 +52,10 @@ def make_parser(description=__doc__.split("\n")[0], rules=True):
                                                    "(default: all)"})
     add_flags(p, "batch_size", "device", "precision", "attention", "data_dir",
               batch_size={"default": 64, "help": "examples per prediction batch"},
-              data_dir={"help": "dataset root (default: $MINKNN_DATA, else the run's, else "
-                                "./data)"})
-    p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv)")
+              data_dir={"help": "dataset root (default: the run's own, if a folder here, else "
+                                "$MINKNN_DATA, else ./data)"})
+    p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv, "
+                   "-max_eval<N> added with --max_eval; the other files beside it)")
     g = p.add_argument_group("proxy inference")
     if rules:
         g.add_argument("--proxy", action="store_true", help="also score with proxy inference")
@@ -74,12 +76,16 @@ def make_parser(description=__doc__.split("\n")[0], rules=True):
     if rules:
         g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 2, 4, .., "
                        "1024")
-    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt)")
+    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt, "
+                   "datastore-<key>-<index>.pt for ivf and hnsw)")
     g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
                    "(approximate; minknn/index.py) (default: flat)")
     for name, text in INDEX_HELP.items():  # minknn/index.py
         g.add_argument(f"--{name}", type=int, help=text)
     return p
+
+
+DEFAULTS = vars(make_parser().parse_args(["--checkpoint", "RUN"]))  # each flag's default
 
 
 def get_args(argv=None):
@@ -168,10 +174,40 @@ def read_task_data(args, ckpt, task, knn, n=None, flag="--max_eval"):
     return examples, subset, train
 
 
+# An evaluation's files are named by the flags that change what it scores (docs/runs.md), so that
+# evaluations with other flags never overwrite each other's: each rule's file by its own flags,
+# the metrics by them all. --batch_size, --device, --precision and --attention change a prediction
+# by float rounding at most: not named.
+NAMED = {"proxy": ("proxy_alpha",), "knn": ("knn_key", "vote", "temperature", "k", "phi", "index",
+                                            *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])}
+CHOICES = ("knn_key", "vote", "index")  # named by their value alone: cls, distance, hnsw
+
+
+def named(args, rule, leave_out=()):
+    """The rule's part of a file name: the rule, then each of its flags given other than at its
+    default, a choice as its value, a number as the flag and the value ('knn-distance-k16')."""
+    parts = [rule]
+    for flag in NAMED["knn" if rule.startswith("knn") else rule]:
+        value = getattr(args, flag, None)
+        if flag not in leave_out and value is not None and value != DEFAULTS.get(flag):
+            parts.append(str(value) if flag in CHOICES else f"{flag}{value}")
+    return "-".join(parts)
+
+
 def predictions_base(args, ckpt):
-    """The predictions files' path less its .csv: --out's, else <run>/predictions-<split>."""
-    run_dir = os.path.dirname(ckpt["file"])
-    return os.path.splitext(args.out or os.path.join(run_dir, f"predictions-{args.split}.csv"))[0]
+    """The predictions files' path less its .csv: --out's, else <run>/predictions-<split>, and
+    -max_eval<N> with --max_eval (the examples scored)."""
+    if args.out:
+        return os.path.splitext(args.out)[0]
+    subset = f"-max_eval{args.max_eval}" if getattr(args, "max_eval", None) else ""
+    return os.path.join(os.path.dirname(ckpt["file"]), f"predictions-{args.split}{subset}")
+
+
+def metrics_path(args, ckpt):
+    """The metrics file: the predictions' base, each rule asked for with its flags, -sweep."""
+    rules = [named(args, rule) for rule in ("proxy", "knn") if getattr(args, rule)]
+    sweep = ["sweep"] if args.sweep else []
+    return "-".join([predictions_base(args, ckpt), *rules, *sweep, "metrics.json"])
 
 
 def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, subset, train):
@@ -198,7 +234,8 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
             predict(model, tokenizer, task, examples, args.batch_size, device,
                     progress=f"{task.name} {args.split} z", precision=args.precision)[1]
         rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", rule_probabilities(
-            "proxy", task, outputs, z, losses[task.name], args.proxy_alpha), f"{base}-proxy.csv"))
+            "proxy", task, outputs, z, losses[task.name], args.proxy_alpha),
+            f"{base}-{named(args, 'proxy')}.csv"))
         result["proxy_alpha"] = args.proxy_alpha
     if knn:
         s = knn_settings(args, task)
@@ -209,9 +246,11 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
         knn_probs = knn_probabilities(datastore, queries, s, exclude)
         knn_seconds = time.time() - start
         how = f"K {s.k}, --vote {s.vote}{f', T {s.temperature}' if s.vote != 'cosine' else ''}"
-        rules += [(f"kNN alone ({how}, key {key})", "knn_", knn_probs, f"{base}-knn-only.csv"),
+        rules += [(f"kNN alone ({how}, key {key})", "knn_", knn_probs,
+                   f"{base}-{named(args, 'knn-only', leave_out=['phi'])}.csv"),
                   (f"model + kNN (phi {s.phi})", "mix_", rule_probabilities(
-                      "knn", task, outputs, knn=knn_probs, phi=s.phi), f"{base}-knn.csv")]
+                      "knn", task, outputs, knn=knn_probs, phi=s.phi),
+                   f"{base}-{named(args, 'knn')}.csv")]
         result["timing"] = {"encode_ms_per_query": 1000 * encode_seconds / len(examples),
                             "knn_ms_per_query": 1000 * knn_seconds / len(examples),
                             "datastore_build_seconds": build_seconds,
@@ -229,8 +268,7 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if args.sweep and knn:
         result["sweep"] = sweep(task, KnnSweep(datastore, queries, s, exclude=exclude),
                                 probabilities, gold, s)
-        path = os.path.join(os.path.dirname(ckpt["file"]), f"knn-sweep-{args.split}-{s.vote}-"
-                            f"{task.name + '-' if several else ''}{key}.json")
+        path = f"{base}-{named(args, 'knn')}-sweep.json"
         write_json(path, result["sweep"])
         print(f"\nsweep tables in {path}")
     return result
@@ -287,7 +325,7 @@ def main(argv=None):
         result["overall"] = overall(tasks, {t.name: result[t.name] for t in tasks})
         print(f"overall score: {result['overall']:.4f} (the mean of the tasks' first scores, "
               f"each in [0, 1])")
-    path = predictions_base(args, ckpt) + "-metrics.json"
+    path = metrics_path(args, ckpt)
     write_json(path, result)
     print(f"metrics in {path}")
     return result

@@ -112,17 +112,37 @@ def load_checkpoint(path):
 
 def data_dir_of(ckpt, data_dir):
     """The data root to score a checkpoint's run on (evaluate.py, the attack): data_dir (the
-    flag), else $MINKNN_DATA, else the root the run trained on (recorded in its checkpoint), else
-    ./data (a checkpoint from before minknn recorded it)."""
-    if data_dir or os.environ.get("MINKNN_DATA") or "data" not in ckpt:
+    --data_dir flag), else the root the run trained on (recorded in its checkpoint) when it is a
+    folder here, else $MINKNN_DATA, else ./data. A root other than the run's is said in one line;
+    a recorded root that is gone, with no flag and no $MINKNN_DATA, is refused in one line."""
+    recorded = ckpt["data"]["root"] if "data" in ckpt else None
+    env = os.environ.get("MINKNN_DATA")
+    if data_dir or recorded is None:  # the flag, or a checkpoint from before the record
         data_root(data_dir)  # a root that is not a folder stops here, before the model
+        if recorded is not None:
+            say_elsewhere(data_dir, "--data_dir", recorded)
         return data_dir
-    root = ckpt["data"]["root"]
-    if not os.path.isdir(root):
-        raise MinknnError(f"--checkpoint {ckpt['file']}: the run read its data from {root}, "
+    if os.path.isdir(recorded):
+        aside = f", not $MINKNN_DATA's {env}" if env and not same_folder(env, recorded) else ""
+        print(f"data: {recorded}, the run's{aside} (--data_dir for another)")
+        return recorded
+    if not env:
+        raise MinknnError(f"--checkpoint {ckpt['file']}: the run read its data from {recorded}, "
                           f"which is not a folder here; give --data_dir (or MINKNN_DATA)")
-    print(f"data: {root}, the run's (--data_dir for another)")
-    return root
+    data_root()  # $MINKNN_DATA must be a folder too
+    say_elsewhere(env, "MINKNN_DATA", recorded, " (not a folder here)")
+    return env
+
+
+def same_folder(a, b):
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def say_elsewhere(root, source, recorded, why=""):
+    """The one line of a run scored on a data root other than the one it trained on."""
+    if not same_folder(root, recorded):
+        print(f"data: scoring on data root {root} (from {source}), not the root the run "
+              f"trained on, {recorded}{why}")
 
 
 def saved_nothing(folder):

@@ -22,8 +22,8 @@ from minknn.data import (data_root, examples_fingerprint, source_paths, split_re
                          training_examples)
 from minknn.engine import predict
 from minknn.files import atomic_save, load_tagged, sealed
-from minknn.index import (INDEX_FLAGS, build_index, built_with, describe_index, index_settings,
-                          metric_of, search_parameters)
+from minknn.index import (INDEX_FLAGS, INDEXES, build_index, built_with, describe_index,
+                          index_settings, metric_of, search_parameters)
 from minknn.kinds import kind_of
 from minknn.knn import check_k, knn_vote, settings
 from minknn.weights import hash_file
@@ -240,16 +240,17 @@ def knn_index(args, n):
 
 def run_datastore(args, ckpt, model, tokenizer, task, train, key, device, several=False):
     """The run's datastore of its training set (train) and its index for this vote, as evaluate.py's
-    flags (args) ask: loaded from disk when still valid, else built and saved (datastore_path;
-    several: the run has several tasks). Returns (datastore, seconds encoding its keys or None,
-    seconds building its index or None)."""
-    path = datastore_path(args, ckpt, task, key, several)
+    flags (args) ask: loaded from disk when still valid, else built and saved (datastore_path: one
+    file per index kind; several: the run has several tasks). A kind's first file takes its keys
+    from another kind's file of this checkpoint when there is one, without encoding the training
+    set again. Returns (datastore, seconds encoding its keys or None, seconds building its index
+    or None)."""
     stamp, wanted = fingerprint(ckpt["file"], key, train), knn_index(args, len(train))
+    path = datastore_path(args, ckpt, task, key, several, wanted["index"])
+    shape = (len(train), model.bert.config.hidden_size, len(task.labels))  # n keys, d, classes
     datastore, seconds, stale = None, None, False
     if os.path.exists(path):
-        # keys of the model's width, one a training example, labels of the task's classes
-        datastore = Datastore.load(path, stamp, len(train), model.bert.config.hidden_size,
-                                   len(task.labels))
+        datastore = Datastore.load(path, stamp, *shape)
         if datastore is None and args.datastore:
             raise MinknnError(f"--datastore {path} was built by a different checkpoint, key or "
                               f"training set; leave out --datastore to build one for this "
@@ -264,10 +265,20 @@ def run_datastore(args, ckpt, model, tokenizer, task, train, key, device, severa
                                   f"{asked}; give its flags, or leave out --datastore")
             print(f"datastore: {path} holds index {saved}, not {asked}; building that over its "
                   f"keys")
+            keep_other_kind(path, datastore, args, ckpt, task, key, several)
             stale = True
         else:
             print(f"datastore: {len(datastore)} keys ({key}), index {describe_index(wanted)}, "
                   f"loaded from {path}")
+    elif not args.datastore:  # the keys of this checkpoint's datastore of another index kind
+        for other in (datastore_path(args, ckpt, task, key, several, kind) for kind in INDEXES):
+            if other != path and os.path.exists(other):
+                datastore = Datastore.load(other, stamp, *shape)
+            if datastore is not None:
+                print(f"datastore: {len(datastore)} keys ({key}) loaded from {other}; index "
+                      f"{describe_index(wanted)} goes to {path}")
+                stale = True
+                break
     if datastore is None:
         start = time.time()
         _, keys = predict(model, tokenizer, task, train, args.batch_size, device,
@@ -287,13 +298,26 @@ def run_datastore(args, ckpt, model, tokenizer, task, train, key, device, severa
         stale = stale or wanted["index"] != "flat"
     if stale:  # the next evaluate loads this index instead of building it
         datastore.save(path, stamp)
-        print(f"datastore: index {describe_index(wanted)} built in {index_seconds:.1f} s, saved "
-              f"to {path}")
+        built = "" if index_seconds is None else f" built in {index_seconds:.1f} s,"
+        print(f"datastore: index {describe_index(wanted)}{built} saved to {path}")
     return datastore, seconds, index_seconds
 
 
-def datastore_path(args, ckpt, task, key, several):
-    """--datastore, else <run>/datastore-<key>.pt (datastore-<task>-<key>.pt in a multi-task
-    run)."""
-    name = f"datastore-{task.name + '-' if several else ''}{key}.pt"
+def keep_other_kind(path, datastore, args, ckpt, task, key, several):
+    """A default datastore file holding another kind of index than its name's (written by a
+    minknn that kept every kind in one file) is moved to that kind's own file, where there is
+    none yet, before path is rewritten: its built index is not lost."""
+    kind = datastore.settings["index"]
+    own = datastore_path(args, ckpt, task, key, several, kind)
+    if own != path and not os.path.exists(own):
+        os.replace(path, own)
+        print(f"datastore: {path} held index {kind}; moved to {own}")
+
+
+def datastore_path(args, ckpt, task, key, several, index="flat"):
+    """--datastore, else <run>/datastore-<key>.pt for the flat index and
+    <run>/datastore-<key>-<index>.pt for an approximate one (datastore-<task>-<key>... in a
+    multi-task run): one file per index kind, so building one never replaces another."""
+    name = f"datastore-{task.name + '-' if several else ''}{key}" \
+           f"{'' if index == 'flat' else '-' + index}.pt"
     return args.datastore or os.path.join(os.path.dirname(ckpt["file"]), name)

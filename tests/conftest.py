@@ -9,6 +9,7 @@ reads: each failure's first line, in full, after pytest's short summary (which c
 terminal's width); and the check of the mutation list's text, which an edited solution fails,
 run last, after every test of what the code does (so `pytest -x` stops at the student's mistake).
 """
+import os
 import signal
 
 import pytest
@@ -61,13 +62,19 @@ def pytest_terminal_summary(terminalreporter):
     return result
 
 
+# The suite's own switch (tests/grading.py: rewrite the stored references), not an input of the code
+SUITE_SWITCHES = ("MINKNN_WRITE_REFERENCES",)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_user_data_root():
-    """The tests read the fixture data they name, whatever the user's shell exports: the README
-    tells users to export MINKNN_DATA, and evaluate.py prefers it to a run's own data root. A
-    test that wants it (test_readme.py) sets it itself."""
+def no_user_minknn_variables():
+    """The tests read the fixture data and files they name, whatever the user's shell exports: every
+    MINKNN_* variable (MINKNN_DATA, which the README tells users to export, and any later one) is
+    unset once for the whole session and restored after it; SUITE_SWITCHES are kept. A test that
+    wants one (test_readme.py) sets it itself. tests/test_conftest.py holds this."""
     with pytest.MonkeyPatch.context() as m:
-        m.delenv("MINKNN_DATA", raising=False)
+        for name in [n for n in os.environ if n.startswith("MINKNN_") and n not in SUITE_SWITCHES]:
+            m.delenv(name)
         yield
 
 

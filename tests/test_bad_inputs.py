@@ -8,8 +8,9 @@ value at fault). Any other exception is a traceback a user would have seen, and 
 function that fails the test, so an error found only after an epoch (or after encoding a split)
 fails too.
 
-A case: (id, script, setup, says). setup(tmp, model, data) returns the argv; tmp is a fresh
-folder, model the tiny BERT's folder (copy it before breaking it), data the fixture datasets.
+A case: (id, script, setup, says). setup(tmp, model, data) returns the argv (or the argv and a dict of
+environment variables to set for the case); tmp is a fresh folder, model the tiny BERT's folder (copy it before
+breaking it), data the fixture datasets.
 """
 import json
 import shutil
@@ -467,6 +468,17 @@ def evaluator(*flags, trained=None, data=None):
     return argv
 
 
+def moved_run(env):
+    """evaluate.py's argv on a tiny run trained on a copy of the fixtures that was then moved away (the run's
+    recorded data root is not a folder here), with the environment env (e.g. a MINKNN_DATA)."""
+    def argv(tmp, tiny, fixtures):
+        copy = trainer("--max_train", "16", data=lambda tmp, fixtures: str(shutil.copytree(fixtures, tmp / "data")))
+        train.main(copy(tmp, tiny, fixtures))
+        shutil.move(tmp / "data", tmp / "moved")
+        return evaluator()(tmp, tiny, fixtures), {k: v(tmp) for k, v in env.items()}
+    return argv
+
+
 def damaged_datastore(edit, reseal):
     """evaluate.py --knn's argv on a 16-example run whose datastore (built by a first evaluate.py --knn) was then
     changed by edit(datastore) (rewritten)."""
@@ -504,6 +516,10 @@ EVALUATE_CASES = [
      evaluator("--knn", "--k", "4", trained=["--task", "multitask", "--tasks", "sst,rte", "--max_train", "16"],
                data=broken_data("glue/RTE/train.tsv", replace(b".", b"!"))),
      "data/glue/RTE/train.tsv: not the rte training examples the run trained on"),
+    ("evaluate a run whose data root is gone", "evaluate", moved_run({}),
+     "run/checkpoint.pt: the run read its data from"),
+    ("evaluate a run whose data root is gone with MINKNN_DATA not found", "evaluate",
+     moved_run({"MINKNN_DATA": lambda tmp: str(tmp / "no-data")}), "no-data: not found"),
     ("evaluate data_dir not found", "evaluate",
      evaluator(trained=["--max_train", "16"], data=lambda tmp, fixtures: str(tmp / "no-data")), "no-data: not found"),
     # the faiss index's flags (minknn/knn.py); --nlist beyond the training set and a --datastore built with
@@ -655,6 +671,10 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
                                                  monkeypatch):
     name, script, setup, says = case
     argv = setup(tmp_path, tiny_bert_dir, data_dir)
+    if isinstance(argv, tuple):  # the argv and the case's environment
+        argv, env = argv
+        for variable, value in env.items():
+            monkeypatch.setenv(variable, value)
     for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.datastore, "predict"),
                              (minknn.memory, "predict")):
         monkeypatch.setattr(module, function, no_slow_work)

@@ -109,7 +109,7 @@ def test_a_new_loss_with_needs_trains_and_evaluates_with_no_other_file_edited(ti
     code, out, err = script(copy, "evaluate.py", "--checkpoint", run, "--proxy", "--knn", "--k",
                             "4", "--data_dir", DATA, "--device", "cpu")
     assert code == 0, f"evaluate.py --proxy --knn on the toy loss's run: exit {code}: {err}"
-    metrics = json.load(open(os.path.join(run, "predictions-dev-metrics.json")))["sst"]
+    metrics = json.load(open(os.path.join(run, "predictions-dev-proxy-knn-k4-metrics.json")))["sst"]
     assert {"acc", "proxy_acc", "knn_acc", "mix_acc"} <= set(metrics), sorted(metrics)
     code, out, _ = script(copy, "train.py", "--help")
     assert "--toy_margin" in out and "toy: the hinge's margin (default: 0.5)" in " ".join(

@@ -18,6 +18,7 @@ from minknn import options
 from minknn.bert import BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.datastore import Datastore
+from minknn.files import CHECKSUM, sealed
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
 from minknn.losses import PROXY_LOSSES
 from minknn.pcgrad import PCGrad
@@ -253,7 +254,8 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     again = evaluate.main(common + ["--phi", "1", "--vote", "distance"])["sst"]
     assert again["timing"]["datastore_build_seconds"] is None  # reused: same checkpoint, key, training set
     assert (again["mix_acc"], again["mix_macro_f1"]) == (again["knn_acc"], again["knn_macro_f1"])  # phi 1: kNN alone
-    rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn.csv")))
+    assert os.path.exists(tmp_path / "run" / "predictions-dev-knn-k8-phi0.0.csv")  # the first's, kept
+    rows = list(csv.reader(open(tmp_path / "run" / "predictions-dev-knn-distance-k8-phi1.0.csv")))
     assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 16
 
     # on the training set each query's own entry is left out (test_knn.py checks the search itself)
@@ -273,7 +275,7 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert swept["phi"][0]["acc"] == first["acc"]
     at_8 = evaluate.main(common + ["--phi", "0.5"])["sst"]
     assert next(r for r in swept["phi"] if r["phi"] == 0.5)["acc"] == at_8["mix_acc"]
-    assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-cosine-mean.json")
+    assert os.path.exists(tmp_path / "run" / "predictions-dev-knn-k8-sweep.json")
 
     # another key: the mean-pooled datastore, given by name, is refused for [CLS] keys
     code, err = cli("evaluate.py", *common, "--knn_key", "cls",
@@ -292,14 +294,15 @@ def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch)
     assert evaluate.main(common)["sst"]["timing"]["datastore_build_seconds"] is not None
 
 
-def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(tiny_bert_dir, data_dir, tmp_path,
+def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tiny_bert_dir, data_dir, tmp_path,
                                                                               monkeypatch, capsys):
-    """--index hnsw: the index built once and saved in the datastore, loaded by the next evaluate (another
-    --ef_search only changes the search); another index: an explicit --datastore is refused, the default one
-    gets the new index built over its saved keys, without encoding the training set again."""
+    """--index hnsw: the index built once and saved in its own file, datastore-mean-hnsw.pt, beside the flat
+    datastore-mean.pt (which it leaves as it was), loaded by the next evaluate (another --ef_search only changes
+    the search); its keys are the flat file's, not encoded again. An explicit --datastore holding another index
+    is refused; an older minknn's datastore-mean.pt holding an approximate index is moved to that index's file."""
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1")
     common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8"]
-    path = tmp_path / "run" / "datastore-mean.pt"
+    path, hnsw_path, ivf_path = (tmp_path / "run" / f"datastore-mean{kind}.pt" for kind in ("", "-hnsw", "-ivf"))
 
     def refused(extra, message):
         """evaluate.py with these flags stops with one line, before encoding anything."""
@@ -314,31 +317,47 @@ def test_evaluate_saves_the_faiss_index_and_builds_another_over_the_saved_keys(t
     flat = evaluate.main(common)["sst"]
     assert flat["knn"]["index"] == {"index": "flat"} and flat["timing"]["datastore_build_seconds"] is not None
     assert torch.load(path, weights_only=True)["faiss"] == {}  # a flat index is the keys: not saved
+    flat_bytes = path.read_bytes()
 
     passes = []
     predict = evaluate.predict
     for module in (evaluate, minknn.datastore):  # the split's pass, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
+    capsys.readouterr()
     hnsw = evaluate.main(common + ["--index", "hnsw", "--ef_search", "16"])["sst"]
     assert hnsw["knn"]["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64, "ef_search": 16}
     assert hnsw["timing"]["datastore_build_seconds"] is None and hnsw["timing"]["index_build_seconds"] is not None
-    assert "holds index flat, not hnsw (hnsw_m 32, ef_construction 64); building that over its keys" in capsys.readouterr().out
-    saved = torch.load(path, weights_only=True)
+    assert path.read_bytes() == flat_bytes, "building the hnsw index replaced the flat datastore"
+    assert f"40 keys (mean) loaded from {path}; index hnsw (hnsw_m 32, ef_construction 64) goes to {hnsw_path}" \
+        in capsys.readouterr().out
+    saved = torch.load(hnsw_path, weights_only=True)
     assert saved["index"] == {"index": "hnsw", "hnsw_m": 32, "ef_construction": 64} and set(saved["faiss"]) == {"cosine"}
     again = evaluate.main(common + ["--index", "hnsw", "--ef_search", "64"])["sst"]
     assert (again["timing"]["datastore_build_seconds"], again["timing"]["index_build_seconds"]) == (None, None)
     assert again["knn"]["index"]["ef_search"] == 64 and again["knn_acc"] == hnsw["knn_acc"]
     evaluate.main(common + ["--index", "hnsw", "--vote", "distance"])  # the l2 index joins the cosine one
-    assert set(torch.load(path, weights_only=True)["faiss"]) == {"cosine", "l2"}
-    assert passes == ["sst dev"] * 3, passes  # the training set was encoded once, by the flat evaluate
+    assert set(torch.load(hnsw_path, weights_only=True)["faiss"]) == {"cosine", "l2"}
+    assert (evaluate.main(common)["sst"]["timing"]["datastore_build_seconds"],) == (None,)  # the flat file, as it was
+    assert passes == ["sst dev"] * 4, passes  # the training set was encoded once, by the first flat evaluate
 
-    refused(["--index", "ivf", "--datastore", str(path)],
-            r"datastore-mean.pt holds index hnsw \(hnsw_m 32, ef_construction 64\), but the flags ask for ivf "
+    refused(["--index", "ivf", "--datastore", str(hnsw_path)],
+            r"datastore-mean-hnsw.pt holds index hnsw \(hnsw_m 32, ef_construction 64\), but the flags ask for ivf "
             r"\(nlist 1, max_train_per_cell 64\); give its flags, or leave out --datastore$")
     ivf = evaluate.main(common + ["--index", "ivf"])["sst"]
-    assert ivf["timing"]["datastore_build_seconds"] is None and torch.load(path, weights_only=True)["index"] == \
+    assert ivf["timing"]["datastore_build_seconds"] is None and torch.load(ivf_path, weights_only=True)["index"] == \
         {"index": "ivf", "nlist": 1, "max_train_per_cell": 64}
     assert (ivf["knn_acc"], ivf["mix_acc"]) == (flat["knn_acc"], flat["mix_acc"])  # one cell of 40 keys: exact
+    assert set(torch.load(hnsw_path, weights_only=True)["faiss"]) == {"cosine", "l2"}, "ivf replaced the hnsw file"
+
+    # an older minknn kept every index in datastore-mean.pt: its hnsw index moves to its own file, not lost
+    shutil.move(hnsw_path, path)
+    capsys.readouterr()
+    evaluate.main(common)
+    assert f"{path} held index hnsw; moved to {hnsw_path}" in capsys.readouterr().out
+    assert torch.load(path, weights_only=True)["index"] == {"index": "flat"}
+    assert set(torch.load(hnsw_path, weights_only=True)["faiss"]) == {"cosine", "l2"}
+    assert evaluate.main(common + ["--index", "hnsw"])["sst"]["timing"]["index_build_seconds"] is None
+    assert passes == ["sst dev"] * 7, passes  # the split only, each time
 
 
 def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
@@ -534,7 +553,7 @@ def test_a_pair_task_with_knnbert_then_knn(tiny_bert_dir, data_dir, tmp_path):
     assert result["n"] == 8 and result["timing"]["datastore_size"] == 36  # test: GLUE's dev file, labelled
     for rule in ("", "knn_", "mix_"):
         assert 0 <= result[rule + "acc"] <= 1, rule
-    rows = list(csv.reader(open(tmp_path / "run" / "predictions-test-knn.csv")))
+    rows = list(csv.reader(open(tmp_path / "run" / "predictions-test-knn-k8.csv")))
     assert rows[0] == ["id", "prediction", "prediction_name", "gold", "gold_name"] and len(rows) == 9
     assert rows[1][2] in ("entailment", "not_entailment") and rows[1][4] in ("entailment", "not_entailment")
 
@@ -557,7 +576,7 @@ def test_multilabel_trains_then_votes_with_its_neighbours(tiny_bert_dir, data_di
     assert [r["k"] for r in swept["k"]] == [1, 2, 4, 8, 16, 32, 40] and swept["phi"][0]["micro_f1"] == result["micro_f1"]
     at_half = next(r for r in swept["phi"] if r["phi"] == 0.5)
     assert at_half["micro_f1"] == result["mix_micro_f1"]  # the defaults: K 5, lam 0.5
-    assert os.path.exists(tmp_path / "run" / "knn-sweep-dev-euclidean-mean.json")
+    assert os.path.exists(tmp_path / "run" / "predictions-dev-knn-sweep.json")
 
 
 def test_one_loop_trains_a_three_kind_mix(tiny_bert_dir, data_dir, tmp_path):
@@ -694,26 +713,45 @@ def without_data_record(run):
     torch.save(ckpt, run / "checkpoint.pt")
 
 
-def test_a_checkpoint_records_its_data_and_evaluate_reads_that_root(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+def test_a_checkpoint_records_its_data_and_evaluate_reads_that_root(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                                    capsys):
+    """--data_dir, else the run's own root (over $MINKNN_DATA: the README tells users to export it, and a run scored
+    on another root would score other examples), else $MINKNN_DATA, else ./data; a root other than the run's is
+    said in one line."""
     monkeypatch.delenv("MINKNN_DATA", raising=False)
     monkeypatch.chdir(tmp_path)  # no ./data here
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "16")
     ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     drawn = training_examples(TASKS["sst"], data_dir, 16, 0)
-    assert ckpt["data"] == {"root": os.path.abspath(data_dir), "train_fingerprint": {"sst": examples_fingerprint(drawn)}}
+    own = os.path.abspath(data_dir)
+    assert ckpt["data"] == {"root": own, "train_fingerprint": {"sst": examples_fingerprint(drawn)}}
+    knn = ["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"]
 
-    result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])  # no --data_dir, no MINKNN_DATA
-    assert result["data_root"] == os.path.abspath(data_dir) and result["sst"]["n"] == 15
+    def data_lines(argv):
+        result = evaluate.main(argv)
+        return result["data_root"], [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("data:")]
+
+    capsys.readouterr()
+    assert data_lines(knn) == (own, [f"data: {own}, the run's (--data_dir for another)"])  # no flag, no MINKNN_DATA
     assert sorted(os.listdir(tmp_path)) == ["run"], "evaluate.py left a data folder behind"
     shutil.copytree(data_dir, tmp_path / "copy")  # the same examples elsewhere: --knn accepts them
-    monkeypatch.setenv("MINKNN_DATA", str(tmp_path / "copy"))
-    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])["data_root"] == str(tmp_path / "copy")
-    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir])["data_root"] == os.path.abspath(data_dir)
+    copy = str(tmp_path / "copy")
+    monkeypatch.setenv("MINKNN_DATA", copy)  # the run's own root, which is here, wins; a line says so
+    assert data_lines(knn) == (own, [f"data: {own}, the run's, not $MINKNN_DATA's {copy} (--data_dir for another)"])
+    assert data_lines(knn + ["--data_dir", copy]) == (copy, [
+        f"data: scoring on data root {copy} (from --data_dir), not the root the run trained on, {own}"])
+    assert data_lines(knn + ["--data_dir", data_dir]) == (own, [])  # the flag naming the run's own root: no line
+
+    # the run's root is not a folder here (a run moved to another machine): MINKNN_DATA's, in one line
+    ckpt["data"]["root"] = str(tmp_path / "gone")
+    torch.save(sealed({k: v for k, v in ckpt.items() if k != CHECKSUM}), tmp_path / "run" / "checkpoint.pt")
+    assert data_lines(knn) == (copy, [f"data: scoring on data root {copy} (from MINKNN_DATA), not the root the run "
+                                      f"trained on, {tmp_path / 'gone'} (not a folder here)"])
 
     monkeypatch.delenv("MINKNN_DATA")
     shutil.move(tmp_path / "copy", tmp_path / "data")  # a checkpoint without the record reads ./data, as before
     without_data_record(tmp_path / "run")
-    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--knn", "--k", "4"])["data_root"] == str(tmp_path / "data")
+    assert evaluate.main(knn)["data_root"] == str(tmp_path / "data")
 
 
 def test_a_run_whose_data_root_is_gone_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
@@ -752,14 +790,14 @@ def test_knn_refuses_training_examples_other_than_the_runs(tiny_bert_dir, data_d
 def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_dir, tmp_path):
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--loss", "proxyanchor")
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "4", "--proxy"])
-    saved = json.load(open(tmp_path / "run" / "predictions-dev-metrics.json"))
+    saved = json.load(open(tmp_path / "run" / "predictions-dev-proxy-knn-k4-metrics.json"))
     assert saved == result and saved["split"] == "dev" and saved["epoch"] == 1 and saved["sst"]["n"] == 15
     for rule in ("", "proxy_", "knn_", "mix_"):  # every rule's scores
         assert 0 <= saved["sst"][rule + "acc"] <= 1 and 0 <= saved["sst"][rule + "macro_f1"] <= 1, rule
     assert saved["sst"]["knn"] == {"k": 4, "phi": 0.25, "vote": "cosine", "temperature": None, "key": "mean",
                                    "index": {"index": "flat"}}
     dev = list(csv.reader(open(os.path.join(data_dir, "minbert", "ids-sst-dev.csv")), delimiter="\t"))[1:]
-    for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only"), ("mix_", "-knn")):
+    for rule, name in (("", ""), ("proxy_", "-proxy"), ("knn_", "-knn-only-k4"), ("mix_", "-knn-k4")):
         rows = list(csv.reader(open(tmp_path / "run" / f"predictions-dev{name}.csv")))[1:]
         assert [(r[0], r[3]) for r in rows] == [(d[1], d[3]) for d in dev], f"{rule}: not the gold class in order"
         assert sum(r[1] == r[3] for r in rows) / len(rows) == saved["sst"][rule + "acc"], f"{rule}: the file disagrees"
@@ -769,3 +807,39 @@ def test_evaluate_writes_its_metrics_beside_the_predictions(tiny_bert_dir, data_
     saved = json.load(open(tmp_path / "elsewhere" / "sst-test-metrics.json"))
     assert saved == test and saved["split"] == "test" and set(saved["sst"]) == {"n", "predictions"}  # no labels, no scores
     assert sorted(os.listdir(tmp_path / "elsewhere")) == ["sst-test-metrics.json", "sst-test.csv"]
+
+
+def test_evaluations_with_other_flags_keep_their_own_files(tiny_bert_dir, data_dir, tmp_path):
+    """Each evaluate.py call used to overwrite the last one's predictions and metrics, whatever their flags: the
+    files are named by the flags that change what is scored (the split, --max_eval, the rules and their flags), and
+    the same flags again write the same files."""
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--loss", "proxyanchor")
+    run = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir]
+    evaluations = {  # the flags -> the metrics file they write
+        (): "predictions-dev-metrics.json",
+        ("--max_eval", "5"): "predictions-dev-max_eval5-metrics.json",
+        ("--split", "train"): "predictions-train-metrics.json",
+        ("--proxy",): "predictions-dev-proxy-metrics.json",
+        ("--proxy", "--proxy_alpha", "0.2"): "predictions-dev-proxy-proxy_alpha0.2-metrics.json",
+        ("--knn", "--k", "4"): "predictions-dev-knn-k4-metrics.json",
+        ("--knn", "--k", "4", "--phi", "1"): "predictions-dev-knn-k4-phi1.0-metrics.json",
+        ("--knn", "--k", "4", "--vote", "distance", "--index", "hnsw"):
+            "predictions-dev-knn-distance-k4-hnsw-metrics.json",
+        ("--knn", "--k", "4", "--sweep"): "predictions-dev-knn-k4-sweep-metrics.json",
+    }
+    results = {flags: evaluate.main(run + list(flags)) for flags in evaluations}
+    for flags, name in evaluations.items():
+        assert json.load(open(tmp_path / "run" / name)) == results[flags], \
+            f"{name}, of evaluate.py {' '.join(flags)}, was overwritten by a later evaluation with other flags"
+    subset = results[("--max_eval", "5")]["sst"]["predictions"]
+    assert subset == str(tmp_path / "run" / "predictions-dev-max_eval5.csv")
+    assert len(list(csv.reader(open(subset)))) == 6  # a header and 5 rows
+    assert len(list(csv.reader(open(tmp_path / "run" / "predictions-dev.csv")))) == 16, "--max_eval 5 overwrote it"
+    for alpha in ("", "-proxy_alpha0.2"):  # each --proxy_alpha's file; each --phi's mix, one kNN alone
+        assert os.path.exists(tmp_path / "run" / f"predictions-dev-proxy{alpha}.csv")
+    assert {n for n in os.listdir(tmp_path / "run") if n.startswith("predictions-dev-knn")} >= {
+        "predictions-dev-knn-k4.csv", "predictions-dev-knn-k4-phi1.0.csv", "predictions-dev-knn-only-k4.csv",
+        "predictions-dev-knn-distance-k4-hnsw.csv", "predictions-dev-knn-only-distance-k4-hnsw.csv",
+        "predictions-dev-knn-k4-sweep.json"}
+    again = evaluate.main(run + ["--knn", "--k", "4"])  # the same flags: the same files, rewritten
+    assert json.load(open(tmp_path / "run" / "predictions-dev-knn-k4-metrics.json")) == again

@@ -307,7 +307,7 @@ def test_evaluate_attack_queries_the_rule_it_names(knn_run, data_dir, tiny_bert_
     def read(path):
         with open(path, newline="") as f:
             return {r["id"]: r["prediction_name"] for r in csv.DictReader(f)}
-    head, knn_only = read(tmp_path / "p.csv"), read(tmp_path / "p-knn-only.csv")
+    head, knn_only = read(tmp_path / "p.csv"), read(tmp_path / "p-knn-only-k4.csv")
     assert head != knn_only, "the premise: the head and kNN alone disagree on some example"
     for rule, expected in (("knn-only", knn_only), ("model", head)):
         out = tmp_path / f"attack-{rule}.csv"
