@@ -107,30 +107,66 @@ def test_embeddings_are_the_real_tokens_packed():
     out = embed(emb)
     N, H = int(MASK.sum()), SMALL.hidden_size
     check("embeddings", out.shape == (N, H), f"a (3, 6) batch with {N} real tokens must give "
-          f"their embeddings packed, (N, H) = {(N, H)}; got {tuple(out.shape)} (pack ids, "
-          f"positions and types with packing.pack)")
-    check("embeddings", torch.equal(out, embed(emb)), "two calls in eval mode differ: dropout "
-          "must act in training only (self.dropout)")
+          f"their embeddings packed, (N, H) = {(N, H)}; got {tuple(out.shape)} (the real tokens' "
+          f"ids, positions and types, each packed with packing.pack)")
+    again = embed(emb)
+    check("embeddings", torch.equal(out, again), f"two calls in eval mode differ, by up to "
+          f"{(out - again).abs().max().item():.3g}; in eval mode nothing is random (dropout acts "
+          f"in training only: self.dropout)")
+
+
+def embeddings_under(emb, ids, types, mask, positions="row", with_positions=True,
+                     with_types=True):
+    """What the embeddings of the real tokens are under a choice: positions "row" (each token's
+    index in its row, the formula) or "packed" (its place among the packed tokens, 0 to N - 1);
+    the position or token-type embeddings left out."""
+    keep = mask.bool()
+    index = (torch.arange(ids.size(1)).expand_as(ids)[keep] if positions == "row"
+             else torch.arange(int(keep.sum())))
+    e = emb.word_embeddings.weight[ids[keep]]
+    if with_positions:
+        e = e + emb.position_embeddings.weight[index]
+    if with_types:
+        e = e + emb.token_type_embeddings.weight[types[keep]]
+    return layer_norm(e, emb.LayerNorm)
 
 
 def test_embeddings_positions_count_from_0_in_each_row():
     emb = fixed(BertEmbeddings(SMALL))
     ids = torch.tensor([[2, 7, 7, 3], [2, 7, 7, 0]])  # row 1: row 0's first 3 tokens, then padding
-    out = embed(emb, ids, torch.zeros_like(ids), (ids != 0).long())
+    types, mask = torch.zeros_like(ids), (ids != 0).long()
+    out = embed(emb, ids, types, mask)
+    with torch.no_grad():
+        mistakes = {
+            "the output equals the embeddings without the position embeddings; each token adds "
+            "position_embeddings(its index in its row)":
+                embeddings_under(emb, ids, types, mask, with_positions=False),
+            "the output equals the embeddings with each token's position its place among the "
+            "packed tokens (0 to N - 1); a token's position is its index in its own row (0 to "
+            "T - 1, built before packing)": embeddings_under(emb, ids, types, mask, "packed"),
+        }
+    no_known_mistake("embeddings", out, mistakes, "rows [2, 7, 7, 3] and [2, 7, 7, <pad>]")
     check("embeddings", not torch.allclose(out[1], out[2]), "token 7 at positions 1 and 2 of row 0 "
-          "got the same embedding: the position embeddings are missing")
+          "got the same embedding; a token's position (its index in its row) must change it")
     for i in range(3):
+        gap = (out[i] - out[4 + i]).abs().max().item()
         check("embeddings", torch.allclose(out[i], out[4 + i], atol=1e-6),
-              f"the same token at position {i} of rows 0 and 1 got different embeddings: a token's "
-              f"position is its index in its own row (0 to T - 1, built before packing), not its "
-              f"place among the packed tokens (0 to N - 1)")
+              f"the same token at position {i} of rows 0 and 1 got embeddings up to {gap:.3g} "
+              f"apart; they must be equal (a token's position is its index in its own row, 0 to "
+              f"T - 1, whatever row it is in)")
 
 
 def test_embeddings_use_the_token_types():
     emb = fixed(BertEmbeddings(SMALL))
     zeros, ones = embed(emb, types=torch.zeros_like(IDS)), embed(emb, types=MASK)
+    with torch.no_grad():
+        without = embeddings_under(emb, IDS, MASK, MASK, with_types=False)
+    no_known_mistake("embeddings", ones, {
+        "the output equals the embeddings without the token-type embeddings; each token adds "
+        "token_type_embeddings(its type)": without}, "token_type_ids 1 on every real token")
     check("embeddings", not torch.allclose(zeros, ones), "token_type_ids 0 and 1 gave the same "
-          "embeddings: the token-type embeddings are missing")
+          "embeddings; a token's type must change its embedding (token_type_embeddings rows 0 "
+          "and 1 differ)")
 
 
 def test_embeddings_are_normalised_after_the_sum():
@@ -169,18 +205,27 @@ def test_embeddings_match_the_formula():
           "eval mode)")
 
 
-def check_dropout_at_half(part, dropped, plain, none_dropped, kept):
+def check_dropout_at_half(part, dropped, plain, none_dropped, kept, mistakes=()):
     """dropped: `plain` through dropout with p = 0.5: about half the values 0, the others
-    plain / (1 - p). none_dropped: the hint when nothing was dropped; kept: what the others are."""
+    plain / (1 - p). none_dropped: what was expected when nothing was dropped; mistakes: {what a
+    mistake gives, in words: its output, recomputed with the same random draws}, named only when
+    `dropped` equals that output (no_known_mistake)."""
     zero = dropped == 0
-    check(part, zero.any(), none_dropped)
+    if not zero.any():
+        no_known_mistake(part, dropped, dict(mistakes), none_dropped)
+        gap = (dropped - plain).abs().max().item()
+        check(part, False, f"{none_dropped}; the output differs from the one without dropout by "
+              f"up to {gap:.3g}")
     share = zero.float().mean().item()
     check(part, 0.35 < share < 0.65, f"with dropout p 0.5, {share:.0%} of the values were dropped")
     ratio = dropped[~zero] / plain[~zero]
     r = ratio.median().item()
+    unscaled = abs(r - 1) < 1e-3 and torch.allclose(ratio, torch.ones_like(ratio))
     check(part, not torch.allclose(ratio, torch.full_like(ratio, r)) or abs(r - 2) < 1e-3,
           f"with dropout p 0.5, the values kept are {r:.3g} times their value without dropout; "
-          f"dropout scales them by 1 / (1 - p) = 2 (F.dropout does it; a mask alone does not)")
+          f"dropout scales them by 1 / (1 - p) = 2" + (" (F.dropout does; the values kept here "
+                                                        "are unscaled, as a mask alone leaves "
+                                                        "them)" if unscaled else ""))
     close(part, dropped[~zero], (plain / 0.5)[~zero], kept)
 
 
@@ -188,11 +233,20 @@ def test_embeddings_dropout_comes_last_and_only_in_training():
     emb = fixed(BertEmbeddings(dataclasses.replace(SMALL, hidden_dropout_prob=0.5)))
     plain = embed(emb)
     dropped = seeded(lambda: embed(emb.train()))
-    check_dropout_at_half("embeddings", dropped, plain, "in training mode no value was dropped "
-                          "(set to 0): self.dropout is missing, or applied before LayerNorm "
-                          "(which fills the zeros again)", "in training mode, the values kept by "
-                          "dropout (LayerNorm's output scaled by 1 / (1 - p); dropout is the last "
-                          "step)")
+    with torch.no_grad():  # the sum before LayerNorm, for the mistakes' outputs
+        e = (emb.word_embeddings.weight[IDS[MASK.bool()]]
+             + emb.position_embeddings.weight[torch.arange(6).expand(3, 6)[MASK.bool()]]
+             + emb.token_type_embeddings.weight[TYPES[MASK.bool()]])
+        before = seeded(lambda: layer_norm(F.dropout(e, 0.5), emb.LayerNorm))
+    check_dropout_at_half("embeddings", dropped, plain, "in training mode with p 0.5 no value was "
+                          "dropped (set to 0); the output is Dropout(LayerNorm(sum)), dropout "
+                          "last", "in training mode, the values kept by dropout (LayerNorm's "
+                          "output scaled by 1 / (1 - p); dropout is the last step)", {
+                              "the output equals the eval-mode output: no dropout acts in "
+                              "training mode": plain,
+                              "the output equals LayerNorm(Dropout(sum)), with the same draws: "
+                              "dropout comes after LayerNorm, which would fill the zeros again":
+                                  before})
 
 
 # RoBERTa and DistilBERT (minknn/backbones.py) run the same BertEmbeddings.forward with other
@@ -312,19 +366,28 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
     w = weights(q, k, mask)
     check("attention", w.shape == (2, 2, 5, 5), f"attention(q, k, v) with q, k (2, 2, 5, 4) and v "
           f"(2, 2, 5, 5) must return (2, 2, 5, 5), one row per query; got {tuple(w.shape)}")
+    s = q @ k.transpose(-2, -1)
     sums = w.sum(-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
+        no_known_mistake("attention", w, {
+            "they equal softmax(Q K^T / sqrt(hs) + mask) over the queries (dim -2); the softmax "
+            "runs over the keys, the last dimension": F.softmax(s / 2 + mask, -2),
+            "they equal softmax(Q K^T / sqrt(hs)) + mask, the mask added after the softmax; it "
+            "is added to the scores, before it": F.softmax(s / 2, -1) + mask,
+        }, "the attention weights do not sum to 1 over the keys")
         i = tuple(int(x) for x in ((sums - 1).abs() > 1e-5).nonzero()[0])
-        check("attention", False, f"each query's weights must sum to 1 over the keys (add the "
-              f"mask to the scores, then softmax over the last dimension, the keys); at "
-              f"{where(i, ('example', 'head', 'query'))} they sum to {sums[i]:.4g}")
+        check("attention", False, f"each query's weights must sum to 1 over the keys (a softmax "
+              f"over the last dimension); at {where(i, ('example', 'head', 'query'))} they sum "
+              f"to {sums[i]:.4g}")
     padded = w[1, ..., 3:]
     if padded.abs().max() > 1e-6:
+        no_known_mistake("attention", w, {
+            "they equal softmax(Q K^T / sqrt(hs)) without the mask; the mask is added to the "
+            "scores, before the softmax": F.softmax(s / 2, -1)},
+            "padded keys got weight above 0")
         i = tuple(int(x) for x in (padded.abs() > 1e-6).nonzero()[0])
-        check("attention", False, f"padded keys must get weight 0 (add the mask to the scores, "
-              f"before the softmax); got {padded[i]:.3g} at example 1, "
-              f"{where(i, ('head', 'query'))}, key {3 + i[2]}")
-    s = q @ k.transpose(-2, -1)
+        check("attention", False, f"padded keys (example 1, keys 3 and 4) must get weight 0; got "
+              f"{padded[i]:.3g} at example 1, {where(i, ('head', 'query'))}, key {3 + i[2]}")
     no_known_mistake("attention", w, {
         "the scores are not scaled; divide Q K^T by sqrt(hs), hs = q.size(-1)":
             F.softmax(s + mask, -1),
@@ -363,9 +426,19 @@ def test_attention_of_a_query_whose_keys_are_all_padding_stays_finite():
         mask = torch.zeros(2, 1, 1, 5, dtype=dtype)
         mask[1] = torch.finfo(dtype).min
         w = weights(q.to(dtype), k.to(dtype), mask)
+        if not torch.isfinite(w).all():
+            s = q.to(dtype) @ k.to(dtype).transpose(-2, -1) / 2
+            inf = F.softmax(s.masked_fill(mask < 0, float("-inf")), -1)
+            check("attention", not torch.allclose(w.float(), inf.float(), atol=1e-2, rtol=0,
+                                                  equal_nan=True),
+                  f"in {dtype}, example 1, whose keys are all padding, got non-finite weights "
+                  f"{w[1, 0, 0].tolist()}, as a softmax whose every term in the row is 0 gives "
+                  f"(0/0: the mask turned into -inf, or exp taken without subtracting the row's "
+                  f"max, give these); F.softmax of the scores plus the mask as given (its most "
+                  f"negative finite number) gives 1/5 each")
         check("attention", bool(torch.isfinite(w).all()), f"in {dtype}, example 1, whose keys are "
-              f"all padding, got non-finite weights {w[1, 0, 0].tolist()}: add the mask as given "
-              f"(its most negative finite number), do not turn it into -inf")
+              f"all padding, got non-finite weights {w[1, 0, 0].tolist()}; with the mask added as "
+              f"given (its most negative finite number) they are 1/5 each")
         close("attention", w[1].float(), torch.full((2, 5, 5), 0.2), f"in {dtype}, the weights "
               f"of a query whose keys are all padding (uniform: 1/5 each)", atol=1e-2, rtol=0)
 
@@ -375,14 +448,25 @@ def test_attention_dropout_drops_the_weights():
     plain = weights(q, k, None)
     ones = torch.ones(2, 2, 12, 3)
     out = seeded(lambda: attention(q, k, ones, None, dropout_p=0.5))
-    check("attention", torch.allclose(out, out[..., :1].expand_as(out)), "with V all ones, the "
-          "3 outputs of a query must be equal, each the sum of its kept weights: dropout acts on "
-          "the weights, before multiplying by V, not on the output")
+    if not torch.allclose(out, out[..., :1].expand_as(out)):
+        no_known_mistake("attention", out, {
+            "it equals dropout applied to the output softmax(...) V, with the same draws; "
+            "dropout acts on the weights, before multiplying by V":
+                seeded(lambda: F.dropout(plain @ ones, 0.5))}, "with V all ones and dropout_p=0.5")
+        spread = (out - out[..., :1]).abs().max().item()
+        check("attention", False, f"with V all ones and dropout_p=0.5, the 3 outputs of a query "
+              f"differ by up to {spread:.3g}; they must be equal, each the sum of its kept "
+              f"weights (dropout acts on the weights, before multiplying by V)")
     w = seeded(lambda: weights(q, k, None, dropout_p=0.5))
+    s = q @ k.transpose(-2, -1) / 2
     check_dropout_at_half("attention", w, plain, "with dropout_p=0.5 no weight was dropped (set to "
-                          "0): apply F.dropout(probs, p=dropout_p) to the weights after the "
-                          "softmax (not to the scores)", "with dropout_p=0.5, the weights kept "
-                          "(scaled by 1 / (1 - p), as F.dropout does)")
+                          "0); dropout acts on the weights, after the softmax", "with "
+                          "dropout_p=0.5, the weights kept (scaled by 1 / (1 - p), as F.dropout "
+                          "does)", {
+                              "the weights equal those without dropout: no dropout acts": plain,
+                              "the weights equal softmax(dropout(scores)), with the same draws: "
+                              "dropout acts on the weights, after the softmax, not on the scores":
+                                  seeded(lambda: F.softmax(F.dropout(s, 0.5), -1))})
 
 
 def test_attention_sanity_check():

@@ -79,8 +79,8 @@ def test_euclidean_vote_by_hand():
     # rounding can leave a squared distance a hair below 0: it is a distance of 0, not NaN
     check_weights("euclidean", torch.tensor([[-1e-7, 1.0]]), 1.0,
                   torch.softmax(torch.tensor([[0.0, -1.0]]), dim=1),
-                  "a squared distance of -1e-7 (rounding) is a distance of 0: clamp before the "
-                  "root")
+                  "a squared distance of -1e-7 (rounding) is a distance of 0 (clamped at 0 "
+                  "before the root)")
 
 
 def test_each_vote_weighs_in_float64():

@@ -74,9 +74,10 @@ def test_momentum_update_by_hand():
             theta_q = flat(model)
             graded(PART, "KeyEncoder.update", key_encoder.update, model)
             got = flat(key_encoder.encoder)
-            check(PART, not torch.equal(got, theta_k), "KeyEncoder.update left the key encoder's "
-                  "parameters unchanged: change them in place (k.mul_(...).add_(...)); a new "
-                  "tensor bound to the loop's name changes nothing")
+            check(PART, not torch.equal(got, theta_k), f"KeyEncoder.update with m = {m} left the "
+                  f"key encoder's parameters unchanged (expected m theta_k + (1 - m) theta_q, up "
+                  f"to {(1 - m) * (theta_q - theta_k).abs().max().item():.3g} away); the update "
+                  f"is written into the parameters themselves, in place (k.mul_(...).add_(...))")
             a, b, off = as_mix(got, theta_k, theta_q)
             check(PART, off < 1e-5 and abs(a - m) < 1e-5 and abs(b - (1 - m)) < 1e-5, f"after "
                   f"KeyEncoder.update with m = {m} the key encoder must be {m:g} theta_k + "
@@ -151,17 +152,21 @@ def test_queue_wraps_around_first_in_first_out():
     close(PART, queue.keys, unit, "the queue's keys (each written with its label, normalised)")
 
 
-def check_unit_keys(got, expected, what):
-    """Each row of `got` a unit vector along the same row of `expected` (unit vectors)."""
+def check_unit_keys(got, expected, what, mistakes=None):
+    """Each row of `got` a unit vector along the same row of `expected` (unit vectors); mistakes:
+    {what a mistake stores: the keys it gives, recomputed}, named only when `got` equals them."""
+    for mistake, wrong in (mistakes or {}).items():
+        check(PART, not (got.shape == wrong.shape and torch.allclose(got, wrong, atol=1e-5)),
+              f"{what} are {got.tolist()}: they equal the keys {mistake}; each key is stored as a "
+              f"unit vector, F.normalize(keys, dim=1)")
     norms = got.norm(dim=1)
     check(PART, torch.allclose(norms, torch.ones_like(norms), atol=1e-5), f"{what} have norms "
-          f"{[round(n, 4) for n in norms.tolist()]}: each key is stored as a unit vector, "
-          f"F.normalize(keys, dim=1) (per key, along its features, not per dimension across the "
-          f"batch)")
+          f"{[round(n, 4) for n in norms.tolist()]}, expected 1 each: each key is stored as a "
+          f"unit vector, F.normalize(keys, dim=1) (per key, along its features)")
     cos = (F.normalize(got, dim=1) * expected).sum(1)
     check(PART, torch.allclose(cos, torch.ones_like(cos), atol=1e-5), f"{what} point elsewhere "
-          f"than the keys enqueued (cosines {[round(c, 4) for c in cos.tolist()]}): normalise each "
-          f"key along its features, F.normalize(keys, dim=1)")
+          f"than the keys enqueued (cosines {[round(c, 4) for c in cos.tolist()]} with them, "
+          f"expected 1 each): slot i holds key i, scaled to length 1")
 
 
 def test_a_batch_larger_than_the_queue_keeps_its_last_keys():
@@ -178,7 +183,9 @@ def test_queue_normalises_each_key_vector_not_each_dimension():
     queue = Queue(3, 2)
     keys = torch.tensor([[3.0, 4.0], [0.0, 0.5], [10.0, 0.0]])
     enqueue(queue, keys, torch.arange(3), torch.arange(3))
-    check_unit_keys(queue.keys, F.normalize(keys, dim=1), "the queue's keys")
+    check_unit_keys(queue.keys, F.normalize(keys, dim=1), "the queue's keys", {
+        "as given, not normalised": keys,
+        "normalised per dimension across the batch (dim 0), not per key": F.normalize(keys, dim=0)})
     close(PART, queue.keys, torch.tensor([[0.6, 0.8], [0.0, 1.0], [1.0, 0.0]]),
           "the queue's keys for [[3, 4], [0, 0.5], [10, 0]] (each key normalised, dim 1)")
 
@@ -200,14 +207,14 @@ def test_memory_bank_update_is_wu_et_al_momentum():
         for row, q in ((1, torch.tensor([2.0, 0.0])), (3, torch.tensor([0.0, -3.0]))):
             v = bank.keys[row]
             check(PART, abs(v.norm().item() - 1) < 1e-5, f"MemoryBank.update with m = {m}: "
-                  f"entry {row} has norm {v.norm().item():.4g}; normalise it after the mix, "
-                  f"v_i <- (m v_i + (1 - m) f_i) / ||.||")
+                  f"entry {row} has norm {v.norm().item():.4g}, expected 1: v_i <- (m v_i + "
+                  f"(1 - m) f_i) / ||.||, normalised after the mix")
             a, b, _ = as_mix(v, before[row], q)
             shares.append(b * q.norm().item() / (a + b * q.norm().item()))
         check(PART, abs(shares[0] - shares[1]) < 1e-5, f"MemoryBank.update with m = {m}: the "
               f"queries [2, 0] and [0, -3] got shares {shares[0]:.3g} and {shares[1]:.3g} of "
-              f"their entries; a query's norm must not count: normalise the queries first, "
-              f"f_i = q_i / ||q_i||")
+              f"their entries, expected {1 - m:.3g} each; a query's norm does not count, the mix "
+              f"takes the unit query f_i = q_i / ||q_i||")
         check(PART, abs(shares[0] - (1 - m)) < 1e-5, f"MemoryBank.update with m = {m}: each "
               f"entry moved along {1 - shares[0]:.3g} v_i + {shares[0]:.3g} f_i; m = {m} is the "
               f"old entry's share: m v_i + (1 - m) f_i")
@@ -235,16 +242,17 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
     close(PART, moco.memory.keys[:3], keys, "the queue's first slots after the first step (the "
           "batch's keys; the queries never enter the queue)")
     check(PART, moco.memory.labels[:3].tolist() == [2, 0, 1] and moco.memory.ids[:3].tolist()
-          == [5, 1, 4], "after_step must enqueue the batch's labels and rows with its keys")
+          == [5, 1, 4], f"after the first step the queue's first 3 slots hold labels "
+          f"{moco.memory.labels[:3].tolist()} and rows {moco.memory.ids[:3].tolist()}, expected "
+          f"the batch's, [2, 0, 1] and [5, 1, 4], enqueued with its keys")
     moco = MoCo(model, SimpleNamespace(name="sst"), "bank", 6)
     moco.memory.fill(F.normalize(torch.randn(6, 4, generator=g), dim=1), torch.arange(6),
                      torch.arange(6))
     before = moco.memory.keys.clone()
     graded(PART, "MoCo.after_step", moco.after_step, before[rows], labels, rows, queries)
     check(PART, not torch.allclose(moco.memory.keys[rows], before[rows]), "after_step over a "
-          "bank left the batch's entries where they were: it moves them towards the batch's "
-          "queries, memory.update(rows, queries), not towards the batch keys (the entries "
-          "themselves)")
+          "bank left the batch's entries where they were; they move towards the batch's queries "
+          "(memory.update(rows, queries))")
     expected = before.clone()
     expected[rows] = F.normalize(0.5 * before[rows] + 0.5 * F.normalize(queries.detach(), dim=1),
                                  dim=1)

@@ -17,6 +17,14 @@ PART = "pcgrad"
 
 def algorithm_1(grads, rng):
     """A literal transcription of Yu et al.'s Algorithm 1, on lists of floats: the oracle."""
+    return [sum(col) for col in zip(*adjusted_rows(grads, rng))]
+
+
+def adjusted_rows(grads, rng, mistake=None):
+    """Algorithm 1's g_i^PC, one list of floats each; under a mistake, to name it only where the
+    code's output equals it: "original dot" (the conflict tested and projected with the original
+    g_i . g_j), "restart" (each projection from the original g_i: only the last kept), "onto
+    adjusted" (projected onto g_j^PC as the loop has left it)."""
     def dot(a, b):
         return sum(x * y for x, y in zip(a, b))
     g = [list(map(float, row)) for row in grads]
@@ -25,10 +33,17 @@ def algorithm_1(grads, rng):
         others = [j for j in range(len(g)) if j != i]
         rng.shuffle(others)
         for j in others:
-            if dot(g_pc[i], g[j]) < 0:
-                c = dot(g_pc[i], g[j]) / dot(g[j], g[j])
-                g_pc[i] = [x - c * y for x, y in zip(g_pc[i], g[j])]
-    return [sum(col) for col in zip(*g_pc)]
+            onto = g_pc[j] if mistake == "onto adjusted" else g[j]
+            d = dot(g[i] if mistake == "original dot" else g_pc[i], onto)
+            if d < 0:
+                c = d / dot(onto, onto)
+                start = g[i] if mistake == "restart" else g_pc[i]
+                g_pc[i] = [x - c * y for x, y in zip(start, onto)]
+    return g_pc
+
+
+def equals(tensor, rows):
+    return torch.allclose(tensor, torch.tensor(rows, dtype=tensor.dtype), atol=1e-10, rtol=0)
 
 
 def coefficients(grads, seed):
@@ -96,9 +111,11 @@ def test_a_projection_runs_along_the_original_gradient(seed):
     for i, j in ((0, 1), (1, 0)):
         change = adjusted[i] - g[i]
         off = (change - (change @ g[j]) / (g[j] @ g[j]) * g[j]).norm().item()
+        onto = equals(adjusted, adjusted_rows(g.tolist(), random.Random(seed), "onto adjusted"))
         check(PART, off < 1e-10, f"two conflicting gradients: g_{i + 1}^PC - g_{i + 1} must be a "
-              f"multiple of the original g_{j + 1} (subtract from C[i, j] alone, the original g_j's "
-              f"coefficient, not a multiple of C[j]); {off:.3g} of it lies off g_{j + 1}")
+              f"multiple of the original g_{j + 1} (a change to C[i, j] alone, the original "
+              f"g_j's coefficient); {off:.3g} of it lies off g_{j + 1}" + (
+                  f", as projecting onto g_{j + 1}^PC, already adjusted, gives" if onto else ""))
 
 
 def test_each_projection_starts_from_the_one_before():
@@ -107,10 +124,12 @@ def test_each_projection_starts_from_the_one_before():
     g = torch.tensor([[-1.0, -2.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
     adjusted = projected(g, 0)
     dots = [round((adjusted[0] @ g[j]).item(), 12) + 0.0 for j in (1, 2)]
+    restart = equals(adjusted, adjusted_rows(g.tolist(), random.Random(0), "restart"))
     check(PART, dots == [0, 0], f"g_1 = (-1, -2, 1) conflicts with g_2 = (1, 0, 0) and g_3 = (0, "
-          f"1, 0): after both projections g_1^PC = (0, 0, 1), orthogonal to both; its dots with "
-          f"them are {dots}: each projection updates g_1^PC in place (C[i, j] -= ...), "
-          f"starting from the one before, not from the original g_i")
+          f"1, 0): after both projections g_1^PC = (0, 0, 1), orthogonal to both; got g_1^PC = "
+          f"{[round(x, 6) + 0.0 for x in adjusted[0].tolist()]}, its dots with them {dots}" + (
+              ", the original g_1 with only its last projection taken off: each projection "
+              "starts from the one before (C[i, j] -= ...)" if restart else ""))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -121,11 +140,14 @@ def test_the_conflict_is_measured_on_the_adjusted_gradient(seed):
     order = [1, 2]
     random.Random(seed).shuffle(order)   # the order pcgrad_coefficients draws for g_1
     last = order[-1]
-    dot = round((projected(g, seed)[0] @ g[last]).item(), 12) + 0.0
+    adjusted = projected(g, seed)
+    dot = round((adjusted[0] @ g[last]).item(), 12) + 0.0
+    original = equals(adjusted, adjusted_rows(g.tolist(), random.Random(seed), "original dot"))
     check(PART, dot == 0, f"g_1 = (-1, -1, 0) conflicts with g_2 = (1, 0, 0) and g_3 = (1, 1, 0), "
           f"projected off them in the order {order[0] + 1}, {last + 1}: the last projection "
-          f"leaves g_1^PC orthogonal to g_{last + 1}, but their dot is {dot:.3g}: test and "
-          f"project with the current g_i^PC . g_j (C[i] @ G[:, j]), not the original g_i's")
+          f"leaves g_1^PC orthogonal to g_{last + 1}, but their dot is {dot:.3g}" + (
+              ", as testing and projecting with the original g_1 . g_j gives: the dot is the "
+              "current g_i^PC . g_j (C[i] @ G[:, j])" if original else ""))
 
 
 def test_the_gram_form_by_hand():
@@ -136,9 +158,11 @@ def test_the_gram_form_by_hand():
     w = graded(PART, "pcgrad_coefficients", pcgrad_coefficients, G, random.Random(0)).sum(0).tolist()
     check(PART, w == [1.5, 2.0], f"pcgrad_coefficients for g_1 = (2, 0), g_2 = (-1, 1) (G = [[4, -2], "
           f"[-2, 2]]): g_1^PC = g_1 + g_2 and g_2^PC = g_2 + 0.5 g_1, so w = (C_11 + C_21, "
-          f"C_12 + C_22) = (1.5, 2); got w = {w}: a conflict SUBTRACTS g_i^PC.g_j / G_jj (the "
-          f"squared norm of g_j, projected onto) from C_ij (row i, the gradient adjusted; column "
-          f"j, the one projected off)")
+          f"C_12 + C_22) = (1.5, 2); got w = {w}" + (
+              ", as adding the projection's coefficient gives (C_12 = -1, C_21 = -0.5): a "
+              "conflict SUBTRACTS g_i^PC.g_j / G_jj from C_ij" if w == [0.5, 0.0] else
+              " (a conflict subtracts g_i^PC.g_j / G_jj, G_jj the squared norm of g_j, from "
+              "C_ij: row i the gradient adjusted, column j the one projected off)"))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -148,10 +172,13 @@ def test_the_gram_form_measures_the_conflict_on_the_adjusted_gradient(seed):
     g = torch.tensor([[-1.0, -1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
     want = algorithm_1(g.tolist(), random.Random(seed))
     got = [round(x, 12) + 0.0 for x in from_gram(g, seed).tolist()]
+    rows = adjusted_rows(g.tolist(), random.Random(seed), "original dot")
+    original = all(abs(a - b) < 1e-10 for a, b in zip(got, [sum(c) for c in zip(*rows)]))
     check(PART, got == want, f"pcgrad_coefficients on g_1 = (-1, -1, 0), g_2 = (1, 0, 0), g_3 = (1, 1, "
           f"0) (seed {seed}): g_1 is projected off g_2 and g_3 in turn, and Algorithm 1's "
-          f"direction is {want}; sum_j w_j g_j is {got}: test and project with the current "
-          f"g_i^PC . g_j = C[i] @ G[:, j], not the original G_ij")
+          f"direction is {want}; sum_j w_j g_j is {got}" + (
+              ", as testing and projecting with the original G_ij gives: the dot is the current "
+              "g_i^PC . g_j = C[i] @ G[:, j]" if original else ""))
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -32,9 +32,10 @@ def test_contrastive_normalises_what_its_formula_normalises():
 
 def test_contrastive_a_pair_of_one_class_is_similar():
     v = value("contrastive", make("contrastive"), apart(0.0), torch.tensor([1, 1]))
-    ok("contrastive", near(v, 0), f"two equal vectors of the same class (a similar pair at "
-       f"distance 0) must cost 0; got {v:.6g} (a dissimilar pair there costs m^2 / 2 = 0.125): "
-       f"y_ij = 1 marks a DISSIMILAR pair, labels that differ")
+    worked("contrastive", v, 0.0, "two equal vectors of the same class (a similar pair at "
+           "distance 0) cost 0", {
+               "of a dissimilar pair there, m^2 / 2 (y = 1 for labels that are equal); y_ij = 1 "
+               "marks a DISSIMILAR pair, labels that differ": 0.5 * 0.5 ** 2}, atol=1e-6)
 
 
 def test_contrastive_each_unordered_pair_once():
@@ -45,10 +46,13 @@ def test_contrastive_each_unordered_pair_once():
     want = run("contrastive", contrastive, torch.ones(3, dtype=torch.float64),
                torch.tensor([0, 1, 1]), 0.5).mean().item()
     v = value("contrastive", make("contrastive"), h, y)
-    ok("contrastive", near(v, want, atol=1e-12), f"three examples pairwise 1 apart (labels 0, 0, "
-       f"1): the loss is the mean over the 3 pairs i < j of your contrastive(d_ij, y_i != y_j, "
-       f"m), {want:.6g}; got {v:.6g}: each unordered pair once (torch.triu_indices with offset "
-       f"1: not i with itself, not (j, i) again)")
+    # each example with itself too: 3 more pairs, similar, at distance ~0 (cost ~0)
+    worked("contrastive", v, want, "three examples pairwise 1 apart (labels 0, 0, 1): the mean "
+           "over the 3 pairs i < j of your contrastive(d_ij, y_i != y_j, m)", {
+               "over the 6 pairs i <= j, each example paired with itself too (at cost 0); the "
+               "pairs are i < j, each unordered pair once": want * 3 / 6,
+               "over the 9 ordered pairs (i, j), i = j included; the pairs are i < j, each "
+               "unordered pair once": want * 6 / 9}, atol=1e-9)
 
 
 def test_contrastive_d_is_the_distance():
@@ -61,9 +65,11 @@ def test_contrastive_d_is_the_distance():
 def test_contrastive_the_hinge_is_on_the_distance():
     loss = make("contrastive")
     v, far = (value("contrastive", loss, apart(d), torch.tensor([0, 1])) for d in (0.3, 1.0))
-    ok("contrastive", near(v, 0.02) and near(far, 0), f"a dissimilar pair 0.3 apart costs 1/2 "
-       f"max(0, m - d)^2 = 1/2 (0.5 - 0.3)^2 = 0.02, one 1.0 apart (beyond m) 0; got {v:.6g} and "
-       f"{far:.6g}: the hinge max(0, m - d) on the distance, then squared")
+    worked("contrastive", [v, far], [0.02, 0.0], "a dissimilar pair 0.3 apart costs 1/2 "
+           "max(0, m - d)^2 = 1/2 (0.5 - 0.3)^2 = 0.02, one 1.0 apart (beyond m) 0", {
+               "with the hinge on the squared distance, 1/2 max(0, m - d^2), not squared after; "
+               "the hinge max(0, m - d) is on the distance, then squared":
+                   [0.5 * (0.5 - 0.09), 0.0]}, atol=1e-9)
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
@@ -119,8 +125,8 @@ def test_contrastive_gradient_of_two_equal_vectors_is_finite():
         value.backward()
         ok("contrastive", bool(torch.isfinite(value)) and bool(torch.isfinite(h.grad).all()),
            f"two equal vectors (labels {labels}): the loss {value.item():.6g} and the gradient "
-           f"{h.grad.tolist()} must be finite; clamp 2 - 2 z_i.z_j away from 0 (min=1e-12), not "
-           f"at 0, before the sqrt (its gradient at 0 is infinite)")
+           f"{h.grad.tolist()} must be finite: the sqrt's gradient at 0 is infinite, so 2 - 2 "
+           f"z_i.z_j is clamped away from 0 (min=1e-12) before the sqrt")
 
 
 @pytest.mark.parametrize("name", ["contrastive", "pair_loss contrastive"])

@@ -16,7 +16,7 @@ import torch
 from checks import (D, apart, check_degenerate_inputs_are_finite, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
                     check_runs_in_fp32_under_autocast, check_sanity_check, e, make, near, ok, randn,
-                    run)
+                    run, worked)
 from minknn.losses import task_loss
 from minknn.losses.mlcon import mlcon
 from minknn.tasks import TASKS
@@ -34,9 +34,12 @@ LINE = torch.tensor([[0.0], [2], [3]], dtype=torch.float64) * e(0)   # z = 0, 2 
 def test_mlcon_example_i_is_not_in_its_own_denominator():
     z, y = 5 * apart(2.0), torch.tensor([[1.0, 0, 0, 0]] * 2, dtype=torch.float64)  # 10 apart
     v = run("mlcon", mlcon, z, y).item()
-    ok("mlcon", near(v, 0), f"two examples sharing a label, 10 apart: each is the other's only "
-       f"candidate (k in g(i), k != i), p = 1, so the loss is 0; got {v:.6g}: leave example i "
-       f"out of its own denominator (the diagonal at -inf before the logsumexp)")
+    # with example i in its own denominator (d_ii = 0): p = e^-1 / (e^-1 + 1) for each of the two
+    worked("mlcon", v, 0.0, "two examples sharing a label, 10 apart: each is the other's only "
+           "candidate (k in g(i), k != i), p = 1, so the loss is 0", {
+               "with example i in its own denominator (d_ii = 0, e^0 = 1 beside e^(-10/10)); "
+               "k != i: the diagonal at -inf before the logsumexp": 2 * math.log1p(math.e)},
+           atol=1e-6)
 
 
 def test_mlcon_sums_over_the_batch():
@@ -45,8 +48,10 @@ def test_mlcon_sums_over_the_batch():
     # a second copy 10^4 away, of other labels: it adds its own rows and nothing to the first's
     two = run("mlcon", mlcon, torch.cat([z, z + e(1, 1e4)]), torch.cat([y, y.roll(2, 1)])).item()
     ok("mlcon", near(two, 2 * one), f"a batch and a copy of it 10^4 away (sharing no label with "
-       f"it) must cost twice the batch alone, {2 * one:.6g}; got {two:.6g}: L_con is the SUM of "
-       f"the rows over the batch, not their mean")
+       f"it) must cost twice the batch alone, {2 * one:.6g}; got {two:.6g}" + (
+           ", the same as the batch alone, as a mean over the rows gives: L_con is the SUM of the "
+           "rows over the batch" if near(two, one) else f" (off by {abs(two - 2 * one):.3g}): "
+           f"L_con is the SUM of the rows over the batch"))
 
 
 def test_mlcon_uses_the_unsquared_distance():
@@ -54,18 +59,27 @@ def test_mlcon_uses_the_unsquared_distance():
     y = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
     e = {d: math.exp(-d / 10) for d in (1, 2, 3)}  # tau' = 10, d the distance (not its square)
     expected = -math.log(e[2] / (e[2] + e[3])) - math.log(e[2] / (e[2] + e[1]))
-    got = run("mlcon", mlcon, LINE, y)
-    ok("mlcon", near(got, expected, rtol=1e-6), f"z = 0, 2, 3 on a line: got {got.item():.8g}, "
-       f"expected {expected:.8g} with d the Euclidean distance, not its square")
+    sq = {d: math.exp(-d * d / 10) for d in (1, 2, 3)}   # d squared
+    squared = -math.log(sq[2] / (sq[2] + sq[3])) - math.log(sq[2] / (sq[2] + sq[1]))
+    got = run("mlcon", mlcon, LINE, y).item()
+    worked("mlcon", got, expected, "z = 0, 2, 3 on a line (0 and 1 share a label, 2 none), d the "
+           "Euclidean distance", {"with d the squared distance; d is the distance itself":
+                                  squared}, atol=1e-9, rtol=1e-6)
 
 
 def test_mlcon_beta_is_a_distribution_over_the_sharers():
     one = torch.tensor([[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
     two = torch.tensor([[1.0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0]], dtype=torch.float64)
     a, b = (run("mlcon", mlcon, LINE, y).item() for y in (one, two))
+    # with beta = C (not divided by its row's sum): rows 0 and 1 weigh their only sharer 2, not 1
+    want = row([1, 0], [2, 3]) + row([1, 0], [2, 1])
+    unnormalised = near(a, want) and near(b, 2 * want)
     ok("mlcon", near(a, b), f"z = 0, 2, 3 on a line, 0 and 1 each other's only label-sharer: "
        f"sharing two labels instead of one must change nothing, beta_01 = C_01 / C_01 = 1; the "
-       f"loss went from {a:.6g} to {b:.6g}: divide C_ij by its row's sum, sum_k C_ik")
+       f"loss went from {a:.6g} to {b:.6g}" + (
+           f", {b / a:.3g} times, as beta = C (C_01 = 2, not divided by its row's sum) gives: "
+           f"beta_ij = C_ij / sum_k C_ik" if unnormalised else
+           f" (by {b - a:.3g}): beta_ij = C_ij / sum_k C_ik, a distribution over the sharers"))
 
 
 def row(beta, d, tau=10.0):
@@ -81,10 +95,11 @@ def test_mlcon_weighs_each_sharer_by_the_labels_it_shares():
     y = torch.tensor([[1.0, 1, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float64)
     want = row([2 / 3, 1 / 3], [1, 4]) + row([2 / 3, 1 / 3], [1, 3]) + row([1 / 2, 1 / 2], [4, 3])
     v = run("mlcon", mlcon, z, y).item()
-    ok("mlcon", near(v, want), f"z = 0, 1, 4 on a line, 0 and 1 sharing two labels and each one "
-       f"with 2: the targets are beta_0 = beta_1 = (2/3, 1/3), beta_2 = (1/2, 1/2), so the loss "
-       f"is {want:.6g}; got {v:.6g}: weigh each sharer j by C_ij, the labels it shares, not the "
-       f"same for all")
+    same = row([1 / 2, 1 / 2], [1, 4]) + row([1 / 2, 1 / 2], [1, 3]) + row([1 / 2, 1 / 2], [4, 3])
+    worked("mlcon", v, want, "z = 0, 1, 4 on a line, 0 and 1 sharing two labels and each one "
+           "with 2: the targets are beta_0 = beta_1 = (2/3, 1/3), beta_2 = (1/2, 1/2)", {
+               "with every sharer weighted the same, beta_0 = beta_1 = (1/2, 1/2); each sharer j "
+               "weighs C_ij, the labels it shares": same}, atol=1e-9)
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----

@@ -16,10 +16,12 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from checks import (at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
-                    check_runs_in_fp32_under_autocast, check_sanity_check, e, make, near, ok, value)
+                    check_runs_in_fp32_under_autocast, check_sanity_check, e, make, near, ok, value,
+                    worked)
 from minknn import MinknnError
 from minknn.engine import PairBatches
 from minknn.losses.setfit import draw_pairs
@@ -39,19 +41,31 @@ def test_setfit_a_pair_of_one_class_targets_one():
        f"target is 1.0 for a pair of one class, 0.0 for two (labels[:B] == labels[B:])")
 
 
+def setfit_under(u, v, same, err=lambda x: x ** 2, reduce=torch.mean):
+    """The loss on pairs (u_i, v_i) of targets `same` (1 or 0), under a choice of error and
+    reduction: the mistakes' values, recomputed."""
+    return reduce(err(F.cosine_similarity(u, v, dim=-1) - same)).item()
+
+
 def test_setfit_pairs_the_first_half_with_the_second():
-    """h = [e0, e1, e2, e0, e1, -e2], labels [0, 1, 2, 0, 1, 2]: pairs (e0, e0), (e1, e1) and
-    (e2, -e2), each of one class: errors 0, 0 and (-1 - 1)^2 = 4, mean 4/3. Neighbouring rows as
-    pairs, (e0, e1), (e2, e0), (e1, -e2), all at cos 0, give 1."""
+    """h = [e0, e1, e2, e0, x, -e2], x = (e1 + e2) / sqrt(2), labels [0, 1, 2, 0, 1, 2]: pairs
+    (e0, e0), (e1, x) and (e2, -e2), each of one class, at cos 1, 1/sqrt(2) and -1. Each mistake
+    below gives its own value on it, recomputed."""
     loss = make("setfit")
-    h = torch.stack([e(0), e(1), e(2), e(0), e(1), -e(2)])
+    x = (e(1) + e(2)) / math.sqrt(2)
+    h = torch.stack([e(0), e(1), e(2), e(0), x, -e(2)])
     got = value("setfit", loss, h, torch.tensor([0, 1, 2, 0, 1, 2]))
-    hints = {1.0: "pair i is text i with text B + i (h[:B] with h[B:], u, v = h.chunk(2)), not "
-                  "neighbouring rows (h[0::2], h[1::2])", 4.0: "a sum over the pairs, not the mean",
-             2 / 3: "the absolute error, not its square"}
-    hint = next((": " + why for v, why in hints.items() if near(got, v)), "")
-    ok("setfit", near(got, 4 / 3), f"on pairs (e0, e0), (e1, e1), (e2, -e2), each of one class, "
-       f"the loss is {got:.6g}, not (0 + 0 + 4) / 3{hint}")
+    one = torch.ones(3, dtype=torch.float64)
+    u, v = h[:3], h[3:]
+    worked("setfit", got, setfit_under(u, v, one), "pairs (e0, e0), (e1, x), (e2, -e2), each of "
+           "one class (x = (e1 + e2) / sqrt(2)): the mean of (cos - 1)^2", {
+               "with neighbouring rows as pairs (h[0::2], h[1::2]); pair i is text i with text "
+               "B + i, u, v = h.chunk(2)": setfit_under(h[0::2], h[1::2], one),
+               "with the targets inverted, 0 for a pair of one class; it is 1":
+                   setfit_under(u, v, 0 * one),
+               "summed over the pairs, not their mean": setfit_under(u, v, one, reduce=torch.sum),
+               "with the absolute error, not its square": setfit_under(u, v, one, err=torch.abs),
+           }, atol=1e-9)
 
 
 def test_setfit_squares_the_error_and_averages_over_the_pairs():

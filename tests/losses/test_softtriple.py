@@ -115,8 +115,8 @@ def test_softtriple_gradient_with_two_coinciding_centres_is_finite():
     ok("softtriple", bool(torch.isfinite(value)) and bool(torch.isfinite(grad).all())
        and bool(torch.isfinite(h.grad).all()), f"with centres 0 and 1 of class 0 equal, the loss "
        f"{value.item():.6g} and its gradient (that of those centres: {grad[0, :2, 0].tolist()} "
-       f"in dimension 0) must be finite; clamp the regulariser's 2 - 2 w^s.w^t away from 0 "
-       f"(min=1e-12), not at 0, before the sqrt (its gradient at 0 is infinite)")
+       f"in dimension 0) must be finite: the sqrt's gradient at 0 is infinite, so the "
+       f"regulariser's 2 - 2 w^s.w^t is clamped away from 0 (min=1e-12) before the sqrt")
 
 
 def test_softtriple_runs_in_fp32_under_autocast():

@@ -9,6 +9,8 @@ tell its common mistakes apart, its oracle (triplet_oracle, tests/losses/oracles
 inputs, gradcheck, batch order, separation, the sanity check against
 tests/fixtures/references/triplet.pt, then fp32 under autocast. A failure names the part.
 """
+import math
+
 import torch
 
 from checks import (check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
@@ -25,17 +27,22 @@ def test_triplet_normalises_what_its_formula_normalises():
 
 def test_triplet_an_anchor_is_not_its_own_positive():
     v = value("triplet", make("triplet"), triangle(), torch.tensor([0, 1, 2]))
-    ok("triplet", v == 0, f"three examples of three classes, close together (squared distances "
-       f"0.03 < m): no valid triplet, so the loss is 0; got {v:.6g}: an anchor is not its own "
-       f"positive (p != a: fill the positive mask's diagonal with False), and a mean over no "
-       f"triplet is 0, not 0/0")
+    d = 3 * math.sin(0.1) ** 2   # each pair's squared distance
+    ok("triplet", not math.isnan(v), "three examples of three classes: no valid triplet, so the "
+       "loss is 0; got nan (the mean over no triplet is taken as 0)")
+    worked("triplet", v, 0.0, "three examples of three classes, close together (squared "
+           "distances 0.03 < m): no valid triplet (p != a, of a's class), so the loss is 0", {
+               "with each anchor its own positive (p = a, d_ap = 0: 6 triplets costing m - 0.03); "
+               "p != a, the positive mask's diagonal False": 0.2 - d}, atol=1e-9)
 
 
 def test_triplet_the_margin_on_a_tie():
     v = value("triplet", make("triplet"), triangle(), torch.tensor([0, 0, 1]))
-    ok("triplet", near(v, 0.2), f"three examples at equal distances (labels 0, 0, 1): each of "
-       f"the 2 triplets costs max(0, d_ap - d_an + m) = m, so the loss is m = 0.2; got {v:.6g}: "
-       f"add the margin to d_ap - d_an, inside the hinge")
+    worked("triplet", v, 0.2, "three examples at equal distances (labels 0, 0, 1): each of the 2 "
+           "triplets costs max(0, d_ap - d_an + m) = m, so the loss is m = 0.2", {
+               "without +m in the hinge (max(0, d_ap - d_an) and max(0, d_ap - d_an - m) both "
+               "give 0 here); the margin is added to d_ap - d_an, inside the hinge": 0.0},
+           atol=1e-9)
 
 
 def test_triplet_the_mean_counts_the_satisfied_triplets():
