@@ -34,7 +34,7 @@ def adjusted_rows(grads, rng, mistake=None):
         rng.shuffle(others)
         for j in others:
             onto = g_pc[j] if mistake == "onto adjusted" else g[j]
-            d = dot(g[i] if mistake == "original dot" else g_pc[i], onto)
+            d = dot(g[i] if mistake == "original dot" else g_pc[i], g[j])  # tested against g_j
             if d < 0:
                 c = d / dot(onto, onto)
                 start = g[i] if mistake == "restart" else g_pc[i]
