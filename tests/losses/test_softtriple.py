@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from checks import (C, D, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, make, near, ok, randn, run, value)
+                    check_sanity_check, make, ok, randn, run, value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -27,39 +27,61 @@ def test_softtriple_normalises_what_its_formula_normalises():
     check_normalises_what_its_formula_normalises("softtriple")
 
 
+def similarities(loss, h):
+    """x.w_c^k of the normalised vectors, (B, C, K): the oracle's and the mistakes' input."""
+    return torch.einsum("bd,ckd->bck", F.normalize(h, dim=-1), F.normalize(loss.centres, dim=-1))
+
+
 def test_softtriple_the_centres_weights_use_gamma():
     loss, h = make("softtriple"), randn(5, D, seed=0)
-    S = []
+    sim, S = similarities(loss, h), []
     for gamma in (1e-3, 10.0):
         loss.gamma = gamma
-        S.append(run("softtriple", loss.similarity, h))
-    ok("softtriple", not torch.allclose(*S), "S_c(x) is the same at gamma = 0.001 and 10: each "
-       "centre's weight is softmax_k(x.w_c^k / gamma), the temperature gamma inside the softmax "
-       "(uniform weights, or a softmax without gamma, ignore it)")
+        S.append(run("softtriple", loss.similarity, h).detach())
+    if torch.allclose(*S):
+        # each a value the test recomputes: named only when S equals it
+        for mistake, wrong in {
+                "each class's centres weighted uniformly, the mean over k": sim.mean(-1),
+                "each centre weighted by softmax_k(x.w_c^k), without gamma":
+                    (F.softmax(sim, dim=-1) * sim).sum(-1)}.items():
+            ok("softtriple", not torch.allclose(S[1], wrong, atol=1e-9), f"S_c(x) is the same "
+               f"at gamma = 0.001 and 10, and it is the S_c(x) of {mistake}")
+    gap = (S[0] - S[1]).abs().max().item()
+    ok("softtriple", not torch.allclose(*S), f"S_c(x) at gamma = 0.001 and at 10 differ by at "
+       f"most {gap:.3g} (5 random examples): each centre's weight is softmax_k(x.w_c^k / gamma), "
+       f"so S_c(x) must move with gamma (the largest x.w_c^k at 0.001, nearly the mean at 10)")
 
 
 def test_softtriple_weights_a_class_own_centres():
     loss, h = make("softtriple"), randn(5, D, seed=0)
-    sim = torch.einsum("bd,ckd->bck", F.normalize(h, dim=-1), F.normalize(loss.centres, dim=-1))
+    sim = similarities(loss, h)
     loss.gamma = 1e-4  # the softmax picks the largest
     S = run("softtriple", loss.similarity, h).detach()
-    ok("softtriple", torch.allclose(S, sim.max(-1).values, atol=1e-9), f"as gamma falls to 0, "
-       f"S_c(x) must become the largest x.w_c^k over class c's own K centres: the softmax runs "
-       f"over a class's centres (the last dimension of the (B, C, K) similarities), not over the "
-       f"classes; got {S[0].tolist()} for example 0, its best centre per class "
-       f"{sim.max(-1).values[0].tolist()}")
+    best = sim.max(-1).values
+    if not torch.allclose(S, best, atol=1e-9):
+        over_classes = (F.softmax(sim / loss.gamma, dim=1) * sim).sum(-1)
+        ok("softtriple", not torch.allclose(S, over_classes, atol=1e-9), f"at gamma = 1e-4, "
+           f"S_c(x) is {S[0].tolist()} for example 0, the S_c(x) of a softmax over the classes "
+           f"(dim 1 of the (B, C, K) similarities), not over class c's K centres (the last "
+           f"dimension)")
+    i = (S - best).abs().amax(1).argmax().item()
+    ok("softtriple", torch.allclose(S, best, atol=1e-9), f"as gamma falls to 0 (1e-4), S_c(x) "
+       f"must become the largest x.w_c^k over class c's own K centres; example {i}: got "
+       f"{S[i].tolist()}, its best centre per class {best[i].tolist()} (off by up to "
+       f"{(S - best).abs().max().item():.3g})")
 
 
 def test_softtriple_the_margin_inside_the_scale():
     loss = make("softtriple", reg_weight=0.0)   # no regulariser
     loss.similarity = lambda h: torch.full((1, C), 0.5, dtype=torch.float64)  # S fixed: a tie
     v = value("softtriple", loss, randn(1, D, seed=0), torch.tensor([0]))
-    want = math.log1p(3 * math.exp(20 * 0.01))
     # 1e-7: delta * F.one_hot(...) is float32
-    ok("softtriple", near(v, want, atol=1e-7), f"S_c = 0.5 for all 4 classes: the margin lowers "
-       f"the true class's logit by lambda delta = 20 * 0.01, so the loss is log(1 + 3 e^0.2) = "
-       f"{want:.6g}; got {v:.6g}: the logits are lambda (S_c - delta [c = y]), the margin "
-       f"inside the scale")
+    worked("softtriple", v, math.log1p(3 * math.exp(20 * 0.01)), "S_c = 0.5 for all 4 classes, "
+           "lambda 20, delta 0.01, no regulariser: the logits lambda (S_c - delta [c = y]) lower "
+           "the true class's by lambda delta = 0.2, the loss log(1 + 3 e^0.2)", {
+               "with the margin outside the scale, lambda S_c - delta [c = y]":
+                   math.log1p(3 * math.exp(0.01)),
+               "without the margin": math.log(4)}, atol=1e-7, rtol=0)
 
 
 def test_softtriple_regulariser_by_hand():
@@ -68,10 +90,13 @@ def test_softtriple_regulariser_by_hand():
         loss.centres.copy_(torch.eye(3, D, dtype=torch.float64).expand(C, 3, D))
     v = run("softtriple", loss.regulariser).item()
     want = 0.2 * C * 3 * math.sqrt(2) / (C * 3 * 2)
-    ok("softtriple", near(v, want), f"each class's 3 centres orthonormal (3 pairs sqrt 2 apart "
-       f"per class): R = tau sum ||w^s - w^t|| / (C K (K - 1)) = 0.2 * 12 sqrt 2 / 24 = "
-       f"{want:.6g}; got {v:.6g}: the distance (not squared) summed over the pairs s < t, "
-       f"divided by C K (K - 1), twice the number of pairs")
+    worked("softtriple", v, want, "each class's 3 centres orthonormal (3 pairs s < t, sqrt 2 "
+           "apart, per class), tau 0.2: R = tau sum_{s<t} ||w^s - w^t|| / (C K (K - 1)) = "
+           "0.2 * 12 sqrt 2 / 24", {
+               "with the sum over s < t divided by 12, C K (K - 1) / 2 the number of pairs "
+               "(or C K, the same at K = 3), or the sum over ordered pairs s != t by C K "
+               "(K - 1): twice R": 2 * want,
+               "of the squared distance, 2 - 2 w^s.w^t": 0.2 * C * 3 * 2 / (C * 3 * 2)})
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
