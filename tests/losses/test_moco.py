@@ -50,11 +50,17 @@ def test_moco_the_positive_stays_in_its_denominator():
 
 
 def test_moco_the_querys_own_keys_are_no_negatives():
-    keys = [(-e(0), 0, 1), (e(1), 0, 2)]
+    keys, t = [(-e(0), 0, 1), (e(1), 0, 2)], 0.07
     v, with_own = moco_query(keys), moco_query(keys + [(e(0), 0, 0)])
-    ok("moco", near(v, with_own), f"adding an older key of the query's own example (id = its row) "
-       f"to the memory moved the loss from {v:.6g} to {with_own:.6g}: the query's own keys are "
-       f"not negatives (mask them with -inf, rows against the keys' ids)")
+    case = (f"the query on its positive, the negatives opposite and orthogonal, tau 0.07, and an "
+            f"older key of the query's own example (id 0 = its row) added on the query: the loss "
+            f"must not move from {v:.6g}, the key is no negative")
+    if not near(v, with_own):  # named only when the loss equals that mistake's, recomputed
+        worked("moco", with_own, math.log1p(math.exp(lse(-1 / t, 0.0) - 1 / t)), case, {
+            "with that key among the negatives": math.log1p(math.exp(lse(-1 / t, 0.0, 1 / t)
+                                                                     - 1 / t))}, atol=1e-9)
+    ok("moco", near(v, with_own), f"{case}: it moved to {with_own:.6g} (by "
+       f"{abs(with_own - v):.3g}); a key whose id is the query's row is not a negative")
 
 
 def test_moco_the_positive_shares_the_temperature():
@@ -99,10 +105,11 @@ def test_moco_leaves_the_querys_own_older_key_out_of_its_negatives():
     s = keys[[0, 1, 3]] @ q[0] / 0.07
     # -log(e^{1/tau} / (e^{1/tau} + sum over ids 0, 1, 3))
     expected = torch.log1p(torch.exp(s - 1 / 0.07).sum())
-    ok("moco", near(value, expected, atol=1e-9) and value.item() < 0.01,
-       f"the query on its fresh key, its older key at cosine 0.995: got {value.item():.4g}, "
-       f"expected {expected.item():.4g}; with its own older key as a negative it would be about "
-       f"log 2")
+    worked("moco", value, expected, "the query on its fresh key, its older key (id 2) at "
+           "cosine 0.995 among 3 others, tau 0.07", {
+               "with its own older key as a negative": torch.log1p(torch.exp(keys @ q[0] / 0.07
+                                                                             - 1 / 0.07).sum())},
+           atol=1e-9)
 
 
 def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
@@ -124,5 +131,9 @@ def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
     rows = torch.tensor([0])
     value = run("moco", make("moco", temperature=0.07), bank[:1], None, bank[rows], bank, torch.zeros(4),
                 rows, torch.arange(4))
-    ok("moco", value.item() < 1e-5, f"the query on its own bank entry, the others far: got "
-       f"{value.item():.4g}, expected about 0 (log 2 if the positive is also a negative)")
+    s = bank @ bank[0] / 0.07
+    ok("moco", value.item() < 1e-5, f"the query on its own bank entry, the others opposite or "
+       f"orthogonal, tau 0.07: got {value.item():.4g}, expected about 0 (below 1e-5)" + (
+           "; it is the loss with its own entry also among the negatives (the positive counted "
+           "twice)" if near(value, torch.logaddexp(s[0], s.logsumexp(0)) - s[0], atol=1e-9)
+           else ""))
