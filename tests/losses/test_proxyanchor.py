@@ -18,7 +18,8 @@ from checks import (BATCHES, C, D, agrees, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, orthonormal_proxies, randn, run, value)
+                    check_sanity_check, e, make, near, orthonormal_proxies, randn, run, value,
+                    worked)
 from oracles import proxyanchor_oracle
 
 
@@ -31,33 +32,41 @@ def test_proxyanchor_normalises_what_its_formula_normalises():
 def test_proxyanchor_the_margin_in_the_negative_term():
     loss, a, d = orthonormal_proxies("proxyanchor"), 32.0, 0.1
     v = value("proxyanchor", loss, torch.eye(C, D, dtype=torch.float64), torch.arange(C))
-    want = math.log1p(math.exp(-a * (1 - d))) + math.log1p(3 * math.exp(a * d))
-    ok("proxyanchor", near(v, want), f"one example on each of the 4 orthonormal proxies: each "
-       f"proxy's 3 negatives lie at cos 0, which still costs log(1 + 3 e^(alpha delta)) = "
-       f"{math.log1p(3 * math.exp(a * d)):.6g} (the margin pushes them below -delta), the "
-       f"positive terms about 0: the loss is {want:.6g}; got {v:.6g}: the negative term is "
-       f"exp(alpha (cos + delta))")
+    pos = math.log1p(math.exp(-a * (1 - d)))
+    worked("proxyanchor", v, pos + math.log1p(3 * math.exp(a * d)), "one example on each of the "
+           "4 orthonormal proxies, alpha 32, delta 0.1: each proxy's positive term log(1 + "
+           "e^(-alpha (1 - delta))), its 3 negatives at cos 0 still cost log(1 + 3 e^(alpha "
+           "delta)), the negative term exp(alpha (cos + delta))", {
+               "with the negative term's margin subtracted, exp(alpha (cos - delta))":
+                   pos + math.log1p(3 * math.exp(-a * d)),
+               "without the margin in the negative term": pos + math.log(4)})
 
 
 def test_proxyanchor_each_proxy_sums_over_the_batch():
     loss, a, d = orthonormal_proxies("proxyanchor"), 32.0, 0.1
     v = value("proxyanchor", loss, e(0)[None], torch.tensor([0]))
-    want = math.log1p(math.exp(-a * (1 - d))) + 3 * math.log1p(math.exp(a * d)) / 4
-    ok("proxyanchor", near(v, want), f"one example, of class 0, on proxy 0: proxies 1 to 3 each "
-       f"have it as their one negative (cos 0), log(1 + e^(alpha delta)) each, proxy 0 has none "
-       f"(log 1 = 0); the negative term averages these C = 4 per-proxy terms: the loss is "
-       f"{want:.6g}; got {v:.6g}: each proxy's log-sum-exp runs over the batch (dim 0), not over "
-       f"the proxies")
+    pos, neg = math.log1p(math.exp(-a * (1 - d))), math.log1p(math.exp(a * d))
+    worked("proxyanchor", v, pos + 3 * neg / 4, "one example, of class 0, on proxy 0, alpha 32, "
+           "delta 0.1: proxies 1 to 3 each have it as their one negative (cos 0), log(1 + "
+           "e^(alpha delta)) each, proxy 0 none (log 1 = 0); the negative term the mean of these "
+           "C = 4 per-proxy terms, each a log-sum-exp over the batch", {
+               "with the negative term's log-sum-exp over the proxies (dim 1), not the batch":
+                   pos + math.log1p(3 * math.exp(a * d)),
+               "with the negative term averaged over the 3 proxies with a negative, not all C":
+                   pos + neg,
+               "with the positive term averaged over all C proxies, not P+": pos / 4 + 3 * neg / 4})
 
 
 def test_proxyanchor_the_positive_term_over_the_proxies_in_the_batch():
     loss, a, d = orthonormal_proxies("proxyanchor"), 32.0, 0.1
     v = value("proxyanchor", loss, e(C)[None], torch.tensor([0]))   # orthogonal to every proxy
     term = math.log1p(math.exp(a * d))
-    want = term + 3 * term / 4
-    ok("proxyanchor", near(v, want), f"one example, of class 0, orthogonal to every proxy: only "
-       f"proxy 0 is in P+, so the positive term is its log(1 + e^(alpha delta)) = {term:.6g} "
-       f"alone, the mean over P+ (not over all C proxies); the loss is {want:.6g}; got {v:.6g}")
+    worked("proxyanchor", v, term + 3 * term / 4, "one example, of class 0, orthogonal to every "
+           "proxy, alpha 32, delta 0.1: only proxy 0 is in P+, so the positive term, the mean "
+           "over P+, is its log(1 + e^(alpha delta)) alone; the negative term 3/4 of that", {
+               "with the positive term averaged over all C proxies, not P+": term / 4 + 3 * term / 4,
+               "with the negative term's log-sum-exp over the proxies (dim 1), not the batch":
+                   term + math.log1p(3 * math.exp(a * d))})
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
