@@ -29,11 +29,22 @@ def test_proxynca_normalises_what_its_formula_normalises():
     check_normalises_what_its_formula_normalises("proxynca")
 
 
+def named(logits, mistakes):
+    """The first of `mistakes` ({what the student did: the logits it gives, recomputed}) that
+    `logits` equal, as '; it is ...', else '': a cause named only where it is checked."""
+    for mistake, wrong in mistakes.items():
+        if logits.shape == wrong.shape and torch.allclose(logits, wrong, atol=1e-9):
+            return f"; these are the logits {mistake}"
+    return ""
+
+
 def test_proxynca_the_nearest_proxy_scores_highest():
     logits = run("proxynca", orthonormal_proxies("proxynca").class_logits, e(0, 2.0)[None])
-    ok("proxynca", logits.argmax().item() == 0, f"h on proxy 0 (orthonormal proxies) must give "
-       f"proxy 0 the largest logit; got {logits[0].tolist()}: the logits are MINUS s d(x, p_c), "
-       f"so that the nearest proxy scores highest")
+    logits = logits.detach()
+    d = torch.tensor([[0.0, 2, 2, 2]], dtype=torch.float64)   # ||x - p_c||^2, x on proxy 0
+    ok("proxynca", logits.argmax().item() == 0, f"h on proxy 0 (orthonormal proxies, s = 9) "
+       f"must give proxy 0 the largest logit, -s d(x, p_c) = {(-9 * d)[0].tolist()}; got "
+       f"{logits[0].tolist()}" + named(logits, {"+s d(x, p_c), the sign flipped": 9 * d}))
 
 
 def test_proxynca_the_scale_multiplies_the_logits():
@@ -42,16 +53,23 @@ def test_proxynca_the_scale_multiplies_the_logits():
     loss.scale = 9.0
     at_9 = run("proxynca", loss.class_logits, h).detach()
     ok("proxynca", torch.allclose(at_9, 9 * at_1), f"the logits at s = 9 must be 9 times those "
-       f"at s = 1, -s d(x, p_c); got {at_9[0].tolist()} and {at_1[0].tolist()} for example 0")
+       f"at s = 1, -s d(x, p_c); got {at_9[0].tolist()} and {at_1[0].tolist()} for example 0"
+       + ("; they do not change with s" if torch.allclose(at_9, at_1) else ""))
 
 
 def test_proxynca_d_is_the_squared_distance():
     h = torch.stack([e(0), -e(0)])   # on proxy 0, then opposite it; orthogonal to the others
     logits = run("proxynca", orthonormal_proxies("proxynca").class_logits, h).detach()
-    want = torch.tensor([[0.0, -18, -18, -18], [-36, -18, -18, -18]], dtype=torch.float64)
+    cos = torch.tensor([[1.0, 0, 0, 0], [-1, 0, 0, 0]], dtype=torch.float64)
+    want = -9 * (2 - 2 * cos)
     ok("proxynca", torch.allclose(logits, want), f"d(x, p) = ||x - p||^2 = 2 - 2 cos is 0 on the "
        f"proxy, 2 orthogonal to it and 4 opposite, so at s = 9 the logits are 0, -18 and -36; "
-       f"got {logits.tolist()}: the SQUARED distance of the normalised vectors")
+       f"got {logits.tolist()}, off by up to {(logits - want).abs().max().item():.3g}"
+       + named(logits, {"of the distance not squared, -s ||x - p||":
+                            -9 * (2 - 2 * cos).sqrt(),
+                        "of -s (1 - cos), half the squared distance": -9 * (1 - cos),
+                        "+s d(x, p_c), the sign flipped": -want,
+                        "-d(x, p_c), s left out": want / 9}))
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
