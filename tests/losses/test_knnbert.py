@@ -32,10 +32,15 @@ def test_knnbert_select_positives_by_rank():
     positive = torch.tensor([[True] * 5 + [False]])
     got = run("knnbert", select_positives, s, positive, 1, 2)
     picked = s[got].tolist()
+    # each a selection the test worked out under that mistake: named only when it is the one
+    named = {(5.0, 1.0): "; it is one least similar positive too few, rank > n_pos - M_l",
+             (5.0, 4.0, 2.0, 1.0): "; it is one most similar positive too many, rank <= M_m",
+             (5.0, 4.0, 3.0, 2.0, 1.0): "; it is every positive",
+             (9.0, 5.0, 2.0, 1.0): "; it counts the negative (s = 9) among the positives"}
     ok("knnbert", picked == [5, 2, 1], f"select_positives with positives at s = 5, 4, 3, 2, 1 "
-       f"and a negative at 9, M_m = 1, M_l = 2: S(q) is the most similar positive and the two "
-       f"least similar, s = [5, 2, 1]; got s = {picked}: rank < M_m from the top, or "
-       f"rank >= n_pos - M_l")
+       f"and a negative at 9, M_m = 1, M_l = 2: S(q) is the positives of rank < M_m from the "
+       f"top or rank >= n_pos - M_l, s = [5, 2, 1]; got s = {picked}"
+       + named.get(tuple(sorted(picked, reverse=True)), ""))
 
 
 def knnbert_query(keys, tau=0.07):
@@ -60,9 +65,19 @@ def test_knnbert_the_querys_own_older_key_is_no_positive():
 def test_knnbert_the_querys_own_older_key_is_no_negative():
     keys = [(at_angle(0.5), 0, 1), (e(1), 1, 2)]   # a positive and a negative
     v, with_own = knnbert_query(keys), knnbert_query(keys + [(e(0), 0, 0)])
-    ok("knnbert", near(v, with_own), f"adding the query's own older key (id = its row) to the "
-       f"memory moved the loss from {v:.6g} to {with_own:.6g}: it is neither a positive nor a "
-       f"negative (the negatives are the keys of another label)")
+    t, c = 0.07, math.cos(0.5)
+    case = ("a query with a positive at angle 0.5 and an orthogonal negative, tau 0.07, and its "
+            "own older key (id = its row) added on the query: that key is neither a positive nor "
+            "a negative (the negatives are the keys of another label), the loss softplus(-cos "
+            "0.5 / tau)")
+    if not near(v, with_own):  # named only when the loss equals that mistake's, recomputed
+        worked("knnbert", with_own, softplus(-c / t), case, {
+            "with the own key among the negatives": softplus(math.log1p(math.exp(1 / t)) - c / t),
+            "with the own key among the positives": (softplus(-c / t) + softplus(-1 / t)) / 2},
+            atol=1e-12, rtol=1e-9)
+    ok("knnbert", near(v, with_own), f"{case}: adding the key moved the loss from {v:.6g} to "
+       f"{with_own:.6g} (by "
+       f"{abs(with_own - v):.3g})")
 
 
 def test_knnbert_each_term_keeps_its_positive_in_the_denominator():
@@ -142,15 +157,24 @@ def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
     term = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]))) for j in range(5)]
     args = (q, torch.tensor([0]), None, keys, key_labels, torch.tensor([0]))
     got = run("knnbert", loss, *args, ids)
-    ok("knnbert", near(got, (term[0] + term[3] + term[4]) / 3, atol=1e-12),
-       "one query, positives at angles 0.1 to 1.7, M_m = 1, M_l = 2: the loss must average the "
-       "terms of the most similar positive and the two least similar ones")
+    want = (term[0] + term[3] + term[4]) / 3
+    ok("knnbert", near(got, want, atol=1e-12), f"one query, positives at angles 0.1 to 1.7, "
+       f"M_m = 1, M_l = 2: the loss must average the terms of the most similar positive and the "
+       f"two least similar ones, {want.item():.8g}; got {got.item():.8g}")
     # key 0 is now the query's own older key (id 0 = its row): it leaves the positives, so the
     # most similar positive is key 1 and the least similar stay 3, 4
     ids[0] = 0
     got = run("knnbert", loss, *args, ids)
-    ok("knnbert", near(got, (term[1] + term[3] + term[4]) / 3, atol=1e-12),
-       "the query's own older key (its id is the query's row) was counted as a positive")
+    # with key 0 a negative too: the selected positives 1, 3, 4 against keys 5 and 0
+    as_negative = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]) + torch.exp(s[0])))
+                   for j in range(5)]
+    worked("knnbert", got, (term[1] + term[3] + term[4]) / 3, "the same query with key 0 "
+           "(angle 0.1) its own older key (id 0 = its row): no positive, so S(q) is keys 1, 3 "
+           "and 4", {"with its own older key kept among the positives (keys 0, 3, 4 selected)":
+                     (term[0] + term[3] + term[4]) / 3,
+                     "with its own older key counted as a negative":
+                     (as_negative[1] + as_negative[3] + as_negative[4]) / 3},
+           atol=1e-12, rtol=0)
 
 
 def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
