@@ -20,7 +20,7 @@ from checks import (D, OPPOSITE, agrees, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, randn, run, value)
+                    check_sanity_check, e, make, near, ok, randn, run, value, worked)
 from minknn.losses.mnrl import mnrl_pairs
 
 
@@ -46,10 +46,21 @@ def test_mnrl_candidates_are_the_positive_and_the_other_classes():
     # negative at cos -1 as candidates
     h, y = torch.stack([e(0)] * 3 + [-e(0)]), torch.tensor([0, 0, 0, 1])
     v, want = value("mnrl", make("mnrl"), h, y), math.log1p(math.exp(-40))
-    ok("mnrl", near(v, want), f"three equal examples of class 0 and one opposite: each (i, p) "
-       f"chooses between p and the one negative, log(1 + e^(-2 * 20)), about 0; got {v:.6g} "
-       f"(log 3 = 1.0986 with i and all of its class as candidates): the anchor and the other "
-       f"examples of its class are no candidates, only p and the other classes' examples")
+    worked("mnrl", v, want, "three equal examples of class 0 and one opposite, scale 20: the "
+           "candidates of each (i, p) are p and the other classes' examples, not the anchor nor "
+           "the rest of its class, so each chooses between p and the one negative, log(1 + "
+           "e^(-2 * 20))", {
+               "with 4 terms at cos 1 in each denominator, not p's one, log(4 + e^-40): every "
+               "example among the negatives, the anchor, its class and p itself":
+                   math.log(4 + math.exp(-40)),
+               "with 3 terms at cos 1 in each denominator, not p's one, log(3 + e^-40): the "
+               "anchor and the rest of its class among the candidates, or every example but the "
+               "anchor among the negatives (p twice)": math.log(3 + math.exp(-40)),
+               "with 2 terms at cos 1 in each denominator, not p's one, log(2 + e^-40): one more "
+               "example of its class (or p again) among the candidates":
+                   math.log(2 + math.exp(-40)),
+               "without the scale, log(1 + e^-2)": math.log1p(math.exp(-2))},
+           atol=1e-12, rtol=1e-9)
 
 
 def test_mnrl_pairs_normalises_anchors_and_positives():
@@ -59,8 +70,8 @@ def test_mnrl_pairs_normalises_anchors_and_positives():
     for what, args in (("anchor", (a * factors, p)), ("positive", (a, p * factors))):
         moved = run("mnrl", mnrl_pairs, *args).item()
         ok("mnrl", near(v, moved), f"mnrl_pairs: scaling each {what} by its own factor (0.3 to "
-           f"3) moved J from {v:.6g} to {moved:.6g}: S is scale * cos, so normalise the anchors "
-           f"and the positives (F.normalize(x, dim=-1)) before their product")
+           f"3) moved J from {v:.6g} to {moved:.6g} (by {abs(moved - v):.3g}); S is scale * cos, "
+           f"which no such scaling moves")
 
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
