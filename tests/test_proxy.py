@@ -12,7 +12,7 @@ from minknn.losses import METRIC_LOSSES, Objective
 from minknn.losses import PROXY_LOSSES
 from minknn.proxy import has_proxies, proxy_logits
 
-from grading import as_mix, check, close, graded, matches_reference
+from grading import as_mix, check, close, diagnose, graded, matches_reference
 
 PART = "proxy-inference"
 C, D = 5, 16
@@ -44,9 +44,16 @@ def test_the_mix_weighs_the_head_by_1_minus_alpha_and_the_proxies_by_alpha():
     objective, logits, z, proxies = stand_in()
     for alpha in (0.0, 0.3, 1.0):
         a, b, off = as_mix(mixed(objective, logits, z, alpha), logits, proxies)
+        got = mixed(objective, logits, z, alpha)
+        if off >= 1e-4:  # named only when the mix is that of the probabilities, recomputed
+            probabilities = (1 - alpha) * logits.softmax(-1) + alpha * proxies.softmax(-1)
+            check(PART, not torch.allclose(got, probabilities, atol=1e-5, rtol=1e-4), f"with "
+                  f"alpha = {alpha}, the mix is {1 - alpha:.3g} softmax(F(z)) + {alpha:.3g} "
+                  f"softmax(s cos(z, P_c)), the probabilities mixed; the rule mixes the two "
+                  f"logits, the softmax after the mix")
         check(PART, off < 1e-4, f"with alpha = {alpha}, the mix is not a weighted sum of the "
-              f"linear head's logits F(z) and the proxies' s cos(z, P_c) (off by {off:.3g}): mix "
-              f"the two logits themselves, not their softmax (it comes after the mix)")
+              f"linear head's logits F(z) and the proxies' s cos(z, P_c): the best such sum "
+              f"misses it by up to {off:.3g}")
         check(PART, abs(a - (1 - alpha)) < 1e-4 and abs(b - alpha) < 1e-4, f"with alpha = "
               f"{alpha}, the mix must be {1 - alpha:.3g} F(z) + {alpha:.3g} s cos(z, P_c) "
               f"(1 - alpha on the linear head's logits, alpha on the proxies'); it is {a:.3g} "
@@ -61,9 +68,17 @@ def test_the_mix_by_hand():
             (0.0, logits, "with alpha = 0, the linear head's logits alone: the mix"),
             (1.0, proxies, "with alpha = 1, the proxies' scaled cosines alone: the mix"),
             (0.3, 0.7 * logits + 0.3 * proxies,
-             "with alpha = 0.3, 0.7 F(z) + 0.3 s cos(z, P_c) (alpha is the proxies' share, and the "
-             "logits are mixed, not probabilities): the mix")):
-        close(PART, mixed(objective, logits, z, alpha), expected, what)
+             "with alpha = 0.3, 0.7 F(z) + 0.3 s cos(z, P_c), the mix")):
+        # each the mix under that mistake, recomputed: named only when the output is it
+        diagnose(PART, mixed(objective, logits, z, alpha), expected, what, {
+            "it is alpha F(z) + (1 - alpha) s cos(z, P_c), the weights swapped":
+                alpha * logits + (1 - alpha) * proxies,
+            "it is F(z) + alpha s cos(z, P_c), the head's logits not weighted by 1 - alpha":
+                logits + alpha * proxies,
+            "it is (1 - alpha) F(z) + s cos(z, P_c), the proxies' not weighted by alpha":
+                (1 - alpha) * logits + proxies,
+            "it is the probabilities mixed, (1 - alpha) softmax(F(z)) + alpha softmax(s cos)":
+                (1 - alpha) * logits.softmax(-1) + alpha * proxies.softmax(-1)})
 
 
 def setup(name):
