@@ -130,7 +130,7 @@ MUTATIONS = [
     ("training", "train.py", "    optimizer.zero_grad(set_to_none=True)\n    conflicts = None\n",
      "    conflicts = None\n", "no optimizer.zero_grad(): the gradients accumulate across steps"),
     ("training", "train.py", "    optimizer.zero_grad(set_to_none=True)\n    conflicts = None\n",
-     "    model.zero_grad(set_to_none=True)\n    conflicts = None\n",
+     "    trainer.model.zero_grad(set_to_none=True)\n    conflicts = None\n",
      "model.zero_grad() instead of the optimiser's: the proxies' gradients accumulate"),
     ("training", "train.py", "        sum(task_losses.values()).backward()\n    norm = torch",
      "        sum(task_losses.values()).backward()\n"
@@ -147,7 +147,7 @@ MUTATIONS = [
      "    norm = torch.nn.utils.clip_grad_norm_(params, float('inf'))\n",
      "no gradient clipping (the norm computed, nothing clipped)"),
     ("training", "train.py", "    norm = torch.nn.utils.clip_grad_norm_(params, 1.0)\n",
-     "    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+     "    norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)\n",
      "clipping the model's gradients only: the proxies' are left unclipped"),
     ("training", "train.py",
      "    norm = torch.nn.utils.clip_grad_norm_(params, 1.0)\n"
