@@ -217,7 +217,7 @@ def test_part_training_parameter_groups():
         check(PART, tuple(group["betas"]) == (0.9, 0.999) and group["eps"] == 1e-8, f"BERT's "
               f"optimiser has AdamW's default betas (0.9, 0.999) and eps 1e-8 (Devlin et al., "
               f"A.2); the group holding {name} has betas {tuple(group['betas'])}, eps "
-              f"{group['eps']}: leave them at their defaults")
+              f"{group['eps']}")
         if name.startswith("losses."):
             check(PART, lr == args.proxy_lr, f"the loss's parameters (proxies) learn at "
                   f"args.proxy_lr = {args.proxy_lr}; the group holding {name} has lr {lr}")
