@@ -138,12 +138,7 @@ class RobertaTokenizer(Tokenizer):
             source, rules = vocab_file, merges_file
         elif os.path.exists(os.path.join(path, "tokenizer.json")):
             source = rules = os.path.join(path, "tokenizer.json")
-            model = read_json(source)
-            model = model.get("model") if isinstance(model, dict) else None
-            kind = model.get("type") if isinstance(model, dict) else None
-            if kind != "BPE":
-                raise MinknnError(f"{source}: not a BPE tokenizer (model type {json.dumps(kind)}); "
-                                  f"RoBERTa's is BPE")
+            model = tokenizer_model(source, "BPE", "RoBERTa's is BPE")
             if not isinstance(model.get("merges"), list):
                 raise MinknnError(f"{source}: its BPE model has no list of merges")
             # newer files write each rule as ["a", "b"], older ones as "a b"
@@ -169,16 +164,22 @@ class RobertaTokenizer(Tokenizer):
                    source=source)
 
 
+def tokenizer_model(path, kind, whose):
+    """The model of the tokenizer.json at path, checked to be of `kind` (its "type"); whose: the
+    message's reason, which architectures use that kind."""
+    model = read_json(path)
+    model = model.get("model") if isinstance(model, dict) else None
+    found = model.get("type") if isinstance(model, dict) else None
+    if found != kind:
+        raise MinknnError(f"{path}: not a {kind} tokenizer (model type {json.dumps(found)}); {whose}")
+    return model
+
+
 def read_wordpiece(path):
     """The WordPiece tokens of a tokenizer.json, in id order: the vocab.txt it was made from. Its
     normaliser is not read: transformers' BertTokenizer (4 and 5 alike) sets it from
     tokenizer_config.json, defaults where absent, as read_options() does."""
-    model = read_json(path)
-    model = model.get("model") if isinstance(model, dict) else None
-    kind = model.get("type") if isinstance(model, dict) else None
-    if kind != "WordPiece":
-        raise MinknnError(f"{path}: not a WordPiece tokenizer (model type {json.dumps(kind)}); "
-                          f"BERT's and DistilBERT's are WordPiece")
+    model = tokenizer_model(path, "WordPiece", "BERT's and DistilBERT's are WordPiece")
     prefix = model.get("continuing_subword_prefix", "##")
     if prefix != "##":
         raise MinknnError(f"{path}: continuing_subword_prefix is {json.dumps(prefix)}; BERT's "
