@@ -99,7 +99,7 @@ def embeddings_oracle(emb, ids, types, mask):
 
 def embed(emb, ids=IDS, types=TYPES, mask=MASK):
     with torch.no_grad():
-        return emb(ids, types, Packing(mask))
+        return graded("embeddings", "BertEmbeddings.forward", emb, ids, types, Packing(mask))
 
 
 def test_embeddings_are_the_real_tokens_packed():
@@ -180,6 +180,35 @@ def test_embeddings_are_normalised_after_the_sum():
         check("embeddings", False, f"the output must be LayerNorm of the three embeddings' sum "
               f"(then dropout): with LayerNorm's weight and bias undone, packed token {t} has mean "
               f"{mean[t]:.3g} and variance {var[t]:.3g}, not 0 and 1")
+
+
+def test_embeddings_add_the_three_tables_with_weight_1():
+    """One token whose word, position and token-type rows are orthogonal and of mean 0, with
+    LayerNorm's weight 1 and bias 0: the output is the sum's direction, whose coordinates along
+    the three rows read back how much of each the sum holds."""
+    emb = fixed(BertEmbeddings(SMALL))
+    rows = torch.zeros(3, SMALL.hidden_size)
+    for j in range(3):
+        rows[j, 2 * j], rows[j, 2 * j + 1] = 1.0, -1.0
+    with torch.no_grad():
+        emb.word_embeddings.weight[2] = rows[0]
+        emb.position_embeddings.weight[0] = rows[1]
+        emb.token_type_embeddings.weight[0] = rows[2]
+        emb.LayerNorm.weight.fill_(1.0)
+        emb.LayerNorm.bias.zero_()
+    ids = torch.tensor([[2]])
+    out = embed(emb, ids, torch.zeros_like(ids), torch.ones_like(ids))
+    check("embeddings", out.shape == (1, SMALL.hidden_size), f"one real token must give (1, H) = "
+          f"(1, {SMALL.hidden_size}); got {tuple(out.shape)}")
+    coef = (out[0] @ rows.T / 2).double()
+    in_span = torch.allclose(coef @ rows.double(), out[0].double(), atol=1e-4)
+    if in_span and coef.abs().max() > 1e-6:
+        ratio = coef / coef.abs().max()
+        check("embeddings", torch.allclose(ratio, torch.ones(3, dtype=torch.float64), atol=1e-3),
+              f"one token whose word, position and token-type rows are orthogonal (each of "
+              f"mean 0, LayerNorm's weight 1 and bias 0): its output holds them in the ratio "
+              f"{ratio[0]:.4g} : {ratio[1]:.4g} : {ratio[2]:.4g} (word : position : type); "
+              f"E = LayerNorm(word + position + type) holds them 1 : 1 : 1")
 
 
 def test_embeddings_match_the_formula():
@@ -358,7 +387,24 @@ def attention_oracle(q, k, v, mask):
 def weights(q, k, mask, dropout_p=0.0):
     """attention()'s weights: with V the identity (T, T), softmax(...) V is the weights."""
     eye = torch.eye(q.size(2), dtype=q.dtype).expand(*q.shape[:2], -1, -1)
-    return attention(q, k, eye, mask, dropout_p)
+    return graded("attention", "attention()", attention, q, k, eye, mask, dropout_p)
+
+
+def scale_read_back(w, s):
+    """Example 0 (nothing padded, T = 5 keys, hs = 4): the weights are softmax(c Q K^T) for one
+    factor c when only the scale is off; read c back from log w_ij - log w_i0 = c (s_ij - s_i0)
+    and check it is 1 / sqrt(hs) = 0.5."""
+    logw, s0 = w[0].double().log(), s[0].double()
+    dl, ds = (logw - logw[..., :1]).flatten(), (s0 - s0[..., :1]).flatten()
+    if not (torch.isfinite(dl).all() and ds.abs().max() > 0):
+        return
+    c = float(dl @ ds / (ds @ ds))
+    if (dl - c * ds).abs().max() < 1e-4 and abs(c - 0.5) > 1e-4:
+        check("attention", False, f"the scores are scaled by {c:.4g} (read back from the "
+              f"weights of example 0, which has no padding: they are softmax({c:.4g} Q K^T)); "
+              f"the formula's factor is 1 / sqrt(hs) = 1 / sqrt(4) = 0.5, hs = q.size(-1) the "
+              f"head size (here T = 5 keys, hs = 4)"
+              + (f"; {c:.4g} = 1 / sqrt({1 / c ** 2:.4g})" if c > 0 else ""))
 
 
 def test_attention_weights_are_a_softmax_over_the_real_keys():
@@ -367,6 +413,11 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
     check("attention", w.shape == (2, 2, 5, 5), f"attention(q, k, v) with q, k (2, 2, 5, 4) and v "
           f"(2, 2, 5, 5) must return (2, 2, 5, 5), one row per query; got {tuple(w.shape)}")
     s = q @ k.transpose(-2, -1)
+    if not torch.isfinite(w).all():
+        i = tuple(int(x) for x in (~torch.isfinite(w)).nonzero()[0])
+        check("attention", False, f"the attention weights must be finite (a softmax over the "
+              f"keys of the scores plus the mask, which is 0 or the dtype's most negative finite "
+              f"number); got {w[i].item()} at {where(i, ('example', 'head', 'query', 'key'))}")
     sums = w.sum(-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
         no_known_mistake("attention", w, {
@@ -375,7 +426,7 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
             "they equal softmax(Q K^T / sqrt(hs)) + mask, the mask added after the softmax; it "
             "is added to the scores, before it": F.softmax(s / 2, -1) + mask,
         }, "the attention weights do not sum to 1 over the keys")
-        i = tuple(int(x) for x in ((sums - 1).abs() > 1e-5).nonzero()[0])
+        i = tuple(int(x) for x in (~((sums - 1).abs() <= 1e-5)).nonzero()[0])
         check("attention", False, f"each query's weights must sum to 1 over the keys (a softmax "
               f"over the last dimension); at {where(i, ('example', 'head', 'query'))} they sum "
               f"to {sums[i]:.4g}")
@@ -388,6 +439,7 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
         i = tuple(int(x) for x in (padded.abs() > 1e-6).nonzero()[0])
         check("attention", False, f"padded keys (example 1, keys 3 and 4) must get weight 0; got "
               f"{padded[i]:.3g} at example 1, {where(i, ('head', 'query'))}, key {3 + i[2]}")
+    scale_read_back(w, s)
     no_known_mistake("attention", w, {
         "the scores are not scaled; divide Q K^T by sqrt(hs), hs = q.size(-1)":
             F.softmax(s + mask, -1),
