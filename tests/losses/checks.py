@@ -82,8 +82,8 @@ def run(name, loss, *args):
     except Exception as e:
         # no local holding the label: pytest's traceback would show it above the message, and
         # the first line naming the part would be that local, not what failed
-        raise AssertionError(f"{label(part_of(name)) if part_of(name) else "loss '" + name + "'"}"
-                             f": the loss raised {type(e).__name__}: {e}") from e
+        raise AssertionError((label(part_of(name)) if part_of(name) else f"loss '{name}'")
+                             + f": the loss raised {type(e).__name__}: {e}") from e
 
 
 def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6):
