@@ -99,7 +99,7 @@ def embeddings_oracle(emb, ids, types, mask):
 
 def embed(emb, ids=IDS, types=TYPES, mask=MASK):
     with torch.no_grad():
-        return emb(ids, types, Packing(mask))
+        return graded("embeddings", "BertEmbeddings.forward", emb, ids, types, Packing(mask))
 
 
 def test_embeddings_are_the_real_tokens_packed():
@@ -182,6 +182,35 @@ def test_embeddings_are_normalised_after_the_sum():
               f"{mean[t]:.3g} and variance {var[t]:.3g}, not 0 and 1")
 
 
+def test_embeddings_add_the_three_tables_with_weight_1():
+    """One token whose word, position and token-type rows are orthogonal and of mean 0, with
+    LayerNorm's weight 1 and bias 0: the output is the sum's direction, whose coordinates along
+    the three rows read back how much of each the sum holds."""
+    emb = fixed(BertEmbeddings(SMALL))
+    rows = torch.zeros(3, SMALL.hidden_size)
+    for j in range(3):
+        rows[j, 2 * j], rows[j, 2 * j + 1] = 1.0, -1.0
+    with torch.no_grad():
+        emb.word_embeddings.weight[2] = rows[0]
+        emb.position_embeddings.weight[0] = rows[1]
+        emb.token_type_embeddings.weight[0] = rows[2]
+        emb.LayerNorm.weight.fill_(1.0)
+        emb.LayerNorm.bias.zero_()
+    ids = torch.tensor([[2]])
+    out = embed(emb, ids, torch.zeros_like(ids), torch.ones_like(ids))
+    check("embeddings", out.shape == (1, SMALL.hidden_size), f"one real token must give (1, H) = "
+          f"(1, {SMALL.hidden_size}); got {tuple(out.shape)}")
+    coef = (out[0] @ rows.T / 2).double()
+    in_span = torch.allclose(coef @ rows.double(), out[0].double(), atol=1e-4)
+    if in_span and coef.abs().max() > 1e-6:
+        ratio = coef / coef.abs().max()
+        check("embeddings", torch.allclose(ratio, torch.ones(3, dtype=torch.float64), atol=1e-3),
+              f"one token whose word, position and token-type rows are orthogonal (each of "
+              f"mean 0, LayerNorm's weight 1 and bias 0): its output holds them in the ratio "
+              f"{ratio[0]:.4g} : {ratio[1]:.4g} : {ratio[2]:.4g} (word : position : type); "
+              f"E = LayerNorm(word + position + type) holds them 1 : 1 : 1")
+
+
 def test_embeddings_match_the_formula():
     emb = fixed(BertEmbeddings(SMALL))
     out = embed(emb)
@@ -214,8 +243,8 @@ def check_dropout_at_half(part, dropped, plain, none_dropped, kept, mistakes=())
     if not zero.any():
         no_known_mistake(part, dropped, dict(mistakes), none_dropped)
         gap = (dropped - plain).abs().max().item()
-        check(part, False, f"{none_dropped}; the output differs from the one without dropout by "
-              f"up to {gap:.3g}")
+        check(part, False, f"{none_dropped}; the output is up to {gap:.3g} away from the one "
+              f"without dropout")
     share = zero.float().mean().item()
     check(part, 0.35 < share < 0.65, f"with dropout p 0.5, {share:.0%} of the values were dropped")
     ratio = dropped[~zero] / plain[~zero]
@@ -358,7 +387,24 @@ def attention_oracle(q, k, v, mask):
 def weights(q, k, mask, dropout_p=0.0):
     """attention()'s weights: with V the identity (T, T), softmax(...) V is the weights."""
     eye = torch.eye(q.size(2), dtype=q.dtype).expand(*q.shape[:2], -1, -1)
-    return attention(q, k, eye, mask, dropout_p)
+    return graded("attention", "attention()", attention, q, k, eye, mask, dropout_p)
+
+
+def scale_read_back(w, s):
+    """Example 0 (nothing padded, T = 5 keys, hs = 4): the weights are softmax(c Q K^T) for one
+    factor c when only the scale is off; read c back from log w_ij - log w_i0 = c (s_ij - s_i0)
+    and check it is 1 / sqrt(hs) = 0.5."""
+    logw, s0 = w[0].double().log(), s[0].double()
+    dl, ds = (logw - logw[..., :1]).flatten(), (s0 - s0[..., :1]).flatten()
+    if not (torch.isfinite(dl).all() and ds.abs().max() > 0):
+        return
+    c = float(dl @ ds / (ds @ ds))
+    if (dl - c * ds).abs().max() < 1e-4 and abs(c - 0.5) > 1e-4:
+        check("attention", False, f"the scores are scaled by {c:.4g} (read back from the "
+              f"weights of example 0, which has no padding: they are softmax({c:.4g} Q K^T)); "
+              f"the formula's factor is 1 / sqrt(hs) = 1 / sqrt(4) = 0.5, hs = q.size(-1) the "
+              f"head size (here T = 5 keys, hs = 4)"
+              + (f"; {c:.4g} = 1 / sqrt({1 / c ** 2:.4g})" if c > 0 else ""))
 
 
 def test_attention_weights_are_a_softmax_over_the_real_keys():
@@ -367,6 +413,11 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
     check("attention", w.shape == (2, 2, 5, 5), f"attention(q, k, v) with q, k (2, 2, 5, 4) and v "
           f"(2, 2, 5, 5) must return (2, 2, 5, 5), one row per query; got {tuple(w.shape)}")
     s = q @ k.transpose(-2, -1)
+    if not torch.isfinite(w).all():
+        i = tuple(int(x) for x in (~torch.isfinite(w)).nonzero()[0])
+        check("attention", False, f"the attention weights must be finite (a softmax over the "
+              f"keys of the scores plus the mask, which is 0 or the dtype's most negative finite "
+              f"number); got {w[i].item()} at {where(i, ('example', 'head', 'query', 'key'))}")
     sums = w.sum(-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
         no_known_mistake("attention", w, {
@@ -375,7 +426,7 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
             "they equal softmax(Q K^T / sqrt(hs)) + mask, the mask added after the softmax; it "
             "is added to the scores, before it": F.softmax(s / 2, -1) + mask,
         }, "the attention weights do not sum to 1 over the keys")
-        i = tuple(int(x) for x in ((sums - 1).abs() > 1e-5).nonzero()[0])
+        i = tuple(int(x) for x in (~((sums - 1).abs() <= 1e-5)).nonzero()[0])
         check("attention", False, f"each query's weights must sum to 1 over the keys (a softmax "
               f"over the last dimension); at {where(i, ('example', 'head', 'query'))} they sum "
               f"to {sums[i]:.4g}")
@@ -388,6 +439,7 @@ def test_attention_weights_are_a_softmax_over_the_real_keys():
         i = tuple(int(x) for x in (padded.abs() > 1e-6).nonzero()[0])
         check("attention", False, f"padded keys (example 1, keys 3 and 4) must get weight 0; got "
               f"{padded[i]:.3g} at example 1, {where(i, ('head', 'query'))}, key {3 + i[2]}")
+    scale_read_back(w, s)
     no_known_mistake("attention", w, {
         "the scores are not scaled; divide Q K^T by sqrt(hs), hs = q.size(-1)":
             F.softmax(s + mask, -1),
@@ -516,6 +568,23 @@ def test_layer_add_and_norm_is_post_ln():
         check("layer", torch.equal(got, out(x, r)), "BertOutput: two calls in eval mode differ: "
               "dropout must act in training only (self.dropout)")
         y, norm = linear(x, out.dense), out.LayerNorm
+        want = layer_norm(r + y, norm)
+        if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
+            undone = (got - norm.bias) / norm.weight
+            for what, z in (("with self.LayerNorm's weight and bias undone", undone),
+                            ("as it is", got)):
+                mean, var = z.mean(-1), z.var(-1, unbiased=False)
+                worst = int(((mean.abs() + (var - 1).abs())).argmax())
+                if what == "as it is" and (mean.abs() < 1e-4).all() and ((var - 1).abs() < 1e-3).all():
+                    check("layer", False, f"BertOutput(x, residual) in eval mode: each output "
+                          f"row has mean 0 and variance 1 over the features as it is, so "
+                          f"self.LayerNorm's weight (here 1 + 0.2 sin(...), not 1) and bias (not "
+                          f"0) are not in it; LayerNorm(v) = (v - mean) / sqrt(var + eps) weight "
+                          f"+ bias, the module's own weight, bias and eps (self.LayerNorm)")
+                if what != "as it is" and not ((mean.abs() < 1e-4).all()
+                                               and ((var - 1).abs() < 1e-3).all()):
+                    continue
+                break
         no_known_mistake("layer", got, {
             "the residual is missing; add the sub-layer's input": layer_norm(y, norm),
             "the norm comes before the add (pre-LN); BERT's is after it, post-LN":
@@ -526,6 +595,35 @@ def test_layer_add_and_norm_is_post_ln():
         }, "BertOutput(x, residual)")
         close("layer", got, layer_norm(r + y, norm), "BertOutput(x, residual) = "
               "LayerNorm(residual + x W^T + b) in eval mode")
+
+
+def test_layer_add_and_norm_drops_the_projection_not_the_residual():
+    """BertOutput in training mode (p 0.5) with self.dense's weight 0: its output x W^T + b is
+    the bias b whatever x is. With b = 0 the output is LayerNorm(residual) whatever is dropped,
+    the residual untouched; with b != 0 dropout zeroes some of b's entries, so the output is not
+    LayerNorm(residual + b)."""
+    out = fixed(BertOutput(dataclasses.replace(SMALL, hidden_dropout_prob=0.5), SMALL.hidden_size))
+    x, r = wave(7, 8, phase=0.2), wave(7, 8, phase=1.1, scale=2.0)
+    norm = out.LayerNorm
+    with torch.no_grad():
+        out.dense.weight.zero_()
+        out.dense.bias.zero_()
+        got = seeded(lambda: graded("layer", "BertOutput.forward", out.train(), x, r))
+        want = layer_norm(r, norm)
+        gap = (got - want).abs().max().item()
+        check("layer", torch.allclose(got, want, atol=1e-5, rtol=1e-4), f"BertOutput(x, "
+              f"residual) in training mode (p 0.5) with self.dense's weight and bias 0, so that "
+              f"x W^T + b = 0: the output must be LayerNorm(residual), the residual passing "
+              f"undropped (dropout acts on x W^T + b alone); it is up to {gap:.3g} off")
+        out.dense.bias.copy_(wave(8, phase=0.9, scale=2.0))
+        b = out.dense.bias
+        got = seeded(lambda: graded("layer", "BertOutput.forward", out.train(), x, r))
+        undropped = layer_norm(r + b, norm)
+        check("layer", not torch.allclose(got, undropped, atol=1e-5, rtol=1e-4), f"BertOutput("
+              f"x, residual) in training mode (p 0.5) with self.dense's weight 0, so that "
+              f"x W^T + b = b: the output equals LayerNorm(residual + b), b with none of its "
+              f"entries dropped; dropout acts on the projection's output x W^T + b (zeroing "
+              f"about half of them here)")
 
 
 def test_layer_add_and_norm_drops_the_projection_in_training():
@@ -545,6 +643,30 @@ def test_layer_add_and_norm_drops_the_projection_in_training():
         }, "BertOutput(x, residual) in training mode")
         close("layer", got, seeded(lambda: layer_norm(r + F.dropout(y, 0.5), norm)),
               "BertOutput(x, residual) = LayerNorm(residual + Dropout(x W^T + b)) in training mode")
+
+
+def test_layer_gelu_at_known_points():
+    """BertIntermediate with self.dense the identity on its first 8 outputs (and 0 on the rest):
+    the output is GELU at known points, GELU(x) = x Phi(x), e.g. GELU(1) = 0.841345."""
+    ff = fixed(BertIntermediate(SMALL))
+    points = torch.tensor([-3.0, -2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 3.0])
+    with torch.no_grad():
+        ff.dense.weight.zero_()
+        ff.dense.weight[:8] = torch.eye(8)
+        ff.dense.bias.zero_()
+        got = graded("layer", "BertIntermediate.forward", ff, points[None])
+    check("layer", got.shape == (1, 16), f"BertIntermediate of (N, H) = (1, 8) must give "
+          f"(N, intermediate_size) = (1, 16); got {tuple(got.shape)}")
+    want = gelu(points.double())
+    have = got[0, :8].double()
+    bad = (have - want).abs() > 1e-5
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        check("layer", False, f"BertIntermediate with self.dense the identity: GELU({points[i]:g})"
+              f" is {have[i]:.6g}, expected {want[i]:.6g}; GELU(x) = x Phi(x) = 0.5 x (1 + "
+              f"erf(x / sqrt(2))), exactly (GELU(1) = 0.841345, GELU(-1) = -0.158655); at the 8 "
+              f"points {points.tolist()} it gives {[round(v, 6) for v in have.tolist()]}, "
+              f"expected {[round(v, 6) for v in want.tolist()]}")
 
 
 def test_layer_feed_forward_is_the_exact_gelu():
@@ -572,6 +694,30 @@ def test_layer_blocks_match_the_formula():
         a, expected = layer_oracle(layer, h, packing)
         got_a, got = layer.attention(h, packing), layer(h, packing)
         attn, o = layer.attention.self(h, packing), layer.attention.output
+        composed = o(attn, h)
+        gap = (got_a - composed).abs().max().item() if got_a.shape == composed.shape else None
+        no_known_mistake("layer", got_a, {
+            "it equals self.self(h, packing), the multi-head attention alone: the output "
+            "projection, the residual h and LayerNorm (self.output, BertOutput) are not applied":
+                attn}, "the attention block (BertAttention)")
+        check("layer", gap is not None and gap < 1e-5, f"the attention block (BertAttention) in "
+              f"eval mode must return self.output(self.self(h, packing), h): the attention, "
+              f"then the output projection W_o, the residual h and LayerNorm (BertOutput); "
+              + (f"it is up to {gap:.3g} away from that, computed with its own modules"
+                 if gap is not None else f"it has shape {tuple(got_a.shape)}, that "
+                 f"{tuple(composed.shape)}"))
+        a_own = got_a
+        wired = layer.output(layer.intermediate(a_own), a_own)
+        gap = (got - wired).abs().max().item() if got.shape == wired.shape else None
+        check("layer", gap is not None and gap < 1e-5, f"the layer (BertLayer) in eval mode must "
+              f"return self.output(self.intermediate(a), a), a = self.attention(h, packing): the "
+              f"feed-forward block GELU(a W_1) W_2 with its residual a, added and normed by "
+              f"BertOutput, nothing after it; "
+              + (f"it is up to {gap:.3g} away from that, computed with its own modules"
+                 + ("; it equals a + that: a is added again after the block's add-and-norm"
+                    if gap > 1e-5 and torch.allclose(got, a_own + wired, atol=1e-5) else "")
+                 if gap is not None
+                 else f"it has shape {tuple(got.shape)}, that {tuple(wired.shape)}"))
         no_known_mistake("layer", got_a, {
             "its residual is the attention's output; it is the block's input h":
                 layer_norm(attn + linear(attn, o.dense), o.LayerNorm),

@@ -253,6 +253,11 @@ def test_after_step_enqueues_the_keys_or_moves_the_bank():
     check(PART, not torch.allclose(moco.memory.keys[rows], before[rows]), "after_step over a "
           "bank left the batch's entries where they were; they move towards the batch's queries "
           "(memory.update(rows, queries))")
+    norms = moco.memory.keys[rows].norm(dim=1)
+    check(PART, torch.allclose(norms, torch.ones_like(norms), atol=1e-5), f"after_step over a "
+          f"bank: the moved entries (rows {rows.tolist()}) have norms "
+          f"{[round(n, 4) for n in norms.tolist()]}, expected 1 each: each entry is normalised on "
+          f"its own, along its features, after the mix (v_i <- (m v_i + (1 - m) f_i) / ||.||)")
     expected = before.clone()
     expected[rows] = F.normalize(0.5 * before[rows] + 0.5 * F.normalize(queries.detach(), dim=1),
                                  dim=1)

@@ -76,6 +76,24 @@ def test_pooling_reads_the_real_tokens_only():
         z = pool(h, mask, how)
         for mistake, wrong in mistakes[how].items():
             check("pooling", not torch.allclose(z, wrong), f"{how} pooling: {mistake}")
+        if how == "max":
+            for b in range(3):
+                real = h[b][mask[b].bool()]  # (its real tokens, H)
+                for d in range(h.size(2)):
+                    top = real[:, d].max().item()
+                    got = z[b, d].item()
+                    check("pooling", abs(got - top) <= 1e-6 * max(1.0, abs(top)), f"max pooling "
+                          f"of example {b} ({real.size(0)} real tokens of 4), feature {d}: got "
+                          f"{got:.6g}; the largest of its real tokens' values "
+                          f"{[round(v, 6) for v in real[:, d].tolist()]} is {top:.6g}"
+                          + ("" if any(abs(got - v) < 1e-6 for v in h[b, :, d].tolist())
+                             else "; the value got is none of the row's values, real or padding"))
+        moved = h.clone()
+        moved[1, 2:] = -50.0  # example 1's padding: 100 -> -50
+        gap = (pool(moved, mask, how) - z).abs().max().item()
+        check("pooling", gap == 0, f"{how} pooling must read the real tokens only: changing "
+              f"example 1's padding (positions 2 and 3, mask 0) from 100 to -50 moved the output "
+              f"by up to {gap:.3g}")
         expected = pooling_oracle(h, mask, how)
         for b in range(3):
             close("pooling", z[b], expected[b], f"{how} pooling of example {b} "

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import train
-from grading import check, close, graded, matches_reference
+from grading import as_mix, check, close, graded, matches_reference
 from minknn import options
 from minknn.bert import BertConfig, BertModel
 from minknn.runs import Diverged
@@ -319,6 +319,70 @@ def test_part_training_step_clears_old_gradients():
             check(PART, g is None or torch.isfinite(g).all(), f"the gradient of {name} at "
                   f"optimizer.step() is not finite, and this batch's is: the NaN left in .grad "
                   f"before train_step reached the step; every .grad is cleared before backward")
+
+
+def task_gradients(model, losses, batches):
+    """Each task's own gradient (of its loss alone, unclipped), on copies: {task: [grads]}."""
+    model, losses = copy.deepcopy(model), copy.deepcopy(losses)
+    params = list(model.parameters()) + list(losses.parameters())
+    out = {}
+    for t, (inputs, targets, _) in batches.items():
+        grads = torch.autograd.grad(losses[t](model(t, **inputs), targets)[0], params,
+                                    allow_unused=True)
+        out[t] = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    return out
+
+
+def test_part_training_step_backpropagates_the_sum_of_the_task_losses():
+    """Two tasks, losses scaled down (0.01) so that the gradient's norm is under 1 and clipping
+    leaves it: the gradient at optimizer.step() of each parameter both tasks reach is
+    g_a + g_b, g_t the gradient of task t's loss alone. Read back as c_a g_a + c_b g_b."""
+    model, losses, optimizer, scheduler, params, names, _ = tiny_run()
+    set_scale(losses, 0.01)
+    batches = tiny_batches(0)
+    per_task = task_gradients(model, losses, batches)
+    calls = spy(optimizer, params)
+    graded(PART, "train_step (call 1)", train.train_step,
+           tiny_trainer(model, losses, optimizer, scheduler, params), batches)
+    check(PART, len(calls) == 1, f"train_step called optimizer.step() {len(calls)} times; once "
+          f"per call")
+    shared = [i for i, n in enumerate(names) if not n.startswith(("heads.", "losses."))]
+    got = torch.cat([calls[0][1][i].flatten() if calls[0][1][i] is not None
+                     else torch.zeros(params[i].numel()) for i in shared])
+    g_a = torch.cat([per_task["a"][i].flatten() for i in shared])
+    g_b = torch.cat([per_task["b"][i].flatten() for i in shared])
+    c_a, c_b, off = as_mix(got, g_a, g_b)
+    if off < 1e-6 * max(1.0, got.abs().max().item()) + 1e-7:
+        check(PART, abs(c_a - 1) < 1e-3 and abs(c_b - 1) < 1e-3, f"two tasks, their losses small "
+              f"enough that clipping leaves the gradient (norm under 1): the gradient of the "
+              f"shared parameters at optimizer.step() is {c_a:.4g} g_a + {c_b:.4g} g_b (g_t the "
+              f"gradient of task t's loss alone); backpropagating the sum of the task losses "
+              f"gives 1 g_a + 1 g_b")
+
+
+def test_part_training_a_parameter_without_a_gradient_does_not_move():
+    """Call 1 has both tasks; call 2 task 'a' alone, so task 'b''s head and its loss's proxies get
+    no gradient in it. AdamW skips a parameter whose .grad is None; a .grad of zeros instead
+    lets the decay and the momentum of call 1 move it. Such a parameter must not move in call 2."""
+    model, losses, optimizer, scheduler, params, names, _ = tiny_run()
+    calls = spy(optimizer, params)
+    graded(PART, "train_step (call 1, tasks 'a' and 'b')", train.train_step,
+           tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
+    before = [p.detach().clone() for p in params]
+    only_a = {"a": tiny_batches(1)["a"]}
+    graded(PART, "train_step (call 2, task 'a' alone)", train.train_step,
+           tiny_trainer(model, losses, optimizer, scheduler, params), only_a)
+    for i, (name, p) in enumerate(zip(names, params)):
+        if not name.startswith(("heads.b.", "losses.b.")):
+            continue
+        moved = (p.detach() - before[i]).abs().max().item()
+        grad = calls[-1][1][i] if len(calls) == 2 else None
+        seen = ("" if grad is None else f"; its .grad at optimizer.step() was a tensor (largest "
+                f"entry {grad.abs().max().item():.3g}), not None")
+        check(PART, moved == 0, f"train_step call 2 has task 'a' alone, so {name} gets no "
+              f"gradient in it; a parameter without a gradient in a step must not move in it "
+              f"(AdamW skips a parameter whose .grad is None; a .grad of zeros lets the decay and "
+              f"call 1's momentum move it): {name} moved by up to {moved:.3g}{seen}")
 
 
 def test_part_training_step_order():

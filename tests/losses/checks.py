@@ -80,8 +80,10 @@ def run(name, loss, *args):
     except NotImplementedError:  # the student edition's stub names its part already
         raise
     except Exception as e:
-        who = label(part_of(name)) if part_of(name) else f"loss '{name}'"
-        raise AssertionError(f"{who}: the loss raised {type(e).__name__}: {e}") from e
+        # no local holding the label: pytest's traceback would show it above the message, and
+        # the first line naming the part would be that local, not what failed
+        raise AssertionError((label(part_of(name)) if part_of(name) else f"loss '{name}'")
+                             + f": the loss raised {type(e).__name__}: {e}") from e
 
 
 def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6):

@@ -112,6 +112,70 @@ def test_knnbert_averages_over_the_selected_positives():
            atol=1e-9)
 
 
+def test_knnbert_select_positives_counts_each_querys_positives():
+    # row 0 as above (five positives at 5 to 1, a negative at 9); row 1 one positive, at 6
+    s = torch.tensor([[5.0, 4, 3, 2, 1, 9], [0.0, 0, 0, 0, 0, 6]])
+    positive = torch.tensor([[True] * 5 + [False], [False] * 5 + [True]])
+    got = run("knnbert", select_positives, s, positive, 1, 2)
+    picked = [s[i][got[i]].tolist() for i in range(2)]
+    ok("knnbert", picked == [[5, 2, 1], [6]], f"select_positives on two queries, M_m = 1, "
+       f"M_l = 2: row 0 with positives at s = 5, 4, 3, 2, 1 (and a negative at 9), row 1 with one "
+       f"positive at 6; each row's n_pos is its own count of positives (5 and 1), so S(q) is "
+       f"[5, 2, 1] and [6]; got {picked}")
+
+
+def test_knnbert_queries_without_a_selected_key_are_left_out():
+    # query 0 (e0, class 0) with a positive on it and a negative opposite costs softplus(-2 / tau);
+    # query 1 (e1, class 2) has no key of its class: no term, and it is left out of the mean
+    keys = [(e(0), 0, 5), (-e(0), 1, 6)]
+    vectors, key_labels, ids = memory_of(*keys)
+    tau = 1.0
+    v = value("knnbert", make("knnbert", temperature=tau), torch.stack([e(0), e(1)]),
+              torch.tensor([0, 2]), None, vectors, key_labels, torch.tensor([0, 1]), ids)
+    worked("knnbert", v, softplus(-2 / tau), "two queries, tau 1: query 0 with a positive on it "
+           "and a negative opposite costs softplus(-2 / tau); query 1 has no key of its class, so "
+           "no selected key: the loss is the mean over the queries that have one, softplus(-2)", {
+               "averaged over both queries, the one with no selected key included (softplus(-2) "
+               "/ 2)": softplus(-2 / tau) / 2}, atol=1e-9)
+
+
+def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
+    # one query along e0; five positives at decreasing similarity, one negative
+    q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    angles = torch.tensor([0.1, 0.5, 0.9, 1.3, 1.7, 2.5], dtype=torch.float64)
+    keys = torch.stack([angles.cos(), angles.sin()], 1)
+    key_labels, ids = torch.tensor([0, 0, 0, 0, 0, 1]), torch.arange(1, 7)
+    loss = make("knnbert", m_most=1, m_least=2, temperature=1.0)
+    s = keys @ q[0]
+    # each selected positive j against the one negative, key 5
+    term = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]))) for j in range(5)]
+    args = (q, torch.tensor([0]), None, keys, key_labels, torch.tensor([0]))
+    got = run("knnbert", loss, *args, ids)
+    want = (term[0] + term[3] + term[4]) / 3
+    if near(got, (term[0] + term[1] + term[4]) / 3, atol=1e-12):
+        ok("knnbert", False, f"one query, positives at angles 0.1 to 1.7, M_m = 1, M_l = 2 "
+           f"(make(m_most=1, m_least=2)): the loss {got.item():.8g} is the mean over the TWO most "
+           f"similar positives and the ONE least similar, as M_m = 2, M_l = 1 give: the loss's "
+           f"m_most and m_least reach select_positives exchanged; expected {want.item():.8g}")
+    ok("knnbert", near(got, want, atol=1e-12), f"one query, positives at angles 0.1 to 1.7, "
+       f"M_m = 1, M_l = 2: the loss must average the terms of the most similar positive and the "
+       f"two least similar ones, {want.item():.8g}; got {got.item():.8g}")
+    # key 0 is now the query's own older key (id 0 = its row): it leaves the positives, so the
+    # most similar positive is key 1 and the least similar stay 3, 4
+    ids[0] = 0
+    got = run("knnbert", loss, *args, ids)
+    # with key 0 a negative too: the selected positives 1, 3, 4 against keys 5 and 0
+    as_negative = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]) + torch.exp(s[0])))
+                   for j in range(5)]
+    worked("knnbert", got, (term[1] + term[3] + term[4]) / 3, "the same query with key 0 "
+           "(angle 0.1) its own older key (id 0 = its row): no positive, so S(q) is keys 1, 3 "
+           "and 4", {"with its own older key kept among the positives (keys 0, 3, 4 selected)":
+                     (term[0] + term[3] + term[4]) / 3,
+                     "with its own older key counted as a negative":
+                     (as_negative[1] + as_negative[3] + as_negative[4]) / 3},
+           atol=1e-12, rtol=0)
+
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_knnbert_matches_its_oracle():
@@ -143,38 +207,6 @@ def test_knnbert_matches_equation_3_for_each_selection():
                    f": got {got.item():.8g}, it gives {want.item():.8g}; S(q) is the M_m most "
                    f"similar and the M_l least similar positives, or all of them when there "
                    f"are at most M_m + M_l")
-
-
-def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
-    # one query along e0; five positives at decreasing similarity, one negative
-    q = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
-    angles = torch.tensor([0.1, 0.5, 0.9, 1.3, 1.7, 2.5], dtype=torch.float64)
-    keys = torch.stack([angles.cos(), angles.sin()], 1)
-    key_labels, ids = torch.tensor([0, 0, 0, 0, 0, 1]), torch.arange(1, 7)
-    loss = make("knnbert", m_most=1, m_least=2, temperature=1.0)
-    s = keys @ q[0]
-    # each selected positive j against the one negative, key 5
-    term = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]))) for j in range(5)]
-    args = (q, torch.tensor([0]), None, keys, key_labels, torch.tensor([0]))
-    got = run("knnbert", loss, *args, ids)
-    want = (term[0] + term[3] + term[4]) / 3
-    ok("knnbert", near(got, want, atol=1e-12), f"one query, positives at angles 0.1 to 1.7, "
-       f"M_m = 1, M_l = 2: the loss must average the terms of the most similar positive and the "
-       f"two least similar ones, {want.item():.8g}; got {got.item():.8g}")
-    # key 0 is now the query's own older key (id 0 = its row): it leaves the positives, so the
-    # most similar positive is key 1 and the least similar stay 3, 4
-    ids[0] = 0
-    got = run("knnbert", loss, *args, ids)
-    # with key 0 a negative too: the selected positives 1, 3, 4 against keys 5 and 0
-    as_negative = [-(s[j] - torch.log(torch.exp(s[j]) + torch.exp(s[5]) + torch.exp(s[0])))
-                   for j in range(5)]
-    worked("knnbert", got, (term[1] + term[3] + term[4]) / 3, "the same query with key 0 "
-           "(angle 0.1) its own older key (id 0 = its row): no positive, so S(q) is keys 1, 3 "
-           "and 4", {"with its own older key kept among the positives (keys 0, 3, 4 selected)":
-                     (term[0] + term[3] + term[4]) / 3,
-                     "with its own older key counted as a negative":
-                     (as_negative[1] + as_negative[3] + as_negative[4]) / 3},
-           atol=1e-12, rtol=0)
 
 
 def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):

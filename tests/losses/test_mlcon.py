@@ -50,8 +50,7 @@ def test_mlcon_sums_over_the_batch():
     ok("mlcon", near(two, 2 * one), f"a batch and a copy of it 10^4 away (sharing no label with "
        f"it) must cost twice the batch alone, {2 * one:.6g}; got {two:.6g}" + (
            ", the same as the batch alone, as a mean over the rows gives: L_con is the SUM of the "
-           "rows over the batch" if near(two, one) else f" (off by {abs(two - 2 * one):.3g}): "
-           f"L_con is the SUM of the rows over the batch"))
+           "rows over the batch" if near(two, one) else f" (off by {abs(two - 2 * one):.3g})"))
 
 
 def test_mlcon_uses_the_unsquared_distance():

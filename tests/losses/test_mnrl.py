@@ -74,6 +74,16 @@ def test_mnrl_pairs_normalises_anchors_and_positives():
            f"which no such scaling moves")
 
 
+def test_mnrl_pairs_multiplies_the_cosines_by_the_scale():
+    # two pairs (e0, e0) and (e1, e1): S = scale * I, each row's cross-entropy log(1 + e^-scale)
+    a = torch.stack([e(0), e(1)])
+    got = [run("mnrl", mnrl_pairs, a, a.clone(), s).item() for s in (20.0, 5.0)]
+    worked("mnrl", got, [math.log1p(math.exp(-20.0)), math.log1p(math.exp(-5.0))], "mnrl_pairs "
+           "on pairs (e0, e0) and (e1, e1) at scale 20 and 5: S = scale cos is scale on the "
+           "diagonal and 0 off it, so J = log(1 + e^-scale) at each", {
+               "with S = cos, the scale not applied, log(1 + e^-1) at each":
+                   [math.log1p(math.exp(-1.0))] * 2}, atol=1e-9)
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_mnrl_matches_its_oracle():

@@ -73,6 +73,19 @@ def test_moco_the_positive_shares_the_temperature():
                "with q.k multiplied by tau, not divided": math.log(4)})
 
 
+def test_moco_averages_over_the_batch():
+    # two queries, each at cosine 0.5 to its positive and to the 3 keys: each costs log 4
+    half = at_angle(math.acos(0.5))
+    vectors, labels, ids = memory_of((half, 0, 2), (half, 1, 3), (half, 2, 4))
+    v = value("moco", make("moco", temperature=0.07), torch.stack([e(0), e(0)]),
+              torch.tensor([0, 1]), torch.stack([half, half]), vectors, labels,
+              torch.tensor([0, 1]), ids)
+    worked("moco", v, math.log(4), "two queries, each at cosine 0.5 to its positive and to the "
+           "3 keys of the memory (no own key among them): each costs log 4, and the loss, the "
+           "mean over the batch, is log 4", {
+               "summed over the 2 queries, not averaged (2 log 4)": 2 * math.log(4)}, atol=1e-9)
+
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_moco_matches_its_oracle():

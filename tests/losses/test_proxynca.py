@@ -18,7 +18,8 @@ from checks import (BATCHES, C, D, agrees, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, orthonormal_proxies, randn, run)
+                    check_sanity_check, e, make, near, ok, orthonormal_proxies, randn, run,
+                    value, worked)
 from minknn.losses import METRIC_LOSSES
 from oracles import unit
 
@@ -71,6 +72,17 @@ def test_proxynca_d_is_the_squared_distance():
                         "+s d(x, p_c), the sign flipped": -want,
                         "-d(x, p_c), s left out": want / 9}))
 
+
+def test_proxynca_the_true_proxy_is_in_the_denominator():
+    # one example on proxy 0 (of 4 orthonormal ones), class 0, s = 1: logits -s d = 0 for its
+    # proxy, -2 for the 3 others; the softmax's cross-entropy log(1 + 3 e^-2)
+    loss = orthonormal_proxies("proxynca", scale=1.0)
+    v = value("proxynca", loss, e(0)[None], torch.tensor([0]))
+    worked("proxynca", v, math.log1p(3 * math.exp(-2)), "one example on proxy 0 (4 orthonormal "
+           "proxies), class 0, s = 1: the logits -s d(x, p_c) are 0 for its proxy and -2 for the "
+           "others, the loss -log(e^0 / (e^0 + 3 e^-2)) = log(1 + 3 e^-2)", {
+               "with the true proxy's term left out of the denominator, log(3 e^-2) - 0 "
+               "(the sum over the negatives only)": math.log(3) - 2}, atol=1e-7)
 
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 

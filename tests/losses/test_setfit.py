@@ -61,7 +61,8 @@ def test_setfit_pairs_the_first_half_with_the_second():
            "one class (x = (e1 + e2) / sqrt(2)): the mean of (cos - 1)^2", {
                "with neighbouring rows as pairs (h[0::2], h[1::2]); pair i is text i with text "
                "B + i, u, v = h.chunk(2)": setfit_under(h[0::2], h[1::2], one),
-               "with the targets inverted, 0 for a pair of one class; it is 1":
+               "with target 0 for each of these pairs, which are all of one class "
+               "(labels[:B] == labels[B:] is true for each, so each target is 1)":
                    setfit_under(u, v, 0 * one),
                "summed over the pairs, not their mean": setfit_under(u, v, one, reduce=torch.sum),
                "with the absolute error, not its square": setfit_under(u, v, one, err=torch.abs),

@@ -99,6 +99,22 @@ def test_softtriple_regulariser_by_hand():
                "of the squared distance, 2 - 2 w^s.w^t": 0.2 * C * 3 * 2 / (C * 3 * 2)})
 
 
+def test_softtriple_the_loss_adds_the_regulariser():
+    # the same batch and centres (each class's 3 centres orthonormal, R = 0.141421 at tau 0.2)
+    # at tau 0.2 and at tau 0: the loss's difference is R
+    h, y = randn(4, D, seed=1), torch.tensor([0, 1, 2, 3])
+    values = []
+    for tau in (0.2, 0.0):
+        loss = make("softtriple", reg_weight=tau)
+        with torch.no_grad():
+            loss.centres.copy_(torch.eye(3, D, dtype=torch.float64).expand(C, 3, D))
+        values.append(value("softtriple", loss, h, y))
+    want = 0.2 * C * 3 * math.sqrt(2) / (C * 3 * 2)
+    worked("softtriple", values[0] - values[1], want, "the loss at tau 0.2 minus the loss at tau 0 "
+           "(the same batch; each class's 3 centres orthonormal): the loss is the cross-entropy "
+           "plus R, and R = 0.2 * 12 sqrt 2 / 24 here, so the difference is R", {
+               "with no regulariser added (the difference 0)": 0.0}, atol=1e-7)
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_softtriple_matches_its_oracle():

@@ -65,6 +65,21 @@ def test_supcon_averages_over_the_positives():
            {"summed over P(i), not averaged (divide each anchor's sum by |P(i)|)": 3 * want})
 
 
+def test_supcon_averages_each_anchors_positives_then_the_anchors():
+    # e0 three times (class 0, 2 positives each) and e1 twice (class 1, 1 positive each), tau 0.1:
+    # a class-0 anchor costs A = log(2 + 2 e^-10) (its 2 positives at cos 1, 2 others at cos 0,
+    # each positive's -log(e^10 / (2 e^10 + 2))), a class-1 anchor B = log(1 + 3 e^-10)
+    h, y = torch.stack([e(0), e(0), e(0), e(1), e(1)]), torch.tensor([0, 0, 0, 1, 1])
+    v = value("supcon", make("supcon"), h, y)
+    A, B = math.log(2 + 2 * math.exp(-10)), math.log1p(3 * math.exp(-10))
+    worked("supcon", v, (3 * A + 2 * B) / 5, "e0 three times (class 0) and e1 twice (class 1), "
+           "tau 0.1: each class-0 anchor's mean over its 2 positives is A = log(2 + 2 e^-10), "
+           "each class-1 anchor's over its 1 positive B = log(1 + 3 e^-10); the loss, the mean "
+           "over the 5 anchors, (3 A + 2 B) / 5", {
+               "as one mean over all 8 (anchor, positive) pairs, (6 A + 2 B) / 8, not each "
+               "anchor's mean over its positives, then the mean over the anchors":
+                   (6 * A + 2 * B) / 8})
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_supcon_matches_its_oracle():

@@ -56,6 +56,17 @@ def test_triplet_the_mean_counts_the_satisfied_triplets():
                                              0.4 / 2}, atol=1e-9)
 
 
+def test_triplet_compares_squared_distances():
+    # a = e0 and p = -e0 of class 0 (squared distance 4), n = e1 of class 1 (2 from each):
+    # 2 triplets, (a, p, n) and (p, a, n), each max(0, 4 - 2 + m) = 2.2
+    h = torch.stack([e(0), -e(0), e(1)])
+    v = value("triplet", make("triplet"), h, torch.tensor([0, 0, 1]))
+    worked("triplet", v, 2.2, "e0 and -e0 of class 0 and e1 of class 1, m = 0.2: the squared "
+           "distances are d_ap = ||a - p||^2 = 4 and d_an = 2, so each of the 2 triplets costs "
+           "max(0, 4 - 2 + 0.2) = 2.2", {
+               "of the distances, not squared (2 - sqrt 2 + 0.2)":
+                   2 - math.sqrt(2) + 0.2}, atol=1e-6)
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_triplet_matches_its_oracle():
