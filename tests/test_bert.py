@@ -352,6 +352,31 @@ def test_embeddings_of_each_backbone_match_the_formula(kind, request):
                  f"the embeddings of a padded batch with {tables}", mistakes)
 
 
+def test_embeddings_every_table_gets_a_gradient():
+    """Backward of a weighted sum of the output: each table's rows the batch uses (word ids,
+    positions 0 to 5, token types 0 and 1) get a gradient; fine-tuning trains all three."""
+    emb = fixed(BertEmbeddings(SMALL))
+    out = graded("embeddings", "BertEmbeddings.forward", emb, IDS, TYPES, Packing(MASK))
+    check("embeddings", out.requires_grad, "the output is not connected to the tables in "
+          "autograd's graph (requires_grad False): backward() gives the embedding tables no "
+          "gradient")
+    graded("embeddings", "backward of a weighted sum of BertEmbeddings' output",
+           (out * wave(*out.shape, phase=0.4)).sum().backward)
+    keep = MASK.bool()
+    for name, table, rows in (
+            ("word", emb.word_embeddings, IDS[keep].unique()),
+            ("position", emb.position_embeddings, torch.arange(IDS.size(1))),
+            ("token type", emb.token_type_embeddings, TYPES[keep].unique())):
+        g = table.weight.grad
+        got = None if g is None else g[rows].abs().sum(-1)
+        check("embeddings", got is not None and bool((got > 0).all()), f"backward of a weighted "
+              f"sum of the output gave the {name} table ({name.replace(' ', '_')}_embeddings."
+              f"weight) no gradient" + ("" if g is None else f" at rows "
+                                        f"{rows[got == 0].tolist()}, which the batch uses")
+              + f": the output must stay connected to each of the three tables in autograd's "
+              f"graph, so that fine-tuning trains them")
+
+
 def test_embeddings_sanity_check():
     emb = fixed(BertEmbeddings(SMALL))
     matches_reference("embeddings", "padded", embed(emb))
@@ -521,6 +546,23 @@ def test_attention_dropout_drops_the_weights():
                                   seeded(lambda: F.softmax(F.dropout(s, 0.5), -1))})
 
 
+def test_attention_backward_in_training():
+    """attention() as training runs it, dropout_p 0.1, then backward of a weighted sum of its
+    output: every one of q, k and v gets a gradient."""
+    q, k, v, mask = attention_inputs()
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = seeded(lambda: graded("attention", "attention() with dropout_p=0.1 (training)",
+                                attention, q, k, v, mask, 0.1))
+    check("attention", out.requires_grad, "with dropout_p=0.1 the output is not connected to q, "
+          "k and v in autograd's graph (requires_grad False)")
+    graded("attention", "backward of a weighted sum of attention()'s output with dropout_p=0.1 "
+           "(training)", (out * wave(*out.shape, phase=0.6)).sum().backward)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check("attention", t.grad is not None and bool(t.grad.abs().sum() > 0), f"with "
+              f"dropout_p=0.1, backward of a weighted sum of the output gave {name} no gradient: "
+              f"the output must stay connected to q, k and v in autograd's graph")
+
+
 def test_attention_sanity_check():
     q, k, v, mask = attention_inputs()
     matches_reference("attention", "padded", attention(q, k, v, mask))
@@ -564,9 +606,24 @@ def test_layer_add_and_norm_is_post_ln():
     out = fixed(BertOutput(SMALL, SMALL.hidden_size))
     x, r = wave(7, 8, phase=0.2), wave(7, 8, phase=1.1, scale=2.0)
     with torch.no_grad():
-        got = out(x, r)
-        check("layer", torch.equal(got, out(x, r)), "BertOutput: two calls in eval mode differ: "
-              "dropout must act in training only (self.dropout)")
+        x0, r0 = x.clone(), r.clone()
+        got = graded("layer", "BertOutput.forward", out, x, r)
+        for name, t, t0 in (("residual", r, r0), ("x", x, x0)):
+            check("layer", torch.equal(t, t0), f"BertOutput(x, residual) changed its input "
+                  f"{name} in place (by up to {(t - t0).abs().max().item():.3g}): it must leave "
+                  f"x and residual as they were and return a new tensor (backward may need "
+                  f"them)")
+        again = out(x, r)
+        if not torch.equal(got, again):
+            gap = (got - again).abs().max().item()
+            dropout, out.dropout = out.dropout, torch.nn.Identity()
+            steady = torch.equal(out(x, r), out(x, r))
+            out.dropout = dropout
+            check("layer", False, f"BertOutput: two calls in eval mode on the same x and residual "
+                  f"differ, by up to {gap:.3g}" + (": with self.dropout replaced by the identity "
+                                                   "they agree, so dropout acts in eval mode; it "
+                                                   "must act in training only (self.dropout)"
+                                                   if steady else ""))
         y, norm = linear(x, out.dense), out.LayerNorm
         want = layer_norm(r + y, norm)
         if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):

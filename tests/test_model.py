@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import check, close, matches_reference
+from grading import check, close, graded, matches_reference
 from minknn.model import POOLINGS, Model, pool
 from minknn.tasks import TASKS
 
@@ -45,12 +45,46 @@ def pooling_oracle(h, mask, how):
     return torch.stack(z)
 
 
+def pooled(h, mask, how):
+    """pool(h, mask, how), an error in it naming the part."""
+    return graded("pooling", f"pool(h, attention_mask, {how!r}) on h {tuple(h.shape)}", pool, h,
+                  mask, how)
+
+
 def test_pooling_shapes():
     h, mask = hidden_states()
     for how in POOLINGS:
-        z = pool(h, mask, how)
+        z = pooled(h, mask, how)
         check("pooling", z.shape == (3, 5), f"{how} pooling of h (B, T, H) = (3, 4, 5) must give "
               f"one vector per example, (B, H) = (3, 5); got {tuple(z.shape)}")
+        if z.dtype != h.dtype and how == "max":
+            m = mask[..., None] == 0
+            indices = h.masked_fill(m, torch.finfo(h.dtype).min).max(1).indices
+            check("pooling", not torch.equal(z, indices), f"max pooling of float32 h gave "
+                  f"{z.dtype} values, the positions of each feature's max (.max(1)[1], its "
+                  f"indices), not the max itself (.max(1).values)")
+        check("pooling", z.dtype == h.dtype, f"{how} pooling of float32 h must give float32 "
+              f"vectors, h's dtype; got {z.dtype}")
+
+
+def test_pooling_passes_the_gradient_to_h():
+    """Backward of a weighted sum of z: h gets a gradient in each example's real tokens (the
+    encoder trains through z)."""
+    h, mask = hidden_states()
+    for how in POOLINGS:
+        x = h.clone().requires_grad_()
+        z = pooled(x, mask, how)
+        check("pooling", z.requires_grad, f"{how} pooling: z is not connected to h in autograd's "
+              f"graph (requires_grad False): no gradient reaches the encoder through z")
+        graded("pooling", f"backward of a weighted sum of {how} pooling's z",
+               (z * wave(*z.shape, phase=0.3)).sum().backward)
+        g = x.grad
+        for b in range(3):
+            got = 0.0 if g is None else g[b][mask[b].bool()].abs().sum().item()
+            check("pooling", got > 0, f"{how} pooling: backward of a weighted sum of z gave "
+                  f"example {b}'s real tokens of h no gradient (h.grad "
+                  f"{'is None' if g is None else 'is 0 there'}): z must stay connected to h in "
+                  f"autograd's graph, so that the encoder trains through it")
 
 
 def test_pooling_reads_the_real_tokens_only():
@@ -59,6 +93,8 @@ def test_pooling_reads_the_real_tokens_only():
     mistakes = {
         "cls": {"it takes the last position; [CLS] is the first, h[:, 0]": h[:, -1]},
         "mean": {
+            "it is the sum over each row's real tokens, not divided by their count":
+                (h * m).sum(1),
             "it averages over all T positions, padding included": h.mean(1),
             "it divides the sum over real tokens by T; divide by each row's count of real tokens":
                 (h * m).sum(1) / h.size(1),
@@ -73,9 +109,17 @@ def test_pooling_reads_the_real_tokens_only():
         },
     }
     for how in POOLINGS:
-        z = pool(h, mask, how)
+        z = pooled(h, mask, how)
         for mistake, wrong in mistakes[how].items():
             check("pooling", not torch.allclose(z, wrong), f"{how} pooling: {mistake}")
+        if how == "cls":
+            for b in range(3):
+                if not torch.equal(z[b], h[b, 0]):
+                    at = [t for t in range(4) if torch.equal(z[b], h[b, t])]
+                    check("pooling", False, f"cls pooling of example {b} must be its first "
+                          f"token's vector h[{b}, 0] ([CLS]), exactly; " + (
+                              f"it equals h[{b}, {at[0]}]" if at else f"it is up to "
+                              f"{(z[b] - h[b, 0]).abs().max().item():.3g} away from it"))
         if how == "max":
             for b in range(3):
                 real = h[b][mask[b].bool()]  # (its real tokens, H)
@@ -90,7 +134,7 @@ def test_pooling_reads_the_real_tokens_only():
                              else "; the value got is none of the row's values, real or padding"))
         moved = h.clone()
         moved[1, 2:] = -50.0  # example 1's padding: 100 -> -50
-        gap = (pool(moved, mask, how) - z).abs().max().item()
+        gap = (pooled(moved, mask, how) - z).abs().max().item()
         check("pooling", gap == 0, f"{how} pooling must read the real tokens only: changing "
               f"example 1's padding (positions 2 and 3, mask 0) from 100 to -50 moved the output "
               f"by up to {gap:.3g}")
@@ -103,7 +147,7 @@ def test_pooling_reads_the_real_tokens_only():
 def test_pooling_keeps_the_dtype():
     h, mask = hidden_states()
     for how in POOLINGS:
-        z = pool(h.bfloat16(), mask, how)
+        z = pooled(h.bfloat16(), mask, how)
         check("pooling", z.dtype == torch.bfloat16, f"{how} pooling of bfloat16 hidden states "
               f"(bf16 autocast) must stay bfloat16, the dtype of h; got {z.dtype}")
 
@@ -111,7 +155,7 @@ def test_pooling_keeps_the_dtype():
 def test_pooling_mean_of_a_row_without_real_tokens_is_0():
     h, mask = hidden_states()
     mask[1] = 0
-    z = pool(h, mask, "mean")
+    z = pooled(h, mask, "mean")
     check("pooling", bool(torch.isfinite(z).all()) and bool((z[1] == 0).all()), f"mean pooling of "
           f"an example with no real token must give 0, its sum over no token divided by its "
           f"count clamped at 1; got {z[1].tolist()}"
@@ -121,7 +165,7 @@ def test_pooling_mean_of_a_row_without_real_tokens_is_0():
 def test_pooling_max_of_a_row_without_real_tokens_is_finite():
     h, mask = hidden_states()
     mask[1] = 0
-    z = pool(h, mask, "max")
+    z = pooled(h, mask, "max")
     neg_inf = bool((z[1] == float("-inf")).all())
     check("pooling", bool(torch.isfinite(z).all()), f"max pooling of an example with no real "
           f"token must stay finite (the padding's fill is the lowest finite value, "
@@ -133,7 +177,7 @@ def test_pooling_ignores_padding():
     h = torch.tensor([[[1.0, 5.0], [3.0, -1.0], [100.0, 100.0]]])  # (1, 3, 2), the last: padding
     mask = torch.tensor([[1, 1, 0]])
     for how, expected in (("cls", [[1.0, 5.0]]), ("mean", [[2.0, 2.0]]), ("max", [[3.0, 5.0]])):
-        close("pooling", pool(h, mask, how), torch.tensor(expected), f"{how} pooling of "
+        close("pooling", pooled(h, mask, how), torch.tensor(expected), f"{how} pooling of "
               f"[[1, 5], [3, -1], padding]")
     with pytest.raises(ValueError, match="unknown pooling 'sum'"):
         pool(h, mask, "sum")
