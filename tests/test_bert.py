@@ -255,6 +255,7 @@ def check_dropout_at_half(part, dropped, plain, none_dropped, kept, mistakes=())
           f"dropout scales them by 1 / (1 - p) = 2" + (" (F.dropout does; the values kept here "
                                                         "are unscaled, as a mask alone leaves "
                                                         "them)" if unscaled else ""))
+    no_known_mistake(part, dropped, dict(mistakes), "with dropout p 0.5")
     close(part, dropped[~zero], (plain / 0.5)[~zero], kept)
 
 
@@ -267,6 +268,7 @@ def test_embeddings_dropout_comes_last_and_only_in_training():
              + emb.position_embeddings.weight[torch.arange(6).expand(3, 6)[MASK.bool()]]
              + emb.token_type_embeddings.weight[TYPES[MASK.bool()]])
         before = seeded(lambda: layer_norm(F.dropout(e, 0.5), emb.LayerNorm))
+        twice = seeded(lambda: F.dropout(layer_norm(F.dropout(e, 0.5), emb.LayerNorm), 0.5))
     check_dropout_at_half("embeddings", dropped, plain, "in training mode with p 0.5 no value was "
                           "dropped (set to 0); the output is Dropout(LayerNorm(sum)), dropout "
                           "last", "in training mode, the values kept by dropout (LayerNorm's "
@@ -275,7 +277,9 @@ def test_embeddings_dropout_comes_last_and_only_in_training():
                               "training mode": plain,
                               "the output equals LayerNorm(Dropout(sum)), with the same draws: "
                               "dropout comes after LayerNorm, which would fill the zeros again":
-                                  before})
+                                  before,
+                              "the output equals Dropout(LayerNorm(Dropout(sum))), with the same "
+                              "draws: dropout acts twice; it acts once, after LayerNorm": twice})
 
 
 # RoBERTa and DistilBERT (minknn/backbones.py) run the same BertEmbeddings.forward with other
@@ -520,6 +524,10 @@ def test_attention_of_a_query_whose_keys_are_all_padding_stays_finite():
               f"of a query whose keys are all padding (uniform: 1/5 each)", atol=1e-2, rtol=0)
 
 
+def renormalised(w):
+    return w / w.sum(-1, keepdim=True)
+
+
 def test_attention_dropout_drops_the_weights():
     q, k, _, _ = attention_inputs(T=12)
     plain = weights(q, k, None)
@@ -543,7 +551,11 @@ def test_attention_dropout_drops_the_weights():
                               "the weights equal those without dropout: no dropout acts": plain,
                               "the weights equal softmax(dropout(scores)), with the same draws: "
                               "dropout acts on the weights, after the softmax, not on the scores":
-                                  seeded(lambda: F.softmax(F.dropout(s, 0.5), -1))})
+                                  seeded(lambda: F.softmax(F.dropout(s, 0.5), -1)),
+                              "the weights equal dropout(softmax(...)) renormalised to sum to 1 "
+                              "over the keys, with the same draws: the weights kept are only "
+                              "scaled by 1 / (1 - p), not renormalised":
+                                  renormalised(seeded(lambda: F.dropout(plain, 0.5)))})
 
 
 def test_attention_backward_in_training():
