@@ -216,7 +216,13 @@ def test_k_tasks_match_algorithm_1(seed):
 
 def test_a_zero_gradient_is_harmless():
     g = torch.tensor([[1.0, -1.0], [0.0, 0.0]])
-    close(PART, projected(g, 0), g, "the adjusted gradients with a zero gradient (its dot is 0, no "
+    got = projected(g, 0)
+    bad = [tuple(i) for i in (~torch.isfinite(got)).nonzero().tolist()]
+    check(PART, not bad, f"the adjusted gradients of g_1 = [1, -1] and a zero g_2 = [0, 0] hold "
+          f"{got[bad[0]].item() if bad else ''} at {bad}: the dot g_1 . g_2 is exactly 0, no "
+          f"conflict (a projection only where the dot is < 0), so both must pass unchanged, and "
+          f"nothing divides by ||g_2||^2 = 0")
+    close(PART, got, g, "the adjusted gradients with a zero gradient (its dot is 0, no "
           "conflict, and nothing divides by its norm 0)", atol=0, rtol=0)
 
 
