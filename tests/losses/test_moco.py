@@ -86,6 +86,22 @@ def test_moco_averages_over_the_batch():
                "summed over the 2 queries, not averaged (2 log 4)": 2 * math.log(4)}, atol=1e-9)
 
 
+def test_moco_each_query_has_its_own_positive():
+    # q_0 = e_0 with its key e_0, q_1 = e_1 with its key e_1, one memory key e_2, tau 1:
+    # each costs softplus(logsumexp(q.e_2) - q.k+) = softplus(0 - 1)
+    vectors, labels, ids = memory_of((e(2), 0, 5))
+    v = value("moco", make("moco", temperature=1.0), torch.stack([e(0), e(1)]),
+              torch.tensor([0, 1]), torch.stack([e(0), e(1)]), vectors, labels,
+              torch.tensor([0, 1]), ids)
+    one = math.log1p(math.exp(-1.0))
+    worked("moco", v, one, "two queries q_0 = e_0 and q_1 = e_1, each on its own key (batch_keys "
+           "e_0 and e_1: q_i's positive is k_i, row i), one orthogonal key e_2 in the memory, "
+           "tau 1: each costs softplus(0 - 1) = log(1 + e^-1), and so does their mean", {
+               "with every key of the batch a positive of every query (q @ batch_keys.T, a "
+               "(B, B) matrix, averaged over its B x B entries); q_i's positive is its own k_i "
+               "alone, q_i . k_i": (2 * one + 2 * math.log(2)) / 4}, atol=1e-9)
+
+
 # ---- the checks every loss goes through (tests/losses/checks.py) ----
 
 def test_moco_matches_its_oracle():
