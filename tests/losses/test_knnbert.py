@@ -43,6 +43,21 @@ def test_knnbert_select_positives_by_rank():
        + named.get(tuple(sorted(picked, reverse=True)), ""))
 
 
+def test_knnbert_select_positives_ranks_positives_with_a_negative_s():
+    s = torch.tensor([[-1.0, -2, -3, -4, -5, -9]])   # five positives below 0, then a negative
+    positive = torch.tensor([[True] * 5 + [False]])
+    got = run("knnbert", select_positives, s, positive, 1, 2)
+    picked = sorted(s[got].tolist(), reverse=True)
+    # the selection worked out with the non-positives ranked as s = 0, above every positive here:
+    # the positives take ranks 1 to 5, so rank < 1 picks none of them and rank >= 3 three
+    ok("knnbert", picked == [-1, -4, -5], f"select_positives with positives at s = -1, -2, -3, "
+       f"-4, -5 (all below 0) and a negative at -9, M_m = 1, M_l = 2: the negative ranks after "
+       f"every positive, so S(q) is s = [-1, -4, -5]; got s = {picked}"
+       + ("; it is the selection with the non-positives ranked as s = 0, above these positives "
+          "(rank them after every positive: fill them with -inf)" if picked == [-3, -4, -5]
+          else ""))
+
+
 def knnbert_query(keys, tau=0.07):
     """The loss of one query, e_0 of class 0 and training row 0, over the memory `keys`."""
     vectors, labels, ids = memory_of(*keys)
@@ -137,6 +152,23 @@ def test_knnbert_queries_without_a_selected_key_are_left_out():
            "no selected key: the loss is the mean over the queries that have one, softplus(-2)", {
                "averaged over both queries, the one with no selected key included (softplus(-2) "
                "/ 2)": softplus(-2 / tau) / 2}, atol=1e-9)
+
+
+def test_knnbert_averages_over_each_query_then_over_the_queries():
+    # tau 1, every positive selected: query 0 (e0, class 0) has two positives on it and the
+    # negatives e1 and e2, so each term costs softplus(log 2 - 1); query 1 (e1, class 1) one
+    # positive on it and the negatives e0, e0 and e2: softplus(log 3 - 1)
+    keys = [(e(0), 0, 5), (e(0), 0, 6), (e(1), 1, 7), (e(2), 2, 8)]
+    vectors, key_labels, ids = memory_of(*keys)
+    v = value("knnbert", make("knnbert", temperature=1.0), torch.stack([e(0), e(1)]),
+              torch.tensor([0, 1]), None, vectors, key_labels, torch.tensor([0, 1]), ids)
+    a, b = softplus(math.log(2) - 1), softplus(math.log(3) - 1)
+    worked("knnbert", v, (a + b) / 2, "two queries, tau 1: query 0 with two positives on it "
+           "(each term softplus(log 2 - 1)), query 1 with one (softplus(log 3 - 1)): L_sc(q) is "
+           "the mean over each query's S(q), then the loss the mean over the queries", {
+               "taken as one mean over all 3 selected (query, key) pairs, (2 softplus(log 2 - 1) + "
+               "softplus(log 3 - 1)) / 3, not per query then over the queries": (2 * a + b) / 3},
+           atol=1e-9)
 
 
 def test_knnbert_selects_the_most_and_least_similar_positives_by_hand():
