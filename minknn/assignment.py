@@ -8,10 +8,11 @@ student writes, their solution blocks and their test commands are minknn/parts.p
 
 The first two write a complete copy of the repository in which each block of the chosen parts is
 replaced by `raise NotImplementedError("part 2 attention: ...")` (the markers stay, to show where
-to write), with HANDOUT.md beside it (the README's set-up, then the parts), a README.md for the student
-(HANDOUT.md first, then this README less the instructor's lines), and in which --attention
-defaults to the explicit attention() the student writes. The rest runs unchanged. Left out of the copy (NOT_COPIED): the
-mutation testing, whose mutations quote the solution, and the tests of the edition itself.
+to write), with HANDOUT.md beside it (the README's set-up, then the parts), a README.md for the
+student (HANDOUT.md first, then this README less the instructor's lines), and in which
+--attention defaults to the explicit attention() the student writes. The rest runs unchanged.
+Left out of the copy (NOT_COPIED): the mutation testing, whose mutations quote the solution, and
+the tests of the edition itself.
 --solve is the round trip: run from this repository, it rewrites an edition's blocks from this
 repository's, which gives back this repository's files byte for byte (tests/test_assignment.py).
 It refuses to overwrite a block that is neither the stub nor the solution (a student's code)
@@ -69,7 +70,8 @@ def readme_parts(root=ROOT):
 
 
 def set_up(root=ROOT):
-    """The README's "## Set up" section, as is: the handout's set-up (one text, so the two agree)."""
+    """The README's "## Set up" section, as is: the handout's set-up (one text, so the two
+    agree)."""
     sections = readme_parts(root)[2]
     end = sections.find("\n## ", 1)
     return sections if end < 0 else sections[:end + 1]
@@ -270,8 +272,8 @@ def write_edition(out, spec=None, root=ROOT):
 
 def solve(edition, root=ROOT, force=False):
     """Puts this repository's solution blocks back into an edition (every part), and its
-    explicit-attention default and README back to this repository's. A block that is neither its stub nor
-    this repository's block is the student's code: refused, naming its parts, unless force.
+    explicit-attention default and README back to this repository's. A block that is neither its
+    stub nor this repository's block is the student's code: refused, naming its parts, unless force.
     Returns the parts of those it overwrote (force)."""
     blocks = blocks_by_part(root, [])
     stubbed = sorted((n for n, bodies in blocks.items() if any(is_stub(n, b) for b in bodies)),

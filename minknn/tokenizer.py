@@ -171,7 +171,8 @@ def tokenizer_model(path, kind, whose):
     model = model.get("model") if isinstance(model, dict) else None
     found = model.get("type") if isinstance(model, dict) else None
     if found != kind:
-        raise MinknnError(f"{path}: not a {kind} tokenizer (model type {json.dumps(found)}); {whose}")
+        raise MinknnError(f"{path}: not a {kind} tokenizer (model type {json.dumps(found)}); "
+                          f"{whose}")
     return model
 
 

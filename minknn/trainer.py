@@ -37,8 +37,8 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
 (a probe fit draws nothing), the losses' parameters, the memory (its key encoder a copy; the
-fill, in begin(), draws nothing), then the streams (their own random.Random). Another order trains another run from the same seed, and a resumed run would
-not be the run it continues.
+fill, in begin(), draws nothing), then the streams (their own random.Random). Another order
+trains another run from the same seed, and a resumed run would not be the run it continues.
 
 Under torchrun (minknn/distributed.py) every rank builds the same Trainer from the same seed and
 draws the same batches' rows; batch() encodes only the rank's slice of each batch, and forward()
