@@ -83,4 +83,6 @@ METRICS = {  # name -> (function of (pred, gold), its name in printed lines)
     "mcc": (matthews, "MCC"), "pearson": (pearson, "Pearson"), "micro_f1": (micro_f1, "micro-F1"),
     "hamming": (hamming_loss, "Hamming loss"),
 }
+# the values a score can take: the correlations in [-1, 1], every other score (a share) in [0, 1]
+RANGES = {name: (-1, 1) if name in ("mcc", "pearson") else (0, 1) for name in METRICS}
 MULTILABEL = {"macro_f1": multilabel_macro_f1}  # the same name, computed over (N, C) label sets

@@ -24,10 +24,9 @@ from minknn.files import atomic_save, read_jsonl
 from minknn.lab.grid import search_text
 from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
                           t_undefined)
-from minknn.metrics import METRICS
+from minknn.metrics import METRICS, RANGES
 
 LOWER_IS_BETTER = {"hamming"}
-SCORE_RANGES = {"mcc": (-1, 1), "pearson": (-1, 1)}  # correlations; every other score is a share
 TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}
 
 
@@ -49,16 +48,16 @@ def read_results(folder):
 def impossible_score(line):
     """Where a result line holds a figure no score can be (an accuracy of 2.5 or -1, NaN, a
     string: an edit by hand, a damaged file), said in words: 'grid[0].test.acc is 2.5, ...'; else
-    None. Scores are shares in [0, 1], or correlations in [-1, 1] (SCORE_RANGES)."""
+    None. Scores are shares in [0, 1], or correlations in [-1, 1] (metrics.RANGES)."""
     places = [(f"{part}[{i}].{split}", entry.get(split))
               for part, split in (("grid", "select"), ("grid", "test"), ("sweep", "select"),
                                   ("sweep", "test"), ("curve", "dev"))
               for i, entry in enumerate(line.get(part) or []) if isinstance(entry, dict)]
     for where, scores in places:
         for metric, value in (scores.items() if isinstance(scores, dict) else []):
-            if metric not in METRICS:
+            if metric not in RANGES:
                 continue
-            low, high = SCORE_RANGES.get(metric, (0, 1))
+            low, high = RANGES[metric]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not low <= value <= high:  # NaN fails both comparisons
                 return (f"{where}.{metric} is {json.dumps(value)}, which no {metric} can be (a "
