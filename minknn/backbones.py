@@ -1,4 +1,4 @@
-"""RoBERTa and DistilBERT: BERT (minknn/bert.py) with a few changes, each written where it acts.
+"""RoBERTa, DistilBERT and MPNet: BERT (minknn/bert.py) with a few changes, each written where it acts.
 This file is also the one place that reads which of them a model folder holds (config.json's
 `model_type`) and builds it.
 
@@ -16,9 +16,23 @@ This file is also the one place that reads which of them a model folder holds (c
         config.json, weights    other names for the same numbers (DISTILBERT_CONFIG and
                                 DISTILBERT_NAMES translate them to BERT's)
         pooler                  none
+    MPNet (Song et al. 2020)    the same post-LN transformer, pre-trained by a mix of masked and
+                                permuted language modelling; what differs:
+        relative positions      each layer adds to its attention scores a learned bias for each
+                                head and each query-to-key distance, read from one table of 32
+                                buckets that all layers share (MPNetEncoder, relative_buckets)
+        positions               also absolute, numbered from padding_idx + 1 as RoBERTa's
+        token types             none (NoTokenTypes); a pair is <s> a </s></s> b </s>
+        tokenizer               BERT's lower-cased WordPiece with RoBERTa's special tokens
+                                (minknn/tokenizer.py MPNetTokenizer)
+        config.json, weights    LayerNorm eps 1e-5; the attention's weights under other names
+                                (MPNET_NAMES)
+        pooler                  none used: all-mpnet-base-v2 carries BERT's (trained for no
+                                task of its own; it is mean-pooled), a masked-LM checkpoint none
 
---pooling cls pools the first token, [CLS] for BERT and DistilBERT, <s> for RoBERTa.
+--pooling cls pools the first token, [CLS] for BERT and DistilBERT, <s> for RoBERTa and MPNet.
 """
+import math
 import json
 import os
 
@@ -26,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from minknn import MinknnError
-from minknn.bert import HEADS, BertConfig, BertEmbeddings, BertModel
+from minknn.bert import HEADS, BertConfig, BertEmbeddings, BertEncoder, BertModel
 from minknn.files import read_json
 from minknn.weights import ARCHITECTURES, FOLDER_NEEDS, read_weights, resolve_model_path
 
@@ -134,8 +148,103 @@ class DistilBertModel(BertModel):
         return name
 
 
-MODELS = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel}
+def relative_buckets(T, num_buckets=32, max_distance=128):
+    """The bucket of each (query i, key j) pair of a T-token sequence, (T, T) longs: MPNet's
+    relative positions, bucketed as T5's (Raffel et al. 2020, section 2.1; transformers'
+    modeling_mpnet.py relative_position_bucket is MPNet's code). Half the buckets are for keys at
+    or before the query, half for keys after it; in each half, distances 0 to 7 (max_exact) have
+    a bucket each, and distances 8 to 127 share the other 8 buckets on a log scale (the farther,
+    the coarser); 128 and beyond all fall in the last:
+        n = |i - j|,  b = n                                             if n < max_exact
+                      b = min(max_exact + floor(log(n / max_exact) / log(max_distance / max_exact)
+                                             * (half - max_exact)), half - 1)    otherwise
+        bucket = b + half if j > i else b          (half = num_buckets / 2, max_exact = half / 2)
+    """
+    half = num_buckets // 2
+    max_exact = half // 2
+    i = torch.arange(T)[:, None]  # queries, down the rows
+    j = torch.arange(T)[None, :]  # keys, along the columns
+    n = (i - j).abs()
+    # float32, as MPNet's code computes it, so that a distance on a bucket's edge rounds the same
+    far = max_exact + (torch.log(n.clamp(min=max_exact).float() / max_exact)
+                       / math.log(max_distance / max_exact) * (half - max_exact)).long()
+    b = torch.where(n < max_exact, n, far.clamp(max=half - 1))
+    return b + half * (j > i)
+
+
+class MPNetEncoder(BertEncoder):
+    """BERT's layers, and the table of relative-position biases they all share: one row per
+    bucket, one column per head (relative_attention_bias, (num_buckets, nh)). The bias of a
+    (query, key) pair is its bucket's row: computed once per batch, added to the attention scores
+    of every layer, beside the padding's mask (packing.bias, read by BertSelfAttention)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_buckets = config.relative_attention_num_buckets
+        self.relative_attention_bias = nn.Embedding(self.num_buckets,
+                                                    config.num_attention_heads)
+
+    def forward(self, h, packing):
+        buckets = relative_buckets(packing.T, self.num_buckets).to(h.device)  # (T, T)
+        # (T, T, nh) -> (1, nh, T, T): a head's bias for each query (row) and key (column)
+        packing.bias = self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
+        return super().forward(h, packing)
+
+
+class MPNetEmbeddings(BertEmbeddings):
+    """BERT's embeddings (BertEmbeddings.forward, unchanged) with RoBERTa's position table
+    (numbered from padding_idx + 1) and no token types:
+    E = Dropout(LayerNorm(word[x] + position[i]))."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.position_embeddings = RobertaPositions(config)
+        self.token_type_embeddings = NoTokenTypes(config)
+
+
+# an MPNet layer's attention tensors -> the same tensors in BERT's layer (the same maths:
+# LayerNorm(h + Dropout(Attention(h) W_o)), with W_o called `o` and its norm one level up)
+MPNET_NAMES = {"attention.attn.q": "attention.self.query",
+               "attention.attn.k": "attention.self.key",
+               "attention.attn.v": "attention.self.value",
+               "attention.attn.o": "attention.output.dense",
+               "attention.LayerNorm": "attention.output.LayerNorm"}
+
+
+class MPNetModel(BertModel):
+    embeddings_class, encoder_class, pooler_class = MPNetEmbeddings, MPNetEncoder, None
+    prefix, heads = "mpnet.", ("lm_head.", "classifier.", "pooler.")  # a pooler, when one, unused
+
+    @staticmethod
+    def own_name(name):
+        """encoder.layer.3.attention.attn.q.weight -> encoder.layer.3.attention.self.query.weight"""
+        return renamed(name, MPNET_NAMES)
+
+    @staticmethod
+    def file_name(name):
+        return renamed(name, {ours: theirs for theirs, ours in MPNET_NAMES.items()})
+
+
+def renamed(name, names):
+    """A layer's tensor name with its part after encoder.layer.N. renamed by names' prefixes."""
+    if name.startswith("encoder.layer."):
+        _, _, n, rest = name.split(".", 3)
+        for old, new in names.items():
+            if rest.startswith(old + "."):
+                return f"encoder.layer.{n}.{new}{rest[len(old):]}"
+    return name
+
+
+MODELS = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
+          "mpnet": MPNetModel}
 assert tuple(MODELS) == ARCHITECTURES
+
+
+# what MPNet's code (transformers' modeling_mpnet.py) fixes whatever config.json says: another
+# value there would not be the model the weights were trained as
+MPNET_FIXED = (("pad_token_id", 1, "MPNet's positions start after index 1 and its padding is 1"),
+               ("relative_attention_num_buckets", 32,
+                "MPNet's code buckets relative positions into 32, whatever config.json says"))
 
 
 def config_from_dict(d, source="config.json"):
@@ -149,6 +258,13 @@ def config_from_dict(d, source="config.json"):
                           f"minknn's encoder runs {', '.join(ARCHITECTURES)}")
     if model_type == "roberta":  # transformers' RobertaConfig defaults, where they are not BERT's
         d = {"pad_token_id": 1, "vocab_size": 50265, **d}
+    if model_type == "mpnet":  # transformers' MPNetConfig defaults, where they are not BERT's
+        d = {"pad_token_id": 1, "vocab_size": 30527, "max_position_embeddings": 512,
+             "layer_norm_eps": 1e-12, "type_vocab_size": 1, **d}
+        for key, only, why in MPNET_FIXED:
+            if d.get(key, only) != only:
+                raise MinknnError(f"{source}: {key} {json.dumps(d[key])} is not implemented; "
+                                  f"{why}")
     if model_type == "distilbert":
         sine = d.get("sinusoidal_pos_embds", False)  # transformers reads it as a truth value
         if sine:

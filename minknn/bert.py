@@ -9,7 +9,9 @@ Bidirectional Transformers"; the layer itself is Vaswani et al. 2017's post-LN t
 Module and parameter names follow the Hugging Face checkpoints (`encoder.layer.3.attention.
 self.query.weight`, ...), so `from_pretrained` loads any BERT folder by name, with no
 renaming table to read. RoBERTa and DistilBERT are this model with a few changes, each written
-where it acts in minknn/backbones.py, which also decides from config.json which one a folder holds.
+where it acts in minknn/backbones.py, which also decides from config.json which one a folder holds;
+so is MPNet, whose one change inside attention (a bias added to the scores for each relative
+position) reaches attention() below as part of its additive mask.
 
 Padding costs little here. A batch padded to its longest example (B, T) holds N real tokens, and
 on short sentences N is about half of B T. Every matmul, GELU and LayerNorm works on each token
@@ -57,12 +59,13 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     model_type: str = "bert"  # weights.ARCHITECTURES' (minknn/backbones.py: what each changes)
+    relative_attention_num_buckets: int = 32  # MPNet's relative positions (BERT's: unused)
 
     @property
     def max_tokens(self):
-        """The longest sequence the position table holds: RoBERTa's positions start after its
-        padding index (minknn/backbones.py), so 514 positions hold 512 tokens."""
-        if self.model_type == "roberta":
+        """The longest sequence the position table holds: RoBERTa's and MPNet's positions start
+        after their padding index (minknn/backbones.py), so 514 positions hold 512 tokens."""
+        if self.model_type in ("roberta", "mpnet"):
             return self.max_position_embeddings - self.pad_token_id - 1
         return self.max_position_embeddings
 
@@ -85,6 +88,8 @@ def attention(q, k, v, mask, dropout_p=0.0):
     the dtype's most negative number where it is padding, so that softmax gives padding weight 0
     (or None when nothing is padded). Not -inf: a row whose keys are all padding would be
     softmax(-inf, ..) = 0/0 = NaN; with a finite number its weights are uniform and finite.
+    (MPNet's mask is (B, nh, T, T): the padding's, plus a learned bias for each query's distance
+    to each key, minknn/backbones.py. Added to the scores all the same.)
         Attention(Q, K, V) = softmax(Q K^T / sqrt(hs) + mask) V
     """
     # The scores (B, nh, T, T): one per query and key. Add the mask before the softmax, over the
@@ -113,6 +118,9 @@ class Packing:
         # (B, 1, 1, T): True at padding, broadcast over heads and query positions; None when no
         # token is padding, which lets PyTorch pick its faster mask-free attention kernel
         self.pad = attention_mask[:, None, None, :] == 0 if self.padded else None
+        # (1, nh, T, T) or None: a term every layer adds to its attention scores, beside the
+        # padding's mask. BERT has none; MPNet's encoder puts its relative-position bias here.
+        self.bias = None
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...): the real tokens only."""
@@ -152,6 +160,9 @@ class BertSelfAttention(nn.Module):
             # most negative number would round to -inf
             mask = torch.zeros(packing.pad.shape, dtype=q.dtype, device=q.device)
             mask = mask.masked_fill(packing.pad, torch.finfo(q.dtype).min)
+        if packing.bias is not None:  # MPNet: (1, nh, T, T) + (B, 1, 1, T) -> (B, nh, T, T)
+            bias = packing.bias.to(q.dtype)
+            mask = bias if mask is None else bias + mask
         if self.kernel == "fused":
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
@@ -274,15 +285,17 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    # What RoBERTa and DistilBERT change of this class (minknn/backbones.py): the embeddings, the
-    # pooler (they have none), the checkpoints' prefix and heads, and the weights' names.
-    embeddings_class, pooler_class, prefix, heads = BertEmbeddings, BertPooler, "bert.", HEADS
+    # What RoBERTa, DistilBERT and MPNet change of this class (minknn/backbones.py): the
+    # embeddings, the encoder (MPNet's), the pooler (RoBERTa and DistilBERT have none), the
+    # checkpoints' prefix and heads, and the weights' names.
+    embeddings_class, encoder_class, pooler_class = BertEmbeddings, BertEncoder, BertPooler
+    prefix, heads = "bert.", HEADS
 
     def __init__(self, config):
         super().__init__()
         self.config = config
         self.embeddings = self.embeddings_class(config)
-        self.encoder = BertEncoder(config)
+        self.encoder = self.encoder_class(config)
         self.pooler = self.pooler_class(config) if self.pooler_class else None
         self.apply(self._init_weights)
 

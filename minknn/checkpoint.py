@@ -6,7 +6,8 @@ A checkpoint is one torch.save'd dict:
     args         the exact train.py arguments (a dict)
     tasks        task name -> {"kind", "labels", "pair"}, checked against the registry on loading
     bert_config  the encoder's config (a dict), so no model folder is needed to rebuild; its
-                 model_type is the architecture (bert, roberta or distilbert: minknn/backbones.py)
+                 model_type is the architecture (bert, roberta, distilbert or mpnet:
+                 minknn/backbones.py)
     vocab, lowercase, max_len, tokenizer   the tokenizer and its options (tokenizer_config.json)
     merges       RoBERTa's only: its BPE rules, in order (the vocabulary alone cannot tokenise)
     model, loss  the state dicts of the model (encoder and heads) and of the tasks' losses
@@ -39,7 +40,7 @@ from minknn.files import atomic_save, check_contents, load_tagged, read_json, se
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
-from minknn.tokenizer import RobertaTokenizer, Tokenizer
+from minknn.tokenizer import MPNetTokenizer, RobertaTokenizer, Tokenizer
 from minknn.weights import check_finite, check_fits, file_sha256, read_weights, weights_file
 
 FORMAT = "minknn-checkpoint-2"
@@ -180,8 +181,9 @@ def rebuild(ckpt):
             raise MinknnError(f"{name}: has no merges (RoBERTa's BPE rules); it is not a whole "
                               f"minknn checkpoint (train the run again)")
         tokenizer = RobertaTokenizer(ckpt["vocab"], ckpt["merges"], ckpt["max_len"], **options)
-    else:
-        tokenizer = Tokenizer(ckpt["vocab"], max_len=ckpt["max_len"], **options)
+    else:  # WordPiece: BERT's and DistilBERT's, or MPNet's with its special tokens
+        kind = MPNetTokenizer if config.model_type == "mpnet" else Tokenizer
+        tokenizer = kind(ckpt["vocab"], max_len=ckpt["max_len"], **options)
     model = Model.from_config(config, checkpoint_tasks(ckpt), args["pooling"], args["pair_mode"],
                               args["decoupled"])
     if base is not None:  # the frozen encoder: the run's config, the base model's weights

@@ -1,4 +1,4 @@
-"""WordPiece tokenisation for BERT and DistilBERT, byte-level BPE for RoBERTa, through the
+"""WordPiece tokenisation for BERT, DistilBERT and MPNet, byte-level BPE for RoBERTa, through the
 `tokenizers` package.
 
     "A great film!"           -> [CLS] a great film ! [SEP]                token types 0 ... 0
@@ -17,6 +17,8 @@ BPE (Radford et al. 2019), so no text is [UNK] and nothing is lower-cased; a spa
 word after it ("Ġgreat"). Its templates:
     "A great film!"           -> <s> A Ġgreat Ġfilm ! </s>
     ("Is it?", "Yes it is.")  -> <s> Is Ġit ? </s></s> Yes Ġit Ġis . </s>     token types all 0
+
+MPNet (MPNetTokenizer) is BERT's WordPiece, read and normalised as BERT's, in RoBERTa's templates.
 
 A batch is padded to its longest sequence, not to --max_len: SST sentences average ~25
 tokens, so padding every batch to 64 or 128 would spend most of the CPU time on padding.
@@ -42,6 +44,7 @@ OPTIONS = {"do_lower_case": ("lowercase", True, (True, False)),
 
 class Tokenizer:
     SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # what the templates and padding use
+    CLS, SEP, PAD, UNK, MASK = "[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"
 
     def __init__(self, vocab, lowercase=True, max_len=128, strip_accents=None, chinese_chars=True,
                  source="the vocabulary"):
@@ -52,11 +55,18 @@ class Tokenizer:
                             chinese_chars=chinese_chars)
         self.lowercase = lowercase  # the one option checkpoints stored before `options`
         check_special(self.vocab, self.SPECIAL, source)
-        self.tok = BertWordPieceTokenizer({w: i for i, w in enumerate(self.vocab)},
-                                          lowercase=lowercase, strip_accents=strip_accents,
-                                          handle_chinese_chars=chinese_chars)
+        ids = {w: i for i, w in enumerate(self.vocab)}
+        self.tok = BertWordPieceTokenizer(ids, lowercase=lowercase, strip_accents=strip_accents,
+                                          handle_chinese_chars=chinese_chars, cls_token=self.CLS,
+                                          sep_token=self.SEP, pad_token=self.PAD,
+                                          unk_token=self.UNK, mask_token=self.MASK)
+        self.templates(ids)
         self.tok.enable_truncation(max_len)
-        self.pad_id = self.vocab.index("[PAD]")
+        self.pad_id = ids[self.PAD]
+
+    def templates(self, ids):
+        """BERT's [CLS] a [SEP] and [CLS] a [SEP] b [SEP], types 0 then 1: BertWordPieceTokenizer's
+        own (its BertProcessing)."""
 
     @classmethod
     def from_folder(cls, path, max_len=128):
@@ -67,6 +77,8 @@ class Tokenizer:
         config = read_config(path)
         if config.model_type == "roberta":
             return RobertaTokenizer.read(path, config, max_len)
+        if config.model_type == "mpnet":  # WordPiece too, with its own special tokens
+            cls = MPNetTokenizer
         vocab_path, json_path = (os.path.join(path, f) for f in ("vocab.txt", "tokenizer.json"))
         if os.path.exists(vocab_path):
             try:
@@ -103,6 +115,20 @@ class Tokenizer:
 
     def __call__(self, texts, texts_b=None):
         return self.pad(self.encode(texts, texts_b))
+
+
+class MPNetTokenizer(Tokenizer):
+    """MPNet's: BERT's WordPiece (vocab.txt, lower-cased, tokenizer_config.json's options), with
+    RoBERTa's special tokens and templates, token types all 0 (MPNet has no token-type table):
+        "A great film!"           -> <s> a great film ! </s>
+        ("Is it?", "Yes it is.")  -> <s> is it ? </s></s> yes it is . </s>
+    Its vocab.txt keeps BERT's [CLS], [SEP] and [PAD] too: unused, never written."""
+    SPECIAL = ("<s>", "<pad>", "</s>", "[UNK]", "<mask>")
+    CLS, SEP, PAD, UNK, MASK = "<s>", "</s>", "<pad>", "[UNK]", "<mask>"
+
+    def templates(self, ids):
+        self.tok.post_processor = processors.RobertaProcessing((self.SEP, ids[self.SEP]),
+                                                               (self.CLS, ids[self.CLS]))
 
 
 class RobertaTokenizer(Tokenizer):

@@ -105,7 +105,8 @@ NOT_IMPLEMENTED = {
     "add_cross_attention": (False, "cross-attention layers"),
     "pruned_heads": ({}, "pruned attention heads"),
 }
-ARCHITECTURES = ("bert", "roberta", "distilbert")  # config.json's model_type: minknn/backbones.py
+# config.json's model_type: minknn/backbones.py
+ARCHITECTURES = ("bert", "roberta", "distilbert", "mpnet")
 FOLDER_NEEDS = "a model folder needs config.json, its weights and its vocabulary"  # when missing
 
 

@@ -1,9 +1,11 @@
-"""Tiny random RoBERTa and DistilBERT folders in the Hugging Face layout, for the parity tests.
+"""Tiny random RoBERTa, DistilBERT and MPNet folders in the Hugging Face layout, for the parity
+tests.
 
-Each writer makes what transformers' `save_pretrained` would for a RobertaForMaskedLM or a
-DistilBertForMaskedLM checkpoint and its tokenizer: config.json, model.safetensors and the
-tokenizer's files. The tensor names and shapes below are read off transformers' own modelling
-code (models/roberta/modeling_roberta.py, models/distilbert/modeling_distilbert.py), NOT off
+Each writer makes what transformers' `save_pretrained` would for a RobertaForMaskedLM,
+DistilBertForMaskedLM or MPNetForMaskedLM checkpoint and its tokenizer: config.json,
+model.safetensors and the tokenizer's files. The tensor names and shapes below are read off
+transformers' own modelling code (models/roberta/modeling_roberta.py,
+models/distilbert/modeling_distilbert.py, models/mpnet/modeling_mpnet.py), NOT off
 minknn's loader, so that a naming mistake in minknn is not copied into the fixture;
 tests/fixtures/make_backbones.py checks them against transformers' own `save_pretrained`.
 
@@ -17,6 +19,10 @@ so a LayerNorm or a bias loaded into the wrong place, or not at all, changes the
         vocab.json + merges.txt: tests/fixtures/bpe unless given; no pooler, as roberta-base
     write_distilbert(folder, seed=0, vocab=None, **config)
         vocab.txt: helpers.tiny_vocab() unless given; tokenizer_config.json: do_lower_case
+    write_mpnet(folder, seed=0, vocab=None, **config)
+        vocab.txt: MPNet's special tokens around helpers.tiny_vocab() unless given (as
+        all-mpnet-base-v2's: <s> <pad> </s> <unk> first, <mask> last); 256 positions, so that
+        query-to-key distances reach past the 128 where MPNet's relative buckets stop growing
 (**config: config.json's keys to change, e.g. hidden_size=768.)
 """
 import json
@@ -41,6 +47,16 @@ DISTILBERT = dict(model_type="distilbert", architectures=["DistilBertForMaskedLM
                   activation="gelu", sinusoidal_pos_embds=False, pad_token_id=0, dropout=0.1,
                   attention_dropout=0.1, initializer_range=0.02, qa_dropout=0.1,
                   seq_classif_dropout=0.2)
+
+
+# all-mpnet-base-v2's config.json, made tiny, with 258 positions (256 tokens: positions start after
+# padding_idx = 1); relative_attention_num_buckets is the 32 MPNet's code always uses
+MPNET = dict(model_type="mpnet", architectures=["MPNetForMaskedLM"], hidden_size=32,
+             num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             max_position_embeddings=258, relative_attention_num_buckets=32, pad_token_id=1,
+             bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, hidden_act="gelu",
+             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
+MPNET_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0-3, then the WordPiece; <mask> last
 
 
 def linear(name, n_out, n_in):
@@ -97,6 +113,32 @@ def distilbert_shapes(c):
     return shapes
 
 
+def mpnet_shapes(c):
+    """{name: shape} of an MPNetForMaskedLM checkpoint (MPNetModel without its pooler, then the
+    masked-LM head, whose decoder is tied to the word embedding). The attention's four matrices
+    are attn.q, .k, .v, .o, its LayerNorm one level up; the relative-position bias is one table
+    under the encoder, (buckets, heads)."""
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    shapes = {"mpnet.embeddings.word_embeddings.weight": (V, H),
+              "mpnet.embeddings.position_embeddings.weight": (c["max_position_embeddings"], H),
+              **layer_norm("mpnet.embeddings.LayerNorm", H)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"mpnet.encoder.layer.{i}."
+        shapes.update({**linear(p + "attention.attn.q", H, H),
+                       **linear(p + "attention.attn.k", H, H),
+                       **linear(p + "attention.attn.v", H, H),
+                       **linear(p + "attention.attn.o", H, H),
+                       **layer_norm(p + "attention.LayerNorm", H),
+                       **linear(p + "intermediate.dense", I, H),
+                       **linear(p + "output.dense", H, I),
+                       **layer_norm(p + "output.LayerNorm", H)})
+    shapes["mpnet.encoder.relative_attention_bias.weight"] = (
+        c["relative_attention_num_buckets"], c["num_attention_heads"])
+    shapes.update({**linear("lm_head.dense", H, H), **layer_norm("lm_head.layer_norm", H),
+                   "lm_head.bias": (V,)})
+    return shapes
+
+
 def random_weights(shapes, seed):
     g = torch.Generator().manual_seed(seed)
     weights = {}
@@ -150,4 +192,27 @@ def write_distilbert(folder, seed=0, vocab=None, **overrides):
         f.write("\n".join(vocab) + "\n")
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"do_lower_case": True}, f)
+    return weights
+
+
+def mpnet_vocab():
+    """A tiny MPNet vocabulary: <s> <pad> </s> <unk>, helpers.tiny_vocab()'s WordPiece (with
+    BERT's [PAD] [UNK] [CLS] [SEP] [MASK], as all-mpnet-base-v2's vocab.txt keeps them), <mask>."""
+    return MPNET_SPECIAL + tiny_vocab() + ["<mask>"]
+
+
+def write_mpnet(folder, seed=0, vocab=None, **overrides):
+    """A random MPNet folder; vocab (vocab.txt's lines) defaults to mpnet_vocab(). The relative
+    bias is drawn 50 times larger than the other weights (N(0, 1)), so that a bias in the wrong
+    place, or missing, moves the outputs well past the tests' tolerance. Returns {name: tensor}."""
+    if vocab is None:
+        vocab = mpnet_vocab()
+    config = {**MPNET, "vocab_size": len(vocab), **overrides}
+    weights = random_weights(mpnet_shapes(config), seed)
+    weights["mpnet.encoder.relative_attention_bias.weight"] *= 50
+    write_folder(folder, config, weights)
+    with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab) + "\n")
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"do_lower_case": True, "tokenizer_class": "MPNetTokenizer"}, f)
     return weights

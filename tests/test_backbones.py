@@ -192,7 +192,7 @@ def test_distilbert_tokenizer_json_without_vocab_txt_gives_transformers_ids(tiny
 # where a transcription of transformers' modelling code says it belongs (not backbones.py's
 # table), and the heads it leaves out are named.
 
-ARCHS = "bert, roberta, distilbert"
+ARCHS = "bert, roberta, distilbert, mpnet"
 
 
 def one_line(e):

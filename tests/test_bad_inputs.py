@@ -396,7 +396,7 @@ MODEL_CASES = [
     ("config-pruned-heads", "train", trainer(model=broken_model(edit_config(pruned_heads={"0": [1]}))),
      "config.json: pruned_heads"),
     ("config-unknown-architecture", "train", trainer(model=broken_model(edit_config(model_type="albert"))),
-     'config.json: model_type "albert" is not implemented; minknn\'s encoder runs bert, roberta, distilbert'),
+     'config.json: model_type "albert" is not implemented; minknn\'s encoder runs bert, roberta, distilbert, mpnet'),
     ("config-distilbert-sine-positions", "train",
      trainer(model=broken_model(edit_config(model_type="distilbert", sinusoidal_pos_embds=True))),
      "config.json: sinusoidal_pos_embds true is not implemented"),

@@ -1048,7 +1048,7 @@ def test_config_options_the_model_does_not_implement_are_refused(tiny_bert_dir):
     ("pad_token_id", -1, "pad_token_id is -1; it must be a whole number >= 0, or null"),
     ("pad_token_id", 10 ** 6, "pad_token_id 1000000 is not a row of the"),
     ("num_attention_heads", 5, "hidden_size 32 is not a multiple of num_attention_heads 5"),
-    ("model_type", "gpt2", 'model_type is "gpt2"; it must be one of bert, roberta, distilbert'),
+    ("model_type", "gpt2", 'model_type is "gpt2"; it must be one of bert, roberta, distilbert, mpnet'),
 ], ids=["string", "float", "bool", "zero", "above-1", "null", "eps-0", "negative", "beyond-vocab",
         "not-a-divisor", "architecture"])  # short ids: -k attention, -k layer select the parts' tests alone
 def test_config_values_are_checked(tiny_bert_dir, key, value, says):
