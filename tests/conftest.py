@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from helpers import DATA, write_tiny_bert
-from hf_folders import write_distilbert, write_roberta
+from hf_folders import write_distilbert, write_mpnet, write_roberta
 from minknn.bert import BertModel
 
 # The Ctrl-C tests (test_checkpoint.py, test_runs.py, test_slurm.py) need SIGINT to raise
@@ -104,6 +104,14 @@ def tiny_distilbert_dir(tmp_path_factory):
     """A tiny random DistilBERT folder, as tiny_roberta_dir."""
     folder = str(tmp_path_factory.mktemp("tiny-distilbert"))
     write_distilbert(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_mpnet_dir(tmp_path_factory):
+    """A tiny random MPNet folder, as tiny_roberta_dir."""
+    folder = str(tmp_path_factory.mktemp("tiny-mpnet"))
+    write_mpnet(folder)
     return folder
 
 

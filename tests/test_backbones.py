@@ -1,4 +1,4 @@
-"""RoBERTa and DistilBERT (minknn/backbones.py) and their tokenizers (minknn/tokenizer.py)."""
+"""RoBERTa, DistilBERT and MPNet (minknn/backbones.py) and their tokenizers (minknn/tokenizer.py)."""
 import copy
 import json
 import os
@@ -31,9 +31,10 @@ from test_train import run_multitask, run_train
 # Parity with transformers, from stored outputs
 #
 # tests/fixtures/backbones_golden.pt holds what Hugging Face transformers' tokenizers
-# (RobertaTokenizerFast, DistilBertTokenizerFast) and encoders (RobertaModel, DistilBertModel,
-# eager attention, eval, fp32) give on the tiny random folders of tests/hf_folders.py (seed 0; the
-# conftest fixtures tiny_roberta_dir and tiny_distilbert_dir), for four batches: single texts and
+# (RobertaTokenizerFast, DistilBertTokenizerFast, MPNetTokenizerFast) and encoders (RobertaModel,
+# DistilBertModel, MPNetModel, eager attention, eval, fp32) give on the tiny random folders of
+# tests/hf_folders.py (seed 0; the conftest fixtures tiny_roberta_dir, tiny_distilbert_dir and
+# tiny_mpnet_dir), for four batches (MPNet five: "long"): single texts and
 # pairs, padded, and the same truncated at max_len 16, with accents, emoji, Japanese, Cyrillic,
 # Arabic, double and leading spaces, digits and punctuation. tests/fixtures/make_backbones.py made
 # it (it needs transformers; these tests do not). Ids must be identical; hidden states equal within
@@ -42,10 +43,12 @@ from test_train import run_multitask, run_train
 
 GOLDEN = torch.load(os.path.join(os.path.dirname(__file__), "fixtures", "backbones_golden.pt"),
                     weights_only=True)
-KINDS = ("roberta", "distilbert")
+KINDS = ("roberta", "distilbert", "mpnet")
 BATCHES = ("singles", "pairs", "truncated singles", "truncated pairs")
+# MPNet's also: one text of 242 tokens, so that queries and keys lie more than 128 apart (where its
+# relative buckets stop growing) and every one of the 32 buckets is read
 CASES = [pytest.param(kind, batch, id=f"{kind}-{batch.replace(' ', '_')}")
-         for kind in KINDS for batch in BATCHES]
+         for kind in KINDS for batch in BATCHES + (("long",) if kind == "mpnet" else ())]
 REFERENCE = f"transformers {GOLDEN['transformers_version']}'s (tests/fixtures/backbones_golden.pt)"
 
 
@@ -95,6 +98,8 @@ def test_golden_covers_what_it_claims():
         texts = " ".join(g["singles"]["texts"] + g["pairs"]["texts"] + g["pairs"]["texts_b"])
         for sample in ("é", "ï", "😀", "日本", "Москва", "هذا", "  "):
             assert sample in texts, (kind, sample)
+    long = GOLDEN["mpnet"]["long"]["attention_mask"].sum(1)  # one text past distance 128, one short
+    assert long.max() > 160 and long.min() < 20, long
 
 
 @pytest.mark.parametrize("kind,batch", CASES)
@@ -128,7 +133,8 @@ def test_tokenizer_ids_equal_transformers(kind, batch, folder):
 def test_hidden_states_equal_transformers(kind, batch, how, folder):
     """minknn's encoder (backbones.from_pretrained) on transformers' own ids gives its last hidden
     states on every real token: the weight names, RoBERTa's positions from padding_idx + 1 and its
-    one-row token-type table, DistilBERT's layer, the attention mask."""
+    one-row token-type table, DistilBERT's layer, MPNet's relative-position bias in every layer,
+    the attention mask."""
     g = GOLDEN[kind][batch]
     model = backbones.from_pretrained(folder).eval()
     model.set_attention(how)
