@@ -70,12 +70,12 @@ def test_bad_flags_are_one_line_before_anything_runs(argv, says, tiny_bert_dir, 
     assert says in err[0], f"bench.py {' '.join(argv)}: the error does not name {says!r}: {err[0]}"
 
 
-@pytest.mark.parametrize("kind", ["roberta", "distilbert"])
-def test_model_runs_on_every_backbone(kind, tiny_roberta_dir, tiny_distilbert_dir, monkeypatch, capsys):
-    """`bench.py model --model FOLDER` on a RoBERTa or DistilBERT folder: a row per length and
-    step, each ratio a number (without transformers, as in CI: no reference column). RoBERTa's
+@pytest.mark.parametrize("kind", ["roberta", "distilbert", "mpnet"])
+def test_model_runs_on_every_backbone(kind, request, monkeypatch, capsys):
+    """`bench.py model --model FOLDER` on a RoBERTa, DistilBERT or MPNet folder: a row per length
+    and step, each ratio a number (without transformers, as in CI: no reference column). RoBERTa's
     lengths stop at its 64 usable positions (66 rows, less padding_idx + 1), not at 66."""
-    folder = tiny_roberta_dir if kind == "roberta" else tiny_distilbert_dir
+    folder = request.getfixturevalue(f"tiny_{kind}_dir")
     monkeypatch.setattr(bench, "check_transformers", lambda: None)
     monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
     run(lambda: bench.main(["model", "--model", folder, "--device", "cpu", "--lengths", "8,64",

@@ -1,4 +1,4 @@
-"""`model`: the hand-written encoder (BERT, RoBERTa, DistilBERT), fused and explicit attention,
+"""`model`: the hand-written encoder (BERT, RoBERTa, DistilBERT, MPNet), fused and explicit attention,
 against Hugging Face's model of the same folder, step for step on random tokens: examples/s and
 MFU (the measured peak matmul its denominator), a train and an inference row per length.
 """
@@ -17,17 +17,18 @@ from minknn.weights import resolve_model_path
 
 
 class Reference(nn.Module):
-    """Hugging Face's model of the folder's architecture (BertModel, RobertaModel or
-    DistilBertModel) behind the same call signature as ours."""
+    """Hugging Face's model of the folder's architecture (BertModel, RobertaModel,
+    DistilBertModel or MPNetModel) behind the same call signature as ours."""
 
     def __init__(self, transformers, path):
         super().__init__()
         self.config = read_config(path)  # ours: Model reads its hidden size and dropout
         kind = self.config.model_type
-        name = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel"}
+        name = {"bert": "BertModel", "roberta": "RobertaModel", "distilbert": "DistilBertModel",
+                "mpnet": "MPNetModel"}
         pooler = {} if kind == "distilbert" else {"add_pooling_layer": False}  # minknn has none
         self.hf = getattr(transformers, name[kind]).from_pretrained(path, **pooler)
-        self.types = kind != "distilbert"  # DistilBERT takes no token types
+        self.types = kind not in ("distilbert", "mpnet")  # they take no token types
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         types = {"token_type_ids": token_type_ids} if self.types else {}
