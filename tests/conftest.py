@@ -115,6 +115,19 @@ def tiny_mpnet_dir(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def mpnet_dir(tmp_path_factory):
+    """The real all-mpnet-base-v2, assembled from its five PyPI parts (minknn/packaged.py) into a
+    cache of this session's own; the test is skipped, saying why, where they are not installed
+    (CI installs them: .ci/run)."""
+    from minknn import MinknnError, packaged
+    try:
+        packaged.part_paths(packaged.PARTS, packaged.NAME)
+    except MinknnError as e:
+        pytest.skip(f"all-mpnet-base-v2 is not installed here ({e})")
+    return packaged.assembled(cache=str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture
 def data_dir():
     return DATA

@@ -2,15 +2,17 @@
 acts, against slow transcriptions of its formulas; the parity with transformers' MPNetModel on
 tiny random folders is in tests/test_backbones.py (KINDS), that on the real all-mpnet-base-v2 at
 the end of this file."""
-import json
 import math
+import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import minknn.bert
 from minknn import MinknnError, backbones
 from minknn.bert import Packing
+from minknn.model import pool
 from minknn.tokenizer import MPNetTokenizer, Tokenizer
 
 
@@ -205,3 +207,61 @@ def test_mpnets_defaults_are_mpnets():
     assert got == {"vocab_size": 30527, "pad_token_id": 1, "max_position_embeddings": 512,
                    "layer_norm_eps": 1e-12, "relative_attention_num_buckets": 32}, got
     assert c.max_tokens == 510, "512 positions, from padding_idx + 1 = 2 on, hold 510 tokens"
+
+
+# The real all-mpnet-base-v2 (conftest's mpnet_dir: assembled from its five PyPI parts into a
+# session cache; skipped, saying why, where they are not installed) against transformers' outputs
+# stored in tests/fixtures/mpnet_golden.pt (tests/fixtures/make_mpnet.py made it).
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "mpnet_golden.pt")
+
+
+def golden():
+    return torch.load(GOLDEN, weights_only=True)
+
+
+def split(flat, lengths):
+    return [ids.tolist() for ids in torch.split(flat.long(), lengths.tolist())]
+
+
+@pytest.mark.parametrize("max_len", [None, 32])
+def test_the_real_tokenizer_gives_transformers_ids_on_2000_texts(max_len, mpnet_dir):
+    """MPNetTokenizer from all-mpnet-base-v2's vocab.txt and tokenizer_config.json gives, text for
+    text, the ids MPNetTokenizerFast gives from its tokenizer.json: 2,000 texts (the fixture
+    datasets' lines, tabs included, and lines of this repository's docs), untruncated and at 32;
+    and the five pairs' ids."""
+    g = golden()
+    want = split(*((g["ids"], g["lengths"]) if max_len is None else (g["ids_32"], g["lengths_32"])))
+    tok = Tokenizer.from_folder(mpnet_dir, max_len=max_len or 512)
+    got = [ids for ids, _ in tok.encode(g["texts"])]
+    wrong = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    assert not wrong, (
+        f"all-mpnet-base-v2 (max_len {max_len}): the ids of {len(wrong)} of {len(want)} texts "
+        f"differ from transformers {g['transformers_version']}'s; the first, text {wrong[0]} "
+        f"{g['texts'][wrong[0]]!r}:\n  minknn       {got[wrong[0]]}\n  transformers {want[wrong[0]]}")
+    if max_len is None:
+        pairs = [ids for ids, _ in tok.encode(*g["pairs"])]
+        assert pairs == g["pair_ids"], f"the pairs' ids: {pairs} against {g['pair_ids']}"
+
+
+def test_the_real_models_sentence_embeddings_equal_transformers(mpnet_dir):
+    """all-mpnet-base-v2 through minknn's tokenizer, encoder and mean pooling (minknn/model.py
+    pool), made unit length: sentence-transformers' embeddings (MPNetModel, mean pooling,
+    normalised) of 40 sentences within 1e-5, in batches of 8 padded to their longest; and the
+    trained model's similarities (a placeholder's would not give 0.66 and about 0)."""
+    g = golden()
+    model = backbones.from_pretrained(mpnet_dir).eval()
+    tok = Tokenizer.from_folder(mpnet_dir, max_len=512)
+    out = []
+    for i in range(0, len(g["sentences"]), 8):
+        batch = tok(g["sentences"][i:i + 8])
+        with torch.inference_mode():
+            h = model(batch["input_ids"], batch["attention_mask"])
+        out.append(F.normalize(pool(h, batch["attention_mask"], "mean"), dim=-1))
+    got = torch.cat(out)
+    worst = (got - g["embeddings"]).abs().amax(1).argmax().item()
+    torch.testing.assert_close(got, g["embeddings"], atol=1e-5, rtol=1e-4, msg=lambda m: (
+        f"all-mpnet-base-v2's mean-pooled embeddings differ from transformers', most for "
+        f"sentence {worst} {g['sentences'][worst]!r}: {m}"))
+    assert abs(got[0] @ got[1] - 0.66) < 0.01 and abs(got[0] @ got[34]) < 0.1, \
+        (got[0] @ got[1], got[0] @ got[34])
