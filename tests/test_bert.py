@@ -1082,7 +1082,7 @@ def test_missing_or_unexpected_weights_are_named(tiny_bert_dir, tmp_path):
 
 
 def test_bad_model_folder_errors(tmp_path):
-    with pytest.raises(MinknnError, match="neither 'minilm' nor a folder"):
+    with pytest.raises(MinknnError, match="neither 'minilm', 'mpnet' nor a folder"):
         BertModel.from_pretrained(str(tmp_path / "nowhere"))
     with pytest.raises(MinknnError, match="config.json: not found"):
         BertModel.from_pretrained(str(tmp_path))

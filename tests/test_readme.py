@@ -315,9 +315,12 @@ def test_multitask_without_quora_names_the_file_and_what_runs_instead(user, tmp_
 
 
 def test_ci_runs_the_readmes_set_up_and_test_commands():
-    """.ci/run installs what the README's set-up installs and runs its test command (less -q)."""
+    """.ci/run installs what the README's set-up installs and runs its test command (less -q); a
+    line ending in a backslash goes on to the next, as in bash."""
     readme = [" ".join(w for w in words if w != "-q") for _, words in bash_commands("README.md")]
-    for line in open(os.path.join(ROOT, ".ci", "run")):
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        lines = f.read().replace("\\\n", " ").splitlines()
+    for line in lines:
         line = line.split("#")[0].strip()
         if line.startswith(("python -m pip", "python -m pytest")):
             ci = " ".join(w for w in shlex.split(line) if w != "-q")

