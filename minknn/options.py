@@ -70,8 +70,9 @@ def make_parser():
     g.add_argument("--per_class", type=int, help="train on N examples of each class (default: all)")
     add_flags(g, "max_eval")
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="minilm", help="minilm (the default weights), or a Hugging "
-                   "Face BERT, RoBERTa or DistilBERT folder")
+    g.add_argument("--model", default="minilm", help="minilm (the default weights), mpnet "
+                   "(all-mpnet-base-v2, from its five optional packages), or a Hugging Face BERT, "
+                   "RoBERTa, DistilBERT or MPNet folder")
     g.add_argument("--option", default="finetune", choices=["finetune", "pretrain"],
                    help="finetune trains everything; pretrain freezes BERT, trains the heads")
     g.add_argument("--pooling", default="mean", choices=POOLINGS, help="z from the hidden states")

@@ -31,8 +31,8 @@ checked:
     assignment    nothing: writing an edition copies files, already quick
     bench         --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
 TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench knn encodes
-at length 128); where the page's own --model names a RoBERTa or DistilBERT folder
-(`path/to/roberta-base`), TINY is a tiny one of that architecture (tests/hf_folders.py). Three
+at length 128); where the page's own --model names a RoBERTa, DistilBERT or MPNet folder
+(`path/to/roberta-base`, `mpnet`), TINY is a tiny one of that architecture (tests/hf_folders.py). Three
 things stand in for what would take long or reach outside:
 - A train line whose run a later `--resume` line continues is stopped by Ctrl-C in its second
   epoch (`--epochs 2 --steps_per_epoch 1` appended), the stop the resume line's comment means;
@@ -66,7 +66,7 @@ import minknn.data
 import minknn.lab.runner
 import train
 from helpers import DATA, TINY, tiny_vocab
-from hf_folders import write_distilbert, write_roberta
+from hf_folders import write_distilbert, write_mpnet, write_roberta
 from minknn.cli import run
 from minknn.bert import BertConfig, BertModel
 from minknn.data import DataError
@@ -225,15 +225,18 @@ def user(tmp_path_factory):
 def tiny_models(user, tmp_path_factory):
     """The tiny folder that stands in for a page's --model, by the architecture its name says."""
     base = tmp_path_factory.mktemp("models")
-    for kind, write in (("roberta", write_roberta), ("distilbert", write_distilbert)):
+    kinds = {"roberta": write_roberta, "distilbert": write_distilbert, "mpnet": write_mpnet}
+    for kind, write in kinds.items():
         write(str(base / kind))
-    return {"bert": user[0], "roberta": str(base / "roberta"), "distilbert": str(base / "distilbert")}
+    return {"bert": user[0], **{kind: str(base / kind) for kind in kinds}}
 
 
 def stand_in(args, models):
-    """The tiny model for a command: RoBERTa's or DistilBERT's where its --model names one."""
+    """The tiny model for a command: RoBERTa's, DistilBERT's or MPNet's where its --model names
+    one."""
     named = (flag(args, "--model") or "").lower()
-    return next((models[kind] for kind in ("distilbert", "roberta") if kind in named), models["bert"])
+    return next((models[kind] for kind in ("distilbert", "roberta", "mpnet") if kind in named),
+                models["bert"])
 
 
 # ------------------------------------------------------------------------ the tests
