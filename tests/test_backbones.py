@@ -628,13 +628,14 @@ def test_moco_and_proxies_then_knn_and_proxy_inference_on_each_backbone(kind, lo
     assert result["acc"] == summary["dev"]["sst"]["acc"]
 
 
-def test_multitask_with_pcgrad_on_roberta(tiny_roberta_dir, data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["roberta", "mpnet"])
+def test_multitask_with_pcgrad_on_roberta_and_mpnet(kind, request, data_dir, tmp_path, monkeypatch):
     """SST with the pair tasks Quora (<s> a </s></s> b </s>) and STS, PCGrad's projected steps."""
     calls = []
     backward = PCGrad.backward
     monkeypatch.setattr(PCGrad, "backward", lambda *a: calls.append(1) or backward(*a))
-    summary = run_multitask(tiny_roberta_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "8",
-                            "--pcgrad")
+    summary = run_multitask(request.getfixturevalue(f"tiny_{kind}_dir"), data_dir, tmp_path / "run",
+                            "--epochs", "1", "--max_train", "8", "--pcgrad")
     assert calls, "--pcgrad took no PCGrad step"
     result = evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--device", "cpu"])
     for name in ("sst", "quora", "sts"):
@@ -673,13 +674,16 @@ def test_a_stopped_roberta_run_resumes_as_if_never_stopped(tiny_roberta_dir, dat
                     final=True)
 
 
-def test_the_runner_on_a_roberta_folder(tiny_roberta_dir, tmp_path):
-    """One cell of a grid: trained, scored, its checkpoint a RoBERTa's, evaluate.py's figure."""
+@pytest.mark.parametrize("kind", ["roberta", "mpnet"])
+def test_the_runner_on_a_roberta_or_mpnet_folder(kind, request, tmp_path):
+    """One cell of a grid: trained, scored, its checkpoint the folder's architecture, evaluate.py's
+    figure."""
     out = tmp_path / "grid"
-    run_grid(tiny_roberta_dir, out, "--seeds", "0", "--epochs", "1", "--keep", tasks="sst2", methods="ce")
+    run_grid(request.getfixturevalue(f"tiny_{kind}_dir"), out, "--seeds", "0", "--epochs", "1", "--keep",
+             tasks="sst2", methods="ce")
     [line] = lines_of(out)
     ckpt = out / "runs" / line["cell"] / "checkpoint.pt"
-    assert load_checkpoint(str(ckpt))["bert_config"]["model_type"] == "roberta"
+    assert load_checkpoint(str(ckpt))["bert_config"]["model_type"] == kind
     scored = evaluate.main(["--checkpoint", str(ckpt), "--split", "test", "--device", "cpu",
                             "--out", str(tmp_path / "check.csv")])["sst2"]
     assert scored["acc"] == pytest.approx(line["grid"][0]["test"]["acc"])

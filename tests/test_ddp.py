@@ -462,6 +462,22 @@ def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process,
                 f"one process's {norm:.6g}: the gradients are not the whole batch's"
 
 
+def test_torchrun_trains_an_mpnet_run_as_one_process_does(tiny_mpnet_dir, one_process, tmp_path):
+    """The knnbert case on a tiny MPNet (its relative bias a weight DDP must keep in step; its key
+    encoder a copy of it): the same best checkpoint, final state and records as one process."""
+    folder = tmp_path / "mpnet"
+    shutil.copytree(tiny_mpnet_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    argv = flags(str(folder), "knnbert")
+    ref = one_process(argv)
+    run = tmp_path / "run"
+    done = torchrun([*argv, "--out", run], tmp_path, script=os.path.join(ROOT, "train.py"))
+    assert done.returncode == 0, f"mpnet: torchrun exit {done.returncode}:\n{done.stderr[-3000:]}"
+    assert_same_run(ref, run, "mpnet knnbert, 2 processes", final=False)
+
+
 # epochs of 4 steps: epoch 1 ends 28 rows into sst's pass of 40, so a rank that resumed without
 # the streams' places (or the generator's) would draw other batches than rank 0
 MID_PASS = ("--steps_per_epoch", "4")

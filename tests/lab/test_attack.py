@@ -11,13 +11,15 @@ import torch
 import evaluate
 import train
 from helpers import DATA
-from minknn import MinknnError
+from minknn import MinknnError, backbones
 from minknn.lab.attack import main as attack_main
 from minknn.lab.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
                            angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
-                           Synonyms, summary, read_wordnet, write_rows)
+                           Synonyms, summary, read_wordnet, sentence_encoder, write_rows)
 from minknn.data import Example, load_split
+from minknn.model import pool
 from minknn.tasks import TASKS
+from minknn.tokenizer import Tokenizer
 
 POSITIVE = "great"  # the word the hand-made classifiers key on
 
@@ -297,6 +299,23 @@ def knn_run(tmp_path_factory, tiny_bert_dir):
 def attack_flags(run, data_dir, tiny_bert_dir, *more):
     return ["--checkpoint", run, "--data_dir", data_dir, "--device", "cpu", "--attack_encoder",
             tiny_bert_dir, *more]
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "mpnet"])
+def test_the_attacks_sentence_encoder_on_each_backbone(kind, request):
+    """--attack_encoder may be any backbone's folder: its mean-pooled last hidden states, frozen,
+    and its own input embedding table and vocabulary for the neighbours."""
+    folder = request.getfixturevalue(f"tiny_{kind}_dir")
+    encode, (table, vocab, _) = sentence_encoder(folder)
+    texts = ["a great film", "not a good film at all"]
+    bert = backbones.from_pretrained(folder).eval()
+    batch = Tokenizer.from_folder(folder, 32)(texts)
+    with torch.no_grad():
+        want = pool(bert(**batch), batch["attention_mask"], "mean")
+    torch.testing.assert_close(encode(texts), want, msg=lambda m: f"{kind}: the sentence encoder's "
+                               f"vectors are not the mean-pooled hidden states: {m}")
+    assert table.shape == (bert.config.vocab_size, bert.config.hidden_size) and \
+        vocab == Tokenizer.from_folder(folder, 32).vocab, f"{kind}: the neighbours' table or vocabulary"
 
 
 def test_evaluate_attack_queries_the_rule_it_names(knn_run, data_dir, tiny_bert_dir, tmp_path):
