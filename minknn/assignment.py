@@ -183,8 +183,8 @@ def choose(spec):
 def handout(parts, root=ROOT):
     """HANDOUT.md for an edition of these parts: the README's set-up, what to write, in order,
     and how it is graded;
-    the dependencies (NEEDS), the attention note and the note that RoBERTa and DistilBERT run the
-    student's BERT only where the chosen parts have them."""
+    the dependencies (NEEDS), the attention note and the note that RoBERTa, DistilBERT and MPNet
+    run the student's BERT only where the chosen parts have them."""
     notes = ["; ".join(f"{label(n)} runs {', '.join(label(m) for m in NEEDS[n])}" for n in parts
                        if any(m in parts for m in NEEDS.get(n, ())))]
     trains = [label(n) for n in TRAINS if n in parts]
@@ -198,10 +198,11 @@ CPU the two take the same time (RESULTS.md, `python -m minknn.lab.bench model`);
 fused one was 1.09x to 1.23x faster.
 """
     backbones = "" if not {"embeddings", "attention", "layer"} & set(parts) else """
-The parts are BERT's, and the tests grade them on BERT. RoBERTa and DistilBERT
+The parts are BERT's, and the tests grade them on BERT. RoBERTa, DistilBERT and MPNet
 (`minknn/backbones.py`) reuse them: that file changes only their tables (RoBERTa's positions,
-DistilBERT's missing token types) and runs your embeddings, attention and layer, so your BERT runs
-all three (`--model` a RoBERTa or DistilBERT folder).
+DistilBERT's missing token types, MPNet's relative-position bias, which reaches your attention()
+inside its mask) and runs your embeddings, attention and layer, so your BERT runs all four
+(`--model` a RoBERTa or DistilBERT folder, or `mpnet`).
 """
     rows = "\n".join(f"| {NUMBER[n]} | {n} | `{BY_NAME[n].file}` | {BY_NAME[n].statement} | "
                      f"{BY_NAME[n].source} | `{BY_NAME[n].test}` |" for n in parts)
