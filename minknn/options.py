@@ -14,8 +14,8 @@ from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.cli import Parser
 from minknn.engine import PRECISIONS, default_precision, pick_device
 from minknn.kinds import KINDS
-from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, PROXY_LOSSES,
-                           check_loss_name, loss_kind, need)
+from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, NAMED_PROXY_LOSSES,
+                           PROXY_LOSSES, check_loss_name, loss_kind, need)
 from minknn.losses.pairs import PAIR_LOSSES
 from minknn.losses.regression import STS_LOSSES
 from minknn.memory import MOMENTUM, QUEUE_SIZE
@@ -90,6 +90,12 @@ def make_parser():
                                            "the global batch, split between the processes"})
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
+    g.add_argument("--proxy_init", default="random", choices=["random", "names"], help="the "
+                   "proxies' start (proxyanchor, proxynca): random, or names: each at the "
+                   "encoder's z of its class's name, as loaded, before the first step (AncSetFit; "
+                   "minknn/proxy.py). The names are the task's labels as minknn/tasks.py writes "
+                   "them: sst5's 'very negative' ... describe their classes, codes such as TREC's "
+                   "ABBR or ENTY (or a '0', '1') describe nothing")
     g.add_argument("--weight_decay", type=float, default=0.01,
                    help="AdamW's, in [0, 1); not on biases and LayerNorm")
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
@@ -155,6 +161,7 @@ def check_args(p, args):
     check_loss(p, args, tasks)
     check_loss_flags(p, args)
     check_head_init(p, args, tasks)
+    check_proxy_init(p, args, tasks)
     check_whole_objective(p, args, tasks)
     if proxy_lr_given and args.loss not in PROXY_LOSSES:
         p.error(f"--proxy_lr is the learning rate of a proxy loss's proxies "
@@ -332,6 +339,27 @@ def check_head_init(p, args, tasks):
                 f"under --pair_mode siamese)")
 
 
+def check_proxy_init(p, args, tasks):
+    """--proxy_init names: for a loss with one proxy a class (proxyanchor, proxynca), whose every
+    task it trains is a classification task of one text (a class name is one text) with names."""
+    if args.proxy_init != "names":
+        return
+    if args.loss not in NAMED_PROXY_LOSSES:
+        what = "has none" if args.loss not in PROXY_LOSSES else \
+            "has K centres a class, which would start as one point and never part"
+        p.error(f"--proxy_init names starts one proxy a class at its name "
+                f"({', '.join(NAMED_PROXY_LOSSES)}); --loss {args.loss or args.sts_loss} {what}")
+    for t in tasks:
+        if t.kind != loss_kind(args.loss):  # trained by its kind's base loss: no proxies
+            continue
+        if t.pair:
+            p.error(f"--proxy_init names encodes each class's name as one text, and {t.name}'s "
+                    f"examples are pairs of texts; use --proxy_init random")
+        if not t.labels or not all(isinstance(n, str) and n.strip() for n in t.labels):
+            p.error(f"--proxy_init names: {t.name} has no name for each of its classes "
+                    f"({t.labels}); use --proxy_init random")
+
+
 def check_whole_objective(p, args, tasks):
     """A loss trained on pairs it draws (setfit) trains one task; a loss that is the whole
     objective (trains_head False: the head is fit by logistic regression after each epoch, in one
@@ -363,10 +391,11 @@ def resumed_args(p, args):
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
     # runs from before --save kept the best; runs from before --per_class, --steps, --head_init,
-    # --mlcon_reduction and --setfit_iterations had none (a random head; mlcon's sum, which a
-    # None builds)
+    # --proxy_init, --mlcon_reduction and --setfit_iterations had none (a random head and random
+    # proxies; mlcon's sum, which a None builds)
     saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
-             "mlcon_reduction": None, "setfit_iterations": None, **saved_args(args.resume)}
+             "proxy_init": "random", "mlcon_reduction": None, "setfit_iterations": None,
+             **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]
     if missing:

@@ -1,4 +1,27 @@
-"""Proxy-based inference ("Revisiting Distance Metric Learning for Few-Shot Natural Language
+"""Proxies: where they start (train.py --proxy_init), and how they vote at inference.
+
+Where they start. A proxy loss's proxies start at random (torch.randn, the default), or with
+--proxy_init names at the classes' names. This is AncSetFit's idea (Pauli et al. 2023, "Anchoring
+Fine-tuning of Sentence Transformer with Semantic Label Information for Efficient Truly Few-shot
+Classification": each class anchored at the embedding of a text describing it), not its loss:
+here the names only give the proxies their start, and the proxy loss trains them as usual.
+
+    P_c = sqrt(H) z(name_c) / ||z(name_c)||        z(name_c): the encoder's z of class c's name
+
+name_c is the task's label as minknn/tasks.py writes it ('very negative', ..., 'very positive'
+for SST-5), encoded as the task's texts are (the same tokenizer, --max_len and --pooling), by the
+encoder as loaded, before the first step, with dropout off (predict: eval mode, inference mode).
+The losses read only a proxy's direction (both normalise it). The length sqrt(H) is that of the
+random proxy it replaces (E ||randn(H)|| ~ sqrt(H)): AdamW moves each coordinate by about
+--proxy_lr a step whatever the length, so at z's own length (5 to 8 for MiniLM's SST-5 names,
+against sqrt(384) = 19.6) the same steps would turn a proxy 2.5 to 4 times faster.
+The random proxies are drawn all the same, then overwritten, so that every later draw (dropout,
+batches) is a random run's. A resumed run takes its proxies from last.pt, never from the names.
+Under torchrun every rank computes the same start, and build() broadcasts rank 0's anyway.
+Proxy Anchor and ProxyNCA only (a loss's `one_proxy`): SoftTriple's K centres a class would all
+start at one point, where they get the same gradients and never part.
+
+How they vote ("Revisiting Distance Metric Learning for Few-Shot Natural Language
 Classification", eq. 10): after training with a proxy loss, the class proxies vote alongside the
 linear head.
 
@@ -17,11 +40,31 @@ s * cos(z, P_c) are the very logits that loss put on the classes (each loss's `c
 alpha = 0 is the linear head alone; alpha = 1 predicts the nearest proxy (the class with the
 largest similarity).
 """
+import math
+
+import torch
+import torch.nn.functional as F
+
+from minknn.data import Example
+from minknn.engine import predict
 
 
 def has_proxies(loss):
     """Whether a task's loss (an Objective) trained proxies: they have class_logits."""
     return hasattr(getattr(loss, "metric", None), "class_logits")
+
+
+@torch.no_grad()
+def start_at_names(model, tokenizer, task, loss, device, precision=None):
+    """--proxy_init names: loss.proxies (C, H), one a class, set in place to sqrt(H) times the
+    unit vector of z(name_c) (the module docstring), in the order of task.labels. A task of one
+    text (options.py refuses pairs). Leaves the model in training mode (its callers train next).
+    Returns z (C, H), the names' representations."""
+    names = [Example(text=name) for name in task.labels]
+    _, z = predict(model, tokenizer, task, names, len(names), device, precision=precision)
+    loss.proxies.copy_(math.sqrt(z.shape[1]) * F.normalize(z, dim=-1).to(loss.proxies))
+    model.train()  # predict() left it in eval mode
+    return z
 
 
 def proxy_logits(objective, logits, z, alpha):

@@ -19,7 +19,8 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
     model                 BERT and a head per task (minknn/model.py); a multi-label head starts
                           at its classes' priors, and with --head_init probe each classification
                           or multi-label head as the logistic regression on the loaded encoder
-    losses                each task's loss (minknn/losses/), with a loss's parameters (proxies)
+    losses                each task's loss (minknn/losses/), with a loss's parameters (proxies:
+                          random, or with --proxy_init names at the encoded class names)
     moco, fill_seconds    a memory loss's queue or bank and key encoder (minknn/memory.py), filled
                           from the training examples before the first step (fill_memory)
     params, optimizer, scheduler   what trains (the model's and the losses' parameters), and
@@ -36,7 +37,8 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
                           averages the gradients over the ranks (None in one process)
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
-(a probe fit draws nothing), the losses' parameters, the memory (its key encoder a copy; the
+(a probe fit draws nothing), the losses' parameters (drawn even where --proxy_init names then
+sets them: the names draw nothing), the memory (its key encoder a copy; the
 fill, in begin(), draws nothing), then the streams (their own random.Random). Another order
 trains another run from the same seed, and a resumed run would not be the run it continues.
 
@@ -69,6 +71,7 @@ from minknn.memory import MoCo, new_memory
 from minknn.model import Model, Output
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
+from minknn.proxy import has_proxies, start_at_names
 from minknn.runs import Diverged, check_same_data, summarise
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
@@ -123,6 +126,8 @@ def build(args, make_optimizer, examples=None, device=None):
     if args.head_init == "probe" and not last:  # resumed: last.pt holds the heads
         fit_probes(args, model, tokenizer, tasks, train, device)
     losses = build_losses(model, vars(args)).to(device)
+    if args.proxy_init == "names" and not last:  # resumed: last.pt holds the proxies as trained
+        name_proxies(args, model, tokenizer, tasks, losses, device)
     moco, fill_seconds = make_memory(args, model, tasks[0], train[tasks[0].name],
                                      losses[tasks[0].name], last)
     rng = random.Random(args.seed)
@@ -163,6 +168,16 @@ def fit_probes(args, model, tokenizer, tasks, train, device):
         if t.kind in ("classify", "multilabel") and not model.siamese(t):
             fit_head(model, tokenizer, t, train[t.name], 2 * args.batch_size, device,
                      args.precision)
+
+
+def name_proxies(args, model, tokenizer, tasks, losses, device):
+    """--proxy_init names: each proxy of each task trained by a proxy loss set to the loaded
+    encoder's z of its class's name (AncSetFit; minknn/proxy.py start_at_names), after the loss
+    drew its random proxies (so the run's later draws are a random run's). It draws nothing, and
+    every rank computes the same; build() then broadcasts rank 0's proxies to every rank."""
+    for t in tasks:
+        if has_proxies(losses[t.name]):
+            start_at_names(model, tokenizer, t, losses[t.name].metric, device, args.precision)
 
 
 def batch_stream(args, examples, loss, rng):
@@ -374,7 +389,8 @@ def begin(trainer, last, records):
           f"{sum(p.numel() for p in trainer.params):,} trainable parameters; "
           f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}"
-          f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}; "
+          f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}"
+          f"{'; proxies at the class names' if args.proxy_init == 'names' and not last else ''}; "
           f"{trainer.steps} steps/epoch; {where(trainer)}; run folder {args.out}")
     if trainer.moco and not last:  # the fill's progress bar after the line above
         fill_memory(trainer)

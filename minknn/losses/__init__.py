@@ -94,6 +94,8 @@ NEEDS = {
     "trains_head": True,  # False: the loss is the whole objective (no --lam, no --option
                           # pretrain); the head is fit by logistic regression after each epoch,
                           # in one process (minknn/probe.py)
+    "one_proxy": False,   # one proxy a class, its `proxies` (C, dim): --proxy_init names can
+                          # start each at its class's name (minknn/proxy.py start_at_names)
     "flags": {},          # its own train.py flags: name -> {"type" or "choices", "default",
                           # "help"}; minknn/options.py adds them, and refuses them with other losses
 }
@@ -109,6 +111,7 @@ def need(name, what):
 
 MEMORY_LOSSES = tuple(name for name in LOSSES if need(name, "uses_memory"))
 PROXY_LOSSES = tuple(name for name, loss in LOSSES.items() if hasattr(loss, "class_logits"))
+NAMED_PROXY_LOSSES = tuple(name for name in PROXY_LOSSES if need(name, "one_proxy"))
 LOSS_FLAGS = {flag: spec for name in LOSSES for flag, spec in need(name, "flags").items()}
 
 

@@ -12,8 +12,9 @@ class and pushes the others away, weighting the hard ones most (the log-sum-exp)
 
 Hyper-parameters: scale alpha = 32 (`scale` in the code), margin delta = 0.1 (the paper's values);
 lam = 0.5 (the proxy term carries as much weight as cross-entropy; the DML paper tunes this mix).
-The proxies are initialised at random and trained with their own, larger learning rate (train.py
---proxy_lr, default 100x the encoder's, following the authors' "x100" for proxies).
+The proxies are initialised at random (or, with train.py --proxy_init names, at the encoded class
+names: minknn/proxy.py) and trained with their own, larger learning rate (train.py --proxy_lr,
+default 100x the encoder's, following the authors' "x100" for proxies).
 log(1 + sum exp(a)) is computed as logsumexp over [0, a...], which neither overflows nor, for an
 empty set, returns anything but log 1 = 0.
 `class_logits` gives alpha * cos(z, p_c), used by proxy inference (minknn/proxy.py).
@@ -32,6 +33,7 @@ def log1p_sum_exp(a, mask, dim):
 
 class ProxyAnchorLoss(nn.Module):
     lam = 0.5
+    one_proxy = True  # --proxy_init names can start it at the class names (minknn/proxy.py)
     part = "proxyanchor"  # the assignment's (minknn/parts.py)
 
     def __init__(self, num_classes, dim, scale=32.0, delta=0.1):

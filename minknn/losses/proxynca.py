@@ -10,7 +10,8 @@ OTHER proxies only (z != y), which makes L unbounded below; like the popular imp
 (pytorch-metric-learning, ProxyNCA++) we sum over all C proxies, positive included, so that L >= 0
 is a plain cross-entropy and the proxies cannot run off to make it -infinity.
 
-Hyper-parameters: scale s = 9; lam = 0.5. Proxies are trained with --proxy_lr like Proxy Anchor's.
+Hyper-parameters: scale s = 9; lam = 0.5. Proxies start at random (or with --proxy_init names at
+the encoded class names: minknn/proxy.py) and are trained with --proxy_lr like Proxy Anchor's.
 The scale is ProxyNCA++'s (Teh et al. 2020, "ProxyNCA++: Revisiting and Revitalizing Proxy
 Neighborhood Component Analysis"): a softmax over -d / T with temperature T = 1/9 (their code
 scales both unit vectors by 3 before the squared distance: the same 9 d). The paper has no scale,
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 
 class ProxyNCALoss(nn.Module):
     lam = 0.5
+    one_proxy = True  # --proxy_init names can start it at the class names (minknn/proxy.py)
     part = "proxynca"  # the assignment's (minknn/parts.py)
 
     def __init__(self, num_classes, dim, scale=9.0):
