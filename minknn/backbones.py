@@ -1,6 +1,6 @@
-"""RoBERTa, DistilBERT and MPNet: BERT (minknn/bert.py) with a few changes, each written where it acts.
-This file is also the one place that reads which of them a model folder holds (config.json's
-`model_type`) and builds it.
+"""RoBERTa, DistilBERT and MPNet: BERT (minknn/bert.py) with a few changes, each written where
+it acts. This file is also the one place that reads which of them a model folder holds
+(config.json's `model_type`) and builds it.
 
     RoBERTa (Liu et al. 2019)   the same post-LN transformer and the same weight names under
                                 `roberta.`; what differs:
@@ -25,15 +25,15 @@ This file is also the one place that reads which of them a model folder holds (c
         token types             none (NoTokenTypes); a pair is <s> a </s></s> b </s>
         tokenizer               BERT's lower-cased WordPiece with RoBERTa's special tokens
                                 (minknn/tokenizer.py MPNetTokenizer)
-        config.json, weights    LayerNorm eps 1e-5; the attention's weights under other names
-                                (MPNET_NAMES)
+        config.json, weights    MPNetConfig's defaults (MPNET_FIXED: what its code fixes); the
+                                attention's weights under other names (MPNET_NAMES)
         pooler                  none used: all-mpnet-base-v2 carries BERT's (trained for no
                                 task of its own; it is mean-pooled), a masked-LM checkpoint none
 
 --pooling cls pools the first token, [CLS] for BERT and DistilBERT, <s> for RoBERTa and MPNet.
 """
-import math
 import json
+import math
 import os
 
 import torch
@@ -148,7 +148,7 @@ class DistilBertModel(BertModel):
         return name
 
 
-def relative_buckets(T, num_buckets=32, max_distance=128):
+def relative_buckets(T, num_buckets=32, max_distance=128, device=None):
     """The bucket of each (query i, key j) pair of a T-token sequence, (T, T) longs: MPNet's
     relative positions, bucketed as T5's (Raffel et al. 2020, section 2.1; transformers'
     modeling_mpnet.py relative_position_bucket is MPNet's code). Half the buckets are for keys at
@@ -162,8 +162,8 @@ def relative_buckets(T, num_buckets=32, max_distance=128):
     """
     half = num_buckets // 2
     max_exact = half // 2
-    i = torch.arange(T)[:, None]  # queries, down the rows
-    j = torch.arange(T)[None, :]  # keys, along the columns
+    i = torch.arange(T, device=device)[:, None]  # queries, down the rows
+    j = torch.arange(T, device=device)[None, :]  # keys, along the columns
     n = (i - j).abs()
     # float32, as MPNet's code computes it, so that a distance on a bucket's edge rounds the same
     far = max_exact + (torch.log(n.clamp(min=max_exact).float() / max_exact)
@@ -185,7 +185,7 @@ class MPNetEncoder(BertEncoder):
                                                     config.num_attention_heads)
 
     def forward(self, h, packing):
-        buckets = relative_buckets(packing.T, self.num_buckets).to(h.device)  # (T, T)
+        buckets = relative_buckets(packing.T, self.num_buckets, device=h.device)  # (T, T)
         # (T, T, nh) -> (1, nh, T, T): a head's bias for each query (row) and key (column)
         packing.bias = self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
         return super().forward(h, packing)

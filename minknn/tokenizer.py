@@ -65,8 +65,8 @@ class Tokenizer:
         self.pad_id = ids[self.PAD]
 
     def templates(self, ids):
-        """BERT's [CLS] a [SEP] and [CLS] a [SEP] b [SEP], types 0 then 1: BertWordPieceTokenizer's
-        own (its BertProcessing)."""
+        """The pair and single templates. BERT's, [CLS] a [SEP] and [CLS] a [SEP] b [SEP] with
+        types 0 then 1, are BertWordPieceTokenizer's own (its BertProcessing): nothing to do."""
 
     @classmethod
     def from_folder(cls, path, max_len=128):

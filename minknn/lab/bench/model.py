@@ -1,6 +1,7 @@
-"""`model`: the hand-written encoder (BERT, RoBERTa, DistilBERT, MPNet), fused and explicit attention,
-against Hugging Face's model of the same folder, step for step on random tokens: examples/s and
-MFU (the measured peak matmul its denominator), a train and an inference row per length.
+"""`model`: the hand-written encoder (BERT, RoBERTa, DistilBERT, MPNet), fused and explicit
+attention, against Hugging Face's model of the same folder, step for step on random tokens:
+examples/s and MFU (the measured peak matmul its denominator), a train and an inference row per
+length.
 """
 import torch
 import torch.nn as nn
