@@ -12,7 +12,8 @@ trained once by train.py's own code, and every rule its methods ask for is score
 model (minknn/lab/cells.py). A seed draws the same training examples for every method, so the
 comparisons are paired. Any flag the runner does not know (--epochs, --batch_size, --lr,
 --max_len, --model, ...) is train.py's and goes to every cell. One method is no train.py run:
-`setfit-package` trains the real SetFit on its cell's draw (minknn/lab/setfit_package.py).
+`setfit-package` trains the real SetFit on its cell's draw, with the package's defaults, and
+`setfit-package[setting=paper]` with the paper's settings (minknn/lab/setfit_package.py).
 
 A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): every method is
 trained with each combination of the values that apply to it, as if they were written in its
@@ -233,7 +234,7 @@ def search_applies(args, train_flags, method, flag):
     """(whether train.py takes --flag at each of its --search values with this method's loss and
     own values, on every task; train.py's refusal where it does not)."""
     if method.loss == setfit_package.METHOD:
-        return False, "setfit-package trains with the package's own defaults"
+        return False, "setfit-package trains with the package's own arguments"
     refused, tried = [], 0
     for task in args.task_list:
         base = [*train_flags, "--task", task, "--loss", method.loss,
@@ -295,7 +296,7 @@ def check_grid(args, train_flags, cells):
             seen.add((cell.task, cell.size, cell.seed))
             n_train = len(ctx.train_examples(cell))  # a size too large for a class stops here
             check_splits(ctx, task, n_train)
-        if cell.loss == setfit_package.METHOD:  # the package trains it, with its own defaults
+        if cell.loss == setfit_package.METHOD:  # the package trains it, with its own arguments
             setfit_package.check(cell, methods, task)
             continue
         parsed = parse_train_args(train_argv(cell, ctx, os.path.join(args.out, "runs",

@@ -28,10 +28,13 @@ class FakeSetFit:
     """A stand-in for the setfit package: its SetFitModel, TrainingArguments and Trainer, recording their calls."""
 
     def __init__(self):
-        self.loaded, self.trained, self.predicted, self.args = [], [], [], []
+        self.loaded, self.trained, self.predicted, self.args, self.lengths = [], [], [], [], []
         fake = self
 
         class SetFitModel:
+            def __init__(self):
+                self.model_body = types.SimpleNamespace(max_seq_length=512)  # not the paper's 256
+
             @classmethod
             def from_pretrained(cls, path):
                 fake.loaded.append(path)
@@ -47,10 +50,11 @@ class FakeSetFit:
 
         class Trainer:
             def __init__(self, model, args, train_dataset):
-                self.data = train_dataset
+                self.data, self.model = train_dataset, model
 
             def train(self):
                 fake.trained.append(self.data)
+                fake.lengths.append(self.model.model_body.max_seq_length)  # as it trained
 
         self.module = types.ModuleType("setfit")
         self.module.__version__ = "0.0-fake"
@@ -108,13 +112,46 @@ def test_the_package_trains_on_the_cells_draw_and_scores_the_test_split(fake, ti
     assert len(fake.trained) == 3
 
 
+def test_the_paper_setting_passes_the_papers_arguments_and_is_its_own_row(fake, tiny_bert_dir, tmp_path):
+    """setfit-package[setting=paper]: the SetFit paper's arguments (written out here, as the module docstring
+    gives them with their sources), each passed, none left to the package's defaults; the body's maximum length
+    set to 256 before it trains; its own cells and its own row, with a p-value, beside the defaults'."""
+    out = tmp_path / "g"
+    text = run_grid(tiny_bert_dir, out, methods="setfit-package,setfit-package[setting=paper]", seeds="0-1")
+    base = {"output_dir", "report_to"}
+    paper = {"num_iterations": 20, "num_epochs": 1, "batch_size": 16, "body_learning_rate": 2e-5,
+             "warmup_proportion": 0.1}
+    defaults, papers = fake.args[0::2], fake.args[1::2]  # per seed: the defaults' cell, then the paper's
+    for seed, given in enumerate(defaults):
+        assert set(given) == base | {"seed"} and given["seed"] == seed, f"the defaults' cell got {given}"
+    for seed, given in enumerate(papers):
+        extra = {k: v for k, v in given.items() if k not in base}
+        assert extra == {"seed": seed, **paper}, f"the paper setting passed {extra}, not the paper's {paper}"
+    assert fake.lengths == [512, 256] * 2, "the paper setting trains at the paper's maximum length, 256"
+
+    lines = report.read_results(str(out))
+    cells = {(ln["method"], ln["seed"]): ln["cell"] for ln in lines}
+    assert len(set(cells.values())) == 4, f"each setting and seed is its own cell: {cells}"
+    by_method = {ln["method"]: ln for ln in lines if ln["seed"] == 0}
+    assert by_method["setfit-package[setting=paper]"]["setfit_args"] == {**paper, "max_seq_length": 256}
+    assert by_method["setfit-package"]["setfit_args"] == {"max_seq_length": 512}
+    assert "paper setting" in by_method["setfit-package[setting=paper]"]["selection"]
+    assert re.search(r"\n\| setfit-package \| ", text) and \
+        re.search(r"\n\| setfit-package\[setting=paper\] \| [^|]* \((p \d|no p)", text), \
+        f"the two settings are not two rows:\n{text}"
+
+
 def test_setfit_package_errors_are_one_line_before_training(fake, monkeypatch, tiny_bert_dir, tmp_path):
+    give = "give it as 'setfit-package' (its defaults) or 'setfit-package[setting=paper]' (the paper's), with no rule"
     for methods, tasks, says in [
-            ("setfit-package+knn", "mr", "give it as 'setfit-package', with no grid and no rule"),
-            ("setfit-package[lr=1e-5]", "mr", "give it as 'setfit-package', with no grid and no rule"),
+            ("setfit-package+knn", "mr", give),
+            ("setfit-package[setting=paper]+knn", "mr", give),
+            ("setfit-package[lr=1e-5]", "mr", give),
+            ("setfit-package[setting=paper;num_iterations=5]", "mr", give),
+            ("setfit-package[setting=defaults]", "mr", "no setting 'defaults' of setfit-package; choose one of: paper"),
             ("setfit-package", "rte", "SetFit classifies single texts; rte is a pair task"),
             ("setfit-package", "goemotions", "goemotions is a multilabel task")]:
-        with pytest.raises(MinknnError, match=says.replace("[", r"\[").replace("+", r"\+")):
+        with pytest.raises(MinknnError, match=re.escape(says)):
             run_grid(tiny_bert_dir, tmp_path / "g", methods=methods, tasks=tasks, seeds="0")
     monkeypatch.setitem(sys.modules, "setfit", None)  # not installed: `import setfit` raises ImportError
     with pytest.raises(MinknnError, match=r"trains the setfit package, which is not installed .*: pip install setfit"):
