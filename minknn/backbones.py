@@ -128,24 +128,27 @@ class DistilBertModel(BertModel):
 
     @staticmethod
     def own_name(name):
-        """transformer.layer.3.ffn.lin1.weight -> encoder.layer.3.intermediate.dense.weight."""
-        if name.startswith("transformer.layer."):
-            _, _, n, rest = name.split(".", 3)
-            for theirs, ours in DISTILBERT_NAMES.items():
-                if rest.startswith(theirs + "."):
-                    return f"encoder.layer.{n}.{ours}{rest[len(theirs):]}"
-        return name  # the embeddings' names are BERT's; anything else is refused by name
+        """transformer.layer.3.ffn.lin1.weight -> encoder.layer.3.intermediate.dense.weight. The
+        embeddings' names are BERT's; anything else is refused by name."""
+        return renamed(name, DISTILBERT_NAMES, "transformer.layer.", "encoder.layer.")
 
     @staticmethod
     def file_name(name):
         """encoder.layer.3.intermediate.dense.weight -> transformer.layer.3.ffn.lin1.weight, so
         that a message names a tensor as the file does."""
-        if name.startswith("encoder.layer."):
-            _, _, n, rest = name.split(".", 3)
-            for theirs, ours in DISTILBERT_NAMES.items():
-                if rest.startswith(ours + "."):
-                    return f"transformer.layer.{n}.{theirs}{rest[len(ours):]}"
-        return name
+        return renamed(name, {ours: theirs for theirs, ours in DISTILBERT_NAMES.items()},
+                       "encoder.layer.", "transformer.layer.")
+
+
+def renamed(name, names, layers="encoder.layer.", to="encoder.layer."):
+    """A layer's tensor name, <layers>N.<old>.rest -> <to>N.<new>.rest, for the first (old, new)
+    of `names` whose old begins the part after the layer's number; any other name unchanged."""
+    if name.startswith(layers):
+        n, rest = name[len(layers):].split(".", 1)
+        for old, new in names.items():
+            if rest.startswith(old + "."):
+                return f"{to}{n}.{new}{rest[len(old):]}"
+    return name
 
 
 def relative_buckets(T, num_buckets=32, max_distance=128, device=None):
@@ -224,15 +227,6 @@ class MPNetModel(BertModel):
     def file_name(name):
         return renamed(name, {ours: theirs for theirs, ours in MPNET_NAMES.items()})
 
-
-def renamed(name, names):
-    """A layer's tensor name with its part after encoder.layer.N. renamed by names' prefixes."""
-    if name.startswith("encoder.layer."):
-        _, _, n, rest = name.split(".", 3)
-        for old, new in names.items():
-            if rest.startswith(old + "."):
-                return f"encoder.layer.{n}.{new}{rest[len(old):]}"
-    return name
 
 
 MODELS = {"bert": BertModel, "roberta": RobertaModel, "distilbert": DistilBertModel,
