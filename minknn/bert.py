@@ -18,8 +18,11 @@ on short sentences N is about half of B T. Every matmul, GELU and LayerNorm work
 alone, so the encoder runs them on the N real tokens only, packed into one (N, H) matrix
 (`Packing`); attention alone mixes tokens, so each layer puts Q, K and V back into the (B, T)
 layout for it and packs its output again (attention is about 2% of the FLOPs at these lengths, so
-its padding is left in). The result equals the padded computation on every real
-token (tests/test_bert.py checks outputs and gradients against examples run one at a time).
+on the CPU its padding is left in). On a GPU the fused kernel skips that padding too: attention
+runs over the packed tokens, each row's own (`packed_attention`; `packed_kernel` chooses how, in
+one place). The result equals the padded computation on every real token (tests/test_bert.py
+checks outputs and gradients against examples run one at a time, tests/test_cuda.py the GPU's
+kernels against the padded call).
 Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H / nh.
 """
 import math
@@ -39,10 +42,21 @@ from minknn.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
 # --attention: "explicit" runs attention() below, as written; "fused" runs PyTorch's
 # F.scaled_dot_product_attention, which computes the same thing in one kernel (tests/test_bert.py
-# checks they agree, dropout included). The student edition (minknn/assignment.py) writes
+# checks they agree, dropout included), over the packed tokens where packed_kernel() finds a way
+# (on a GPU), else over the padded (B, T) layout; "padded" always the latter (the benchmarks
+# measure what skipping the padding gains). The student edition (minknn/assignment.py) writes
 # "explicit" here, so that the attention a student writes is the one that trains.
-ATTENTIONS = ("explicit", "fused")
+ATTENTIONS = ("explicit", "fused", "padded")
 ATTENTION = "fused"
+
+try:  # flash attention over packed sequences; torch.nn.attention.varlen is new (2.10's
+    # release has it) and runs on CUDA only, in fp16 and bf16, without dropout
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
+# the devices on which "fused" attention runs over the packed tokens: on the CPU the padded call
+# is as fast at these lengths (tests monkeypatch this to run the packed kernels on the CPU)
+PACKED_DEVICES = ("cuda",)
 
 
 @dataclass
@@ -112,6 +126,7 @@ class Packing:
 
     def __init__(self, attention_mask):
         self.B, self.T = attention_mask.shape
+        self.attention_mask = attention_mask
         self.padded = not attention_mask.all()
         # the real tokens' places in the flattened (B T) positions, (N,)
         self.index = attention_mask.flatten().nonzero().squeeze(1) if self.padded else None
@@ -121,6 +136,19 @@ class Packing:
         # (1, nh, T, T) or None: a term every layer adds to its attention scores, beside the
         # padding's mask. BERT has none; MPNet's encoder puts its relative-position bias here.
         self.bias = None
+        self._spans = None
+
+    def spans(self):
+        """Where each row's tokens start in the packed (N, ...) order, (B + 1,) int64 (row b holds
+        offsets[b]:offsets[b + 1]; the rows' tokens stay together, as pack() keeps their order),
+        and the longest and shortest row's lengths: what kernels over packed sequences take.
+        Computed once a batch (the lengths are read back from the GPU: one synchronisation, not
+        one a layer)."""
+        if self._spans is None:
+            lengths = self.attention_mask.sum(1)
+            shortest, longest = torch.stack(lengths.aminmax()).tolist()
+            self._spans = (F.pad(lengths.cumsum(0), (1, 0)), longest, shortest)
+        return self._spans
 
     def pack(self, x):
         """(B, T, ...) -> (N, ...): the real tokens only."""
@@ -142,7 +170,7 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
-        self.kernel = ATTENTION  # "explicit" or "fused" (ATTENTIONS): BertModel.set_attention
+        self.kernel = ATTENTION  # one of ATTENTIONS: BertModel.set_attention
 
     def forward(self, h, packing):
         """h: (N, H), the real tokens packed; returns (N, H)."""
@@ -151,10 +179,13 @@ class BertSelfAttention(nn.Module):
         # small ones
         w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
         b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = packing.unpack(F.linear(h, w, b))  # (B, T, 3H): attention needs the sequences
-        qkv = qkv.view(B, T, 3, self.num_heads, H // self.num_heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs): a head per subspace
+        qkv = F.linear(h, w, b).view(-1, 3, self.num_heads, H // self.num_heads)  # (N, 3, nh, hs)
         p = self.dropout_p if self.training else 0.0
+        how = packed_kernel(self.kernel, qkv, p, packing)
+        if how:  # each row's tokens attend to each other where they lie: no padding at all
+            return packed_attention(how, *qkv.unbind(1), packing, p).reshape(-1, H)
+        qkv = packing.unpack(qkv)  # (B, T, 3, nh, hs): the padded call needs the sequences
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs): a head per subspace
         mask = None
         if packing.pad is not None:  # additive, in q's dtype: bf16 under autocast, where fp32's
             # most negative number would round to -inf
@@ -163,12 +194,51 @@ class BertSelfAttention(nn.Module):
         if packing.bias is not None:  # MPNet: (1, nh, T, T) + (B, 1, 1, T) -> (B, nh, T, T)
             bias = packing.bias.to(q.dtype)
             mask = bias if mask is None else bias + mask
-        if self.kernel == "fused":
+        if self.kernel in ("fused", "padded"):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             out = attention(q, k, v, mask, p)
         # concatenate the heads again, and keep the real tokens' rows (padding queries are dropped)
         return packing.pack(out.transpose(1, 2).reshape(B, T, H))
+
+
+def packed_kernel(kernel, qkv, dropout_p, packing):
+    """How attention runs over the packed tokens, skipping the padding, or None for the padded
+    (B, T) call with its mask: the one place that chooses. qkv: the packed Q, K and V
+    (N, 3, nh, hs), whose device, dtype (bf16 under autocast) and head size decide.
+        "varlen"  flash attention over the rows' spans (torch.nn.attention.varlen): CUDA, fp16 or
+                  bf16, no dropout (so: evaluation), head size a multiple of 8 up to 256
+        "nested"  F.scaled_dot_product_attention on a nested jagged tensor, a row per sequence
+                  (any dtype, dropout too: training)
+    Neither takes an additive term, so MPNet's relative bias keeps the padded call; so do
+    "explicit" (attention() as written) and "padded", and a batch with no padding, where the
+    padded call already computes nothing wasted."""
+    if (kernel != "fused" or not packing.padded or packing.bias is not None
+            or qkv.device.type not in PACKED_DEVICES or packing.spans()[2] == 0):
+        return None  # (a row with no real token at all: the padded call handles it)
+    if (varlen_attn is not None and dropout_p == 0 and qkv.device.type == "cuda"
+            and qkv.dtype in (torch.float16, torch.bfloat16) and qkv.size(-1) % 8 == 0
+            and qkv.size(-1) <= 256):
+        return "varlen"
+    return "nested"
+
+
+def packed_attention(how, q, k, v, packing, dropout_p):
+    """Attention of each row's tokens to each other, on the packed layout: q, k, v (N, nh, hs),
+    the rows' tokens one after another (Packing.spans). Returns (N, nh, hs). The same as the
+    padded call on every real token (tests/test_bert.py on the CPU, tests/test_cuda.py on a GPU).
+    """
+    offsets, longest, _ = packing.spans()
+    q, k, v = (x.contiguous() for x in (q, k, v))  # views into the one QKV matmul's output
+    if how == "varlen":
+        cu = offsets.to(torch.int32)  # flash attention's cumulative lengths are int32
+        return varlen_attn(q, k, v, cu, cu, longest, longest)
+
+    def rows(x):  # (N, nh, hs) -> (B, nh, jagged T, hs): SDPA's layout, a row per sequence
+        return torch.nested.nested_tensor_from_jagged(x, offsets,
+                                                      max_seqlen=longest).transpose(1, 2)
+    out = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), dropout_p=dropout_p)
+    return out.transpose(1, 2).values()  # back to (N, nh, hs)
 
 
 class BertOutput(nn.Module):
@@ -324,7 +394,8 @@ class BertModel(nn.Module):
         return (h, self.pooler(h)) if pooled else h
 
     def set_attention(self, how):
-        """Every layer's attention: "explicit" (attention() above) or "fused" (ATTENTIONS)."""
+        """Every layer's attention: "explicit" (attention() above), "fused" or "padded"
+        (ATTENTIONS)."""
         if how not in ATTENTIONS:
             raise MinknnError(f"--attention '{how}'; choose one of: {', '.join(ATTENTIONS)}")
         for layer in self.encoder.layer:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from grading import check, close, diagnose, graded, matches_reference
 from minknn import MinknnError, backbones
+from minknn import bert
 from minknn.parts import label
 from minknn.weights import NOT_IMPLEMENTED
 from minknn.bert import BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing, attention
@@ -945,6 +946,59 @@ def test_explicit_and_fused_kernels_agree_in_the_model(tiny_bert):
     real = mask.bool()
     close("attention", outs["explicit"][real], outs["fused"][real], "the tiny BERT's hidden "
           "states with --attention explicit (against fused)", atol=1e-5, rtol=1e-4)
+
+
+def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, monkeypatch):
+    """On a GPU, --attention fused runs attention over the packed tokens (bert.packed_attention,
+    here its nested-tensor path, run on the CPU for the test): every real token's hidden state
+    and every weight's gradient must be the padded call's. A wrong span (a row's tokens attending
+    to its neighbour's) or heads mixed up in the (N, nh, hs) view breaks one of the two."""
+    monkeypatch.setattr(bert, "PACKED_DEVICES", ("cpu",))
+    ran = []
+    packed = bert.packed_attention
+    monkeypatch.setattr(bert, "packed_attention", lambda how, *a: ran.append(how) or packed(how, *a))
+    model = copy.deepcopy(tiny_bert).double()
+    ids, mask = random_batch(model.config.vocab_size, [11, 3, 7, 1], seed=4)
+    probe = torch.randn(model.config.hidden_size, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(2))
+    out = {}
+    for how in ("padded", "fused"):
+        model.set_attention(how).zero_grad()
+        h = model(ids, mask)
+        ((h * mask[..., None]).sum(1) @ probe).sum().backward()
+        out[how] = h.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    layers = model.config.num_hidden_layers
+    assert ran == ["nested"] * layers, (f"--attention fused on a packing device ran the packed kernel "
+                                        f"{ran} in a {layers}-layer model; expected 'nested' in each layer")
+    real = mask.bool()  # (bert.packed_attention, not a student's part: both calls run the parts alike)
+    torch.testing.assert_close(out["fused"][0][real], out["padded"][0][real], atol=1e-10, rtol=1e-10,
+                               msg=lambda m: f"bert.packed_attention: real tokens' hidden states differ from "
+                               f"the padded call's: {m}")
+    for name, g in out["padded"][1].items():
+        torch.testing.assert_close(out["fused"][1][name], g, atol=1e-10, rtol=1e-8,
+                                   msg=lambda m: f"bert.packed_attention: the gradient of {name} differs from "
+                                   f"the padded call's: {m}")
+
+
+def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
+    """bert.packed_kernel, the one place that chooses: the packed kernels take no additive term and
+    run only on the devices listed, so MPNet's bias, --attention explicit or padded, a batch without
+    padding and a row with no real token keep the padded call."""
+    monkeypatch.setattr(bert, "PACKED_DEVICES", ("cpu",))
+    qkv = torch.zeros(4, 3, 2, 8)
+    ragged = Packing(torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    biased = Packing(torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    biased.bias = torch.zeros(1, 2, 3, 3)
+    cases = {"fused, padding": ("fused", ragged, "nested"),
+             "explicit": ("explicit", ragged, None), "padded": ("padded", ragged, None),
+             "no padding": ("fused", Packing(torch.ones(2, 3, dtype=torch.long)), None),
+             "MPNet's bias": ("fused", biased, None),
+             "an empty row": ("fused", Packing(torch.tensor([[1, 1, 0], [0, 0, 0]])), None)}
+    for case, (kernel, packing, want) in cases.items():
+        got = bert.packed_kernel(kernel, qkv, 0.0, packing)
+        assert got == want, f"packed_kernel for {case}: {got!r}, expected {want!r}"
+    monkeypatch.setattr(bert, "PACKED_DEVICES", ("cuda",))
+    assert bert.packed_kernel("fused", qkv, 0.0, ragged) is None, "the CPU is not a packing device here"
 
 
 def test_fused_kernel_drops_the_weights_too():

@@ -87,3 +87,22 @@ def test_model_runs_on_every_backbone(kind, request, monkeypatch, capsys):
             run(lambda: bench.main(["model", "--model", folder, "--device", "cpu", "--lengths", "65"]))
         err = capsys.readouterr().err
         assert e.value.code == 2 and "--lengths 65: longer than the model's 64 positions" in err, err
+
+
+def test_model_on_ragged_batches_counts_the_real_tokens_only(tiny_bert_dir, monkeypatch, capsys):
+    """`bench.py model --ragged`: lengths from T/4 to T, padded to T, as a batch of sentences is.
+    MFU counts the real tokens' FLOPs only, so with the same clock a ragged batch's MFU is below
+    the full batch's (about 5/8 of it: the mean length is 5T/8)."""
+    monkeypatch.setattr(bench, "check_transformers", lambda: None)
+    monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
+    monkeypatch.setattr(bench.Timer, "best_of_rounds", lambda self, steps, *a, **k: dict.fromkeys(steps, 0.01))
+    mfu = {}
+    for ragged in ([], ["--ragged"]):
+        run(lambda: bench.main(["model", "--model", tiny_bert_dir, "--device", "cpu", "--lengths", "64",
+                                "--batch_size", "8", "--steps", "1", "--rounds", "1", *ragged]))
+        out = capsys.readouterr().out
+        assert ("lengths from T/4 to T" in out) == bool(ragged), out
+        row = next(line for line in out.splitlines() if line.startswith("| 64 | train |"))
+        mfu[bool(ragged)] = float(row.split("|")[5])  # minknn MFU, after 2 examples/s columns
+    ratio = mfu[True] / mfu[False]
+    assert 0.4 < ratio < 0.9, f"ragged MFU / full MFU {ratio:.2f}: the FLOPs should count real tokens only"

@@ -75,6 +75,8 @@ def make_parser():
     c.add_argument("--batch_size", type=int, default=32, help="sequences per step")
     c.add_argument("--lengths", type=whole_numbers, default="64,128",
                    help="sequence lengths in tokens, each a row pair (train, inference)")
+    c.add_argument("--ragged", action="store_true", help="each sequence's length drawn from "
+                   "T/4 to T (padded to T, as a batch of real sentences is), not all T")
     c = command("epoch", "one epoch of train.py against the plain transformers loop", 2)
     c.add_argument("--task", default="sst", help="the task trained on")
     c.add_argument("--examples", type=int, default=1024,

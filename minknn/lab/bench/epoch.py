@@ -50,6 +50,9 @@ def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     peak = peak_matmul_flops(device)
     transformers = check_transformers()
     contestants = {"train.py": times_itself(lambda: train_py_epoch(args, device, "."))}
+    if device.type == "cuda":  # where attention runs over the packed tokens: against the padded call
+        contestants["train.py --attention padded"] = times_itself(
+            lambda: train_py_epoch(args, device, ".", flags=("--attention", "padded")))
     if args.compare:
         contestants[f"train.py of {args.compare}"] = times_itself(
             lambda: train_py_epoch(args, device, args.compare))
@@ -77,14 +80,15 @@ def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
                   f"{s / reference:.2f}" if reference else "")
 
 
-def train_py_epoch(args, device, checkout, processes=1, threads=None):
+def train_py_epoch(args, device, checkout, processes=1, threads=None, flags=()):
     """Runs `python train.py` (of the checkout: a folder holding train.py) for two epochs on
     --examples examples and returns the second epoch's seconds as it reports them (the training
     loop alone: no model loading, dev scoring or saving). The first epoch of a fresh process pays
     the start-up costs (on a GPU, loading each kernel at its first call: the first steps take
     about a second each), which the in-process transformers loop pays in its first round only,
     and the best of the rounds leaves out. processes > 1: under torchrun, on one machine;
-    threads: each process's torch threads (OMP_NUM_THREADS; default: torch's)."""
+    threads: each process's torch threads (OMP_NUM_THREADS; default: torch's); flags: more of
+    train.py's."""
     torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +97,7 @@ def train_py_epoch(args, device, checkout, processes=1, threads=None):
                    "--max_train", str(args.examples), "--max_eval", "16", "--seed", str(args.seed),
                    "--batch_size", str(args.batch_size), "--max_len", str(args.max_len),
                    "--model", args.model, "--device", str(device),
-                   "--out", os.path.join(tmp, "run")]
+                   "--out", os.path.join(tmp, "run"), *flags]
         if args.data_dir:
             command += ["--data_dir", os.path.abspath(args.data_dir)]
         done = subprocess.run(command, cwd=checkout, capture_output=True, text=True, env=env)

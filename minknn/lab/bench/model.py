@@ -53,6 +53,11 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     models["minknn explicit"] = Model(backbones.from_pretrained(path).set_attention("explicit"),
                                       sst, "mean")
     models["minknn explicit"].heads.load_state_dict(models["minknn"].heads.state_dict())
+    if device.type == "cuda" and args.ragged:  # attention over the packed tokens against the
+        # padded call (bert.packed_kernel: the CPU always runs the padded one)
+        models["minknn padded"] = Model(backbones.from_pretrained(path).set_attention("padded"),
+                                        sst, "mean")
+        models["minknn padded"].heads.load_state_dict(models["minknn"].heads.state_dict())
     transformers = check_transformers()
     if transformers:
         models["transformers"] = Model(Reference(transformers, path), sst, "mean")
@@ -61,21 +66,28 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
         m.to(device)
     peak = peak_matmul_flops(device)
     out.append(f"`python -m minknn.lab.bench model`: {device_name(device)}, "
-               f"{precision_of(device)}; batch {args.batch_size} of random tokens, no padding; "
+               f"{precision_of(device)}; batch {args.batch_size} of random tokens, "
+               f"{'lengths from T/4 to T, padded to T' if args.ragged else 'no padding'}; "
                f"best of {args.rounds} alternating rounds of {args.steps} steps; measured peak "
                f"matmul {peak / 1e12:.3f} TFLOP/s"
                f"{'' if transformers else '; transformers not installed: no reference'}\n")
     print(out[-1])
     table = Table(out, "length", "step", *[f"{m} examples/s" for m in models],
                   *[f"{m} MFU" for m in models], "explicit / fused attention",
+                  *(["padded / fused attention"] if "minknn padded" in models else []),
                   *(["minknn / transformers"] if transformers else []))
     config = models["minknn"].bert.config
     for T in args.lengths:
         g = torch.Generator().manual_seed(T)
         low = 1000 if config.vocab_size > 2000 else 0  # past BERT's special and [unused] ids
+        lengths = torch.full((args.batch_size,), T)
+        if args.ragged:  # the longest is T, as in a batch padded to its longest
+            lengths = torch.randint(T // 4, T + 1, (args.batch_size,), generator=g)
+            lengths[0] = T
+        mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
         batch = {"input_ids": torch.randint(low, config.vocab_size, (args.batch_size, T),
-                                            generator=g),
-                 "attention_mask": torch.ones(args.batch_size, T, dtype=torch.long),
+                                            generator=g) * mask,
+                 "attention_mask": mask,
                  "token_type_ids": torch.zeros(args.batch_size, T, dtype=torch.long)}
         batch = to_device(batch, device)
         labels = torch.randint(0, 5, (args.batch_size,), generator=g).to(device)
@@ -83,8 +95,11 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
             steps = {name: model_step(m, batch, labels, device, train)
                      for name, m in models.items()}
             seconds = timer.best_of_rounds(steps, args.steps, warmup=2)
-            flops = args.batch_size * T * flops_per_token(config, T) * (3 if train else 1)
+            flops = sum(n * flops_per_token(config, n) for n in lengths.tolist())  # real tokens
+            flops *= 3 if train else 1
             ratio = [f"{seconds['transformers'] / seconds['minknn']:.2f}"] if transformers else []
+            if "minknn padded" in seconds:
+                ratio.insert(0, f"{seconds['minknn padded'] / seconds['minknn']:.2f}")
             table.row(T, "train" if train else "inference",
                       *[f"{args.batch_size / s:.1f}" for s in seconds.values()],
                       *[f"{flops / s / peak:.2f}" for s in seconds.values()],
