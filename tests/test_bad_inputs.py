@@ -88,6 +88,17 @@ HELD = []  # locks held by the "in use" case while its run starts
 PATCHED = []  # pytest.MonkeyPatch objects of a case's setup (the "mpnet" cases'), undone after it
 
 
+def without_a_gpu(setup):
+    """setup's argv, on a machine where PyTorch sees no CUDA device (also on a GPU machine:
+    torch.cuda.is_available is replaced for the case)."""
+    def argv(tmp, tiny, fixtures):
+        patch = pytest.MonkeyPatch()
+        PATCHED.append(patch)
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        return setup(tmp, tiny, fixtures)
+    return argv
+
+
 def in_use(tmp, tiny, fixtures):
     HELD.append(lock_folder(run_folder(tmp, ())))
     return trainer()(tmp, tiny, fixtures)
@@ -223,6 +234,11 @@ FLAG_CASES = [
     ("save latest", "train", trainer("--save", "latest"), "argument --save: invalid choice: 'latest'"),
     ("device mps", "train", trainer("--device", "mps"), "--device 'mps': minknn runs on auto, cpu, cuda or cuda:N"),
     ("device meta", "evaluate", lambda tmp, *a: ["--checkpoint", str(tmp), "--device", "meta"], "--device 'meta'"),
+    ("device cuda without a GPU", "train", without_a_gpu(trainer("--device", "cuda")),
+     "--device cuda: no CUDA GPU is visible to PyTorch"),
+    ("evaluate device cuda without a GPU", "evaluate",
+     without_a_gpu(lambda tmp, *a: ["--checkpoint", str(tmp), "--device", "cuda"]),
+     "--device cuda: no CUDA GPU is visible to PyTorch"),
     ("empty data_dir", "train", trainer("--data_dir", ""), "--data_dir is empty"),
     ("empty task list", "train", trainer("--task", "multitask", "--tasks", ""), "--tasks '' has an empty name"),
     ("out is a file", "train", lambda tmp, *a: [*trainer()(tmp, *a), "--out", a_file(tmp / "file")],
