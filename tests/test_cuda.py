@@ -5,6 +5,8 @@ BERT and the fixture data, about half a minute (25 s here with the CPU standing 
 
 - a forward and backward on CUDA in fp32 equal the CPU's (hidden states at real tokens, every
   parameter's gradient), padded and unpadded, with each --attention kernel;
+- attention over the packed tokens (bert.packed_kernel's choice) runs where it should and equals
+  the padded call: flash varlen in bf16 evaluation, nested tensors in fp32 and bf16 training;
 - a bf16-autocast training step on CUDA is finite and its loss near the fp32 step's;
 - a knnbert run built as train.py builds it keeps its queue and key encoder on the GPU, and its
   steps (loss, gradients, queue) equal the CPU's;
@@ -37,7 +39,7 @@ import evaluate
 import train
 from helpers import DATA
 from minknn import bert, options
-from minknn.bert import BertModel
+from minknn.bert import BertConfig, BertModel
 from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import load_split
 from minknn.datastore import Datastore
@@ -145,6 +147,104 @@ def test_cuda_forward_and_backward_equal_the_cpus(tiny_bert_dir, kernel, lengths
 
 # ---------------------------------------------------------------------------------------------
 # runs built as train.py builds them (minknn/trainer.py), stepped by train.py's own train_step
+
+# ---------------------------------------------------------------------------------------------
+# attention over the packed tokens (bert.packed_kernel chooses; bert.packed_attention runs it)
+
+def packed_model(dropout=0.0):
+    """A small random BERT whose head size (16) flash attention takes (a multiple of 8)."""
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=dropout)
+    return BertModel(config).to(GPU)
+
+
+def ragged_batch(lengths=(37, 5, 20, 1, 12), vocab=200):
+    g = torch.Generator().manual_seed(1)
+    T = max(lengths)
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.randint(5, vocab, (len(lengths), T), generator=g) * mask
+    return ids.to(GPU), mask.to(GPU)
+
+
+@pytest.fixture
+def kernels_run(monkeypatch):
+    """The packed kernels that ran (bert.packed_attention's `how`, one a layer)."""
+    ran = []
+    packed = bert.packed_attention
+    monkeypatch.setattr(bert, "packed_attention", lambda how, *a: ran.append(how) or packed(how, *a))
+    return ran
+
+
+def test_evaluation_in_bf16_runs_flash_varlen_and_matches_the_padded_call(kernels_run):
+    """Evaluation (no dropout) under bf16 autocast: --attention fused runs flash attention over the
+    packed tokens (torch.nn.attention.varlen where this torch has it, else nested tensors). Its
+    error against the fp32 padded call must be no larger than the bf16 padded call's (twice it,
+    plus 0.01: both round in bf16, differently)."""
+    model = packed_model().eval()
+    ids, mask = ragged_batch()
+    real = mask.bool()
+    with torch.inference_mode():
+        want = model.set_attention("padded")(ids, mask)[real].float()
+        got = {}
+        for how in ("padded", "fused"):
+            with torch.autocast(GPU.type, dtype=torch.bfloat16):
+                got[how] = model.set_attention(how)(ids, mask)[real].float()
+    expected = "varlen" if bert.varlen_attn is not None and GPU.type == "cuda" else "nested"
+    assert kernels_run == [expected] * 2, (f"evaluation in bf16 ran the packed kernels {kernels_run}; "
+                                           f"expected {expected!r} in each of 2 layers")
+    err = {how: (g - want).abs().max().item() for how, g in got.items()}
+    assert torch.isfinite(got["fused"]).all(), "non-finite hidden states from the packed kernel"
+    assert err["fused"] <= 2 * err["padded"] + 1e-2, (
+        f"{expected} attention in bf16 is {err['fused']:.3g} from the fp32 padded call at most, the "
+        f"bf16 padded call {err['padded']:.3g}")
+
+
+def test_training_in_fp32_runs_nested_tensors_equal_to_the_padded_call(kernels_run):
+    """Training in fp32 (flash attention takes fp16 and bf16 only): nested jagged tensors, whose
+    hidden states and every gradient must be the padded call's."""
+    model = packed_model().train()
+    ids, mask = ragged_batch()
+    real = mask.bool()
+    probe = torch.randn(64, generator=torch.Generator().manual_seed(2)).to(GPU)
+    out = {}
+    for how in ("padded", "fused"):
+        model.set_attention(how).zero_grad()
+        h = model(ids, mask)
+        ((h * mask[..., None]).sum(1) @ probe).sum().backward()
+        out[how] = h[real].detach().cpu(), {n: p.grad.cpu() for n, p in model.named_parameters()
+                                            if p.grad is not None}
+    assert kernels_run == ["nested"] * 2, f"fp32 training ran the packed kernels {kernels_run}"
+    torch.testing.assert_close(out["fused"][0], out["padded"][0], atol=1e-5, rtol=1e-4,
+                               msg=lambda m: f"nested attention: hidden states against the padded call: {m}")
+    for name, g in out["padded"][1].items():
+        torch.testing.assert_close(out["fused"][1][name], g, atol=1e-5, rtol=1e-3,
+                                   msg=lambda m: f"nested attention: gradient of {name} against the padded "
+                                   f"call: {m}")
+
+
+def test_training_in_bf16_with_attention_dropout_runs_nested_tensors(kernels_run):
+    """The training path of a real run: bf16 autocast and attention dropout (0.5 here, to see it).
+    Finite loss and gradients, dropout active (two steps' outputs differ), each real token's
+    output near the padded call's in expectation is not checked here (dropout draws differ)."""
+    model = packed_model(dropout=0.5).train()
+    ids, mask = ragged_batch()
+    real = mask.bool()
+    outs = []
+    for _ in range(2):
+        model.zero_grad()
+        with torch.autocast(GPU.type, dtype=torch.bfloat16):
+            h = model(ids, mask)
+        loss = h[real].float().pow(2).mean()
+        loss.backward()
+        assert torch.isfinite(loss), f"loss {loss.item()}"
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"non-finite gradients in {bad}"
+        outs.append(h[real].float())
+    assert kernels_run == ["nested"] * 4, f"bf16 training with dropout ran the packed kernels {kernels_run}"
+    assert not torch.equal(outs[0], outs[1]), "attention dropout 0.5: two training steps gave the same output"
+
 
 def built(bert_dir, device, *flags):
     """A run of sst on the fixture data built by minknn/trainer.py's build, its memory filled as
