@@ -18,11 +18,13 @@ on short sentences N is about half of B T. Every matmul, GELU and LayerNorm work
 alone, so the encoder runs them on the N real tokens only, packed into one (N, H) matrix
 (`Packing`); attention alone mixes tokens, so each layer puts Q, K and V back into the (B, T)
 layout for it and packs its output again (attention is about 2% of the FLOPs at these lengths, so
-on the CPU its padding is left in). On a GPU the fused kernel skips that padding too: attention
-runs over the packed tokens, each row's own (`packed_attention`; `packed_kernel` chooses how, in
-one place). The result equals the padded computation on every real token (tests/test_bert.py
-checks outputs and gradients against examples run one at a time, tests/test_cuda.py the GPU's
-kernels against the padded call).
+its padding is left in). On a GPU, --attention packed skips that padding too: attention runs
+over the packed tokens, each row's own (`packed_attention`; `packed_kernel` chooses how, in one
+place). On an H100 with MiniLM at batch 32 that was slower, not faster (RESULTS.md, "How does
+minknn run on a GPU?"): each step there is bound by the CPU launching kernels, not by the GPU, so
+the default stays the padded call. The result equals the padded computation on every real token
+(tests/test_bert.py checks outputs and gradients against examples run one at a time,
+tests/test_cuda.py the GPU's kernels against the padded call).
 Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H / nh.
 """
 import math
@@ -32,6 +34,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minknn import MinknnError
 from minknn.files import read_json
@@ -42,11 +45,11 @@ from minknn.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
 # --attention: "explicit" runs attention() below, as written; "fused" runs PyTorch's
 # F.scaled_dot_product_attention, which computes the same thing in one kernel (tests/test_bert.py
-# checks they agree, dropout included), over the packed tokens where packed_kernel() finds a way
-# (on a GPU), else over the padded (B, T) layout; "padded" always the latter (the benchmarks
-# measure what skipping the padding gains). The student edition (minknn/assignment.py) writes
-# "explicit" here, so that the attention a student writes is the one that trains.
-ATTENTIONS = ("explicit", "fused", "padded")
+# checks they agree, dropout included), over the padded (B, T) layout; "packed" runs PyTorch's
+# kernels over the packed tokens where packed_kernel() finds a way (on a GPU), else as "fused".
+# The student edition (minknn/assignment.py) writes "explicit" here, so that the attention a
+# student writes is the one that trains.
+ATTENTIONS = ("explicit", "fused", "packed")
 ATTENTION = "fused"
 
 try:  # flash attention over packed sequences; torch.nn.attention.varlen is new (2.10's
@@ -54,7 +57,13 @@ try:  # flash attention over packed sequences; torch.nn.attention.varlen is new 
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:
     varlen_attn = None
-# the devices on which "fused" attention runs over the packed tokens: on the CPU the padded call
+# The kernels F.scaled_dot_product_attention may choose from: all but cuDNN's. On an H100 or H200
+# PyTorch picks cuDNN's for a masked call, and cuDNN plans a kernel for each new shape; a batch
+# padded to its longest brings a new T almost every step, and the planning made train.py's first
+# SST epoch 3.3x slower on an H200 (20 s against 6 s, RESULTS.md "How does minknn run on a GPU?").
+# The others take any shape as it comes (flash attention without a mask, memory-efficient with one).
+SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# the devices on which "packed" attention runs over the packed tokens: on the CPU the padded call
 # is as fast at these lengths (tests monkeypatch this to run the packed kernels on the CPU)
 PACKED_DEVICES = ("cuda",)
 
@@ -139,15 +148,17 @@ class Packing:
         self._spans = None
 
     def spans(self):
-        """Where each row's tokens start in the packed (N, ...) order, (B + 1,) int64 (row b holds
-        offsets[b]:offsets[b + 1]; the rows' tokens stay together, as pack() keeps their order),
-        and the longest and shortest row's lengths: what kernels over packed sequences take.
+        """Where each row's tokens start in the packed (N, ...) order, (B + 1,), in int64 and in
+        int32 (row b holds offsets[b]:offsets[b + 1]; the rows' tokens stay together, as pack()
+        keeps their order), and the longest and shortest row's lengths: what kernels over packed
+        sequences take.
         Computed once a batch (the lengths are read back from the GPU: one synchronisation, not
         one a layer)."""
         if self._spans is None:
             lengths = self.attention_mask.sum(1)
             shortest, longest = torch.stack(lengths.aminmax()).tolist()
-            self._spans = (F.pad(lengths.cumsum(0), (1, 0)), longest, shortest)
+            offsets = F.pad(lengths.cumsum(0), (1, 0))
+            self._spans = (offsets, offsets.to(torch.int32), longest, shortest)
         return self._spans
 
     def pack(self, x):
@@ -194,8 +205,9 @@ class BertSelfAttention(nn.Module):
         if packing.bias is not None:  # MPNet: (1, nh, T, T) + (B, 1, 1, T) -> (B, nh, T, T)
             bias = packing.bias.to(q.dtype)
             mask = bias if mask is None else bias + mask
-        if self.kernel in ("fused", "padded"):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        if self.kernel in ("fused", "packed"):
+            with sdpa_kernel(SDPA_KERNELS):  # not cuDNN's (SDPA_KERNELS says why)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             out = attention(q, k, v, mask, p)
         # concatenate the heads again, and keep the real tokens' rows (padding queries are dropped)
@@ -211,10 +223,10 @@ def packed_kernel(kernel, qkv, dropout_p, packing):
         "nested"  F.scaled_dot_product_attention on a nested jagged tensor, a row per sequence
                   (any dtype, dropout too: training)
     Neither takes an additive term, so MPNet's relative bias keeps the padded call; so do
-    "explicit" (attention() as written) and "padded", and a batch with no padding, where the
-    padded call already computes nothing wasted."""
-    if (kernel != "fused" or not packing.padded or packing.bias is not None
-            or qkv.device.type not in PACKED_DEVICES or packing.spans()[2] == 0):
+    --attention explicit and fused, and a batch with no padding, where the padded call already
+    computes nothing wasted."""
+    if (kernel != "packed" or not packing.padded or packing.bias is not None
+            or qkv.device.type not in PACKED_DEVICES or packing.spans()[3] == 0):
         return None  # (a row with no real token at all: the padded call handles it)
     if (varlen_attn is not None and dropout_p == 0 and qkv.device.type == "cuda"
             and qkv.dtype in (torch.float16, torch.bfloat16) and qkv.size(-1) % 8 == 0
@@ -228,10 +240,9 @@ def packed_attention(how, q, k, v, packing, dropout_p):
     the rows' tokens one after another (Packing.spans). Returns (N, nh, hs). The same as the
     padded call on every real token (tests/test_bert.py on the CPU, tests/test_cuda.py on a GPU).
     """
-    offsets, longest, _ = packing.spans()
+    offsets, cu, longest, _ = packing.spans()  # cu: flash attention's offsets are int32
     q, k, v = (x.contiguous() for x in (q, k, v))  # views into the one QKV matmul's output
     if how == "varlen":
-        cu = offsets.to(torch.int32)  # flash attention's cumulative lengths are int32
         return varlen_attn(q, k, v, cu, cu, longest, longest)
 
     def rows(x):  # (N, nh, hs) -> (B, nh, jagged T, hs): SDPA's layout, a row per sequence
@@ -394,7 +405,7 @@ class BertModel(nn.Module):
         return (h, self.pooler(h)) if pooled else h
 
     def set_attention(self, how):
-        """Every layer's attention: "explicit" (attention() above), "fused" or "padded"
+        """Every layer's attention: "explicit" (attention() above), "fused" or "packed"
         (ATTENTIONS)."""
         if how not in ATTENTIONS:
             raise MinknnError(f"--attention '{how}'; choose one of: {', '.join(ATTENTIONS)}")

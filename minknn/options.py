@@ -38,8 +38,8 @@ SHARED = {
     "precision": {"choices": PRECISIONS, "help": "bf16 autocast or plain fp32 (default: bf16 on "
                                                  "CUDA, fp32 on the CPU)"},
     "attention": {"default": ATTENTION, "choices": ATTENTIONS, "help": "attention() as written "
-                  "in minknn/bert.py; PyTorch's fused kernel, over the packed tokens on a GPU; "
-                  "or that kernel over the padded batch"},
+                  "in minknn/bert.py; PyTorch's fused kernel over the padded batch; or, on a GPU, "
+                  "PyTorch's kernels over the packed tokens (slower with MiniLM: RESULTS.md)"},
 }
 
 

@@ -949,7 +949,7 @@ def test_explicit_and_fused_kernels_agree_in_the_model(tiny_bert):
 
 
 def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, monkeypatch):
-    """On a GPU, --attention fused runs attention over the packed tokens (bert.packed_attention,
+    """On a GPU, --attention packed runs attention over the packed tokens (bert.packed_attention,
     here its nested-tensor path, run on the CPU for the test): every real token's hidden state
     and every weight's gradient must be the padded call's. A wrong span (a row's tokens attending
     to its neighbour's) or heads mixed up in the (N, nh, hs) view breaks one of the two."""
@@ -962,43 +962,63 @@ def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, m
     probe = torch.randn(model.config.hidden_size, dtype=torch.float64,
                         generator=torch.Generator().manual_seed(2))
     out = {}
-    for how in ("padded", "fused"):
+    for how in ("fused", "packed"):
         model.set_attention(how).zero_grad()
         h = model(ids, mask)
         ((h * mask[..., None]).sum(1) @ probe).sum().backward()
         out[how] = h.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     layers = model.config.num_hidden_layers
-    assert ran == ["nested"] * layers, (f"--attention fused on a packing device ran the packed kernel "
+    assert ran == ["nested"] * layers, (f"--attention packed on a packing device ran the packed kernel "
                                         f"{ran} in a {layers}-layer model; expected 'nested' in each layer")
     real = mask.bool()  # (bert.packed_attention, not a student's part: both calls run the parts alike)
-    torch.testing.assert_close(out["fused"][0][real], out["padded"][0][real], atol=1e-10, rtol=1e-10,
+    torch.testing.assert_close(out["packed"][0][real], out["fused"][0][real], atol=1e-10, rtol=1e-10,
                                msg=lambda m: f"bert.packed_attention: real tokens' hidden states differ from "
                                f"the padded call's: {m}")
-    for name, g in out["padded"][1].items():
-        torch.testing.assert_close(out["fused"][1][name], g, atol=1e-10, rtol=1e-8,
+    for name, g in out["fused"][1].items():
+        torch.testing.assert_close(out["packed"][1][name], g, atol=1e-10, rtol=1e-8,
                                    msg=lambda m: f"bert.packed_attention: the gradient of {name} differs from "
                                    f"the padded call's: {m}")
 
 
+def test_fused_attention_never_lets_cudnn_plan_a_kernel(tiny_bert, monkeypatch):
+    """--attention fused calls F.scaled_dot_product_attention with cuDNN's backend off
+    (bert.SDPA_KERNELS): on an H200 its planning of each new padded shape made the first SST epoch
+    3.3x slower. The flags are PyTorch's, read inside the call (on any device), and put back after."""
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    ids, mask = random_batch(tiny_bert.config.vocab_size, [6, 3])
+    with kernel(tiny_bert, "fused"), torch.no_grad():
+        tiny_bert(ids, mask)
+    assert seen and not any(seen), (f"cuDNN's attention was enabled in {sum(seen)} of {len(seen)} calls of "
+                                    f"F.scaled_dot_product_attention")
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before, "the cuDNN attention flag was not put back"
+
+
 def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
     """bert.packed_kernel, the one place that chooses: the packed kernels take no additive term and
-    run only on the devices listed, so MPNet's bias, --attention explicit or padded, a batch without
+    run only on the devices listed, so MPNet's bias, --attention explicit or fused, a batch without
     padding and a row with no real token keep the padded call."""
     monkeypatch.setattr(bert, "PACKED_DEVICES", ("cpu",))
     qkv = torch.zeros(4, 3, 2, 8)
     ragged = Packing(torch.tensor([[1, 1, 1], [1, 0, 0]]))
     biased = Packing(torch.tensor([[1, 1, 1], [1, 0, 0]]))
     biased.bias = torch.zeros(1, 2, 3, 3)
-    cases = {"fused, padding": ("fused", ragged, "nested"),
-             "explicit": ("explicit", ragged, None), "padded": ("padded", ragged, None),
-             "no padding": ("fused", Packing(torch.ones(2, 3, dtype=torch.long)), None),
-             "MPNet's bias": ("fused", biased, None),
-             "an empty row": ("fused", Packing(torch.tensor([[1, 1, 0], [0, 0, 0]])), None)}
+    cases = {"packed, padding": ("packed", ragged, "nested"),
+             "explicit": ("explicit", ragged, None), "fused": ("fused", ragged, None),
+             "no padding": ("packed", Packing(torch.ones(2, 3, dtype=torch.long)), None),
+             "MPNet's bias": ("packed", biased, None),
+             "an empty row": ("packed", Packing(torch.tensor([[1, 1, 0], [0, 0, 0]])), None)}
     for case, (kernel, packing, want) in cases.items():
         got = bert.packed_kernel(kernel, qkv, 0.0, packing)
         assert got == want, f"packed_kernel for {case}: {got!r}, expected {want!r}"
     monkeypatch.setattr(bert, "PACKED_DEVICES", ("cuda",))
-    assert bert.packed_kernel("fused", qkv, 0.0, ragged) is None, "the CPU is not a packing device here"
+    assert bert.packed_kernel("packed", qkv, 0.0, ragged) is None, "the CPU is not a packing device here"
 
 
 def test_fused_kernel_drops_the_weights_too():

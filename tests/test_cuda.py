@@ -178,7 +178,7 @@ def kernels_run(monkeypatch):
 
 
 def test_evaluation_in_bf16_runs_flash_varlen_and_matches_the_padded_call(kernels_run):
-    """Evaluation (no dropout) under bf16 autocast: --attention fused runs flash attention over the
+    """Evaluation (no dropout) under bf16 autocast: --attention packed runs flash attention over the
     packed tokens (torch.nn.attention.varlen where this torch has it, else nested tensors). Its
     error against the fp32 padded call must be no larger than the bf16 padded call's (twice it,
     plus 0.01: both round in bf16, differently)."""
@@ -186,19 +186,19 @@ def test_evaluation_in_bf16_runs_flash_varlen_and_matches_the_padded_call(kernel
     ids, mask = ragged_batch()
     real = mask.bool()
     with torch.inference_mode():
-        want = model.set_attention("padded")(ids, mask)[real].float()
+        want = model.set_attention("fused")(ids, mask)[real].float()
         got = {}
-        for how in ("padded", "fused"):
+        for how in ("fused", "packed"):
             with torch.autocast(GPU.type, dtype=torch.bfloat16):
                 got[how] = model.set_attention(how)(ids, mask)[real].float()
     expected = "varlen" if bert.varlen_attn is not None and GPU.type == "cuda" else "nested"
     assert kernels_run == [expected] * 2, (f"evaluation in bf16 ran the packed kernels {kernels_run}; "
                                            f"expected {expected!r} in each of 2 layers")
     err = {how: (g - want).abs().max().item() for how, g in got.items()}
-    assert torch.isfinite(got["fused"]).all(), "non-finite hidden states from the packed kernel"
-    assert err["fused"] <= 2 * err["padded"] + 1e-2, (
-        f"{expected} attention in bf16 is {err['fused']:.3g} from the fp32 padded call at most, the "
-        f"bf16 padded call {err['padded']:.3g}")
+    assert torch.isfinite(got["packed"]).all(), "non-finite hidden states from the packed kernel"
+    assert err["packed"] <= 2 * err["fused"] + 1e-2, (
+        f"{expected} attention in bf16 is {err['packed']:.3g} from the fp32 padded call at most, the "
+        f"bf16 padded call {err['fused']:.3g}")
 
 
 def test_training_in_fp32_runs_nested_tensors_equal_to_the_padded_call(kernels_run):
@@ -209,17 +209,17 @@ def test_training_in_fp32_runs_nested_tensors_equal_to_the_padded_call(kernels_r
     real = mask.bool()
     probe = torch.randn(64, generator=torch.Generator().manual_seed(2)).to(GPU)
     out = {}
-    for how in ("padded", "fused"):
+    for how in ("fused", "packed"):
         model.set_attention(how).zero_grad()
         h = model(ids, mask)
         ((h * mask[..., None]).sum(1) @ probe).sum().backward()
         out[how] = h[real].detach().cpu(), {n: p.grad.cpu() for n, p in model.named_parameters()
                                             if p.grad is not None}
     assert kernels_run == ["nested"] * 2, f"fp32 training ran the packed kernels {kernels_run}"
-    torch.testing.assert_close(out["fused"][0], out["padded"][0], atol=1e-5, rtol=1e-4,
+    torch.testing.assert_close(out["packed"][0], out["fused"][0], atol=1e-5, rtol=1e-4,
                                msg=lambda m: f"nested attention: hidden states against the padded call: {m}")
-    for name, g in out["padded"][1].items():
-        torch.testing.assert_close(out["fused"][1][name], g, atol=1e-5, rtol=1e-3,
+    for name, g in out["fused"][1].items():
+        torch.testing.assert_close(out["packed"][1][name], g, atol=1e-5, rtol=1e-3,
                                    msg=lambda m: f"nested attention: gradient of {name} against the padded "
                                    f"call: {m}")
 
@@ -228,7 +228,7 @@ def test_training_in_bf16_with_attention_dropout_runs_nested_tensors(kernels_run
     """The training path of a real run: bf16 autocast and attention dropout (0.5 here, to see it).
     Finite loss and gradients, dropout active (two steps' outputs differ), each real token's
     output near the padded call's in expectation is not checked here (dropout draws differ)."""
-    model = packed_model(dropout=0.5).train()
+    model = packed_model(dropout=0.5).train().set_attention("packed")
     ids, mask = ragged_batch()
     real = mask.bool()
     outs = []

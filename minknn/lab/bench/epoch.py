@@ -50,9 +50,9 @@ def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     peak = peak_matmul_flops(device)
     transformers = check_transformers()
     contestants = {"train.py": times_itself(lambda: train_py_epoch(args, device, "."))}
-    if device.type == "cuda":  # where attention runs over the packed tokens: against the padded call
-        contestants["train.py --attention padded"] = times_itself(
-            lambda: train_py_epoch(args, device, ".", flags=("--attention", "padded")))
+    if device.type == "cuda":  # attention over the packed tokens, against the padded call
+        contestants["train.py --attention packed"] = times_itself(
+            lambda: train_py_epoch(args, device, ".", flags=("--attention", "packed")))
     if args.compare:
         contestants[f"train.py of {args.compare}"] = times_itself(
             lambda: train_py_epoch(args, device, args.compare))

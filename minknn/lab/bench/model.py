@@ -55,9 +55,9 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     models["minknn explicit"].heads.load_state_dict(models["minknn"].heads.state_dict())
     if device.type == "cuda" and args.ragged:  # attention over the packed tokens against the
         # padded call (bert.packed_kernel: the CPU always runs the padded one)
-        models["minknn padded"] = Model(backbones.from_pretrained(path).set_attention("padded"),
+        models["minknn packed"] = Model(backbones.from_pretrained(path).set_attention("packed"),
                                         sst, "mean")
-        models["minknn padded"].heads.load_state_dict(models["minknn"].heads.state_dict())
+        models["minknn packed"].heads.load_state_dict(models["minknn"].heads.state_dict())
     transformers = check_transformers()
     if transformers:
         models["transformers"] = Model(Reference(transformers, path), sst, "mean")
@@ -74,7 +74,7 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     print(out[-1])
     table = Table(out, "length", "step", *[f"{m} examples/s" for m in models],
                   *[f"{m} MFU" for m in models], "explicit / fused attention",
-                  *(["padded / fused attention"] if "minknn padded" in models else []),
+                  *(["packed / fused attention"] if "minknn packed" in models else []),
                   *(["minknn / transformers"] if transformers else []))
     config = models["minknn"].bert.config
     for T in args.lengths:
@@ -98,8 +98,8 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
             flops = sum(n * flops_per_token(config, n) for n in lengths.tolist())  # real tokens
             flops *= 3 if train else 1
             ratio = [f"{seconds['transformers'] / seconds['minknn']:.2f}"] if transformers else []
-            if "minknn padded" in seconds:
-                ratio.insert(0, f"{seconds['minknn padded'] / seconds['minknn']:.2f}")
+            if "minknn packed" in seconds:
+                ratio.insert(0, f"{seconds['minknn packed'] / seconds['minknn']:.2f}")
             table.row(T, "train" if train else "inference",
                       *[f"{args.batch_size / s:.1f}" for s in seconds.values()],
                       *[f"{flops / s / peak:.2f}" for s in seconds.values()],
