@@ -49,41 +49,59 @@ def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     flops = 3 * sum(n * flops_per_token(config, n) for n in lengths)  # real tokens only
     peak = peak_matmul_flops(device)
     transformers = check_transformers()
-    contestants = {"train.py": times_itself(lambda: train_py_epoch(args, device, "."))}
+    # Each contestant returns (its first epoch's seconds, its second's). The best round counts the
+    # second: train.py's second epoch, the loop's pass in a later round, on shapes already seen.
+    # The first round's first epoch is kept too: a fresh process's first epoch, against the loop's
+    # first pass (on a GPU each new shape loads kernels and may plan them: most of a short epoch).
+    first = {}
+
+    def contestant(name, run):
+        def second():
+            seconds = run()
+            first.setdefault(name, seconds[0])
+            return seconds[1]
+        return times_itself(second)
+    contestants = {"train.py": contestant("train.py", lambda: train_py_epoch(args, device, "."))}
     if device.type == "cuda":  # attention over the packed tokens, against the padded call
-        contestants["train.py --attention packed"] = times_itself(
+        contestants["train.py --attention packed"] = contestant(
+            "train.py --attention packed",
             lambda: train_py_epoch(args, device, ".", flags=("--attention", "packed")))
     if args.compare:
-        contestants[f"train.py of {args.compare}"] = times_itself(
-            lambda: train_py_epoch(args, device, args.compare))
+        contestants[f"train.py of {args.compare}"] = contestant(
+            f"train.py of {args.compare}", lambda: train_py_epoch(args, device, args.compare))
     if transformers:
-        contestants["transformers loop"] = times_itself(
-            lambda: transformers_epoch(transformers, path, task, examples, batches, args, device,
-                                       timer))
+        contestants["transformers loop"] = contestant("transformers loop", lambda: (
+            transformers_epoch(transformers, path, task, examples, batches, args, device, timer),
+            transformers_epoch(transformers, path, task, examples, batches, args, device, timer)))
     out.append(f"`python -m minknn.lab.bench epoch`: {device_name(device)}, "
                f"{precision_of(device)}; one epoch of {len(examples)} {task.name} training "
                f"examples (--seed {args.seed}; train.py's second, as its first pays the start-up "
-               f"costs), batches of {args.batch_size}; {real} real tokens, {padded / real:.2f} "
+               f"costs, which the first-epoch columns compare: the first round's first epoch "
+               f"against the loop's first pass), batches of {args.batch_size}; {real} real "
+               f"tokens, {padded / real:.2f} "
                f"padded tokens per real one when each batch is padded to its longest; best of "
                f"{args.rounds} alternating rounds; measured peak matmul {peak / 1e12:.3f} TFLOP/s"
                f"{'' if transformers else '; transformers not installed: no reference'}\n")
     print(out[-1])
     seconds = timer.best_of_rounds(contestants)
-    reference = seconds.get("transformers loop")
+    reference, cold = seconds.get("transformers loop"), first.get("transformers loop")
     table = Table(out, "what", "seconds per epoch", "real tokens/s", "MFU on real tokens",
-                  "time / transformers loop")
+                  "time / transformers loop", "first epoch, s", "first / the loop's first")
     for name, s in seconds.items():
+        cold_ratio = f"{first[name] / cold:.2f}" if cold and first[name] > 0 else ""
         if s <= 0:  # train.py reports tenths of a second: a tiny epoch (the README's test) reads 0
-            table.row(f"`{name}`", f"{s:.1f}", "too fast to time", "", "")
+            table.row(f"`{name}`", f"{s:.1f}", "too fast to time", "", "", f"{first[name]:.1f}",
+                      cold_ratio)
             continue
         table.row(f"`{name}`", f"{s:.1f}", f"{real / s:.0f}", f"{flops / s / peak:.2f}",
-                  f"{s / reference:.2f}" if reference else "")
+                  f"{s / reference:.2f}" if reference else "", f"{first[name]:.1f}", cold_ratio)
 
 
 def train_py_epoch(args, device, checkout, processes=1, threads=None, flags=()):
     """Runs `python train.py` (of the checkout: a folder holding train.py) for two epochs on
-    --examples examples and returns the second epoch's seconds as it reports them (the training
-    loop alone: no model loading, dev scoring or saving). The first epoch of a fresh process pays
+    --examples examples and returns both epochs' seconds as it reports them (the training loop
+    alone: no model loading, dev scoring or saving); the second is the one compared. The first
+    epoch of a fresh process pays
     the start-up costs (on a GPU, loading each kernel at its first call: the first steps take
     about a second each), which the in-process transformers loop pays in its first round only,
     and the best of the rounds leaves out. processes > 1: under torchrun, on one machine;
@@ -104,7 +122,7 @@ def train_py_epoch(args, device, checkout, processes=1, threads=None, flags=()):
         if done.returncode != 0:
             raise MinknnError(f"{checkout}/train.py failed: {why_failed(done)}")
         with open(os.path.join(tmp, "run", "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f][1]["epoch_seconds"]
+            return [json.loads(line)["epoch_seconds"] for line in f]
 
 
 def transformers_epoch(transformers, path, task, examples, batches, args, device, timer):
@@ -156,8 +174,8 @@ def bench_ddp(args, device, timer, out):
     else:  # the same cores, shared out two ways
         one, many = f"1 process x {n} threads", f"{n} processes x 1 thread (torchrun)"
         threads = (n, 1)
-    contestants = {one: times_itself(lambda: train_py_epoch(args, device, ".", 1, threads[0])),
-                   many: times_itself(lambda: train_py_epoch(args, device, ".", n, threads[1]))}
+    contestants = {one: times_itself(lambda: train_py_epoch(args, device, ".", 1, threads[0])[1]),
+                   many: times_itself(lambda: train_py_epoch(args, device, ".", n, threads[1])[1])}
     cpu = ("; on a CPU the processes share its cores, which says little of GPUs" if threads[0]
            else "")
     out.append(f"`python -m minknn.lab.bench ddp`: {device_name(device)}, {precision_of(device)}; "
