@@ -28,7 +28,6 @@ import glob
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 
@@ -50,7 +49,7 @@ from minknn.pcgrad import PCGrad
 from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
 from minknn.trainer import batch, build, fill_memory
-from test_ddp import bert_dir  # noqa: F401 (a fixture: the tiny BERT without dropout)
+from test_ddp import bert_dir, torchrun  # noqa: F401 (bert_dir: a fixture, the tiny BERT without dropout)
 from test_pcgrad import algorithm_1, conflicting
 
 pytestmark = pytest.mark.skipif(
@@ -554,24 +553,12 @@ def test_torchrun_with_one_nccl_process_trains_a_knnbert_run(bert_dir, tmp_path)
     cuda:0, the run ends with status 0 and writes its summary.json, on cuda:0, one epoch."""
     script, run = tmp_path / "train_saying.py", tmp_path / "run"
     script.write_text(BACKEND_SAYING_TRAIN)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               "1", str(script), "--task", "sst", "--loss", "knnbert", "--model", bert_dir,
-               "--data_dir", DATA, "--out", str(run), "--device", GPU.type, "--batch_size", "8",
-               "--max_len", "32", "--epochs", "1", "--max_eval", "8"]
-    p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=TORCHRUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its worker: their own session
-        out, err = p.communicate()
-        assert False, f"torchrun did not end in {TORCHRUN_TIMEOUT} s; its stderr ends:\n" \
-                      f"{err[-3000:]}"
-    assert p.returncode == 0, f"torchrun exit {p.returncode}; its stderr ends:\n{err[-3000:]}"
+    done = torchrun(["--task", "sst", "--loss", "knnbert", "--model", bert_dir, "--data_dir", DATA,
+                     "--out", run, "--device", GPU.type, "--batch_size", "8", "--max_len", "32",
+                     "--epochs", "1", "--max_eval", "8"], tmp_path, script=script,
+                    timeout=TORCHRUN_TIMEOUT, processes=1)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, f"torchrun exit {done.returncode}; its stderr ends:\n{err[-3000:]}"
     assert "process group: nccl on cuda:0" in out, \
         f"the process group is not NCCL's on cuda:0; the run printed:\n{out[-2000:]}"
     assert (run / "summary.json").exists(), f"no summary.json in {run}: {os.listdir(run)}"

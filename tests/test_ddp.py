@@ -236,10 +236,10 @@ def flags(bert_dir, case, *extra):
             "--lr", "3e-3", *extra]
 
 
-def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT):
-    """`python -m torch.distributed.run --standalone --nproc_per_node 2 SCRIPT ARGV`, SCRIPT the
-    WRAPPER with `hooks` (default), or train.py itself: the finished process (stdout, stderr),
-    killed with its workers after `timeout` s."""
+def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT, processes=2):
+    """`python -m torch.distributed.run --standalone --nproc_per_node PROCESSES SCRIPT ARGV`,
+    SCRIPT the WRAPPER with `hooks` (default), or train.py itself: the finished process (stdout,
+    stderr), killed with its workers after `timeout` s."""
     if script is None:
         script = tmp_path / "train_hooked.py"
         script.write_text(WRAPPER)
@@ -248,7 +248,7 @@ def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT):
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDP_TEST_HOOKS=json.dumps(hooks or {}),
                PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])]))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               "2", str(script), *map(str, argv)]
+               str(processes), str(script), *map(str, argv)]
     p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
