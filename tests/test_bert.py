@@ -976,7 +976,7 @@ def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, m
                                f"the padded call's: {m}")
     for name, g in out["fused"][1].items():
         torch.testing.assert_close(out["packed"][1][name], g, atol=1e-10, rtol=1e-8,
-                                   msg=lambda m: f"bert.packed_attention: the gradient of {name} differs from "
+                                   msg=lambda m: f"bert.packed_attention: the gradient of {name} is not "
                                    f"the padded call's: {m}")
 
 
