@@ -52,8 +52,8 @@ HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in
 ATTENTIONS = ("explicit", "fused", "packed")
 ATTENTION = "fused"
 
-try:  # flash attention over packed sequences; torch.nn.attention.varlen is new (2.10's
-    # release has it) and runs on CUDA only, in fp16 and bf16, without dropout
+try:  # flash attention over packed sequences; torch.nn.attention.varlen is new (2.11 and 2.13
+    # have it, with these arguments) and runs on CUDA only, in fp16 and bf16, without dropout
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:
     varlen_attn = None
@@ -151,9 +151,8 @@ class Packing:
         """Where each row's tokens start in the packed (N, ...) order, (B + 1,), in int64 and in
         int32 (row b holds offsets[b]:offsets[b + 1]; the rows' tokens stay together, as pack()
         keeps their order), and the longest and shortest row's lengths: what kernels over packed
-        sequences take.
-        Computed once a batch (the lengths are read back from the GPU: one synchronisation, not
-        one a layer)."""
+        sequences take. Computed once a batch (the lengths are read back from the GPU: one
+        synchronisation, not one a layer)."""
         if self._spans is None:
             lengths = self.attention_mask.sum(1)
             shortest, longest = torch.stack(lengths.aminmax()).tolist()
