@@ -980,7 +980,7 @@ def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, m
                                    f"the padded call's: {m}")
 
 
-def test_fused_attention_never_lets_cudnn_plan_a_kernel(tiny_bert, monkeypatch):
+def test_the_fused_kernel_never_lets_cudnn_plan_one_per_shape(tiny_bert, monkeypatch):
     """--attention fused calls F.scaled_dot_product_attention with cuDNN's backend off
     (bert.SDPA_KERNELS): on an H200 its planning of each new padded shape made the first SST epoch
     3.3x slower. The flags are PyTorch's, read inside the call (on any device), and put back after."""
