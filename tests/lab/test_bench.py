@@ -33,6 +33,7 @@ BAD_FLAGS = [  # argv, what the one line says
     (["model", "--batch_size", "0"], "--batch_size must be at least 1, got 0"),
     (["model", "--steps", "0"], "--steps must be at least 1, got 0"),
     (["model", "--rounds", "-1"], "--rounds must be at least 1, got -1"),
+    (["model", "--random", "12,100"], "argument --random: '12,100': give LAYERS,HIDDEN, HIDDEN a multiple of 64"),
     (["epoch", "--examples", "0"], "--examples must be at least 1, got 0"),
     (["epoch", "--max_len", "4"], "--max_len must be at least 8"),
     (["epoch", "--seed", "-1"], "--seed must be in [0, 2**32)"),
@@ -106,3 +107,33 @@ def test_model_on_ragged_batches_counts_the_real_tokens_only(tiny_bert_dir, monk
         mfu[bool(ragged)] = float(row.split("|")[5])  # minknn MFU, after 2 examples/s columns
     ratio = mfu[True] / mfu[False]
     assert 0.4 < ratio < 0.9, f"ragged MFU / full MFU {ratio:.2f}: the FLOPs should count real tokens only"
+
+
+def test_profile_times_train_pys_step_and_names_its_operators(tiny_bert_dir, capsys):
+    """`bench.py profile` on the CPU: a row for shapes met first and for shapes seen, the operators'
+    own CPU time, each a positive time, and the profiler's table of operators; the GPU's rows
+    (kernels, launches, syncs) only on a GPU."""
+    from helpers import DATA
+    run(lambda: bench.main(["profile", "--model", tiny_bert_dir, "--device", "cpu", "--data_dir", DATA,
+                            "--steps", "2", "--batch_size", "4", "--max_len", "16"]))
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.splitlines()
+            if line.startswith("| ") and " ms |" in line}
+    assert set(rows) == {"wall time, shapes met for the first time", "wall time, shapes seen before",
+                         "PyTorch operators' own CPU time (profiled)"}, rows
+    ms = {k: float(v.split()[0]) for k, v in rows.items()}
+    assert all(v > 0 for v in ms.values()), ms
+    assert "aten::" in out and "Self CPU" in out, "no table of operators printed"
+    assert "kernel launches" not in out, "a GPU row on the CPU"
+
+
+def test_model_of_random_weights_at_the_sizes_asked(tiny_bert_dir, monkeypatch, capsys):
+    """`bench.py model --random 2,128`: a random BERT of 2 layers 128 wide (heads of 64) stands in
+    for --model's weights, on both sides, and the line above the table says so."""
+    monkeypatch.setattr(bench, "check_transformers", lambda: None)
+    monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
+    run(lambda: bench.main(["model", "--model", tiny_bert_dir, "--random", "2,128", "--device", "cpu",
+                            "--lengths", "8", "--batch_size", "2", "--steps", "1", "--rounds", "1"]))
+    out = capsys.readouterr().out
+    assert "bert, 2 layers 128 wide, random weights" in out, out
+    assert len([line for line in out.splitlines() if line.startswith("| 8 |")]) == 2, out

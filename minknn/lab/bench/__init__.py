@@ -8,6 +8,7 @@ one run.
     python -m minknn.lab.bench knn        # a knnbert step against a ce step; the kNN vote's share
     python -m minknn.lab.bench multitask  # a PCGrad step against a summed-loss step
     python -m minknn.lab.bench index      # faiss flat, IVF and HNSW datastores up to 1M keys
+    python -m minknn.lab.bench profile    # where a step of train.py goes: launches, syncs, kernels
     python -m minknn.lab.bench epoch --write RESULTS.md   # the table into RESULTS.md too
 
 All but `model` read real data ($MINKNN_DATA or --data_dir; data/README.md). Each prints one line
@@ -20,7 +21,7 @@ those comparisons are skipped.
 
 The files: shared.py the scaffolding (Timer, Table, the peak matmul, train.py's run and step);
 model.py `model`; epoch.py `epoch`, `ddp` and `grid`; knn.py `knn` and `index`; multitask.py
-`multitask`; here the flags (make_parser) and main, and every name of the others. The scaffolding
+`multitask`; profile.py `profile`; here the flags (make_parser) and main, and every name of the others. The scaffolding
 is not here so that the subcommands' files need not import this package, which imports them
 (tests/test_layout.py: no circle of imports).
 """
@@ -34,6 +35,7 @@ from minknn.lab.bench.epoch import bench_ddp, bench_epoch, bench_grid
 from minknn.lab.bench.knn import NOISE, bench_index, bench_knn, clustered_keys
 from minknn.lab.bench.model import Reference, bench_model
 from minknn.lab.bench.multitask import bench_multitask
+from minknn.lab.bench.profile import bench_profile
 from minknn.lab.bench.shared import (Table, Timer, built, check_transformers, device_name,
                                      fixed_batches, flops_per_token, peak_matmul_flops,
                                      precision_of, step, times_itself)
@@ -43,7 +45,7 @@ from minknn.options import add_flags
 
 __all__ = ["make_parser", "main", "whole_numbers",
            "bench_model", "bench_epoch", "bench_ddp", "bench_grid", "bench_knn",
-           "bench_multitask", "bench_index", "Reference", "NOISE", "clustered_keys",
+           "bench_multitask", "bench_index", "bench_profile", "Reference", "NOISE", "clustered_keys",
            "Timer", "times_itself", "Table", "device_name", "precision_of", "peak_matmul_flops",
            "flops_per_token", "check_transformers", "built", "step", "fixed_batches",
            "backbones"]  # minknn.backbones: tests/test_bench.py stops its loading through here
@@ -53,7 +55,7 @@ def make_parser():
     # prog: the name --help's usage line gave when this was bench.py (python -m runs __main__.py)
     p = Parser(prog="bench.py", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{model,epoch,ddp,grid,knn,multitask,index}")
+                           metavar="{model,epoch,ddp,grid,knn,multitask,index,profile}")
 
     def command(name, help, rounds, **steps):
         c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
@@ -77,6 +79,9 @@ def make_parser():
                    help="sequence lengths in tokens, each a row pair (train, inference)")
     c.add_argument("--ragged", action="store_true", help="each sequence's length drawn from "
                    "T/4 to T (padded to T, as a batch of real sentences is), not all T")
+    c.add_argument("--random", type=layers_and_width, metavar="LAYERS,HIDDEN",
+                   help="a random BERT of these sizes (12,768: BERT-base's) with --model's "
+                   "vocabulary, in place of --model's weights")
     c = command("epoch", "one epoch of train.py against the plain transformers loop", 2)
     c.add_argument("--task", default="sst", help="the task trained on")
     c.add_argument("--examples", type=int, default=1024,
@@ -130,7 +135,22 @@ def make_parser():
                    help="keep the encoded real keys in FILE for the next run")
     add_flags(c, "data_dir", data_dir={"help": "dataset root, for SST (default: $MINKNN_DATA, "
                                                "else ./data)"})
+    c = command("profile", "where a step of train.py goes: launches, syncs, kernels", 1,
+                steps=10)
+    c.add_argument("--task", default="sst", help="the task trained on")
+    c.add_argument("--batch_size", type=int, default=32, help="train.py --batch_size")
+    c.add_argument("--max_len", type=int, default=128, help="train.py --max_len")
+    c.add_argument("--seed", type=int, default=0, help="the batches drawn")
+    add_flags(c, "attention")
     return p
+
+
+def layers_and_width(text):
+    values = whole_numbers(text)
+    if len(values) != 2 or values[1] % 64:
+        raise argparse.ArgumentTypeError(f"'{text}': give LAYERS,HIDDEN, HIDDEN a multiple of 64 "
+                                         f"(heads of 64, as BERT's)")
+    return values
 
 
 def whole_numbers(text):
@@ -168,7 +188,8 @@ def main(argv=None):
     # each name looked up here, as main runs, so that a stand-in a test sets on this package is
     # the one called; model and epoch get its peak_matmul_flops and check_transformers too
     bench = {"model": bench_model, "epoch": bench_epoch, "ddp": bench_ddp, "grid": bench_grid,
-             "knn": bench_knn, "multitask": bench_multitask, "index": bench_index}[args.command]
+             "knn": bench_knn, "multitask": bench_multitask, "index": bench_index,
+             "profile": bench_profile}[args.command]
     measures = {"peak_matmul_flops": peak_matmul_flops, "check_transformers": check_transformers}
     bench(args, device, Timer(device, args.rounds), out,
           **(measures if args.command in ("model", "epoch") else {}))

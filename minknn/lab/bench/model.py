@@ -3,18 +3,23 @@ attention, against Hugging Face's model of the same folder, step for step on ran
 examples/s and MFU (the measured peak matmul its denominator), a train and an inference row per
 length.
 """
+import json
+import os
+import tempfile
+
 import torch
 import torch.nn as nn
 
 from minknn import MinknnError
 from minknn import backbones
 from minknn.backbones import read_config
+from minknn.bert import BertConfig, BertModel
 from minknn.engine import autocast, to_device
 from minknn.lab.bench.shared import (Table, check_transformers, device_name, flops_per_token,
                                      peak_matmul_flops, precision_of)
 from minknn.model import Model
 from minknn.tasks import TASKS
-from minknn.weights import resolve_model_path
+from minknn.weights import resolve_model_path, save_safetensors
 
 
 class Reference(nn.Module):
@@ -38,9 +43,15 @@ class Reference(nn.Module):
 
 
 def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
-                check_transformers=check_transformers):
+                check_transformers=check_transformers, weights="trained"):
     """The `model` table. main passes peak_matmul_flops and check_transformers as the package
-    (minknn.lab.bench) has them when it runs, so that a test's stand-in there is the one called."""
+    (minknn.lab.bench) has them when it runs, so that a test's stand-in there is the one called.
+    With --random, a random BERT of those sizes, written to a temporary folder for both sides."""
+    if args.random:
+        with tempfile.TemporaryDirectory() as folder:
+            random_bert(folder, *args.random, vocab_from=resolve_model_path(args.model))
+            return bench_model(argparse_copy(args, model=folder, random=None), device, timer,
+                               out, peak_matmul_flops, check_transformers, weights="random")
     path = resolve_model_path(args.model)
     positions = read_config(path).max_tokens
     if max(args.lengths) > positions:
@@ -65,8 +76,11 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
     for m in models.values():
         m.to(device)
     peak = peak_matmul_flops(device)
+    config = models["minknn"].bert.config
     out.append(f"`python -m minknn.lab.bench model`: {device_name(device)}, "
-               f"{precision_of(device)}; batch {args.batch_size} of random tokens, "
+               f"{precision_of(device)}; {config.model_type}, {config.num_hidden_layers} layers "
+               f"{config.hidden_size} wide, {weights} weights; batch {args.batch_size} of random "
+               f"tokens, "
                f"{'lengths from T/4 to T, padded to T' if args.ragged else 'no padding'}; "
                f"best of {args.rounds} alternating rounds of {args.steps} steps; measured peak "
                f"matmul {peak / 1e12:.3f} TFLOP/s"
@@ -76,7 +90,6 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
                   *[f"{m} MFU" for m in models], "explicit / fused attention",
                   *(["packed / fused attention"] if "minknn packed" in models else []),
                   *(["minknn / transformers"] if transformers else []))
-    config = models["minknn"].bert.config
     for T in args.lengths:
         g = torch.Generator().manual_seed(T)
         low = 1000 if config.vocab_size > 2000 else 0  # past BERT's special and [unused] ids
@@ -104,6 +117,27 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
                       *[f"{args.batch_size / s:.1f}" for s in seconds.values()],
                       *[f"{flops / s / peak:.2f}" for s in seconds.values()],
                       f"{seconds['minknn explicit'] / seconds['minknn']:.2f}", *ratio)
+
+
+def random_bert(folder, layers, hidden, vocab_from):
+    """A BERT folder of random weights (BERT's init, seed 0): `layers` layers `hidden` wide, heads
+    of 64 and a 4x feed-forward as BERT-base's (12, 768: BERT-base's 110M parameters), with the
+    vocabulary size of the folder vocab_from: the cost of a base-size model where its weights are
+    not at hand."""
+    config = {"model_type": "bert", "vocab_size": read_config(vocab_from).vocab_size,
+              "hidden_size": hidden,
+              "num_hidden_layers": layers, "num_attention_heads": max(1, hidden // 64),
+              "intermediate_size": 4 * hidden, "max_position_embeddings": 512}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**config))
+    save_safetensors({k: v.contiguous() for k, v in model.state_dict().items()},
+                     os.path.join(folder, "model.safetensors"))
+
+
+def argparse_copy(args, **changes):
+    return type(args)(**{**vars(args), **changes})
 
 
 def model_step(model, batch, labels, device, train):
