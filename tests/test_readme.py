@@ -99,7 +99,8 @@ BENCH = {"model": ["--steps", "1", "--batch_size", "2", "--lengths", "16"],
          "ddp": ["--examples", "16", "--batch_size", "8", "--max_len", "32"],
          "grid": ["--sizes", "16", "--seeds", "0-1",
                   "--train_flags", "--epochs 1 --max_len 32 --batch_size 8 --max_eval 8"],
-         "index": ["--sizes", "1000", "--dim", "16", "--queries", "10", "--k", "4"]}
+         "index": ["--sizes", "1000", "--dim", "16", "--queries", "10", "--k", "4"],
+         "profile": ["--steps", "1", "--batch_size", "4", "--max_len", "16"]}
 
 
 # ------------------------------------------------------------------------ reading the pages
