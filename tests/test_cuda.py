@@ -110,7 +110,7 @@ def a_batch(vocab_size, lengths, T=16, seed=0):
     return ids * mask, mask, types
 
 
-@pytest.mark.parametrize("kernel", [k for k in bert.ATTENTIONS])
+@pytest.mark.parametrize("kernel", list(bert.ATTENTIONS))
 @pytest.mark.parametrize("lengths", [(16, 9, 3, 1, 12), (16,) * 5], ids=["padded", "unpadded"])
 def test_cuda_forward_and_backward_equal_the_cpus(tiny_bert_dir, kernel, lengths):
     """The tiny BERT (eval mode: no dropout) on one batch, on the CPU and on CUDA in fp32: the
@@ -145,9 +145,6 @@ def test_cuda_forward_and_backward_equal_the_cpus(tiny_bert_dir, kernel, lengths
 
 
 # ---------------------------------------------------------------------------------------------
-# runs built as train.py builds them (minknn/trainer.py), stepped by train.py's own train_step
-
-# ---------------------------------------------------------------------------------------------
 # attention over the packed tokens (bert.packed_kernel chooses; bert.packed_attention runs it)
 
 def packed_model(dropout=0.0):
@@ -159,11 +156,9 @@ def packed_model(dropout=0.0):
     return BertModel(config).to(GPU)
 
 
-def ragged_batch(lengths=(37, 5, 20, 1, 12), vocab=200):
-    g = torch.Generator().manual_seed(1)
-    T = max(lengths)
-    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-    ids = torch.randint(5, vocab, (len(lengths), T), generator=g) * mask
+def ragged_batch(lengths=(37, 5, 20, 1, 12)):
+    """a_batch's ids and mask for packed_model, on the GPU: rows of very different lengths."""
+    ids, mask, _ = a_batch(200, lengths, T=max(lengths), seed=1)
     return ids.to(GPU), mask.to(GPU)
 
 
@@ -245,6 +240,9 @@ def test_training_in_bf16_with_attention_dropout_runs_nested_tensors(kernels_run
     assert not torch.equal(outs[0], outs[1]), "attention dropout 0.5: two training steps gave the same output"
 
 
+# ---------------------------------------------------------------------------------------------
+# runs built as train.py builds them (minknn/trainer.py), stepped by train.py's own train_step
+
 def built(bert_dir, device, *flags):
     """A run of sst on the fixture data built by minknn/trainer.py's build, its memory filled as
     train.py's begin() fills it, the model in training mode (dropout: none in bert_dir)."""
@@ -272,7 +270,7 @@ def flat_grads(params):
 # ---------------------------------------------------------------------------------------------
 # 2. bf16 autocast
 
-@pytest.mark.parametrize("kernel", [k for k in bert.ATTENTIONS])
+@pytest.mark.parametrize("kernel", list(bert.ATTENTIONS))
 def test_a_bf16_step_on_cuda_is_finite_and_near_the_fp32_step(bert_dir, kernel):
     """One ce step on CUDA under --precision bf16 (engine.autocast, as train_step runs it) and one
     under fp32, from the same weights on the same batch: the encoder ran under bf16 autocast, the
