@@ -48,6 +48,7 @@ things stand in for what would take long or reach outside:
   nothing here reaches the network.
 """
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -277,9 +278,24 @@ def test_every_command_runs(page, user, tiny_models, tmp_path, monkeypatch, caps
             else:
                 status, err = run_main(MAINS[name], argv, where), capsys.readouterr().err
         said = [line for line in err.splitlines() if line.startswith("error") or "interrupted" in line]
+        extra = optional_extra(name, args)
+        if extra and importlib.util.find_spec(extra) is None:  # what a user without it gets
+            assert status == 2 and said and f"needs {extra}: pip install {extra}" in said[-1], (
+                f"{where}: without {extra} installed it should stop in one line naming the pip "
+                f"command; it exited with status {status}: {err.strip()[-500:]}")
+            continue
         want = 130 if stop else 0
         assert status == want, (f"{where} exited with status {status}, not {want}: "
                                 f"{said[-1] if said else err.strip()[-500:]}")
+
+
+def optional_extra(name, args):
+    """The optional package (the README's extras) a command cannot run without, or None: the
+    runner's --launcher slurm needs submitit. (The runner's plots need matplotlib, but it runs
+    without it; the test makes it absent for every page.)"""
+    if name == "runner" and flag(args, "--launcher") == "slurm":
+        return "submitit"
+    return None
 
 
 def run_torchrun(argv, where):
