@@ -437,10 +437,10 @@ def run_cells(args, cells, ctx):
         write_jsonl(results, [line for ls in finished.values() if ls for line in ls])
         done = sum(ls is not None for ls in finished.values())
         summary = "; ".join(describe_line(line) for line in lines)
-        ran, left = done - (len(cells) - len(todo)), len(cells) - done
+        ran, left = done - (len(cells) - len(todo)), len(cells) - done  # ran: this time
         minutes = (time.time() - start) / 60
         when = f"{minutes:.0f} min" + (f", about {minutes / ran * left:.0f} min left"
-                                       if ran and left else "")
+                                       if ran > 0 and left else "")  # none while reading back
         print(f"[{done}/{len(cells)}, {when}] {cell.name}: {summary}", flush=True)
     failed = []
     try:

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 
@@ -116,7 +117,7 @@ def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
             f"runner: {name} should keep its scores (cell.json) and drop its checkpoint: {files}"
 
 
-def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
+def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch, capsys):
     reference = tmp_path / "reference"
     run_grid(tiny_bert_dir, reference, tasks="mr")
     calls, real_main, real_step = [], train.main, train.train_step
@@ -145,7 +146,14 @@ def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monk
 
     monkeypatch.setattr(train, "train_step", real_step)
     calls.clear()
+    capsys.readouterr()
     run_grid(tiny_bert_dir, out, tasks="mr")
+    progress = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[")]
+    assert len(progress) == 4, f"runner: one progress line a cell, not {progress}"
+    assert not any("left" in ln for ln in progress[:2]), \
+        f"runner: a cell read back from before has no time to go by: {progress[:2]}"
+    for ln in progress[2:3]:  # the resumed cell: the one after it is left
+        assert re.search(r"about \d+ min left", ln), f"runner: no (or a negative) estimate: {ln}"
     resumed = [argv for argv in calls if argv[0] == "--resume"]
     assert len(resumed) == 1 and len(calls) == 2, \
         f"runner: the rerun should resume the killed cell and train the one left, not {calls}"
