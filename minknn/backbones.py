@@ -179,7 +179,7 @@ class MPNetEncoder(BertEncoder):
     """BERT's layers, and the table of relative-position biases they all share: one row per
     bucket, one column per head (relative_attention_bias, (num_buckets, nh)). The bias of a
     (query, key) pair is its bucket's row: computed once per batch, added to the attention scores
-    of every layer, beside the padding's mask (packing.bias, read by BertSelfAttention)."""
+    of every layer, beside the padding's mask (packing.bias, which Packing.mask adds to it)."""
 
     def __init__(self, config):
         super().__init__(config)

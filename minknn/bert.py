@@ -139,13 +139,28 @@ class Packing:
         self.padded = not attention_mask.all()
         # the real tokens' places in the flattened (B T) positions, (N,)
         self.index = attention_mask.flatten().nonzero().squeeze(1) if self.padded else None
-        # (B, 1, 1, T): True at padding, broadcast over heads and query positions; None when no
-        # token is padding, which lets PyTorch pick its faster mask-free attention kernel
-        self.pad = attention_mask[:, None, None, :] == 0 if self.padded else None
         # (1, nh, T, T) or None: a term every layer adds to its attention scores, beside the
         # padding's mask. BERT has none; MPNet's encoder puts its relative-position bias here.
         self.bias = None
-        self._spans = None
+        self._spans, self._masks = None, {}
+
+    def mask(self, dtype):
+        """The additive mask of the padded attention call, in `dtype` (q's: bf16 under autocast,
+        where fp32's most negative number would round to -inf), built once a batch and read by
+        every layer: the most negative number at padding keys, (B, 1, 1, T), broadcast over heads
+        and queries, plus MPNet's bias; (1, nh, T, T) for the bias alone, and None when there is
+        neither, which lets PyTorch pick its faster mask-free attention kernel."""
+        if dtype not in self._masks:
+            mask = None
+            if self.padded:
+                pad = self.attention_mask[:, None, None, :] == 0
+                mask = torch.zeros(pad.shape, dtype=dtype, device=pad.device)
+                mask = mask.masked_fill(pad, torch.finfo(dtype).min)
+            if self.bias is not None:  # (1, nh, T, T) + (B, 1, 1, T) -> (B, nh, T, T)
+                bias = self.bias.to(dtype)
+                mask = bias if mask is None else bias + mask
+            self._masks[dtype] = mask
+        return self._masks[dtype]
 
     def spans(self):
         """Where each row's tokens start in the packed (N, ...) order, (B + 1,), in int64 and in
@@ -196,14 +211,7 @@ class BertSelfAttention(nn.Module):
             return packed_attention(how, *qkv.unbind(1), packing, p).reshape(-1, H)
         qkv = packing.unpack(qkv)  # (B, T, 3, nh, hs): the padded call needs the sequences
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs): a head per subspace
-        mask = None
-        if packing.pad is not None:  # additive, in q's dtype: bf16 under autocast, where fp32's
-            # most negative number would round to -inf
-            mask = torch.zeros(packing.pad.shape, dtype=q.dtype, device=q.device)
-            mask = mask.masked_fill(packing.pad, torch.finfo(q.dtype).min)
-        if packing.bias is not None:  # MPNet: (1, nh, T, T) + (B, 1, 1, T) -> (B, nh, T, T)
-            bias = packing.bias.to(q.dtype)
-            mask = bias if mask is None else bias + mask
+        mask = packing.mask(q.dtype)  # padding (and MPNet's bias): built once, for every layer
         if self.kernel in ("fused", "packed"):
             with sdpa_kernel(SDPA_KERNELS):  # not cuDNN's (SDPA_KERNELS says why)
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)

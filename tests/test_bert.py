@@ -1000,6 +1000,32 @@ def test_the_fused_kernel_never_lets_cudnn_plan_one_per_shape(tiny_bert, monkeyp
     assert torch.backends.cuda.cudnn_sdp_enabled() == before, "the cuDNN attention flag was not put back"
 
 
+def test_every_layer_reads_one_mask_built_once_a_batch(tiny_bert, monkeypatch):
+    """The padded call's additive mask (Packing.mask) is built once a batch and dtype, not once a
+    layer: every layer's attention() gets the same tensor, in q's dtype (bf16 under autocast), the
+    dtype's most negative number at padding keys and 0 elsewhere."""
+    for dtype in (torch.float32, torch.bfloat16):
+        seen = []
+
+        def spy(q, k, v, mask, dropout_p):
+            seen.append((mask, q.dtype))
+            return attention(q, k, v, mask, dropout_p)  # the real one, imported above
+        monkeypatch.setattr(bert, "attention", spy)
+        ids, mask = random_batch(tiny_bert.config.vocab_size, [6, 3])
+        with kernel(tiny_bert, "explicit"), torch.no_grad(), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            tiny_bert(ids, mask)
+        layers = tiny_bert.config.num_hidden_layers
+        assert len(seen) == layers, f"attention() ran {len(seen)} times for {layers} layers"
+        assert len({id(m) for m, _ in seen}) == 1, \
+            f"{dtype}: the layers got {len({id(m) for m, _ in seen})} different masks, not the batch's one"
+        got, q_dtype = seen[0]
+        assert got.dtype == q_dtype, f"{dtype}: the mask is {got.dtype}, q is {q_dtype}"
+        want = torch.zeros(mask.shape, dtype=q_dtype).masked_fill(mask == 0, torch.finfo(q_dtype).min)
+        assert torch.equal(got, want[:, None, None, :]), \
+            f"{dtype}: the mask differs from 0 at real keys and finfo.min at padding, (B, 1, 1, T)"
+
+
 def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
     """bert.packed_kernel, the one place that chooses: the packed kernels take no additive term and
     run only on the devices listed, so MPNet's bias, --attention explicit or fused, a batch without
