@@ -129,6 +129,11 @@ class MPNetTokenizer(Tokenizer):
     def templates(self, ids):
         self.tok.post_processor = processors.RobertaProcessing((self.SEP, ids[self.SEP]),
                                                                (self.CLS, ids[self.CLS]))
+        # "<unk>" (id 3 of MPNet's vocabulary, fairseq's unknown token) stays whole when a text
+        # holds it, after lower-casing ("<UNK>" too), as all-mpnet-base-v2's tokenizer.json has
+        # it; the tokens above are kept whole by BertWordPieceTokenizer already
+        if "<unk>" in ids:
+            self.tok.add_special_tokens([AddedToken("<unk>", normalized=True)])
 
 
 class RobertaTokenizer(Tokenizer):

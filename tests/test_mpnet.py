@@ -185,6 +185,10 @@ def test_mpnet_tokenizer_templates_and_types(tiny_mpnet_dir):
     assert pair == want, f"a pair is {[tok.vocab[i] for i in pair]}, not <s> a </s></s> b </s>"
     assert not any(types), f"a pair's token types are {types}; MPNet's are all 0"
     assert tok.pad_id == ids["<pad>"] == 1
+    (typed, _), = tok.encode(["a <UNK> film a<unk>"])
+    want = [ids["<s>"], ids["a"], ids["<unk>"], ids["film"], ids["a"], ids["<unk>"], ids["</s>"]]
+    assert typed == want, (f"'a <UNK> film a<unk>' is {[tok.vocab[i] for i in typed]}: MPNet's "
+                           f"tokenizer.json keeps <unk> whole, after lower-casing")
 
 
 @pytest.mark.parametrize("key, value, says", [
@@ -242,6 +246,12 @@ def test_the_real_tokenizer_gives_transformers_ids_on_2000_texts(max_len, mpnet_
     if max_len is None:
         pairs = [ids for ids, _ in tok.encode(*g["pairs"])]
         assert pairs == g["pair_ids"], f"the pairs' ids: {pairs} against {g['pair_ids']}"
+        # texts holding the <unk> token, which no text above has: MPNetTokenizerFast's ids
+        # (transformers 5.23.0, typed in here)
+        typed = {"The <UNK> film, a<unk>b.": [0, 2000, 3, 2147, 1014, 1041, 3, 1042, 1016, 2],
+                 "unk <un k>": [0, 4899, 2247, 1030, 4899, 1051, 1032, 2]}
+        got = {text: tok.encode([text])[0][0] for text in typed}
+        assert got == typed, f"texts with <unk>: minknn {got}, transformers {typed}"
 
 
 def test_the_real_models_sentence_embeddings_equal_transformers(mpnet_dir):
