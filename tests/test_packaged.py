@@ -240,7 +240,7 @@ def test_a_live_process_temporary_folder_is_left_alone(tmp_path, monkeypatch):
 
 
 # run in subprocesses started at once: assemble, each join writing its pid into `joins` and
-# taking a second, so that the two would overlap if nothing made them take turns
+# taking 3 seconds, so that they would overlap if nothing made them take turns
 JOINING = """
 import json, os, sys, time
 from minknn import packaged
@@ -250,7 +250,7 @@ real = packaged.Joined.readinto
 def slow(self, buffer):
     with open(joins, "a") as f:
         f.write(f"{os.getpid()}\\n")
-    time.sleep(1)
+    time.sleep(3)
     packaged.Joined.readinto = real
     return real(self, buffer)
 packaged.Joined.readinto = slow
@@ -267,12 +267,15 @@ def test_processes_starting_at_once_take_turns_and_one_joins(tmp_path, monkeypat
     processes = [subprocess.Popen([sys.executable, "-c", JOINING, json.dumps(
         [parts, FILES, str(cache), str(joins)])], env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(3)]
-    outs = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in processes]
+    outs_all = [p.communicate(timeout=120)[0] for p in processes]
+    outs = [o.strip().splitlines()[-1] for o in outs_all]
     assert all(p.returncode == 0 for p in processes)
     assert outs == [str(cache / NAME)] * 3, f"each process returns the folder: {outs}"
     joined = joins.read_text().split()
     assert len(joined) == 1, (f"{len(joined)} of 3 processes started at once joined the parts, "
                               f"each its own copy; one should, the others wait for its folder")
+    waited = [o for o in outs_all if "another process is assembling" in o]
+    assert len(waited) == 2, f"the two that waited say so once each: {outs_all}"
     assert os.listdir(cache) == [NAME]
 
 
@@ -281,7 +284,7 @@ def test_two_processes_at_once_end_with_one_folder(tmp_path, monkeypatch):
     process (a torchrun rank) renames its whole folder into place while this one is joining: this
     one's rename fails, its own copy is discarded, and the winner's is returned."""
     parts = install_parts(tmp_path, monkeypatch)
-    monkeypatch.setattr(packaged, "locked", lambda cache: contextlib.nullcontext())
+    monkeypatch.setattr(packaged, "locked", lambda cache, busy: contextlib.nullcontext())
     cache, real = tmp_path / "cache", packaged.Joined.readinto
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
 
