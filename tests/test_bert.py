@@ -1000,7 +1000,7 @@ def test_the_fused_kernel_never_lets_cudnn_plan_one_per_shape(tiny_bert, monkeyp
     assert torch.backends.cuda.cudnn_sdp_enabled() == before, "the cuDNN attention flag was not put back"
 
 
-def test_every_layer_reads_one_mask_built_once_a_batch(tiny_bert, monkeypatch):
+def test_one_padding_mask_a_batch_serves_every_block(tiny_bert, monkeypatch):
     """The padded call's additive mask (Packing.mask) is built once a batch and dtype, not once a
     layer: every layer's attention() gets the same tensor, in q's dtype (bf16 under autocast), the
     dtype's most negative number at padding keys and 0 elsewhere."""
@@ -1023,7 +1023,7 @@ def test_every_layer_reads_one_mask_built_once_a_batch(tiny_bert, monkeypatch):
         assert got.dtype == q_dtype, f"{dtype}: the mask is {got.dtype}, q is {q_dtype}"
         want = torch.zeros(mask.shape, dtype=q_dtype).masked_fill(mask == 0, torch.finfo(q_dtype).min)
         assert torch.equal(got, want[:, None, None, :]), \
-            f"{dtype}: the mask differs from 0 at real keys and finfo.min at padding, (B, 1, 1, T)"
+            f"{dtype}: the mask is not 0 at real keys and finfo.min at padding keys, (B, 1, 1, T)"
 
 
 def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
