@@ -239,21 +239,27 @@ def test_a_live_process_temporary_folder_is_left_alone(tmp_path, monkeypatch):
     assert all(folder.exists() for folder in busy)
 
 
-# run in subprocesses started at once: assemble, each join writing its pid into `joins` and
-# taking 3 seconds, so that they would overlap if nothing made them take turns
+# run in 3 subprocesses at once: each says it has arrived, then assembles; a join writes its pid
+# into `joins` and goes on only once all 3 have arrived and a second has passed, so that the
+# others are asking for the folder while it joins
 JOINING = """
 import json, os, sys, time
 from minknn import packaged
-parts, files, cache, joins = json.loads(sys.argv[1])
+parts, files, cache, joins, arrived = json.loads(sys.argv[1])
 real = packaged.Joined.readinto
 
 def slow(self, buffer):
     with open(joins, "a") as f:
         f.write(f"{os.getpid()}\\n")
-    time.sleep(3)
+    deadline = time.monotonic() + 60
+    while len(open(arrived).read().split()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1)
     packaged.Joined.readinto = real
     return real(self, buffer)
 packaged.Joined.readinto = slow
+with open(arrived, "a") as f:
+    f.write(f"{os.getpid()}\\n")
 print(packaged.assembled([tuple(p) for p in parts], files, "fake-model", cache))
 """
 
@@ -262,11 +268,12 @@ def test_processes_starting_at_once_take_turns_and_one_joins(tmp_path, monkeypat
     """torchrun's ranks (or a grid's jobs) asking for the folder at once: one joins the parts,
     the others wait for it under the lock on the cache folder, then return its folder."""
     parts = install_parts(tmp_path, monkeypatch)
-    cache, joins = tmp_path / "cache", tmp_path / "joins"
+    cache, joins, arrived = tmp_path / "cache", tmp_path / "joins", tmp_path / "arrived"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), ROOT]))
+    env.pop("RANK", None)  # each process is a first process, which says that it waits
     processes = [subprocess.Popen([sys.executable, "-c", JOINING, json.dumps(
-        [parts, FILES, str(cache), str(joins)])], env=env, stdout=subprocess.PIPE, text=True)
-        for _ in range(3)]
+        [parts, FILES, str(cache), str(joins), str(arrived)])], env=env, stdout=subprocess.PIPE,
+        text=True) for _ in range(3)]
     outs_all = [p.communicate(timeout=120)[0] for p in processes]
     outs = [o.strip().splitlines()[-1] for o in outs_all]
     assert all(p.returncode == 0 for p in processes)
