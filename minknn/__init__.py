@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 
 class MinknnError(Exception):
@@ -38,6 +39,17 @@ def says_errors():
     fault, which rank 0 says once; after it, an error of a rank's is its own, which it alone says
     (the other ranks only lose a peer: minknn/runs.py)."""
     return first_process() or _RUN_BEGUN[0]
+
+
+def exit_as_rank_0_says():
+    """Exit with status 2 after a fault that rank 0 says for every rank (says_errors is False
+    here). Under torchrun a rank other than 0 first waits for rank 0 to say it: torchrun stops
+    every rank as soon as one has exited, and a quiet rank out first would cut rank 0 short before
+    its line. rank 0's exit, or torchrun's SIGTERM, ends the wait without a word."""
+    if not first_process() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's stop: end quietly
+        time.sleep(60)
+    sys.exit(2)
 
 
 def warn(message):

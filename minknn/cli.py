@@ -6,7 +6,8 @@ import argparse
 import re
 import sys
 
-from minknn import MinknnError, Terminated, first_process, says_errors, sigterm_raises
+from minknn import (MinknnError, Terminated, exit_as_rank_0_says, first_process, says_errors,
+                    sigterm_raises)
 from minknn.parts import not_written, stubbed_part
 
 def below_one(args, names):
@@ -30,7 +31,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         if first_process():  # under torchrun every rank reads the same flags
             print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+            sys.exit(2)
+        exit_as_rank_0_says()
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -57,7 +59,8 @@ def run(main):
     except MinknnError as e:
         if says_errors():  # under torchrun a bad input's line comes once, from rank 0
             print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+            sys.exit(2)
+        exit_as_rank_0_says()
     except NotImplementedError as e:
         name = stubbed_part(str(e))
         if name is None:  # not a part's stub: a real bug, with its traceback

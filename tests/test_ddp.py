@@ -596,6 +596,24 @@ def test_plain_python_is_one_process(monkeypatch):
     assert distributed.launched(), "launched() with RANK=0 (torchrun's rank 0)"
 
 
+def test_a_quiet_rank_waits_for_rank_0_to_say_the_fault():
+    """A rank other than 0 that finds the fault every rank finds exits quietly, but not before rank
+    0 has said it: torchrun stops every rank once one has exited, so a quiet rank out first could
+    cut rank 0 short (seen once in CI: `--lr -1` under torchrun, no error line at all). It waits
+    until torchrun's SIGTERM, and ends without a word."""
+    code = "from minknn.cli import Parser; Parser().error('bad flag')"
+    env = {**os.environ, "PYTHONPATH": ROOT, "RANK": "1"}
+    process = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=5)  # (python and minknn's imports take about a second)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGTERM and err == "", \
+        f"rank 1 after SIGTERM: status {process.returncode}, stderr {err!r} (want the signal's, nothing)"
+
+
 @pytest.mark.parametrize("bad, says", [
     (["--lr", "-1"], "--lr must be a finite number >= 0, got -1.0"),  # argparse's check
     (["--task", "nosuch"], "unknown --task 'nosuch'"),                # a MinknnError, before the group
