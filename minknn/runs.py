@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 
-from minknn import MinknnError, Terminated, distributed, sigterm_raises
+from minknn import MinknnError, Terminated, distributed, exit_as_rank_0_says, sigterm_raises
 from minknn.checkpoint import load_last
 from minknn.files import read_json, write_json
 
@@ -61,7 +61,7 @@ def run_folder(args):
     finally:  # the other ranks learn the folder rank 0 opened, or that it could not
         args.out = distributed.broadcast_object(args.out if lock else None)
     if args.out is None:  # not rank 0: it says why
-        sys.exit(2)
+        exit_as_rank_0_says()
     set_aside = {}  # the signal handlers of a run that is stopping (signals_ignored)
     try:
         with sigterm_raises():  # a cluster's SIGTERM stops the run as Ctrl-C does
@@ -85,7 +85,7 @@ def run_folder(args):
     except Diverged as e:
         set_aside = signals_ignored()
         if not distributed.is_main():  # every rank stops at the same step; rank 0 says why
-            sys.exit(2)
+            exit_as_rank_0_says()
         last = load_last(args.out)
         kept = best_so_far(args, last) if last else "nothing was saved"
         summarise(args, last, stopped=f"diverged: {e}")
