@@ -364,17 +364,15 @@ def check_proxy_init(p, args, tasks):
 def check_whole_objective(p, args, tasks):
     """A loss trained on pairs it draws (setfit) trains one task; a loss that is the whole
     objective (trains_head False: the head is fit by logistic regression after each epoch, in one
-    process) takes no --lam and trains the encoder."""
+    process) trains the encoder; with --lam below 1 a cross-entropy term trains the head beside
+    it, and it is a loss like the others."""
     if args.loss is None:
         return
     if need(args.loss, "pairs") and len(tasks) > 1:
         p.error(f"--loss {args.loss} trains one classification task on pairs of its own examples, "
                 f"not a multi-task run")
-    if need(args.loss, "trains_head"):
+    if need(args.loss, "trains_head") or args.lam is not None and args.lam < 1:
         return
-    if args.lam is not None:
-        p.error(f"--loss {args.loss} is the whole objective (no cross-entropy to weigh it "
-                f"against): leave out --lam")
     if args.option == "pretrain":
         p.error(f"--loss {args.loss} trains the encoder (the head is fit by logistic regression "
                 f"after); --option pretrain would freeze all it trains")

@@ -115,7 +115,6 @@ def test_steps_and_mlcon_reduction_are_kept_and_filled():
     (["--task", "sts", "--loss", "setfit"], "--loss setfit trains classification tasks, and sts has none"),
     (["--task", "mrpc", "--pair_mode", "siamese", "--loss", "setfit"], "--loss setfit compares one vector per "
                                                                         "example"),
-    (["--loss", "setfit", "--lam", "0.5"], "--loss setfit is the whole objective (no cross-entropy to weigh it against)"),
     (["--loss", "setfit", "--option", "pretrain"], "--option pretrain would freeze all it trains"),
     (["--loss", "setfit", "--decoupled"], "use it with --loss ce, not setfit"),
 ])

@@ -119,10 +119,12 @@ def run_cell(cell, methods, ctx):
     a finished cell's lines are read back from its cell.json (scored again, from its kept
     checkpoint, for a method added to the grid since)."""
     folder = os.path.join(ctx.out, "runs", cell.name)
-    if cell.loss == setfit_package.METHOD and saved_lines(folder) is None:  # not train.py's
-        line = setfit_package.run_cell(cell, methods, ctx, folder)
-        return record(cell, methods, ctx, folder, {},
-                      [{**line_head(cell, methods[0], ctx), **line}])
+    if cell.loss == setfit_package.METHOD:  # not train.py's: the package trains it
+        saved = saved_lines(folder) or {}
+        wanted = [m for m in methods if m.name not in saved]
+        new = setfit_package.run_cell(cell, wanted, ctx, folder) if wanted else []
+        return record(cell, methods, ctx, folder, saved,
+                      [{**line_head(cell, m, ctx), **line} for m, line in zip(wanted, new)])
     done = os.path.join(folder, "cell.json")
     saved = saved_lines(folder)
     if saved is not None:
@@ -246,6 +248,8 @@ def missing_scores(cells, ctx):
     lacking = []
     for cell, methods in cells.items():
         folder = os.path.join(ctx.out, "runs", cell.name)
+        if cell.loss == setfit_package.METHOD:  # scored from the body it kept, or trained again
+            continue
         have = saved_lines(folder)
         if have is not None and not os.path.exists(os.path.join(folder, "checkpoint.pt")):
             lacking += [f"{cell.name} {m.name}" for m in methods if m.name not in have]

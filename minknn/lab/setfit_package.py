@@ -15,6 +15,12 @@ Two settings, two methods (two rows of the table, two cells per seed):
                                    report_to) and nothing else
     setfit-package[setting=paper]  the paper's, PAPER below: a baseline runs in its strongest
                                    documented setting, not only its package's defaults
+and, on either, minknn's kNN rules over the trained body (the same cell, one training):
+    setfit-package[setting=paper]+knn[k=4]       s = (1 - phi) P(q) + phi KNN(q): the package's
+                                                 head's probabilities P (its predict_proba) mixed
+                                                 with the kNN vote over the training set's
+                                                 embeddings (minknn/knn.py; phi 0.25 by default)
+    setfit-package[setting=paper]+knn-only[k=4]  the vote alone
 
 The paper's setting, and whose each value is. The paper's runs are its script
 scripts/setfit/run_fewshot.py in github.com/huggingface/setfit (its README: "the default settings
@@ -57,19 +63,33 @@ What the cell does, and whose each choice is:
                selection examples are scored only so that the line has the shape of the
                others; with one entry in its grid, nothing is chosen on them ("selection" in
                the line says so)
-    scores     model.predict on the selection and test texts, scored by the task's metrics
+    scores     the body's embeddings of the selection and test texts (model.encode), then the
+               head's predict (the linear rule: what model.predict does) or predict_proba (the
+               kNN mix), scored by the task's metrics; kNN votes over the training texts'
+               embeddings (cosine), through the datastore every kNN rule of minknn uses
 
-A cell killed while the package trains has nothing to resume (the package keeps no state of
-ours): the same command trains it again. Its cell.json is written whole once scored, as every
-cell's is. Single-text classification tasks only (SetFit reads one text per example).
+The package saves its body at the end of training (<cell>/setfit/checkpoint-N, N its last step).
+A cell killed after that point, or asked for a rule added to the grid since, is scored from that
+body (SetFitModel.from_pretrained on it, the head fit again by the package's train_classifier:
+the same fit on the same embeddings) instead of trained again; a cell killed earlier trains again.
+Once scored, the saved body goes (1.3 GB at base size, with its optimiser's state), unless --keep.
+Its cell.json is written whole once scored, as every cell's is. Single-text classification tasks
+only (SetFit reads one text per example).
 """
+import glob
+import json
 import os
+import shutil
 import time
 
 import numpy as np
+import torch
 
 from minknn import MinknnError
+from minknn.datastore import Datastore
+from minknn.inference import KnnSweep, scores_of
 from minknn.kinds import kind_of, score
+from minknn.knn import settings
 from minknn.options import make_parser
 from minknn.weights import resolve_model_path
 
@@ -78,6 +98,7 @@ PAPER = {"num_iterations": 20, "num_epochs": 1, "batch_size": 16, "body_learning
          "warmup_proportion": 0.1}         # TrainingArguments, the docstring's table
 PAPER_MAX_LENGTH = 256                     # the body's max_seq_length, as the paper's script
 SETTINGS = {"paper": PAPER}                # setfit-package[setting=NAME]
+RULES = ("linear", "knn", "knn-only")      # its head, and minknn's kNN over its body
 SELECTION = ("none: {}, one training, nothing chosen; the selection examples are scored only to "
              "fill the line")
 
@@ -96,11 +117,11 @@ def import_setfit():
 def check(cell, methods, task):
     """Before any cell trains: what a setfit-package method cannot be (one line each)."""
     for m in methods:
-        if m.rule != "linear" or set(m.train_grid) - {"setting"}:
+        if m.rule not in RULES or set(m.train_grid) - {"setting"}:
             raise MinknnError(f"--methods {m.name}: {METHOD} trains with the package's own "
-                              f"arguments and scores its own head: give it as '{METHOD}' (its "
-                              f"defaults) or '{METHOD}[setting=paper]' (the paper's), with no "
-                              f"rule")
+                              f"arguments: give it as '{METHOD}' (its defaults) or "
+                              f"'{METHOD}[setting=paper]' (the paper's), with its own head or a "
+                              f"kNN rule (+knn, +knn-only)")
         unknown = [v for v in m.train_grid.get("setting", []) if v not in SETTINGS]
         if unknown:
             raise MinknnError(f"--methods {m.name}: no setting '{unknown[0]}' of {METHOD}; "
@@ -118,9 +139,9 @@ def model_folder(ctx):
 
 
 def run_cell(cell, methods, ctx, folder):
-    """Trains the package on the cell's examples, scores it and returns the cell's result line
-    (one: the linear rule) less its head (cells.line_head), which cells.record writes to
-    <folder>/cell.json."""
+    """Trains the package on the cell's examples (or reads back the body it saved at the end of
+    training), scores each method's rule and returns their result lines, in the methods' order,
+    less their heads (cells.line_head), which cells.record writes to <folder>/cell.json."""
     setfit, Dataset = import_setfit()
     os.makedirs(folder, exist_ok=True)
     start = time.time()
@@ -130,25 +151,79 @@ def run_cell(cell, methods, ctx, folder):
     setting = dict(cell.params).get("setting")  # None: the package's defaults
     given = SETTINGS.get(setting, {})
     model = setfit.SetFitModel.from_pretrained(model_folder(ctx))
-    if setting == "paper":
-        model.model_body.max_seq_length = PAPER_MAX_LENGTH
+    length = PAPER_MAX_LENGTH if setting == "paper" else model.model_body.max_seq_length
+    saved = trained_body(os.path.join(folder, "setfit"))
+    if saved:  # the body the package saved: its own config does not hold the maximum length
+        model = setfit.SetFitModel.from_pretrained(saved)
+    model.model_body.max_seq_length = length
     args = setfit.TrainingArguments(seed=cell.seed, output_dir=os.path.join(folder, "setfit"),
                                     report_to="none", **given)  # where it would write; no logger
-    data = Dataset.from_dict({"text": [e.text for e in train_set],
-                              "label": [e.label for e in train_set]})
-    setfit.Trainer(model=model, args=args, train_dataset=data).train()
+    texts, labels = [e.text for e in train_set], [e.label for e in train_set]
+    trainer = setfit.Trainer(model=model, args=args,
+                             train_dataset=Dataset.from_dict({"text": texts, "label": labels}))
+    if saved:
+        trainer.train_classifier(texts, labels)  # the head, as train() fits it after the body
+    else:
+        trainer.train()
     trained = time.time()
-    kind, scores = kind_of(task), {}
-    for split, examples in (("select", selection), ("test", test)):
-        pred = np.asarray(model.predict([e.text for e in examples], as_numpy=True), dtype=int)
-        scores[split] = score(task, pred, kind.gold(task, examples))
-    line = {"grid": [{"params": {}, **scores}],
-            "selection": SELECTION.format(f"the {setting} setting" if setting else
-                                          "the package's defaults"),
-            "package": f"setfit {setfit.__version__}",
-            "setfit_args": {**given, "max_seq_length": model.model_body.max_seq_length},
-            "test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
-            "n_test": len(test),
-            "seconds": {"train": round(trained - start, 1),
-                        "evaluate": round(time.time() - trained, 1)}}
-    return line
+    kind = kind_of(task)
+    vectors = {s: torch.as_tensor(np.asarray(model.encode([e.text for e in ex])), dtype=torch.float32)
+               for s, ex in (("select", selection), ("test", test))}
+    gold = {s: kind.gold(task, ex) for s, ex in (("select", selection), ("test", test))}
+    linear = {s: score(task, np.asarray(model.model_head.predict(v.numpy()), dtype=int), gold[s])
+              for s, v in vectors.items()}
+    knn = knn_scorer(task, model, train_set, vectors, gold, methods)
+    common = {"package": f"setfit {setfit.__version__}",
+              "setfit_args": {**given, "max_seq_length": model.model_body.max_seq_length},
+              "test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
+              "n_test": len(test),
+              "seconds": {"train": round(trained - start, 1),
+                          "evaluate": round(time.time() - trained, 1)}}
+    selected = SELECTION.format(f"the {setting} setting" if setting else "the package's defaults")
+    lines = []
+    for m in methods:
+        if m.rule == "linear":
+            grid = [{"params": {}, **linear}]
+        else:
+            default = settings(task.kind)
+            phis = m.rule_grid.get("phi", [default.phi]) if m.rule == "knn" else [1.0]
+            grid = [{"params": {"k": min(k, len(train_set)), "phi": phi}, **knn(k, phi)}
+                    for k in m.rule_grid.get("k", [default.k]) for phi in phis]
+        lines.append({"grid": grid, "selection": selected, **common})
+    if not ctx.keep:  # the scores are in the lines; the body and its optimiser go
+        shutil.rmtree(os.path.join(folder, "setfit"), ignore_errors=True)
+    return lines
+
+
+def knn_scorer(task, model, train_set, vectors, gold, methods):
+    """(k, phi) -> {"select":, "test":} scores of (1 - phi) P(q) + phi KNN(q): P the head's
+    probabilities, KNN the vote of the k nearest training texts by the body's embeddings."""
+    wanted = [m for m in methods if m.rule != "linear"]
+    if not wanted:
+        return None
+    k_most = max(k for m in wanted for k in m.rule_grid.get("k", [settings(task.kind).k]))
+    keys = torch.as_tensor(np.asarray(model.encode([e.text for e in train_set])),
+                           dtype=torch.float32)
+    datastore = Datastore(keys, kind_of(task).targets(task, train_set, "cpu"),
+                          [e.id for e in train_set], len(task.labels))
+    sweeps = {s: KnnSweep(datastore, v, settings(task.kind), k_most) for s, v in vectors.items()}
+    head = {s: torch.as_tensor(np.asarray(model.model_head.predict_proba(v.numpy())),
+                               dtype=torch.float64) for s, v in vectors.items()}
+    return lambda k, phi: {s: scores_of(task, sweeps[s].mixed(head[s], k, phi), gold[s])
+                           for s in vectors}
+
+
+def trained_body(output_dir):
+    """The folder of the body the package saved at its last training step (its checkpoint-N
+    whose trainer_state.json says global_step == max_steps), or None."""
+    for path in sorted(glob.glob(os.path.join(output_dir, "checkpoint-*")),
+                       key=lambda p: -int(p.rsplit("-", 1)[1]) if p.rsplit("-", 1)[1].isdigit()
+                       else 0):
+        try:
+            with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
+                state = json.load(f)
+            if state["global_step"] == state["max_steps"] > 0:
+                return path
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None

@@ -24,9 +24,10 @@ losses (KNN-BERT's weight for its contrastive term, eq. 6) and mlcon (Su et al.'
 0.5 for the proxy losses, whose proxies only learn through their term. --lam 0 is the base loss
 alone; --lam 1 trains a classification metric loss alone, and the untrained linear head's
 predictions are then meaningless (use proxy inference, evaluate.py --proxy, for the proxy losses).
-SetFit's pair loss (setfit.py) is the whole objective and trains no head (its `trains_head` is
-False): train.py fits the head by logistic regression after each epoch, and feeds it pair
-batches (the B first texts, then the B second ones).
+SetFit's pair loss (setfit.py) is by default the whole objective (its lam is 1) and trains no
+head (its `trains_head` is False): train.py fits the head by logistic regression after each
+epoch, and feeds it pair batches (the B first texts, then the B second ones). With --lam below 1
+the cross-entropy on the pair batch's texts trains the head beside it, and nothing is refit.
 With --decoupled the metric term is Liang et al.'s triplet loss on the retrieval head's output r
 instead of z (minknn/losses/decoupled.py; lam is their beta, 0.5); with --pair_loss, on a siamese
 pair task, it is a pair loss on the two texts' vectors (pairs.py).
@@ -91,9 +92,9 @@ NEEDS = {
                            # task, the memory's flags, called with the batch's keys and the memory
     "pairs": False,       # trained on pairs of examples it draws itself (its draw_pairs(labels,
                           # rng)): a batch holds the B first texts, then the B second ones; one task
-    "trains_head": True,  # False: the loss is the whole objective (no --lam, no --option
+    "trains_head": True,  # False: the loss is the whole objective at its lam of 1 (no --option
                           # pretrain); the head is fit by logistic regression after each epoch,
-                          # in one process (minknn/probe.py)
+                          # in one process (minknn/probe.py); --lam below 1 trains it by CE
     "one_proxy": False,   # one proxy a class, its `proxies` (C, dim): --proxy_init names can
                           # start each at its class's name (minknn/proxy.py start_at_names)
     "flags": {},          # its own train.py flags: name -> {"type" or "choices", "default",
@@ -156,7 +157,8 @@ class Objective(nn.Module):
                            else None)
         # 0 <= lam <= 1
         self.lam = 0.0 if self.metric is None else (self.metric.lam if lam is None else lam)
-        self.trains_head = getattr(self.metric, "trains_head", True)  # setfit's does not
+        # setfit's does not, unless --lam below 1 gives the cross-entropy a share
+        self.trains_head = getattr(self.metric, "trains_head", True) or self.lam < 1
 
     @property
     def uses_memory(self):

@@ -27,9 +27,9 @@ batch, lr 2e-5 (v1's body_learning_rate), 10% warm-up then linear decay, AdamW (
 fit), dropout on. train.py's own defaults differ (3 epochs, 32, 5e-5, 6%): pass SetFit's as
 flags, `--epochs 1 --batch_size 16 --lr 2e-5 --warmup 0.1`.
 
-No linear head trains: the pair loss is the whole objective (lam = 1; train.py refuses --lam).
-At the end of each epoch, before the dev set is scored, train.py fits the head as SetFit fits
-its LogisticRegression(): scikit-learn's L2 logistic regression, C = 1, on the trained encoder's
+By default no linear head trains: the pair loss is the whole objective (lam = 1). At the end of
+each epoch, before the dev set is scored, train.py fits the head as SetFit fits its
+LogisticRegression(): scikit-learn's L2 logistic regression, C = 1, on the trained encoder's
 z of the training examples (minknn/probe.py fit_head). The checkpoint's head is that regression,
 so evaluate.py and the runner's rules (linear, knn, knn-only) read it as any other head.
 Normalisation: SetFit's all-MiniLM-L6-v2 ends in a Normalize module, so its regression sees unit
@@ -38,6 +38,11 @@ A unit-vector fit could not be written into that head (z / ||z|| is no linear fu
 The cosine loss does not care; the regression does: the base model's mean-pooled z are 3 to 5.4
 long (CR, 8 per class), so with C = 1 its penalty is about 10 to 30 times weaker than on unit
 vectors (C ||z||^2 plays C's part). The kNN rule votes by cosine and is not affected.
+
+With --lam below 1 (not SetFit's; minknn/losses/__init__.py Objective) the head trains with the
+encoder instead: (1 - lam) CE(F(z), y) + lam L over the batch's 2B texts, each with its own
+class. With --head_init probe the head starts as the frozen encoder's logistic regression: the
+LP-FT start of minknn's few-shot recipe (Kumar et al. 2022; RESULTS.md) given to SetFit's body.
 """
 import torch.nn as nn
 import torch.nn.functional as F

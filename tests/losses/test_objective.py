@@ -91,6 +91,25 @@ def test_setfit_objective_is_the_pair_loss_alone():
     total.backward()
     assert logits.grad is None and h.grad is not None, \
         "--loss setfit: the pair loss trains z; the head's cross-entropy must take no part"
+    assert not objective.trains_head, "--loss setfit at lam 1 trains no head: train.py must fit it after each epoch"
+
+
+def test_setfit_below_lam_1_adds_the_cross_entropy_of_every_text_of_the_pairs():
+    """--loss setfit --lam 0.25 (the LP-FT start for SetFit's body): 0.75 CE over the batch's 2B texts, each with
+    its own class, + 0.25 the pair loss; the head trains, so train.py must not refit it."""
+    torch.manual_seed(0)
+    logits, h = torch.randn(6, C, requires_grad=True), torch.randn(6, D)
+    y = torch.tensor([0, 1, 0, 0, 2, 1])
+    objective = Objective("setfit", C, D, lam=0.25)
+    total, parts = objective(Output(logits=logits, z=h), y)
+    ce = F.cross_entropy(logits.detach().double(), y)
+    want = 0.75 * ce + 0.25 * setfit_oracle(h.double(), y, None)
+    assert total.item() == pytest.approx(want.item()), \
+        f"--loss setfit --lam 0.25: the objective is {total.item():.6f}, 0.75 CE + 0.25 pair loss is {want.item():.6f}"
+    assert set(parts) == {"ce", "metric"}, parts
+    total.backward()
+    assert logits.grad is not None, "--loss setfit --lam 0.25: the cross-entropy must train the head"
+    assert objective.trains_head, "--loss setfit --lam 0.25: the head trains, so train.py must not refit it"
 
 
 def test_objective_passes_the_memory_and_runs_outside_autocast():
