@@ -122,7 +122,9 @@ def run_cell(cell, methods, ctx):
     if cell.loss == setfit_package.METHOD:  # not train.py's: the package trains it
         saved = saved_lines(folder) or {}
         wanted = [m for m in methods if m.name not in saved]
-        new = setfit_package.run_cell(cell, wanted, ctx, folder) if wanted else []
+        trained = [line["seconds"]["train"] for line in saved.values() if "seconds" in line]
+        new = (setfit_package.run_cell(cell, wanted, ctx, folder, trained[0] if trained else None)
+               if wanted else [])
         return record(cell, methods, ctx, folder, saved,
                       [{**line_head(cell, m, ctx), **line} for m, line in zip(wanted, new)])
     done = os.path.join(folder, "cell.json")

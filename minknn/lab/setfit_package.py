@@ -138,10 +138,12 @@ def model_folder(ctx):
     return resolve_model_path(make_parser().parse_args(ctx.train_flags).model)  # as every cell
 
 
-def run_cell(cell, methods, ctx, folder):
+def run_cell(cell, methods, ctx, folder, trained_seconds=None):
     """Trains the package on the cell's examples (or reads back the body it saved at the end of
     training), scores each method's rule and returns their result lines, in the methods' order,
-    less their heads (cells.line_head), which cells.record writes to <folder>/cell.json."""
+    less their heads (cells.line_head), which cells.record writes to <folder>/cell.json.
+    trained_seconds: the training's time, from the lines scored before (a body read back took
+    none; its time is then the first training's, where the cell's earlier lines give it)."""
     setfit, Dataset = import_setfit()
     os.makedirs(folder, exist_ok=True)
     start = time.time()
@@ -177,7 +179,8 @@ def run_cell(cell, methods, ctx, folder):
               "setfit_args": {**given, "max_seq_length": model.model_body.max_seq_length},
               "test_split": test_name, "n_train": len(train_set), "n_select": len(selection),
               "n_test": len(test),
-              "seconds": {"train": round(trained - start, 1),
+              "seconds": {"train": round(trained_seconds if saved and trained_seconds is not None
+                                         else trained - start, 1),
                           "evaluate": round(time.time() - trained, 1)}}
     selected = SELECTION.format(f"the {setting} setting" if setting else "the package's defaults")
     lines = []

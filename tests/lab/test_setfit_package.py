@@ -261,6 +261,9 @@ def test_a_rule_added_later_is_scored_from_the_body_the_package_saved(fake, tiny
     out = tmp_path / "kept"
     before = grid(out, "setfit-package", "--keep")
     cell = out / "runs" / before["setfit-package"]["cell"]
+    record = json.loads((cell / "cell.json").read_text())
+    record["lines"][0]["seconds"]["train"] = before["setfit-package"]["seconds"]["train"] = 123.4  # the fake's ~0 s
+    (cell / "cell.json").write_text(json.dumps(record))
     after = grid(out, "setfit-package,setfit-package+knn-only[k=1]", "--keep")
     assert len(fake.trained) == 1, "a rule added later must be scored from the saved body, not trained again"
     assert fake.loaded[-1] == str(cell / "setfit" / "checkpoint-3"), \
@@ -269,6 +272,8 @@ def test_a_rule_added_later_is_scored_from_the_body_the_package_saved(fake, tiny
     assert fake.head_fits == [([e.text for e in drawn], [e.label for e in drawn])], \
         "the loaded body's head must be fit again, on the cell's training texts"
     assert after["setfit-package"] == before["setfit-package"], "the line scored before must be kept as it was"
+    assert after["setfit-package+knn-only[k=1]"]["seconds"]["train"] == 123.4, \
+        "a rule scored from the saved body took no training: its line gives the first training's time"
     assert after["setfit-package+knn-only[k=1]"]["grid"][0]["params"] == {"k": 1, "phi": 1.0}
 
     out = tmp_path / "dropped"
