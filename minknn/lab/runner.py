@@ -13,7 +13,8 @@ model (minknn/lab/cells.py). A seed draws the same training examples for every m
 comparisons are paired. Any flag the runner does not know (--epochs, --batch_size, --lr,
 --max_len, --model, ...) is train.py's and goes to every cell. One method is no train.py run:
 `setfit-package` trains the real SetFit on its cell's draw, with the package's defaults, and
-`setfit-package[setting=paper]` with the paper's settings (minknn/lab/setfit_package.py).
+`setfit-package[setting=paper]` with the paper's settings (minknn/lab/setfit_package.py); its
+head is scored, or with +knn / +knn-only minknn's kNN vote over its trained body.
 
 A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): every method is
 trained with each combination of the values that apply to it, as if they were written in its
