@@ -111,7 +111,9 @@ def get_args(argv=None):
                    "or all dev; none: no dev labels, the last epoch and the values given")
     options.add_flags(p, "max_eval", "data_dir", max_eval={
         "help": "at most N test (and --select dev) examples"})
-    p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt")
+    p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt (a "
+                   "setfit-package cell: the body the package saved), so that a rule added later "
+                   "is scored from it")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"], help="where the "
                    "cells run: here, or each a job on a SLURM cluster (minknn/lab/slurm.py)")
     p.add_argument("--jobs", type=int, help="local: N cells at once, each with cores/N torch "
