@@ -168,10 +168,9 @@ def run_cell(cell, methods, ctx, folder, trained_seconds=None):
     else:
         trainer.train()
     trained = time.time()
-    kind = kind_of(task)
-    vectors = {s: torch.as_tensor(np.asarray(model.encode([e.text for e in ex])), dtype=torch.float32)
-               for s, ex in (("select", selection), ("test", test))}
-    gold = {s: kind.gold(task, ex) for s, ex in (("select", selection), ("test", test))}
+    kind, splits = kind_of(task), {"select": selection, "test": test}
+    vectors = {s: embeddings(model, ex) for s, ex in splits.items()}
+    gold = {s: kind.gold(task, ex) for s, ex in splits.items()}
     linear = {s: score(task, np.asarray(model.model_head.predict(v.numpy()), dtype=int), gold[s])
               for s, v in vectors.items()}
     knn = knn_scorer(task, model, train_set, vectors, gold, methods)
@@ -205,15 +204,19 @@ def knn_scorer(task, model, train_set, vectors, gold, methods):
     if not wanted:
         return None
     k_most = max(k for m in wanted for k in m.rule_grid.get("k", [settings(task.kind).k]))
-    keys = torch.as_tensor(np.asarray(model.encode([e.text for e in train_set])),
-                           dtype=torch.float32)
-    datastore = Datastore(keys, kind_of(task).targets(task, train_set, "cpu"),
+    datastore = Datastore(embeddings(model, train_set), kind_of(task).targets(task, train_set, "cpu"),
                           [e.id for e in train_set], len(task.labels))
     sweeps = {s: KnnSweep(datastore, v, settings(task.kind), k_most) for s, v in vectors.items()}
     head = {s: torch.as_tensor(np.asarray(model.model_head.predict_proba(v.numpy())),
                                dtype=torch.float64) for s, v in vectors.items()}
     return lambda k, phi: {s: scores_of(task, sweeps[s].mixed(head[s], k, phi), gold[s])
                            for s in vectors}
+
+
+def embeddings(model, examples):
+    """The package body's embeddings of the examples' texts (what its head reads), (N, dim)."""
+    return torch.as_tensor(np.asarray(model.encode([e.text for e in examples])),
+                           dtype=torch.float32)
 
 
 def trained_body(output_dir):
