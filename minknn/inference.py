@@ -11,12 +11,14 @@ implementation, read by evaluate.py, the attack, the runner's cells and each epo
 One prediction pass (engine.predict) gives what the rules read: the outputs, and the pooled z or
 the kNN key's vectors; a datastore of the training set (minknn/datastore.py) gives the votes.
 KnnSweep gives the vote at every K and phi from one search at the largest K (evaluate.py --sweep,
-the runner's kNN grids). Each rule's probabilities are read as the model's are (kinds.py: the
+the runner's kNN grids); knn_scores, its scores on every split over a training set's datastore
+(the runner's cells, the setfit package's among them). Each rule's probabilities are read as the model's are (kinds.py: the
 arg max, or each class above 0.5).
 """
+from minknn.datastore import Datastore
 from minknn.engine import predict
 from minknn.kinds import kind_of, overall, score
-from minknn.knn import SWEEP_KS, interpolate
+from minknn.knn import SWEEP_KS, interpolate, settings
 from minknn.probe import fit_logistic
 from minknn.proxy import has_proxies, proxy_logits
 
@@ -72,6 +74,22 @@ class KnnSweep:
     def mixed(self, probabilities, k, phi):
         """(1 - phi) P(q) + phi KNN(q) at K = k."""
         return interpolate(probabilities, self.vote(k), phi)
+
+
+def knn_scores(task, train_set, keys, queries, probabilities, gold, k_most):
+    """The kNN rule's scores at any (K <= k_most, phi) from one search per split, over a datastore
+    of the training set's keys (N, d): queries, probabilities (P, the model's) and gold map each
+    split to its own. Returns (at, sweeps): at(k, phi) -> each split's scores of
+    (1 - phi) P(q) + phi KNN(q), and each split's KnnSweep."""
+    kind = kind_of(task)
+    datastore = Datastore(keys, kind.targets(task, train_set, "cpu"), [e.id for e in train_set],
+                          len(task.labels))
+    sweeps = {s: KnnSweep(datastore, q, settings(task.kind), k_most) for s, q in queries.items()}
+
+    def at(k, phi):
+        return {s: scores_of(task, sweeps[s].mixed(probabilities[s], k, phi), gold[s])
+                for s in queries}
+    return at, sweeps
 
 
 def probe_probabilities(task, train_set, z_train, z):

@@ -170,21 +170,28 @@ def test_setfit_trains_the_encoder_on_pairs_and_saves_the_logistic_head(tiny_ber
 
 def test_setfit_below_lam_1_trains_its_head_from_the_probe_and_does_not_refit_it(tiny_bert_dir, data_dir, tmp_path):
     """--loss setfit --lam 0.5 --head_init probe (SetFit's body with the recipe's LP-FT start): the head starts as
-    the probe and trains by cross-entropy beside the pair loss; after the epoch it is that trained head, not the
-    logistic regression refit on the trained encoder's z."""
+    the probe (at lr 1e-12 nothing moves, so the saved head is the base encoder's probe) and trains by cross-entropy
+    beside the pair loss (at lr 1e-3 the saved head is that trained head, not the logistic regression refit on the
+    trained encoder's z)."""
     from minknn.checkpoint import load_checkpoint, rebuild
     from minknn.engine import predict
     from minknn.probe import fit_logistic
-    summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--loss", "setfit", "--lam", "0.5", "--head_init",
-                        "probe", "--epochs", "1", "--lr", "1e-3", "--per_class", "3", "--setfit_iterations", "3",
-                        "--seed", "2")
-    assert summary["lam"] == {"sst": 0.5}, summary["lam"]
-    model, _, tokenizer = rebuild(load_checkpoint(str(tmp_path / "run")))
-    task = model.tasks["sst"]
-    train_set = training_examples(task, data_dir, None, 2, 3)
-    _, z = predict(model, tokenizer, task, train_set, 16, torch.device("cpu"))
-    W, _ = fit_logistic(z, torch.tensor([e.label for e in train_set]), len(task.labels))
-    gap = (model.heads["sst"].weight - W).abs().max().item()
+
+    def head_and_probe(lr):
+        out = tmp_path / f"run-lr{lr}"
+        summary = run_train(tiny_bert_dir, data_dir, out, "--loss", "setfit", "--lam", "0.5", "--head_init", "probe",
+                            "--epochs", "1", "--lr", lr, "--per_class", "3", "--setfit_iterations", "3", "--seed", "2")
+        assert summary["lam"] == {"sst": 0.5}, summary["lam"]
+        model, _, tokenizer = rebuild(load_checkpoint(str(out)))
+        task = model.tasks["sst"]
+        train_set = training_examples(task, data_dir, None, 2, 3)
+        _, z = predict(model, tokenizer, task, train_set, 16, torch.device("cpu"))
+        W, _ = fit_logistic(z, torch.tensor([e.label for e in train_set]), len(task.labels))
+        return (model.heads["sst"].weight - W).abs().max().item()
+    gap = head_and_probe("1e-12")
+    assert gap < 1e-5, (f"--loss setfit --lam 0.5 --head_init probe --lr 1e-12: the saved head is {gap:.1e} from the "
+                        f"base encoder's probe; it must start as the probe (and at lr 1e-12 stay there)")
+    gap = head_and_probe("1e-3")
     assert gap > 1e-3, (f"--loss setfit --lam 0.5: the saved head is the logistic regression refit on the trained "
                         f"z (largest difference {gap:.1e}); with a cross-entropy term the head trains and stays")
 

@@ -7,7 +7,6 @@ Each method's result line holds, for every value of its inference grid, the scor
 selection split and on the test split (minknn/lab/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
 """
-import itertools
 import json
 import os
 import shutil
@@ -21,15 +20,14 @@ from minknn import MinknnError, backbones
 from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split, split_recipe,
                          training_examples)
-from minknn.datastore import Datastore
 from minknn.engine import pick_device, predict
 from minknn.files import read_json, read_jsonl, write_json
-from minknn.inference import KnnSweep, probe_probabilities, rule_probabilities, scores_of
+from minknn.inference import knn_scores, probe_probabilities, rule_probabilities, scores_of
 from minknn.kinds import kind_of
-from minknn.knn import SWEEP_KS, SWEEP_PHIS, settings
+from minknn.knn import SWEEP_KS, SWEEP_PHIS
 from minknn.lab import setfit_package
 from minknn.lab.report import impossible_score
-from minknn.lab.grid import size_flags
+from minknn.lab.grid import knn_grid, size_flags
 from minknn.model import Model
 from minknn.runs import run_status
 from minknn.tasks import get_task
@@ -122,9 +120,8 @@ def run_cell(cell, methods, ctx):
     if cell.loss == setfit_package.METHOD:  # not train.py's: the package trains it
         saved = saved_lines(folder) or {}
         wanted = [m for m in methods if m.name not in saved]
-        trained = [line["seconds"]["train"] for line in saved.values() if "seconds" in line]
-        new = (setfit_package.run_cell(cell, wanted, ctx, folder, trained[0] if trained else None)
-               if wanted else [])
+        trained = next((ln["seconds"]["train"] for ln in saved.values() if "seconds" in ln), None)
+        new = setfit_package.run_cell(cell, wanted, ctx, folder, trained) if wanted else []
         return record(cell, methods, ctx, folder, saved,
                       [{**line_head(cell, m, ctx), **line} for m, line in zip(wanted, new)])
     done = os.path.join(folder, "cell.json")
@@ -342,11 +339,7 @@ def method_grid(method, task, loss, outputs, z, base, scores, knn, n_train, prob
         return [{"params": {"alpha": alpha}, **scores({
             s: rule_probabilities("proxy", task, outputs[s], z[s], loss, alpha) for s in z})}
             for alpha in method.rule_grid.get("alpha", [0.5])]
-    # s = (1 - phi) P(q) + phi KNN(q); knn-only: phi = 1
-    default = settings(task.kind)
-    phis = method.rule_grid.get("phi", [default.phi]) if method.rule == "knn" else [1.0]
-    return [{"params": {"k": min(k, n_train), "phi": phi}, **knn["at"](k, phi)}
-            for k, phi in itertools.product(method.rule_grid.get("k", [default.k]), phis)]
+    return knn_grid(method, task.kind, n_train, knn["at"])  # s = (1 - phi) P(q) + phi KNN(q)
 
 
 def knn_tables(task, model, tokenizer, train_set, keys, examples, key, z, base, batch, device,
@@ -354,17 +347,11 @@ def knn_tables(task, model, tokenizer, train_set, keys, examples, key, z, base, 
     """The kNN scores at any (K <= k_most, phi) from one search per split at the largest K, over
     a datastore of the training set's keys: {"at": function (k, phi) -> {"select":, "test":},
     "sweep": the phi x K table}."""
-    kind = kind_of(task)
-    datastore = Datastore(keys, kind.targets(task, train_set, "cpu"), [e.id for e in train_set],
-                          len(task.labels))
     queries = z if key == model.pooling else {
         s: predict(model, tokenizer, task, ex, batch, device, key=key, precision=precision)[1]
         for s, ex in examples.items()}
-    sweeps = {s: KnnSweep(datastore, queries[s], settings(task.kind), k_most) for s in examples}
-    gold = {s: kind.gold(task, ex) for s, ex in examples.items()}
-
-    def at(k, phi):
-        return {s: scores_of(task, sweeps[s].mixed(base[s], k, phi), gold[s]) for s in examples}
+    gold = {s: kind_of(task).gold(task, ex) for s, ex in examples.items()}
+    at, sweeps = knn_scores(task, train_set, keys, queries, base, gold, k_most)
     sweep = [{"k": k, "phi": phi, **at(k, phi)} for k in sweeps["test"].ks() for phi in SWEEP_PHIS]
     return {"at": at, "sweep": sweep}
 

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from minknn import MinknnError
+from minknn.knn import settings
 
 RULES = {"linear": (), "proxy": ("alpha",), "knn": ("k", "phi"), "knn-only": ("k",), "probe": ()}
 
@@ -52,6 +53,16 @@ class Cell:
     def name(self):
         params = "".join(f"-{k}{v}" for k, v in self.params)
         return f"{self.task}-{self.size}-{self.loss}{params}-seed{self.seed}"
+
+
+def knn_grid(method, kind, n_train, at):
+    """A kNN method's grid entries, [{"params": {"k", "phi"}, **at(k, phi)}]: its bracket's K and
+    phi values, else the task kind's defaults (minknn/knn.py); knn-only is phi = 1. K is capped at
+    the training set's size, as the vote is."""
+    default = settings(kind)
+    phis = method.rule_grid.get("phi", [default.phi]) if method.rule == "knn" else [1.0]
+    return [{"params": {"k": min(k, n_train), "phi": phi}, **at(k, phi)}
+            for k, phi in itertools.product(method.rule_grid.get("k", [default.k]), phis)]
 
 
 def split_top(text, sep):

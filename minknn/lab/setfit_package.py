@@ -86,10 +86,10 @@ import numpy as np
 import torch
 
 from minknn import MinknnError
-from minknn.datastore import Datastore
-from minknn.inference import KnnSweep, scores_of
+from minknn.inference import knn_scores
 from minknn.kinds import kind_of, score
 from minknn.knn import settings
+from minknn.lab.grid import knn_grid
 from minknn.options import make_parser
 from minknn.weights import resolve_model_path
 
@@ -184,13 +184,8 @@ def run_cell(cell, methods, ctx, folder, trained_seconds=None):
     selected = SELECTION.format(f"the {setting} setting" if setting else "the package's defaults")
     lines = []
     for m in methods:
-        if m.rule == "linear":
-            grid = [{"params": {}, **linear}]
-        else:
-            default = settings(task.kind)
-            phis = m.rule_grid.get("phi", [default.phi]) if m.rule == "knn" else [1.0]
-            grid = [{"params": {"k": min(k, len(train_set)), "phi": phi}, **knn(k, phi)}
-                    for k in m.rule_grid.get("k", [default.k]) for phi in phis]
+        grid = ([{"params": {}, **linear}] if m.rule == "linear" else
+                knn_grid(m, task.kind, len(train_set), knn))
         lines.append({"grid": grid, "selection": selected, **common})
     if not ctx.keep:  # the scores are in the lines; the body and its optimiser go
         shutil.rmtree(os.path.join(folder, "setfit"), ignore_errors=True)
@@ -204,13 +199,10 @@ def knn_scorer(task, model, train_set, vectors, gold, methods):
     if not wanted:
         return None
     k_most = max(k for m in wanted for k in m.rule_grid.get("k", [settings(task.kind).k]))
-    datastore = Datastore(embeddings(model, train_set), kind_of(task).targets(task, train_set, "cpu"),
-                          [e.id for e in train_set], len(task.labels))
-    sweeps = {s: KnnSweep(datastore, v, settings(task.kind), k_most) for s, v in vectors.items()}
     head = {s: torch.as_tensor(np.asarray(model.model_head.predict_proba(v.numpy())),
                                dtype=torch.float64) for s, v in vectors.items()}
-    return lambda k, phi: {s: scores_of(task, sweeps[s].mixed(head[s], k, phi), gold[s])
-                           for s in vectors}
+    return knn_scores(task, train_set, embeddings(model, train_set), vectors, head, gold,
+                      k_most)[0]
 
 
 def embeddings(model, examples):
@@ -222,9 +214,10 @@ def embeddings(model, examples):
 def trained_body(output_dir):
     """The folder of the body the package saved at its last training step (its checkpoint-N
     whose trainer_state.json says global_step == max_steps), or None."""
-    for path in sorted(glob.glob(os.path.join(output_dir, "checkpoint-*")),
-                       key=lambda p: -int(p.rsplit("-", 1)[1]) if p.rsplit("-", 1)[1].isdigit()
-                       else 0):
+    folders = glob.glob(os.path.join(output_dir, "checkpoint-*"))
+    steps = {int(p.rsplit("-", 1)[1]): p for p in folders if p.rsplit("-", 1)[1].isdigit()}
+    for step in sorted(steps, reverse=True):  # the last saved first
+        path = steps[step]
         try:
             with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
                 state = json.load(f)

@@ -291,7 +291,11 @@ def test_only_a_checkpoint_at_the_last_step_counts_as_the_trained_body(tmp_path)
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(
             json.dumps({"global_step": step, "max_steps": last}))
     (tmp_path / "checkpoint-12").mkdir()  # killed while it was being written: no trainer_state.json
-    assert trained_body(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    got = trained_body(str(tmp_path))
+    assert got == str(tmp_path / "checkpoint-10"), \
+        f"trained_body chose {got}; the last finished checkpoint (step 10 of 10) is checkpoint-10"
     (tmp_path / "checkpoint-10" / "trainer_state.json").write_text(json.dumps({"global_step": 4, "max_steps": 10}))
-    assert trained_body(str(tmp_path)) == str(tmp_path / "checkpoint-5")
+    got = trained_body(str(tmp_path))
+    assert got == str(tmp_path / "checkpoint-5"), \
+        f"trained_body chose {got}; checkpoint-10 stopped at step 4 of 10, so the finished one is checkpoint-5"
     assert trained_body(str(tmp_path / "none")) is None
