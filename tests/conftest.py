@@ -4,8 +4,10 @@ What they are made with, and the helpers tests import (DATA, TINY, tiny_vocab, w
 dev_falling), is in tests/helpers.py and tests/hf_folders.py; tests/losses/conftest.py adds the
 losses' own fixture.
 
-Two hooks for the assignment's test commands (minknn/parts.py, PARTS), whose failures a student
-reads: each failure's first line, in full, after pytest's short summary (which cuts it to the
+Hooks for the assignment's test commands (minknn/parts.py, PARTS), whose failures a student
+reads: each distinct failure once (its traceback for the first test that fails with it, one line
+for the others), and at the end each distinct failure's first line in full, with the count of
+the tests that share it, in place of pytest's short summary (which cuts each message to the
 terminal's width); and the check of the mutation list's text, which an edited solution fails,
 run last, after every test of what the code does (so `pytest -x` stops at the student's mistake).
 """
@@ -47,18 +49,56 @@ def first_line(report):
     return line.removeprefix("AssertionError: ")
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)  # the outermost wrapper: after the short summary
+# Each distinct failure is shown once: a failure whose first line an earlier test's failure
+# already had (a part's stub raising in every test of its command, one mistake failing several
+# tests) gets a one-line report in place of its traceback, and the summary below counts them.
+_FIRST = {}  # a failure's first line -> the name of the first test that failed with it
+
+
+def pytest_configure(config):
+    """pytest's short summary (a line per failed test, each cut to the terminal's width) gives
+    way to pytest_terminal_summary's below, a line per distinct failure, whole."""
+    config.option.reportchars = config.option.reportchars.replace("f", "").replace("E", "")
+    _FIRST.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    line = first_line(report) if report.failed else ""
+    if line and line in _FIRST:
+        report.longrepr = f"the same failure as {_FIRST[line]}, above: {line}"
+    elif line:
+        _FIRST[line] = item.name
+    return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # the outermost wrapper: the last section
 def pytest_terminal_summary(terminalreporter):
-    """After pytest's short summary, which cuts each message to the terminal's width: each
-    failure's first line in full, the test's name on the line above."""
-    result = yield
-    failed = [r for r in terminalreporter.stats.get("failed", []) + terminalreporter.stats.get(
-        "error", []) if first_line(r)]
-    if failed:
+    """Each distinct failure's first line in full, once, with the tests that share it; pytest's
+    own section of tracebacks shows only the first test of each (the others are put back after
+    it, for the count of failed tests)."""
+    stats = terminalreporter.stats
+    again = [r for r in stats.get("failed", []) if first_line(r).startswith("the same failure as ")]
+    stats["failed"] = [r for r in stats.get("failed", []) if r not in again]
+    try:
+        result = yield
+    finally:
+        stats["failed"] = stats.get("failed", []) + again
+    failed = [r for r in stats.get("failed", []) + stats.get("error", []) if first_line(r)]
+    groups = {}
+    for report in failed:
+        line = first_line(report).split(", above: ", 1)[-1] if first_line(report).startswith(
+            "the same failure as ") else first_line(report)
+        groups.setdefault(line, []).append(report.nodeid.split("::")[-1])
+    if groups:
         terminalreporter.section("what failed, in full", sep="-")
-        for report in failed:
-            terminalreporter.write_line(report.nodeid.split("::")[-1] + ":")
-            terminalreporter.write_line("    " + first_line(report))
+        for line, tests in groups.items():
+            shown = ", ".join(tests[:3]) + (f" and {len(tests) - 3} more" if len(tests) > 3
+                                            else "")
+            terminalreporter.write_line(f"{shown}:" if len(tests) == 1 else
+                                        f"{len(tests)} tests ({shown}):")
+            terminalreporter.write_line("    " + line)
     return result
 
 

@@ -16,8 +16,12 @@ tests/test_training_step.py) or a -k selection of one (the BERT parts': tests/te
                                                 inside a solution block of its part)
     python tests/mutate.py --list FILE          another list: a Python file defining MUTATIONS
                                                 (a held-out set of mistakes, kept out of the repo)
+        --sha256 HEX                            ... only if FILE is still the list frozen then
+        --record FILE.tsv                       ... each verdict and first line, to classify
+                                                (docs/assignment.md: the held-out practice)
 """
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -66,6 +70,11 @@ def check_list(mutations, root=ROOT):
             problems.append(f"{where}: a duplicate or a no-op")
         seen.add((part, file, old, new))
     return problems
+
+
+def sha256_of(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def read_list(path):
@@ -138,7 +147,15 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a run is stopped")
     p.add_argument("--list", help="a Python file defining MUTATIONS, in place of "
                    "tests/mutations.py")
+    p.add_argument("--sha256", help="with --list: the list's sha256 as recorded when it was "
+                   "frozen; a list that has changed since is refused")
+    p.add_argument("--record", help="write each mutation's verdict and first line here (a TSV "
+                   "to classify, headed by the list's sha256)")
     args = p.parse_args(argv)
+    digest = sha256_of(args.list) if args.list else None
+    if args.sha256 and digest != args.sha256.lower():
+        sys.exit(f"--list {args.list}: its sha256 is {digest}, not the {args.sha256} recorded "
+                 f"when it was frozen: the list changed since")
     listed = read_list(args.list) if args.list else LISTED
     problems = check_list(listed)
     if problems:
@@ -147,10 +164,11 @@ def main(argv=None):
     if args.part and not mutations:
         sys.exit(f"--part {args.part}: no mutations; parts: {', '.join(BY_NAME)}")
     print(f"{len(listed)} mutations over {len({m[0] for m in listed})} parts: the list is "
-          f"well formed")
+          f"well formed" + (f" (sha256 {digest})" if digest else ""))
     if args.check:
         return
     copies = [tempfile.mkdtemp(prefix="minknn-mutant-") for _ in range(args.jobs)]
+    record = None
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     try:
         for c in copies:
@@ -165,8 +183,16 @@ def main(argv=None):
                 free.append(copy)
 
         caught = diagnosed = 0
+        record = open(args.record, "w", encoding="utf-8") if args.record else None
+        if record:
+            record.write(f"# {args.list or 'tests/mutations.py'} sha256 {digest or '-'}\n"
+                         f"# index\tpart\tverdict\tseconds\tmistake\tfirst line\n")
         with ThreadPoolExecutor(args.jobs) as pool:
             for i, (m, (verdict, seconds, tail)) in enumerate(pool.map(job, mutations), 1):
+                if record:
+                    line = tail[0].strip().removeprefix("E").strip() if tail else ""
+                    record.write("\t".join([str(i), m[0], verdict, f"{seconds:.1f}", m[4],
+                                            line.replace("\t", " ")]) + "\n")
                 caught += verdict == "caught"
                 diagnosed += verdict == "caught" and not generic(verdict, tail)
                 if generic(verdict, tail):
@@ -180,6 +206,8 @@ def main(argv=None):
                 else:
                     print(f"        {tail[0].strip()}")  # whole: it is what a student reads
     finally:
+        if record:
+            record.close()
         for c in copies:
             shutil.rmtree(c, ignore_errors=True)
     print(f"mutation score: {caught}/{len(mutations)} caught "

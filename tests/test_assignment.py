@@ -536,11 +536,34 @@ def test_mutate_reads_another_list_and_checks_it(tmp_path, capsys):
     assert "mutation 1 (made up): the text to replace occurs 0 times" in str(stop.value)
 
 
+def test_mutate_runs_a_frozen_list_only_and_records_each_verdict(tmp_path, capsys):
+    """--sha256: a held-out list runs only if it is still the one frozen (its sha256 recorded
+    before any run); --record: each mistake's verdict and first line, in a TSV to classify."""
+    import hashlib
+    import mutate
+    held = tmp_path / "held.py"
+    held.write_text(f"MUTATIONS = {[m for m in MUTATIONS if m[0] == 'attention'][:1]!r}\n")
+    digest = hashlib.sha256(held.read_bytes()).hexdigest()
+    with pytest.raises(SystemExit) as stop:
+        mutate.main(["--list", str(held), "--sha256", "0" * 64])
+    assert f"its sha256 is {digest}" in str(stop.value) and "changed since" in str(stop.value)
+    record = tmp_path / "record.tsv"
+    with pytest.raises(SystemExit):
+        mutate.main(["--list", str(held), "--sha256", digest, "--record", str(record), "--jobs",
+                     "1"])
+    lines = record.read_text().splitlines()
+    assert lines[0] == f"# {held} sha256 {digest}" and len(lines) == 3, lines
+    index, part, verdict, _, what, first = lines[2].split("\t")
+    assert (index, part, what) == ("1", "attention", MUTATIONS[[m[0] for m in MUTATIONS].index(
+        "attention")][4]) and verdict.startswith(("caught", "SLOW")), lines[2]
+    assert first.startswith("AssertionError: part 2 attention: "), first
+
+
 def test_mutate_tells_a_diagnosis_from_a_value_check():
     """mutate.py counts a caught mistake as generic when its failure is a value check's: grading's
     close(), matches_reference() and differs() all say GENERIC, check() adds nothing, and no part's
-    test file, nor the losses' shared checks and oracles, writes the phrase itself (a property check
-    saying it would count as generic)."""
+    test file, nor the shared checks, oracles, formula.py and elsewhere.py, writes the phrase
+    itself (a property check saying it would count as generic)."""
     import grading
     import mutate
     import torch
@@ -556,7 +579,8 @@ def test_mutate_tells_a_diagnosis_from_a_value_check():
     assert [mutate.generic("caught", messages[n]) for n in ("close", "differs", "check")] == \
         [True, True, False], messages
     assert not mutate.generic("SURVIVED", messages["close"])
-    shared = [os.path.join("tests", "losses", f) for f in ("checks.py", "oracles.py")]
+    shared = [os.path.join("tests", "losses", f) for f in ("checks.py", "oracles.py")] + [
+        os.path.join("tests", f) for f in ("formula.py", "elsewhere.py")]
     for test_file in sorted({p.test.split()[4] for p in PARTS} | set(shared)):
         text = open(os.path.join(ROOT, test_file), encoding="utf-8").read()
         assert grading.GENERIC not in text, (f"{test_file} writes '{grading.GENERIC.strip()}': "
@@ -572,9 +596,9 @@ def test_every_part_names_a_known_file_and_test():
 
 
 def test_a_part_command_prints_each_failures_first_line_whole(tmp_path):
-    """On a terminal 60 columns wide, where pytest's short summary cuts the message, the part's
-    command still prints the failure's first line whole, after the short summary (conftest.py's
-    pytest_terminal_summary), as the traceback's `E   AssertionError: ...` line has it."""
+    """On a terminal 60 columns wide, where pytest's short summary would cut the message, the
+    part's command prints the failure's first line whole (conftest.py's pytest_terminal_summary,
+    in place of pytest's), as the traceback's `E   AssertionError: ...` line has it."""
     import mutate
     copy = tmp_path / "copy"
     mutate.copy_repository(str(copy))
@@ -589,9 +613,23 @@ def test_a_part_command_prints_each_failures_first_line_whole(tmp_path):
                                         re.M)]
     summary = r.stdout.split("what failed, in full")[-1].splitlines()
     assert raised and all(len(line) > 60 for line in raised), raised
-    assert r.stdout.index("short test summary info") < r.stdout.index("what failed, in full")
+    assert "short test summary info" not in r.stdout, "pytest's own summary, each line cut"
     for line in raised:
         assert f"    {line}" in summary, (line, summary)
+
+
+def test_a_part_command_says_each_distinct_failure_once(edition):
+    """Part 1's command in a fresh edition, every test failing on the part's stub: the stub's
+    message comes once in the tracebacks and once in the summary, with the count of tests."""
+    r = subprocess.run(command_argv(BY_NAME["embeddings"].test) + ["-p", "no:cacheprovider"],
+                       cwd=edition, env=edition_env(edition + "-path"), capture_output=True,
+                       text=True, timeout=300)
+    failed = int(re.search(r"(\d+) failed", r.stdout)[1])
+    stub = f"NotImplementedError: {label('embeddings')}"
+    assert failed > 5 and r.stdout.count(stub) == 2, (failed, r.stdout.count(stub),
+                                                       r.stdout[-1500:])
+    assert f"{failed} tests (" in r.stdout.split("what failed, in full")[-1], r.stdout[-800:]
+    assert len(r.stdout.splitlines()) < 80, f"{len(r.stdout.splitlines())} lines"
 
 
 def test_the_mutation_list_check_runs_after_the_behavioural_tests(tmp_path):

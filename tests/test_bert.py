@@ -11,6 +11,7 @@ reference outputs (tests/fixtures/references/, tests/grading.py). The whole mode
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -20,7 +21,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import check, close, diagnose, graded, matches_reference
+from elsewhere import check_on_second_device
+from formula import readings_that_fit, same_as_formula
+from grading import check, close, diagnose, graded, matches_reference, named
 from minknn import MinknnError, backbones
 from minknn import bert
 from minknn.parts import label
@@ -235,6 +238,66 @@ def test_embeddings_match_the_formula():
           "eval mode)")
 
 
+def embeddings_formula(emb, ids, types, mask, positions="row", left_out=None, norm="sum",
+                       dropout="last", cut=None):
+    """E = Dropout(LayerNorm(word[x] + position[i] + token_type[t])) of the real tokens, in row
+    order, vectorised; the other readings a failure is checked against: positions "packed"
+    (counted over the packed tokens) or "from 1"; a table `left_out`; norm "word" (LayerNorm on
+    the word embeddings alone) or "none"; dropout "first" (before LayerNorm), "none" or "twice";
+    a table `cut` (detached: it gets no gradient)."""
+    keep = mask.bool()
+    index = {"row": torch.arange(ids.size(1)).expand_as(ids)[keep],
+             "from 1": torch.arange(1, ids.size(1) + 1).expand_as(ids)[keep],
+             "packed": torch.arange(int(keep.sum()))}[positions]
+    tables = {"word": (emb.word_embeddings.weight, ids[keep]),
+              "position": (emb.position_embeddings.weight, index),
+              "token type": (emb.token_type_embeddings.weight, types[keep])}
+    rows = {name: (w.detach() if cut == name else w)[i] for name, (w, i) in tables.items()
+            if name != left_out}
+    p = emb.dropout.p if emb.training else 0.0
+    if norm == "word":
+        rows["word"] = layer_norm(rows["word"], emb.LayerNorm)
+    e = sum(rows.values())
+    if dropout in ("first", "twice"):
+        e = F.dropout(e, p)
+    e = layer_norm(e, emb.LayerNorm) if norm == "sum" else e
+    return e if dropout == "first" or dropout == "none" else F.dropout(e, p)
+
+
+EMBEDDINGS_READINGS = {
+    "positions counted over the packed tokens (0 to N - 1), not within each row": {
+        "positions": "packed"},
+    "positions from 1, not 0": {"positions": "from 1"},
+    **{f"the {t} embeddings left out of the sum": {"left_out": t}
+       for t in ("word", "position", "token type")},
+    "LayerNorm on the word embeddings alone, before the sum": {"norm": "word"},
+    "no LayerNorm": {"norm": "none"},
+    "dropout before LayerNorm, not after it": {"dropout": "first"},
+    "no dropout": {"dropout": "none"},
+    "dropout twice, before and after LayerNorm": {"dropout": "twice"},
+    **{f"no gradient reaching the {t} table (its rows detached)": {"cut": t}
+       for t in ("word", "position", "token type")},
+}
+
+
+@pytest.mark.parametrize("mode", ["eval", "training"])
+def test_embeddings_forward_and_backward_match_the_formula(mode):
+    """BertEmbeddings.forward against its formula, in float64, forward and backward: the
+    gradient of each table and of LayerNorm's weight and bias (tests/formula.py). Rows with
+    padding inside and at the end, and a row of one token."""
+    emb = fixed(BertEmbeddings(dataclasses.replace(SMALL, hidden_dropout_prob=0.3))).double()
+    emb.train(mode == "training")
+    ids = torch.tensor([[2, 7, 11, 5, 7], [2, 9, 0, 4, 0], [2, 0, 0, 0, 0]])
+    mask, types = (ids != 0).long(), torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 1, 0], [0] * 5])
+    same_as_formula("embeddings", f"BertEmbeddings.forward in {mode} mode",
+                    lambda: emb(ids, types, Packing(mask)),
+                    lambda: embeddings_formula(emb, ids, types, mask), {},
+                    params=dict(emb.named_parameters()), rng_seed=0, axes=("token", "feature"),
+                    mistakes={what: (lambda kw: lambda: embeddings_formula(
+                        emb, ids, types, mask, **kw))(kw)
+                        for what, kw in EMBEDDINGS_READINGS.items()})
+
+
 def check_dropout_at_half(part, dropped, plain, none_dropped, kept, mistakes=()):
     """dropped: `plain` through dropout with p = 0.5: about half the values 0, the others
     plain / (1 - p). none_dropped: what was expected when nothing was dropped; mistakes: {what a
@@ -387,6 +450,15 @@ def test_embeddings_sanity_check():
     matches_reference("embeddings", "padded", embed(emb))
 
 
+@pytest.mark.parametrize("rows", [3, 1])  # with padding (pack indexes), one row without
+def test_embeddings_run_on_the_inputs_device(rows):
+    """On a second device (tests/elsewhere.py): a tensor made without device= fails as on a GPU."""
+    check_on_second_device("embeddings", f"BertEmbeddings.forward on {rows} row(s) of 6",
+                           lambda emb, ids, types, mask: emb(ids, types, Packing(mask)),
+                           {"ids": IDS[:rows], "types": TYPES[:rows], "mask": MASK[:rows]},
+                           fixed(BertEmbeddings(SMALL)).train())
+
+
 # --- part 2 attention: softmax(Q K^T / sqrt(hs) + mask) V, dropout on the weights ---
 
 def attention_inputs(B=2, nh=2, T=5, hs=4):
@@ -429,6 +501,16 @@ def scale_read_back(w, s):
     if not (torch.isfinite(dl).all() and ds.abs().max() > 0):
         return
     c = float(dl @ ds / (ds @ ds))
+    hs, T, H = 4, 5, 8  # the inputs' head size, keys and heads times head size
+    said = named(c, {"1 (not scaled)": 1.0, "1 / hs": 1 / hs, "1 / sqrt(T), T the number of "
+                     "keys": 1 / math.sqrt(T), "1 / sqrt(nh hs), the whole hidden size":
+                     1 / math.sqrt(H), "sqrt(hs) (multiplied, not divided)": math.sqrt(hs),
+                     "1 / T": 1 / T}, tol=1e-3)
+    if (dl - c * ds).abs().max() < 1e-4 and abs(c - 0.5) > 1e-4 and said:
+        check("attention", False, f"the scores are scaled by {c:.4g} = {said} (read back from the "
+              f"weights of example 0, which has no padding: softmax({c:.4g} Q K^T)); the "
+              f"formula's factor is 1 / sqrt(hs) = 1 / sqrt(4) = 0.5, hs = q.size(-1) the head "
+              f"size (here T = 5 keys, hs = 4)")
     if (dl - c * ds).abs().max() < 1e-4 and abs(c - 0.5) > 1e-4:
         check("attention", False, f"the scores are scaled by {c:.4g} (read back from the "
               f"weights of example 0, which has no padding: they are softmax({c:.4g} Q K^T)); "
@@ -487,6 +569,19 @@ def test_attention_matches_the_formula():
           "the output for a padded batch", atol=1e-5, rtol=1e-4)
     close("attention", attention(q, k, v, None).double(), attention_oracle(q, k, v, None),
           "the output with mask None (nothing padded)", atol=1e-5, rtol=1e-4)
+
+
+def attention_formula(q, k, v, mask, dropout_p=0.0, cut_mask_scale=False):
+    """softmax(Q K^T / sqrt(hs) + mask) V, dropout on the weights, in float64 (or, with
+    cut_mask_scale, the mistake of scaling the mask with the scores: (Q K^T + mask) / sqrt(hs))."""
+    scores = q @ k.transpose(-2, -1)
+    scores = (scores + mask) / math.sqrt(q.size(-1)) if cut_mask_scale else \
+        scores / math.sqrt(q.size(-1)) + mask
+    return F.dropout(torch.softmax(scores, -1), dropout_p) @ v
+
+
+def rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def test_attention_matches_pytorchs_kernel():
@@ -576,10 +671,50 @@ def test_attention_backward_in_training():
               f"the output must stay connected to q, k and v in autograd's graph")
 
 
+ATTENTION_CASES = {  # (B, nh, T, hs): keys padded (0) per row; an MPNet bias; dropout_p
+    "3 rows, a padding key inside row 1 and at the end of row 2": ((3, 2, 5, 3), [[1] * 5,
+                                                                   [1, 0, 1, 1, 1],
+                                                                   [1, 1, 1, 0, 0]], False, 0.0),
+    "1 row, no padding": ((1, 2, 4, 3), [[1] * 4], False, 0.0),
+    "MPNet's relative-position bias (B, nh, T, T) added to the padding's mask": (
+        (3, 2, 5, 3), [[1] * 5, [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], True, 0.0),
+    "training, dropout_p 0.3": ((3, 2, 5, 3), [[1] * 5, [1, 1, 1, 0, 0], [1] * 5], True, 0.3),
+}
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_attention_forward_and_backward_match_the_formula(case):
+    """attention() against its formula, in float64, forward and backward (the gradients of q, k,
+    v and of the additive mask, through which MPNet's bias learns): tests/formula.py."""
+    (B, nh, T, hs), keep, bias, p = ATTENTION_CASES[case]
+    q, k, v = (rand(B, nh, T, hs, seed=s) for s in (1, 2, 3))
+    mask = torch.zeros(B, 1, 1, T, dtype=torch.float64).masked_fill(
+        torch.tensor(keep)[:, None, None, :] == 0, torch.finfo(torch.float64).min)
+    if bias:
+        mask = mask + rand(1, nh, T, T, seed=4)
+    same_as_formula("attention", f"attention() on {case}", lambda **x: attention(**x, dropout_p=p),
+                    lambda **x: attention_formula(**x, dropout_p=p),
+                    {"q": q, "k": k, "v": v, "mask": mask}, rng_seed=0,
+                    axes=("example", "head", "query", "feature"),
+                    grad_axes={n: ("example", "head", "position", "feature") for n in "qkv"},
+                    mistakes={"the mask divided by sqrt(hs) too: the scale applied after adding "
+                              "the mask, (Q K^T + mask) / sqrt(hs)":
+                              lambda **x: attention_formula(**x, dropout_p=p,
+                                                            cut_mask_scale=True)})
+
+
 def test_attention_sanity_check():
     q, k, v, mask = attention_inputs()
     matches_reference("attention", "padded", attention(q, k, v, mask))
     matches_reference("attention", "unpadded", attention(q, k, v, None))
+
+
+def test_attention_runs_on_the_inputs_device():
+    """On a second device (tests/elsewhere.py), padded and in training (dropout 0.3)."""
+    q, k, v, mask = attention_inputs()
+    check_on_second_device("attention", "attention(q, k, v, mask, dropout_p=0.3)",
+                           lambda _, **x: attention(**x, dropout_p=0.3),
+                           {"q": q, "k": k, "v": v, "mask": mask})
 
 
 # --- part 3 layer: a = LayerNorm(h + Dropout(Attention(h) W_o)),
@@ -716,6 +851,17 @@ def test_layer_add_and_norm_drops_the_projection_in_training():
               "BertOutput(x, residual) = LayerNorm(residual + Dropout(x W^T + b)) in training mode")
 
 
+GELU_READINGS = {  # the other activations a feed-forward block is written with
+    "GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))":
+        lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+    "ReLU, max(0, x)": F.relu, "no activation at all, x": lambda x: x,
+    "the sigmoid approximation of GELU, x sigmoid(1.702 x)": lambda x: x * torch.sigmoid(1.702 * x),
+    "x Phi(x) with Phi the density, not the cumulative distribution": lambda x: x * torch.exp(
+        -x ** 2 / 2) / math.sqrt(2 * math.pi),
+    "0.5 x (1 + erf(x)), the argument of erf not divided by sqrt(2)": lambda x: 0.5 * x * (
+        1 + torch.erf(x))}
+
+
 def test_layer_gelu_at_known_points():
     """BertIntermediate with self.dense the identity on its first 8 outputs (and 0 on the rest):
     the output is GELU at known points, GELU(x) = x Phi(x), e.g. GELU(1) = 0.841345."""
@@ -731,6 +877,11 @@ def test_layer_gelu_at_known_points():
     want = gelu(points.double())
     have = got[0, :8].double()
     bad = (have - want).abs() > 1e-5
+    x = points.double()
+    fits = [what for what, f in GELU_READINGS.items() if torch.allclose(have, f(x), atol=1e-5)]
+    check("layer", not bad.any() or not fits, f"BertIntermediate with self.dense the identity, "
+          f"at the 8 points {points.tolist()}: it gives {[round(v, 6) for v in have.tolist()]}, "
+          f"{' or '.join(fits)}; BERT's is GELU(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))")
     if bad.any():
         i = int(bad.nonzero()[0])
         check("layer", False, f"BertIntermediate with self.dense the identity: GELU({points[i]:g})"
@@ -758,9 +909,70 @@ def test_layer_feed_forward_is_the_exact_gelu():
               "(1 + erf(x / sqrt(2))),", atol=1e-6, rtol=1e-5)
 
 
+LAYER_CUTS = ("h on its way into the attention", "the attention's output",
+              "the attention block's projection Attention(h) W_o", "the attention block's "
+              "residual h", "a on its way into the feed-forward block", "the feed-forward's "
+              "hidden GELU(a W_1)", "the feed-forward's output GELU(a W_1) W_2",
+              "the feed-forward block's residual a", "a, the attention block's output")
+
+
+def layer_formula(layer, h, packing, wiring=("attention", "h", "a", "a"), cut=None):
+    """The layer's output written out from its formula, with the given modules (the attention
+    itself, self.self, is given): a = LayerNorm(h + Dropout(Attention(h) W_o)), then
+    LayerNorm(a + Dropout(GELU(a W_1) W_2)). Other readings, the mistakes a failure is checked
+    against: `wiring` names what each block projects and adds (the attention block's projected
+    input and residual, the feed-forward block's input and residual: "attention", "h", "a" or
+    "none"), and `cut` one of LAYER_CUTS where the gradient stops (detached)."""
+    p = layer.output.dropout.p
+
+    def drop(x):
+        return F.dropout(x, p, training=layer.training)
+
+    def edge(i, x):
+        return x.detach() if cut == LAYER_CUTS[i] else x
+    o, ff = layer.attention.output, layer.output
+    attn = edge(1, layer.attention.self(edge(0, h), packing))
+    at_hand = {"attention": attn, "h": h, "none": 0.0}
+    x, r = at_hand[wiring[0]], at_hand[wiring[1]]
+    a = edge(8, layer_norm(edge(3, r) + drop(edge(2, linear(x, o.dense))), o.LayerNorm))
+    at_hand["a"] = a
+    x, r = at_hand[wiring[2]], at_hand[wiring[3]]
+    hidden = edge(5, gelu(linear(edge(4, x), layer.intermediate.dense)))
+    return layer_norm(edge(7, r) + drop(edge(6, linear(hidden, ff.dense))), ff.LayerNorm)
+
+
+def layer_readings(layer, packing):
+    """{what the layer then computes: its formula} for every other wiring and every cut."""
+    names = {"attention": "the attention's output", "h": "the layer's input h", "a": "a, the "
+             "attention block's output", "none": "nothing"}
+    roles = ("the attention block projecting {} (the formula: {})", "the attention block "
+             "adding {} as its residual (the formula: {})", "the feed-forward block reading {} "
+             "(the formula: {})", "the feed-forward block adding {} as its residual (the "
+             "formula: {})")
+    right = ("attention", "h", "a", "a")
+    readings = {}
+    for wiring in itertools.product(("attention", "h"), ("h", "attention", "none"),
+                                    ("a", "h", "attention"), ("a", "h", "attention", "none")):
+        if wiring != right:
+            what = "; ".join(role.format(names[w], names[r])
+                             for role, w, r in zip(roles, wiring, right) if w != r)
+            readings[what] = (lambda w: lambda h: layer_formula(layer, h, packing, w))(wiring)
+    for cut in LAYER_CUTS:
+        readings[f"no gradient through {cut} (detached there)"] = (
+            lambda c: lambda h: layer_formula(layer, h, packing, cut=c))(cut)
+    return readings
+
+
 def test_layer_blocks_match_the_formula():
     layer = small_layer()
     h, packing = layer_inputs()
+    double = small_layer().double()
+    fits = readings_that_fit("layer", "the layer", lambda h: double(h, packing),
+                             lambda h: layer_formula(double, h, packing),
+                             layer_readings(double, packing), {"h": h.double()},
+                             dict(double.named_parameters()))
+    check("layer", not fits, f"the layer (BertLayer) in eval mode: its output and every gradient "
+          f"(of h and of each parameter) are those of the formula with {' or with '.join(fits)}")
     with torch.no_grad():
         a, expected = layer_oracle(layer, h, packing)
         got_a, got = layer.attention(h, packing), layer(h, packing)
@@ -809,6 +1021,23 @@ def test_layer_blocks_match_the_formula():
               "eval mode")
 
 
+@pytest.mark.parametrize("mode", ["eval", "training"])
+def test_layer_forward_and_backward_match_the_formula(mode):
+    """The whole layer against its formula, in float64, forward and backward: the gradient of h
+    and of every parameter (tests/formula.py). Rows with padding inside and at the end."""
+    config = dataclasses.replace(SMALL, hidden_dropout_prob=0.3 if mode == "training" else 0.1,
+                                 attention_probs_dropout_prob=0.0)
+    layer = small_layer(config).double().train(mode == "training")
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 1, 0]])
+    packing = Packing(mask)
+    h = wave(int(mask.sum()), SMALL.hidden_size, phase=0.3).double()
+    same_as_formula("layer", f"the layer (BertLayer) in {mode} mode",
+                    lambda h: layer(h, packing), lambda h: layer_formula(layer, h, packing),
+                    {"h": h}, params=dict(layer.named_parameters()), rng_seed=0,
+                    axes=("token", "feature"), grad_axes={"h": ("token", "feature")},
+                    mistakes=layer_readings(layer, packing))
+
+
 def test_layer_drops_out_in_both_blocks_in_training():
     layer = small_layer(dataclasses.replace(SMALL, hidden_dropout_prob=0.5,
                                             attention_probs_dropout_prob=0.0)).train()
@@ -825,6 +1054,14 @@ def test_layer_sanity_check():
     h, packing = layer_inputs()
     with torch.no_grad():
         matches_reference("layer", "padded", small_layer()(h, packing))
+
+
+def test_layer_runs_on_the_inputs_device():
+    """On a second device (tests/elsewhere.py), in training (its dropouts drawn alike)."""
+    h, _ = layer_inputs()
+    check_on_second_device("layer", "the layer (BertLayer) in training mode",
+                           lambda layer, h, mask: layer(h, Packing(mask)), {"h": h, "mask": MASK},
+                           small_layer(dataclasses.replace(SMALL, hidden_dropout_prob=0.3)).train())
 
 
 # --- the whole model ---

@@ -1,13 +1,16 @@
 """The kNN vote, part knn (minknn/parts.py): each voting rule and the mix by hand. Its sanity
 check is test_sanity_check_the_votes_and_the_mix; the tests after it diagnose each vote and the
-mix. The search the vote reads (faiss, the datastore's files, the indexes): tests/test_datastore.py."""
+mix. The search the vote reads (faiss, the datastore's files, the indexes): tests/test_datastore.py.
+No second-device test (tests/elsewhere.py) here: the part runs on the CPU by design, on faiss's
+scores and the datastore's labels, and mixes the predictions evaluate.py has brought back to it."""
 import numpy as np
 import torch
 
 from minknn.datastore import Datastore
 from minknn.knn import TEMPERATURES, VOTES, interpolate, settings
 
-from grading import as_mix, check, close, graded, matches_reference
+from formula import unchanged
+from grading import as_formula, as_mix, check, close, graded, matches_reference
 
 
 PART = "knn"
@@ -24,11 +27,57 @@ def datastore_of(labels, num_classes):
     return Datastore(torch.zeros(len(labels), 2), labels, ids, num_classes)
 
 
+def _softmax(x, dim=1):
+    return torch.softmax(x.double(), dim)
+
+
+# The other ways each vote's weights can be read (s: the scores (Q, K), T: the temperature): a
+# failure names those whose weights the vote's are, on the test's scores.
+VOTE_READINGS = {
+    "cosine": {
+        "the raw similarities": lambda s, T: s.double(),
+        "the similarities divided by their sum": lambda s, T: s.double() / s.double().sum(1,
+                                                                                          True),
+        "a softmax of the similarities": lambda s, T: _softmax(s),
+        "1/Q each, Q the number of queries, not 1/K": lambda s, T: torch.full(
+            s.shape, 1 / s.shape[0], dtype=torch.float64),
+        "1 each: counts, not shares of the vote": lambda s, T: torch.ones(s.shape,
+                                                                          dtype=torch.float64)},
+    "distance": {
+        "softmax(+d / T), the minus left out: the farthest weighs most":
+            lambda s, T: _softmax(s / T),
+        "a softmax over the queries (dim 0), not over each query's neighbours":
+            lambda s, T: _softmax(-s / T, 0),
+        "softmax(-d T), the temperature multiplied": lambda s, T: _softmax(-s * T),
+        "softmax(-d), no temperature": lambda s, T: _softmax(-s),
+        "softmax(-sqrt(d) / T), the root taken": lambda s, T: _softmax(-s.clamp(min=0).sqrt()
+                                                                       / T)},
+    "euclidean": {
+        "softmax(-d / tau) on the squared distances, the root not taken":
+            lambda s, T: _softmax(-s / T),
+        "softmax(+sqrt(d) / tau), the minus left out":
+            lambda s, T: _softmax(s.clamp(min=0).sqrt() / T),
+        "softmax(-sqrt(d / tau)), tau inside the root": lambda s, T: _softmax(
+            -(s.clamp(min=0) / T).sqrt()),
+        "softmax(-sqrt(d) tau), the temperature multiplied": lambda s, T: _softmax(
+            -s.clamp(min=0).sqrt() * T),
+        "a softmax over the queries (dim 0)": lambda s, T: _softmax(-s.clamp(min=0).sqrt() / T,
+                                                                    0)},
+}
+
+
 def check_weights(vote, scores, temperature, expected, rule):
     weights = graded(PART, f"vote_{vote}", VOTES[vote], scores, temperature)
     check(PART, tuple(weights.shape) == tuple(scores.shape),
           f"vote_{vote} gives weights of shape {tuple(weights.shape)} for scores of shape "
           f"{tuple(scores.shape)}: one weight per query and neighbour")
+    if not torch.allclose(weights.double(), expected.double(), atol=1e-6):
+        fits = [what for what, f in VOTE_READINGS[vote].items()
+                if torch.allclose(weights.double(), f(scores, temperature), atol=1e-6)
+                and not torch.allclose(f(scores, temperature), expected.double(), atol=1e-6)]
+        check(PART, not fits, f"the {vote} vote: {rule}; got weights {fmt(weights[0])} for query "
+              f"0 (scores {fmt(scores[0])}), expected {fmt(expected[0])}: the weights of every "
+              f"query are {' or '.join(fits)}")
     for q in range(len(scores)):
         check(PART, torch.allclose(weights[q].double(), expected[q].double(), atol=1e-6),
               f"the {vote} vote: {rule}; got weights {fmt(weights[q])} for query {q} "
@@ -45,6 +94,24 @@ def check_vote(datastore, vote, scores, rows, temperature, expected, rule):
               f"the {vote} vote KNN(q) = sum_j alpha_j y_j: {rule}; got {fmt(got[q])} for "
               f"query {q} (its neighbours: datastore rows {rows[q].tolist()}), expected "
               f"{fmt(expected[q])}")
+
+
+def test_knn_leaves_its_inputs_as_they_were():
+    """Each function of the part computes a new tensor: the scores, the datastore's rows and
+    labels, and the probabilities it mixes stay as the caller gave them (tests/formula.py)."""
+    scores = torch.tensor([[0.9, 0.5, 0.1], [2.0, 1.0, 0.5]], dtype=torch.float64)
+    for vote in VOTES:
+        unchanged(PART, f"vote_{vote}", lambda scores: VOTES[vote](scores, 1.0), {"scores": scores})
+    probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]]), 1).double()
+    knn = torch.tensor([[0.0, 0.0, 1.0], [0.25, 0.75, 0.0]], dtype=torch.float64)
+    unchanged(PART, "interpolate(P, KNN, 0.25)", lambda P, KNN: interpolate(P, KNN, 0.25),
+              {"P": probabilities, "KNN": knn})
+    store = datastore_of(torch.tensor([0, 2, 1, 1]), 3)
+    values = store.values.clone()
+    unchanged(PART, "Datastore.vote", lambda s, r: store.vote(s, r, "distance", 10.0),
+              {"s": scores, "r": torch.tensor([[0, 1, 2], [3, 2, 1]])})
+    check(PART, torch.equal(store.values, values), "Datastore.vote changed the datastore's "
+          "label rows (its values) in place: a vote reads them, and every later vote with them")
 
 
 def test_cosine_vote_is_one_vote_each():
@@ -117,15 +184,18 @@ def test_the_mix_weighs_the_model_by_1_minus_phi_and_knn_by_phi():
     a mix that is no such sum mixes something else than the two distributions."""
     probabilities = torch.softmax(torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 5.0]]), 1).double()
     knn = torch.tensor([[0.0, 0.0, 1.0], [0.25, 0.75, 0.0]], dtype=torch.float64)
-    for phi in (0.0, 0.25, 1.0):
+    for phi in (0.3, 0.0, 1.0):  # 0.3 first: there phi, 1 - phi, 0 and 1 all differ
         mixed = graded(PART, "interpolate", interpolate, probabilities, knn, phi)
         a, b, off = as_mix(mixed, probabilities, knn)
         check(PART, off < 1e-6, f"with phi = {phi}, the mix is not a weighted sum of the model's "
               f"probabilities P and the kNN vote KNN (off by {off:.3g}): mix the two "
               f"distributions as they are")
+        said = as_formula((a, b), {"phi": phi, "1 - phi": 1 - phi, "1": 1.0, "0": 0.0},
+                          ("P", "KNN")) if phi == 0.3 else None
         check(PART, abs(a - (1 - phi)) < 1e-6 and abs(b - phi) < 1e-6, f"with phi = {phi}, the "
               f"mix must be {1 - phi:.3g} P + {phi:.3g} KNN (1 - phi on the model, phi on the kNN "
-              f"vote); it is {a:.3g} P + {b:.3g} KNN")
+              f"vote); it is {a:.3g} P + {b:.3g} KNN"
+              + (f": the code computes {said}, the formula (1 - phi) P + phi KNN" if said else ""))
 
 
 def test_multilabel_vote_by_hand():

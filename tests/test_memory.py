@@ -22,7 +22,8 @@ from minknn.memory import KeyEncoder, MemoryBank, MoCo, Queue
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 
-from grading import as_mix, check, close, graded, matches_reference
+from elsewhere import check_on_second_device
+from grading import as_formula, as_mix, check, close, graded, matches_reference
 
 PART = "memory"
 SST = get_task("sst")
@@ -74,16 +75,28 @@ def test_momentum_update_by_hand():
             theta_q = flat(model)
             graded(PART, "KeyEncoder.update", key_encoder.update, model)
             got = flat(key_encoder.encoder)
+            moved = (flat(model) - theta_q).abs().max().item()
+            if moved:
+                a, b, off = as_mix(flat(model), theta_q, theta_k)
+                check(PART, False, f"KeyEncoder.update with m = {m} changed the model's "
+                      f"parameters theta_q (by up to {moved:.3g}), which it must only read"
+                      + (f": they became {a:.3g} theta_q + {b:.3g} theta_k" if off < 1e-5
+                         else "") + ("; the key encoder's stayed as they were"
+                                     if torch.equal(got, theta_k) else ""))
             check(PART, not torch.equal(got, theta_k), f"KeyEncoder.update with m = {m} left the "
                   f"key encoder's parameters unchanged (expected m theta_k + (1 - m) theta_q, up "
                   f"to {(1 - m) * (theta_q - theta_k).abs().max().item():.3g} away); the update "
                   f"is written into the parameters themselves, in place (k.mul_(...).add_(...))")
             a, b, off = as_mix(got, theta_k, theta_q)
+            said = as_formula((a, b), {"m": m, "1 - m": 1 - m, "1": 1.0, "0": 0.0},
+                              ("theta_k", "theta_q")) if off <= 1e-5 else None
             check(PART, off < 1e-5 and abs(a - m) < 1e-5 and abs(b - (1 - m)) < 1e-5, f"after "
                   f"KeyEncoder.update with m = {m} the key encoder must be {m:g} theta_k + "
                   f"{1 - m:.2g} theta_q (m on its own parameters, 1 - m on the model's); it is "
                   f"{a:.3g} theta_k + {b:.3g} theta_q" + (f", off by {off:.3g}" if off > 1e-5
-                                                         else ""))
+                                                         else "")
+                  + (f": the update computes {said}, the formula m theta_k + (1 - m) theta_q"
+                     if said else ""))
             theta_k = m * theta_k + (1 - m) * theta_q
             close(PART, got, theta_k, f"the key encoder's parameters after {step} momentum "
                   f"step(s) with m = {m} (theta_k <- m theta_k + (1 - m) theta_q)")
@@ -215,9 +228,15 @@ def test_memory_bank_update_is_wu_et_al_momentum():
               f"queries [2, 0] and [0, -3] got shares {shares[0]:.3g} and {shares[1]:.3g} of "
               f"their entries, expected {1 - m:.3g} each; a query's norm does not count, the mix "
               f"takes the unit query f_i = q_i / ||q_i||")
+        said = as_formula((1 - shares[0], shares[0]), {"m": m, "1 - m": 1 - m, "1": 1.0,
+                                                       "0": 0.0}, ("v_i", "f_i"))
+        unchanged = bool(torch.equal(bank.keys, before))
         check(PART, abs(shares[0] - (1 - m)) < 1e-5, f"MemoryBank.update with m = {m}: each "
               f"entry moved along {1 - shares[0]:.3g} v_i + {shares[0]:.3g} f_i; m = {m} is the "
-              f"old entry's share: m v_i + (1 - m) f_i")
+              f"old entry's share: m v_i + (1 - m) f_i"
+              + (": the bank is unchanged, the update written nowhere (bank.keys[rows] = ... "
+                 "writes into the bank; bank.keys[rows][...] = ... into a copy)" if unchanged
+                 else f": the update computes {said}" if said else ""))
         expected = before.clone()
         expected[1] = F.normalize(m * before[1] + (1 - m) * torch.tensor([1.0, 0.0]), dim=0)
         expected[3] = F.normalize(m * before[3] + (1 - m) * torch.tensor([0.0, -1.0]), dim=0)
@@ -293,6 +312,29 @@ def test_sanity_check_the_memory():
     x = torch.randn(3, 6, generator=g)
     keys = graded(PART, "MoCo.batch_keys", moco.batch_keys, model, {"x": x}, torch.arange(3))
     matches_reference(PART, "batch keys with m 0.6", keys)
+
+
+def test_memory_runs_on_the_inputs_device():
+    """Every piece of the memory with the model, the memory and the batch on a second device
+    (tests/elsewhere.py): a tensor made without device= fails as on a GPU. Two steps of a queue
+    of 5 (the second wraps round its end) and of a bank of 6, through MoCo as train.py calls it."""
+    def steps(model, x, labels, rows):
+        out = []
+        for kind, size in (("queue", 5), ("bank", 6)):
+            moco = MoCo(model, SimpleNamespace(name="sst"), kind, size, momentum=0.6)
+            moco.memory.fill(F.normalize(x[:size, :4]), labels[:size], torch.arange(size))
+            for step in (0, 1):
+                b = slice(3 * step, 3 * step + 3)
+                keys = moco.batch_keys(model, {"x": x[b]}, rows[b])
+                moco.after_step(keys, labels[b], rows[b], model("sst", x[b]).z)
+            out += [moco.memory.keys.flatten(), moco.memory.labels, moco.memory.ids]
+            if kind == "queue":
+                out += [moco.memory.ptr[None], flat(moco.key_encoder.encoder)]
+        return torch.cat([t.to(x.dtype) for t in out])
+    g = torch.Generator().manual_seed(3)
+    check_on_second_device(PART, "MoCo's queue and memory bank, two steps each", steps,
+                           {"x": torch.randn(6, 6, generator=g), "labels": torch.arange(6) % 2,
+                            "rows": torch.tensor([4, 0, 2, 1, 5, 3])}, StandIn(), backward=False)
 
 
 @pytest.fixture

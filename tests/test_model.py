@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from elsewhere import check_on_second_device
+from formula import fixed_cotangent, readings_that_fit, run, same_as_formula
 from grading import check, close, graded, matches_reference
 from minknn.model import POOLINGS, Model, pool
 from minknn.tasks import TASKS
@@ -69,9 +71,17 @@ def test_pooling_shapes():
 
 def test_pooling_passes_the_gradient_to_h():
     """Backward of a weighted sum of z: h gets a gradient in each example's real tokens (the
-    encoder trains through z)."""
+    encoder trains through z). A failure first names the readings of the formula (
+    POOLING_READINGS) whose output and gradient pool's are."""
     h, mask = hidden_states()
     for how in POOLINGS:
+        fits = readings_that_fit("pooling", how, lambda h: pool(h, mask, how),
+                                 lambda h: pooling_formula(h, mask, how),
+                                 {f"{how} pooling as {what}": (lambda r: lambda h: pooling_formula(
+                                     h, mask, how, r))(r)
+                                  for what, r in POOLING_READINGS[how].items()}, {"h": h.double()})
+        check("pooling", not fits, f"{how} pooling: its output and its gradient in h are those "
+              f"of {' or of '.join(fits)}")
         x = h.clone().requires_grad_()
         z = pooled(x, mask, how)
         check("pooling", z.requires_grad, f"{how} pooling: z is not connected to h in autograd's "
@@ -79,12 +89,20 @@ def test_pooling_passes_the_gradient_to_h():
         graded("pooling", f"backward of a weighted sum of {how} pooling's z",
                (z * wave(*z.shape, phase=0.3)).sum().backward)
         g = x.grad
+        check("pooling", g is not None, f"{how} pooling: backward of a weighted sum of z gave h "
+              f"no gradient (h.grad is None): z is not connected to h in autograd's graph")
         for b in range(3):
-            got = 0.0 if g is None else g[b][mask[b].bool()].abs().sum().item()
-            check("pooling", got > 0, f"{how} pooling: backward of a weighted sum of z gave "
-                  f"example {b}'s real tokens of h no gradient (h.grad "
-                  f"{'is None' if g is None else 'is 0 there'}): z must stay connected to h in "
-                  f"autograd's graph, so that the encoder trains through it")
+            real = mask[b].bool()
+            if g[b][real].abs().sum() > 0:
+                continue
+            padding = [t for t in range(h.size(1)) if not real[t] and g[b, t].abs().sum() > 0]
+            check("pooling", not padding, f"{how} pooling: backward of a weighted sum of z gave "
+                  f"example {b}'s real tokens (positions {real.nonzero().flatten().tolist()}) no "
+                  f"gradient, and its padding at position(s) {padding} one: z[{b}] is computed "
+                  f"from h at padding positions, which no pooling reads")
+            check("pooling", False, f"{how} pooling: backward of a weighted sum of z gave example "
+                  f"{b}'s h no gradient at any position: z[{b}] (= {z[b].detach().tolist()}) "
+                  f"does not change with h[{b}] in autograd's graph")
 
 
 def test_pooling_reads_the_real_tokens_only():
@@ -144,6 +162,69 @@ def test_pooling_reads_the_real_tokens_only():
                   f"({int(mask[b].sum())} real tokens of 4)")
 
 
+def pooling_formula(h, mask, how, reading=None):
+    """z of each example from its formula, vectorised, in h's dtype: [CLS] h[:, 0], the mean
+    over the real tokens, or their max; or another reading, the mistakes a failure is checked
+    against (POOLING_READINGS)."""
+    m = mask[..., None].to(h.dtype)
+    if how == "cls":
+        if reading == "last position":
+            return h[:, -1]
+        if reading == "last real token":
+            return h[torch.arange(len(h)), mask.sum(1) - 1]
+        return h[:, 0]
+    if how == "mean":
+        total = (h * m).sum(1)
+        return {"over all T": h.mean(1), "divided by T": total / h.size(1),
+                "divided by the batch's count": total / m.sum(), "the sum": total,
+                "detached": (h.detach() * m).sum(1) / m.sum(1).clamp(min=1)}.get(
+            reading, total / m.sum(1).clamp(min=1))
+    filled = {"padding included": h, "padding 0": h.masked_fill(m == 0, 0),
+              "real tokens masked": h.masked_fill(m == 1, torch.finfo(h.dtype).min)}.get(
+        reading, h.masked_fill(m == 0, torch.finfo(h.dtype).min))
+    return filled.max(1).values
+
+
+POOLING_READINGS = {
+    "cls": {"the last position, h[:, -1]": "last position",
+            "each row's last real token ([SEP])": "last real token"},
+    "mean": {"the mean over all T positions, padding included": "over all T",
+             "the sum over the real tokens divided by T": "divided by T",
+             "the sum over the real tokens divided by the whole batch's count of them":
+                 "divided by the batch's count", "the sum over the real tokens, not divided":
+                 "the sum", "h detached (no gradient reaches the encoder)": "detached"},
+    "max": {"the max over every position, padding included": "padding included",
+            "the padding filled with 0 before the max": "padding 0",
+            "the real tokens filled instead of the padding": "real tokens masked"},
+}
+
+
+@pytest.mark.parametrize("how", POOLINGS)
+def test_pooling_forward_and_backward_match_the_formula(how):
+    """pool() against its formula, in float64, forward and backward (the gradient of h reaches
+    the real tokens only), on rows with padding inside and at the end, one of them all negative,
+    and on a batch of one row (tests/formula.py)."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, 5, 4, generator=g, dtype=torch.float64)
+    h[2] = -h[2].abs() - 0.1
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 1, 0], [1, 1, 1, 0, 0]])
+    padding = (mask == 0)[..., None].expand(h.shape)
+    for rows in (3, 1):
+        same_as_formula("pooling", f"{how} pooling of {rows} row(s) of 5 (padding inside row 1 "
+                        f"and at the end of rows 1 and 2)", lambda h: pool(h, mask[:rows], how),
+                        lambda h: pooling_formula(h, mask[:rows], how), {"h": h[:rows]},
+                        axes=("example", "feature"), grad_axes={"h": ("example", "position",
+                                                                      "feature")},
+                        mistakes={f"{how} pooling as {what}": (lambda r: lambda h: pooling_formula(
+                            h, mask[:rows], how, r))(r) for what, r in POOLING_READINGS[how].items()})
+        _, grads = run(lambda h: pool(h, mask[:rows], how), {"h": h[:rows]}, {},
+                       fixed_cotangent())
+        at_padding = grads["h"][padding[:rows]] if grads["h"] is not None else torch.zeros(0)
+        leak = at_padding.abs().max().item() if at_padding.numel() else 0.0
+        check("pooling", leak == 0, f"{how} pooling: h's gradient at padding positions is up to "
+              f"{leak:.3g}; no gradient may reach the padding")
+
+
 def test_pooling_keeps_the_dtype():
     h, mask = hidden_states()
     for how in POOLINGS:
@@ -187,6 +268,14 @@ def test_pooling_sanity_check():
     h, mask = wave(3, 4, 5, phase=0.5), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
     for how in POOLINGS:
         matches_reference("pooling", how, pool(h, mask, how))
+
+
+@pytest.mark.parametrize("how", POOLINGS)
+def test_pooling_runs_on_the_inputs_device(how):
+    """On a second device (tests/elsewhere.py): a tensor made without device= fails as on a GPU."""
+    h, mask = hidden_states()
+    check_on_second_device("pooling", f"pool(h, attention_mask, {how!r})",
+                           lambda _, h, mask: pool(h, mask, how), {"h": h, "mask": mask})
 
 
 def test_classifier_shapes_and_pretrain_freezes_bert(tiny_bert):

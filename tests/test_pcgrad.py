@@ -1,7 +1,9 @@
 """PCGrad (minknn/pcgrad.py) on hand-made gradients, against the paper's Algorithm 1 and the
 two-task closed form, and on a small shared-encoder model with one head per task. Part pcgrad
 (minknn/parts.py): its sanity check is test_sanity_check_the_projections; the tests after it
-diagnose the projections, read off pcgrad_coefficients' C as the adjusted gradients C g."""
+diagnose the projections, read off pcgrad_coefficients' C as the adjusted gradients C g. No
+second-device test (tests/elsewhere.py): the part runs on the K x K Gram matrix, which
+PCGrad.surgery moves to the CPU first (a GPU would wait on each `if dot < 0`)."""
 import random
 
 import pytest
@@ -24,7 +26,8 @@ def adjusted_rows(grads, rng, mistake=None):
     """Algorithm 1's g_i^PC, one list of floats each; under a mistake, to name it only where the
     code's output equals it: "original dot" (the conflict tested and projected with the original
     g_i . g_j), "restart" (each projection from the original g_i: only the last kept), "onto
-    adjusted" (projected onto g_j^PC as the loop has left it)."""
+    adjusted" (projected onto g_j^PC as the loop has left it), "fixed order" (the other tasks in
+    ascending order, whatever the shuffle drew)."""
     def dot(a, b):
         return sum(x * y for x, y in zip(a, b))
     g = [list(map(float, row)) for row in grads]
@@ -32,6 +35,8 @@ def adjusted_rows(grads, rng, mistake=None):
     for i in range(len(g)):
         others = [j for j in range(len(g)) if j != i]
         rng.shuffle(others)
+        if mistake == "fixed order":
+            others.sort()
         for j in others:
             onto = g_pc[j] if mistake == "onto adjusted" else g[j]
             d = dot(g[i] if mistake == "original dot" else g_pc[i], g[j])  # tested against g_j
@@ -143,9 +148,16 @@ def test_the_conflict_is_measured_on_the_adjusted_gradient(seed):
     adjusted = projected(g, seed)
     dot = round((adjusted[0] @ g[last]).item(), 12) + 0.0
     original = equals(adjusted, adjusted_rows(g.tolist(), random.Random(seed), "original dot"))
-    check(PART, dot == 0, f"g_1 = (-1, -1, 0) conflicts with g_2 = (1, 0, 0) and g_3 = (1, 1, 0), "
-          f"projected off them in the order {order[0] + 1}, {last + 1}: the last projection "
-          f"leaves g_1^PC orthogonal to g_{last + 1}, but their dot is {dot:.3g}" + (
+    fixed = equals(adjusted, adjusted_rows(g.tolist(), random.Random(seed), "fixed order"))
+    check(PART, dot == 0 or not fixed or order == sorted(order), f"g_1 = (-1, -1, 0) conflicts "
+          f"with g_2 = (1, 0, 0) and g_3 = (1, 1, 0): the adjusted gradients are Algorithm 1's "
+          f"with the other tasks visited in ascending order (2, then 3), not in the order the "
+          f"shuffle of rng drew ({order[0] + 1}, then {last + 1}): each task's others are "
+          f"visited in the order rng.shuffle(others) leaves them")
+    check(PART, dot == 0, f"g_1 = (-1, -1, 0) conflicts with g_2 = (1, 0, 0) and g_3 = (1, 1, 0); "
+          f"in the order rng's shuffle draws here ({order[0] + 1}, then {last + 1}), Algorithm "
+          f"1's last projection leaves g_1^PC orthogonal to g_{last + 1}; the adjusted g_1 has "
+          f"dot {dot:.3g} with it" + (
               ", as testing and projecting with the original g_1 . g_j gives: the dot is the "
               "current g_i^PC . g_j (C[i] @ G[:, j])" if original else ""))
 
@@ -224,6 +236,27 @@ def test_a_zero_gradient_is_harmless():
           f"nothing divides by ||g_2||^2 = 0")
     close(PART, got, g, "the adjusted gradients with a zero gradient (its dot is 0, no "
           "conflict, and nothing divides by its norm 0)", atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1e-8])
+def test_a_conflict_of_any_size_is_projected(scale):
+    """Algorithm 1 projects wherever g_i^PC . g_j < 0, however small: the coefficients C of
+    gradients all scaled by s are those of the gradients themselves (the dots scale by s^2, each
+    projection's c by 1). A BERT task's gradient can be small (its loss near 0)."""
+    for seed in range(3):
+        g = conflicting(seed)
+        big, small = coefficients(g, seed), coefficients(scale * g, seed)
+        gap = (small - big).abs().max().item()
+        if gap > 1e-9:
+            kept = [(i, j) for i in range(4) for j in range(4) if i != j
+                    and big[i, j] != 0 and small[i, j] == 0]
+            check(PART, False, f"with the 4 gradients all scaled by {scale:g} (their dot products "
+                  f"by {scale ** 2:g}), C moved by up to {gap:.3g}; Algorithm 1's C does not "
+                  f"change with the scale"
+                  + (f": the projections of task(s) {sorted({i for i, _ in kept})} were skipped "
+                     f"at that scale (C's entries {kept} are 0, at scale 1 they are not), so the "
+                     f"test for a conflict depends on the size of g_i^PC . g_j; it is < 0, "
+                     f"exactly" if kept else ""))
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -12,7 +12,9 @@ from minknn.losses import METRIC_LOSSES, Objective
 from minknn.losses import PROXY_LOSSES
 from minknn.proxy import has_proxies, proxy_logits
 
-from grading import as_mix, check, close, diagnose, graded, matches_reference
+from elsewhere import check_on_second_device
+from formula import same_as_formula
+from grading import as_formula, as_mix, check, close, diagnose, graded, matches_reference
 
 PART = "proxy-inference"
 C, D = 5, 16
@@ -32,7 +34,9 @@ def stand_in(seed=0, B=6, scale=10.0):
     def class_logits(z):
         return scale * F.normalize(z, dim=-1) @ F.normalize(proxies, dim=-1).T
 
-    objective = SimpleNamespace(metric=SimpleNamespace(class_logits=class_logits))
+    # what a proxy loss offers: its class logits, its proxies and its scale
+    objective = SimpleNamespace(metric=SimpleNamespace(class_logits=class_logits,
+                                                       proxies=proxies, scale=scale))
     logits, z = torch.randn(B, C, generator=g), torch.randn(B, D, generator=g)
     return objective, logits, z, class_logits(z)
 
@@ -42,7 +46,7 @@ def test_the_mix_weighs_the_head_by_1_minus_alpha_and_the_proxies_by_alpha():
     1 - alpha and b alpha; a mix that is no such sum mixes something else than the two logits
     (probabilities, say)."""
     objective, logits, z, proxies = stand_in()
-    for alpha in (0.0, 0.3, 1.0):
+    for alpha in (0.3, 0.0, 1.0):  # 0.3 first: there alpha, 1 - alpha, 0 and 1 all differ
         a, b, off = as_mix(mixed(objective, logits, z, alpha), logits, proxies)
         got = mixed(objective, logits, z, alpha)
         if off >= 1e-4:  # named only when the mix is that of the probabilities, recomputed
@@ -54,10 +58,15 @@ def test_the_mix_weighs_the_head_by_1_minus_alpha_and_the_proxies_by_alpha():
         check(PART, off < 1e-4, f"with alpha = {alpha}, the mix is not a weighted sum of the "
               f"linear head's logits F(z) and the proxies' s cos(z, P_c): the best such sum "
               f"misses it by up to {off:.3g}")
+        symbols = {"alpha": alpha, "1 - alpha": 1 - alpha, "1": 1.0, "0": 0.0,
+                   "alpha / s": alpha / 10, "(1 - alpha) / s": (1 - alpha) / 10}
+        said = as_formula((a, b), symbols, ("F(z)", "s cos(z, P_c)")) if alpha == 0.3 else None
         check(PART, abs(a - (1 - alpha)) < 1e-4 and abs(b - alpha) < 1e-4, f"with alpha = "
               f"{alpha}, the mix must be {1 - alpha:.3g} F(z) + {alpha:.3g} s cos(z, P_c) "
               f"(1 - alpha on the linear head's logits, alpha on the proxies'); it is {a:.3g} "
-              f"F(z) + {b:.3g} s cos(z, P_c)")
+              f"F(z) + {b:.3g} s cos(z, P_c)" + (
+                  f": the code computes {said} (s = 10 here), the formula (1 - alpha) F(z) + "
+                  f"alpha s cos(z, P_c)" if said else ""))
 
 
 def test_the_mix_by_hand():
@@ -127,6 +136,39 @@ def test_softtriple_scores_a_class_by_its_centres():
     check(PART, torch.equal(predicted, S.argmax(1)), "with --loss softtriple and alpha = 1, the "
           "prediction must be the class of the largest S_c (the softmax-weighted similarity to "
           "its centres)")
+
+
+@pytest.mark.parametrize("name", ["proxyanchor", "softtriple"])
+def test_the_mix_forward_and_backward_match_the_formula(name):
+    """proxy_logits against its formula, (1 - alpha) F(z) + alpha class_logits(z), in float64,
+    forward and backward: the gradients of the head's logits, of z and of the loss's proxies
+    (tests/formula.py), at alpha 0.3."""
+    objective, logits, z = setup(name)
+    objective = objective.double()
+    metric = objective.metric
+
+    def formula(logits, z, alpha=0.3, probabilities=False):
+        if probabilities:
+            return (1 - alpha) * logits.softmax(-1) + alpha * metric.class_logits(z).softmax(-1)
+        return (1 - alpha) * logits + alpha * metric.class_logits(z)
+    same_as_formula(PART, f"proxy_logits with --loss {name}, alpha 0.3",
+                    lambda logits, z: proxy_logits(objective, logits, z, 0.3), formula,
+                    {"logits": logits.double(), "z": z.double()},
+                    params=dict(metric.named_parameters()), axes=("example", "class"),
+                    mistakes={"alpha on the head and 1 - alpha on the proxies":
+                              lambda logits, z: formula(logits, z, 0.7),
+                              "the probabilities mixed, not the logits":
+                              lambda logits, z: formula(logits, z, probabilities=True)})
+
+
+@pytest.mark.parametrize("name", ["proxyanchor", "softtriple"])
+def test_the_mix_runs_on_the_inputs_device(name):
+    """proxy_logits with the logits, z and the loss's proxies on a second device
+    (tests/elsewhere.py): a tensor made without device= fails as on a GPU."""
+    objective, logits, z = setup(name)
+    check_on_second_device(PART, f"proxy_logits with --loss {name}, alpha 0.3",
+                           lambda objective, logits, z: proxy_logits(objective, logits, z, 0.3),
+                           {"logits": logits, "z": z}, objective)
 
 
 def test_the_proxy_losses_are_those_with_class_logits():

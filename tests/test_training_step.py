@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import train
-from grading import as_mix, check, close, graded, matches_reference
+from elsewhere import check_on_second_device
+from grading import as_formula, as_mix, check, close, graded, matches_reference
 from minknn import options
 from minknn.bert import BertConfig, BertModel
 from minknn.runs import Diverged
@@ -72,6 +73,19 @@ class ProxyLoss(torch.nn.Module):
             p = self.proxies.sum()
             loss = loss + torch.sqrt(p - p.detach())
         return loss, {"ce": ce.detach(), "metric": metric.detach()}
+
+
+class SummingPCGrad:
+    """A stand-in for --pcgrad's PCGrad (minknn/pcgrad.py, part 20, not run by this part's
+    tests): its backward(losses, rng) backpropagates the sum, as PCGrad does when no tasks
+    conflict, so that the step's --pcgrad path is held to the same gradients as the other."""
+
+    def backward(self, losses, rng):
+        sum(losses).backward()
+        return 0
+
+
+MODES = {"without --pcgrad": None, "with --pcgrad": SummingPCGrad}  # train_step's two paths
 
 
 def tiny_args(warmup=WARMUP):
@@ -146,7 +160,12 @@ def clipped_gradients(model, losses, batches):
     params = list(model.parameters()) + list(losses.parameters())
     total = sum(losses[t](model(t, **inputs), targets)[0]
                 for t, (inputs, targets, _) in batches.items())
-    grads = torch.autograd.grad(total, params)
+    return clip(torch.autograd.grad(total, params))
+
+
+def clip(grads):
+    """clip_grad_norm_(..., 1.0) written out: the gradients times 1 / (norm + 1e-6) where that is
+    under 1, and their total norm before."""
     norm = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
     return [g * min(1.0, 1.0 / (norm + 1e-6)) for g in grads], norm
 
@@ -289,23 +308,26 @@ def schedule_mistake(f, total, warmup, epochs):
     return ""
 
 
-def test_part_training_step_clears_old_gradients():
-    """Gradients left in .grad before train_step (here NaN) must not reach the step:
-    optimizer.zero_grad() clears every group's, the proxies' included (model.zero_grad() would
-    leave theirs)."""
+@pytest.mark.parametrize("mode", MODES)
+def test_part_training_step_clears_old_gradients(mode):
+    """Gradients left in .grad before train_step (here NaN) must not reach the step, on either of
+    its paths: optimizer.zero_grad() clears every group's, the proxies' included
+    (model.zero_grad() would leave theirs)."""
     model, losses, optimizer, scheduler, params, names, _ = tiny_run()
     for p in params:
         p.grad = torch.full_like(p, float("nan"))
     calls = spy(optimizer, params)
+    pcgrad = MODES[mode] and MODES[mode]()
     try:
-        train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(0))
+        train.train_step(tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad),
+                         tiny_batches(0))
     except Diverged as e:
         # the batch's own gradients are finite: a NaN norm is the NaN left in .grad, either
         # stepped on (a step before this batch's backward: the spy saw it) or never cleared
         stepped = bool(calls) and any(g is not None and not torch.isfinite(g).all()
                                       for g in calls[0][1])
-        check(PART, False, f"train_step raised Diverged ({e}) with NaN left in .grad from before "
-              f"the call: " + ("optimizer.step() ran first on those NaN gradients, before this "
+        check(PART, False, f"train_step {mode} raised Diverged ({e}) with NaN left in .grad from "
+              f"before the call: " + ("optimizer.step() ran first on those NaN gradients, before this "
                                "batch's backward" if stepped else
                                "this batch's gradients are finite, so the NaN reached the "
                                "clipping; every trained parameter's .grad, the proxies' "
@@ -316,9 +338,10 @@ def test_part_training_step_clears_old_gradients():
         check(PART, False, f"train_step raised {type(e).__name__}: {e}")
     for _, grads in calls:
         for name, g in zip(names, grads):
-            check(PART, g is None or torch.isfinite(g).all(), f"the gradient of {name} at "
-                  f"optimizer.step() is not finite, and this batch's is: the NaN left in .grad "
-                  f"before train_step reached the step; every .grad is cleared before backward")
+            check(PART, g is None or torch.isfinite(g).all(), f"train_step {mode}: the gradient "
+                  f"of {name} at optimizer.step() is not finite, and this batch's is: the NaN "
+                  f"left in .grad before train_step reached the step; every .grad is cleared "
+                  f"before backward")
 
 
 def task_gradients(model, losses, batches):
@@ -353,11 +376,16 @@ def test_part_training_step_backpropagates_the_sum_of_the_task_losses():
     g_b = torch.cat([per_task["b"][i].flatten() for i in shared])
     c_a, c_b, off = as_mix(got, g_a, g_b)
     if off < 1e-6 * max(1.0, got.abs().max().item()) + 1e-7:
+        said = as_formula((c_a, c_b), {"1": 1.0, "1/2": 0.5, "0": 0.0}, ("g_a", "g_b"))
         check(PART, abs(c_a - 1) < 1e-3 and abs(c_b - 1) < 1e-3, f"two tasks, their losses small "
               f"enough that clipping leaves the gradient (norm under 1): the gradient of the "
               f"shared parameters at optimizer.step() is {c_a:.4g} g_a + {c_b:.4g} g_b (g_t the "
               f"gradient of task t's loss alone); backpropagating the sum of the task losses "
-              f"gives 1 g_a + 1 g_b")
+              f"gives 1 g_a + 1 g_b" + {
+                  "1/2 g_a + 1/2 g_b": ": the step backpropagated the mean of the 2 task losses, "
+                                       "not their sum",
+                  "0 g_a + 1 g_b": ": only task b's loss was backpropagated",
+                  "1 g_a + 0 g_b": ": only task a's loss was backpropagated"}.get(said, ""))
 
 
 def test_part_training_a_parameter_without_a_gradient_does_not_move():
@@ -385,20 +413,22 @@ def test_part_training_a_parameter_without_a_gradient_does_not_move():
               f"call 1's momentum move it): {name} moved by up to {moved:.3g}{seen}")
 
 
-def test_part_training_step_order():
-    """Three calls of train_step: each calls optimizer.step() once, on this batch's gradient of the
-    sum of the task losses clipped to total norm 1, at the scheduled lr; then the scheduler moves
-    on to the next step's lr."""
+@pytest.mark.parametrize("mode", MODES)
+def test_part_training_step_order(mode):
+    """Three calls of train_step, on either of its paths: each calls optimizer.step() once, on
+    this batch's gradient of the sum of the task losses clipped to total norm 1, at the scheduled
+    lr; then the scheduler moves on to the next step's lr."""
     model, losses, optimizer, scheduler, params, names, args = tiny_run()
     calls = spy(optimizer, params)
+    pcgrad = MODES[mode] and MODES[mode]()
     for s, scale in enumerate(SCALES):
         set_scale(losses, scale)
         expected, raw_norm = clipped_gradients(model, losses, tiny_batches(s))
         assert (raw_norm > 1) == (scale > 1), "the scales no longer put the norm over and under 1"
         before = len(calls)
-        graded(PART, f"train_step (call {s + 1})", train.train_step,
-               tiny_trainer(model, losses, optimizer, scheduler, params), tiny_batches(s))
-        call = f"train_step call {s + 1}"
+        graded(PART, f"train_step {mode} (call {s + 1})", train.train_step,
+               tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad), tiny_batches(s))
+        call = f"train_step call {s + 1} {mode}"
         check(PART, len(calls) == before + 1, f"{call} called optimizer.step() "
               f"{len(calls) - before} times; once per call")
         lrs, grads = calls[-1]
@@ -408,6 +438,15 @@ def test_part_training_step_order():
         check(PART, not missing, f"at optimizer.step() in {call}, {', '.join(missing)} had no "
               f"gradient (.grad None); the others had one")
         norm = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
+        if s > 0:  # the last call's gradients, still in .grad, added to this batch's and clipped
+            raw = [g / min(1.0, 1.0 / (raw_norm + 1e-6)) for g in expected]
+            piled, _ = clip([g + left for g, left in zip(raw, calls[-2][1])])
+            check(PART, not all(torch.allclose(g, w, atol=1e-6, rtol=1e-4)
+                                for g, w in zip(grads, piled)),
+                  f"optimizer.step() in {call} ran on this batch's gradient plus the one call "
+                  f"{s} left in .grad, clipped together: .grad was not cleared before this "
+                  f"call's backward (optimizer.zero_grad(set_to_none=True) comes first, on "
+                  f"every path)")
         if norm > 1 + 1e-4:  # a cause named only when the gradients are that mistake's
             raw = [g / min(1.0, 1.0 / (raw_norm + 1e-6)) for g in expected]
             model_norm = torch.sqrt(sum((g ** 2).sum() for n, g in zip(names, raw)
@@ -521,6 +560,32 @@ def test_part_training_three_steps_match_the_step_written_out():
         close(PART, got[name], expected[name], f"{name} after three train_step calls (the oracle: "
               f"the clipped gradient of the summed losses, AdamW with the groups and the scheduled "
               f"lr)", atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_part_training_step_runs_on_the_inputs_device(mode):
+    """Two train_step calls with the model, the losses and the batches on a second device
+    (tests/elsewhere.py), and AdamW's plain (not fused) kernels, which take any device: a tensor
+    the step makes without device= fails as on a GPU."""
+    def two_steps(both, **batch):
+        model, losses = both["model"], both["losses"]
+        params = list(model.parameters()) + list(losses.parameters())
+        optimizer = torch.optim.AdamW(params, lr=0.01, foreach=False)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        trainer = tiny_trainer(model, losses, optimizer, scheduler, params,
+                               MODES[mode] and MODES[mode]())
+        for s in range(2):
+            batches = {t: ({"input_ids": batch[f"{t}{s} ids"]}, batch[f"{t}{s} targets"],
+                           batch[f"{t}{s} rows"]) for t in ("a", "b")}
+            graded(PART, f"train_step {mode} (call {s + 1})", train.train_step, trainer, batches)
+        return torch.cat([p.detach().flatten() for p in params])
+    batches = {f"{t}{s} {what}": x for s in range(2) for t, (inputs, targets, rows)
+               in tiny_batches(s).items()
+               for what, x in (("ids", inputs["input_ids"]), ("targets", targets), ("rows", rows))}
+    model, losses, *_ = tiny_run()
+    check_on_second_device(PART, f"two train_step calls {mode}", two_steps, batches,
+                           torch.nn.ModuleDict({"model": model, "losses": losses}),
+                           backward=False)
 
 
 def test_part_training_sanity_check():

@@ -27,12 +27,14 @@ import os
 import torch
 import torch.nn.functional as F
 
+import formula
+from elsewhere import DeviceSlip, check_on_second_device
 from grading import GENERIC, check, differs, matches_reference
 from minknn.losses import METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.model import Output
 from minknn.parts import BY_NAME, PARTS, label
 from minknn.tasks import TASKS
-from oracles import IN_BATCH, WITH_ORACLE, oracle_of, table_of
+from oracles import IN_BATCH, READINGS, WITH_ORACLE, oracle_of, table_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 C, D = 4, 8
@@ -53,12 +55,19 @@ def part_of(name):
 
 
 def ok(name, condition, message):
-    """tests/grading.py's check() for the loss's part; a loss that is no part is named by file."""
+    """tests/grading.py's check() for the loss's part (a loss that is no part is named by file);
+    a failure first names the readings of the formula the loss is checked to compute
+    (readings_that_fit), where some are."""
+    if not condition:
+        fitted(name, message)
+        fail(name, message)
+
+
+def fail(name, message):
     part = part_of(name)
     if part:
-        check(part, condition, message)
-    elif not condition:
-        raise AssertionError(f"loss '{name}' ({source_file(name)}): {message}")
+        check(part, False, message)
+    raise AssertionError(f"loss '{name}' ({source_file(name)}): {message}")
 
 
 def agrees(name, condition, what, reference, detail):
@@ -67,6 +76,7 @@ def agrees(name, condition, what, reference, detail):
     what is wrong run before it."""
     if condition:
         return
+    fitted(name, f"{what}{detail}")
     if part_of(name):
         differs(part_of(name), what, reference, detail)
     raise AssertionError(f"loss '{name}' ({source_file(name)}): {what}{GENERIC}{reference}"
@@ -77,7 +87,7 @@ def run(name, loss, *args):
     """loss(*args); an error raised inside the loss is reported naming its part."""
     try:
         return loss(*args)
-    except NotImplementedError:  # the student edition's stub names its part already
+    except (NotImplementedError, DeviceSlip):  # the stub names its part; a slip is said whole
         raise
     except Exception as e:
         # no local holding the label: pytest's traceback would show it above the message, and
@@ -86,12 +96,14 @@ def run(name, loss, *args):
                              + f": the loss raised {type(e).__name__}: {e}") from e
 
 
-def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6):
+def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6, readings=True):
     """A case worked by hand: `got` (a number, or a list of them) equals `want`; else the failure
-    names the first of `mistakes` ({the loss under a mistake, e.g. "with tau multiplied, not
-    divided": its value on the case, recomputed}) that `got` equals, and only then; else it says
-    what the case gives, what it got, and by how much (tests/grading.py: a cause is named only
-    where it is checked)."""
+    names the readings of the formula that give the loss's value on every comparison batch
+    (readings_that_fit), where some do; else the first of `mistakes` ({the loss under a mistake,
+    e.g. "with tau multiplied, not divided": its value on the case, recomputed}) that `got`
+    equals; else it says what the case gives, what it got, and by how much (tests/grading.py: a
+    cause is named only where it is checked, and one value on one case can fit two mistakes).
+    readings=False for a case of a function of the part other than the loss itself."""
     def numbers(x):
         return [float(v) for v in x] if isinstance(x, (list, tuple)) else [float(x)]
 
@@ -104,12 +116,55 @@ def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6):
     g, w = numbers(got), numbers(want)
     if same(g, w):
         return
+    said = f"{case}: got {show(g)}, expected {show(w)}"
+    if readings:  # first what holds on every comparison batch, then what holds on this case
+        fitted(name, said)
     for mistake, wrong in (mistakes or {}).items():
         if same(g, numbers(wrong)):
-            ok(name, False, f"{case}: got {show(g)}, expected {show(w)}; {show(g)} is the loss "
-               f"{mistake}")
+            fail(name, f"{said}; {show(g)} is the loss {mistake}")
     gap = max(abs(u - v) for u, v in zip(g, w))
-    ok(name, False, f"{case}: got {show(g)}, expected {show(w)} (off by up to {gap:.3g})")
+    if not all(math.isfinite(u) for u in g) and all(math.isfinite(v) for v in w):
+        fail(name, f"{said}: the loss is not finite where the formula's is")
+    fail(name, f"{said} (off by up to {gap:.3g}){negative(g)}")
+
+
+def negative(values):
+    """What a negative loss says, whose formula's every term is >= 0 (a -log of a probability, a
+    log(1 + ...), a max(0, ...) or a square): '' when none is negative."""
+    low = min(values)
+    return (f"; a loss of {low:.6g} is negative, and every term of the formula is >= 0"
+            if low < -1e-9 else "")
+
+
+def readings_that_fit(name):
+    """The readings of the formula (READINGS in tests/losses/oracles.py) whose value the loss
+    gives on every one of its comparison batches (cases()), where the formula's it does not:
+    the mistakes the loss is checked to have made. Several can fit: all are named."""
+    if name not in READINGS:
+        return []
+    loss, oracle = make(name), oracle_of(name)
+    fits, differs_somewhere = dict(READINGS[name]), False
+    for _, args in cases(name):
+        try:
+            with torch.no_grad():
+                got = loss(*args)
+        except Exception:
+            return []
+        differs_somewhere |= not near(got, oracle(*args, loss), atol=1e-6, rtol=1e-9)
+        for reading, settings in list(fits.items()):
+            if not near(got, oracle(*args, loss, **settings), atol=1e-6, rtol=1e-9):
+                del fits[reading]
+        if not fits:
+            return []
+    return list(fits) if differs_somewhere else []
+
+
+def fitted(name, said):
+    """Fails naming the readings of the formula the loss is checked to compute, if any."""
+    fits = readings_that_fit(name)
+    if fits:
+        fail(name, f"{said}; on every one of its {len(cases(name))} comparison batches the loss "
+             f"is the formula with {' or with '.join(fits)}")
 
 
 def near(a, b, atol=1e-9, rtol=1e-9):
@@ -179,8 +234,11 @@ def cases(name):
     """[(what, args)]: the inputs on which loss `name` is compared with its oracle."""
     table = table_of(name)
     if table in ("ORACLES", "PAIR_ORACLES"):  # as pairs: the first half with the second
+        y = BATCHES["mixed"]  # and one tight cluster, where every pair is within a margin
         return [(f"the '{b}' batch {y} (seed {s})", (randn(len(y), D, seed=s), torch.tensor(y)))
-                for b, y in BATCHES.items() for s in range(3)]
+                for b, y in BATCHES.items() for s in range(3)] + [
+            (f"the 'mixed' batch {y} in one tight cluster",
+             (3 * e(0) + 0.3 * randn(len(y), D, seed=7), torch.tensor(y)))]
     if table == "MULTILABEL_ORACLES":
         return [(f"the '{b}' batch (seed {s})",
                  (3 * randn(len(y), D, seed=s), torch.tensor(y, dtype=torch.float64)))
@@ -341,6 +399,12 @@ def check_matches_its_oracle(name):
     loss, oracle = make(name), oracle_of(name)
     for what, args in cases(name):
         got, want = run(name, loss, *args), oracle(*args, loss)
+        if not near(got, want, atol=1e-6, rtol=1e-9):
+            fitted(name, f"the loss on {what}: got {got.item():.8g}, the formula gives "
+                   f"{want.item():.8g}")
+            ok(name, got.item() >= -1e-9, f"the loss on {what} is {got.item():.8g}"
+               f"{negative([got.item()]).removeprefix(';')} (the formula gives "
+               f"{want.item():.8g})")
         agrees(name, near(got, want, atol=1e-6, rtol=1e-9), f"the loss on {what}",
                f"the literal transcription of {source(name)} ({oracle.__name__} in "
                f"tests/losses/oracles.py)", f": got {got.item():.8g}, it gives {want.item():.8g}")
@@ -354,6 +418,9 @@ def check_degenerate_inputs_are_finite(name):
         h = args[0].clone().requires_grad_()
         value = run(name, loss, h, *args[1:])
         want = oracle(*args, loss)
+        if not near(value, want, atol=1e-9):
+            fitted(name, f"the loss on {what}: got {value.item():.8g}, the formula gives "
+                   f"{want.item():.8g}")
         ok(name, bool(torch.isfinite(value)), f"the loss on {what} is {value.item():.8g}; the "
            f"formula gives {want.item():.8g}")
         agrees(name, near(value, want, atol=1e-9), f"the loss on {what}", "the oracle's value",
@@ -375,7 +442,27 @@ def check_degenerate_inputs_are_finite(name):
 
 
 def check_gradcheck(name):
+    """The loss's gradient in h and in its parameters is the formula's (autograd through the
+    oracle, tests/formula.py: which tensor is off, where, how), and the numerical one of its own
+    value (torch.autograd.gradcheck)."""
     loss, args = fixed_inputs(name)  # 6 examples
+    params = dict(loss.named_parameters())
+    if name in WITH_ORACLE:
+        _, got = formula.run(lambda h: run(name, loss, h, *args[1:]), {"h": args[0]}, params,
+                             formula.fixed_cotangent())
+        _, want = formula.run(lambda h: oracle_of(name)(h, *args[1:], loss), {"h": args[0]},
+                              params, formula.fixed_cotangent())
+        for tensor, w in want.items():
+            g = got.get(tensor)
+            what = f"on 6 fixed examples, the gradient of {'z' if tensor == 'h' else tensor}"
+            if w is None:
+                continue
+            ok(name, g is not None or not w.abs().max(), f"{what} is None: no gradient reaches "
+               f"it (nothing connects it to the loss in autograd's graph)")
+            off = formula.describe(g if g is not None else torch.zeros_like(w), w, what,
+                                   ("example", "feature") if tensor == "h" else None,
+                                   atol=1e-7, rtol=1e-6)
+            ok(name, off is None, str(off))
     inputs = (args[0].clone().requires_grad_(), *loss.parameters())
     passed = torch.autograd.gradcheck(lambda h, *params: run(name, loss, h, *args[1:]), inputs,
                                       raise_exception=False, fast_mode=True)
@@ -435,6 +522,33 @@ def check_runs_in_fp32_under_autocast(name):
        f"autocast is {bf16.item():.8g}, in fp32 {fp32.item():.8g}")
 
 
+def check_stays_finite_on_large_inputs(name):
+    """In float32, the dtype a run trains in, on the first comparison batch with h (and the
+    loss's parameters) scaled by 10: raw inner products of about 100, past exp's float32 range
+    (e^88). The formula's value is finite there (log(1 + e^x) is about x), so the loss must be."""
+    loss = make(name).float()
+    with torch.no_grad():
+        for p in loss.parameters():
+            p.mul_(10)
+    _, args = cases(name)[0]
+    args = (10 * args[0].float(), *(a.float() if a.is_floating_point() else a for a in args[1:]))
+    value = run(name, loss, *args)
+    ok(name, bool(torch.isfinite(value)), f"in float32, on {cases(name)[0][0]} with h scaled by "
+       f"10 (raw inner products up to {(args[0] @ args[0].T).abs().max().item():.3g}), the loss "
+       f"is {value.item()}; the formula's value is finite there: an exp or a log of a sum of exps "
+       f"overflowed (log(1 + e^x), log sum e^x are finite in their softplus / logsumexp forms)")
+
+
+def check_runs_on_the_inputs_device(name):
+    """The loss with its inputs and parameters on a second device (tests/elsewhere.py): a
+    tensor the loss makes without device= fails here as on a GPU, naming the line that made it."""
+    loss = make(name)
+    for what, args in (cases(name)[:1] + cases(name)[-1:]):
+        check_on_second_device(part_of(name) or name, f"the loss on {what}",
+                               lambda m, **xs: run(name, m, *xs.values()),
+                               {f"argument {i}": a for i, a in enumerate(args)}, loss)
+
+
 def checks_of(name):
     """The checks above that loss `name` goes through, in the order its test file runs them: the
     in-batch ones (order, separation) for a loss called as loss(h, labels) only, the sanity check
@@ -448,4 +562,6 @@ def checks_of(name):
         (check_falls_as_classes_separate, name in IN_BATCH),
         (check_sanity_check, part_of(name) is not None),
         (check_runs_in_fp32_under_autocast,
-         name in WITH_ORACLE and table_of(name) != "MEMORY_ORACLES")) if applies]
+         name in WITH_ORACLE and table_of(name) != "MEMORY_ORACLES"),
+        (check_stays_finite_on_large_inputs, name in WITH_ORACLE),
+        (check_runs_on_the_inputs_device, part_of(name) is not None)) if applies]

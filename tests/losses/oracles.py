@@ -18,104 +18,187 @@ def unit(v):
     return v / v.norm()
 
 
+def units(h, how=True):
+    """The rows of h as the formula normalises them (True: each vector, v / ||v||), or another
+    reading: False, as they are; "columns", each feature over the batch (dim 0)."""
+    if how == "columns":
+        return list(h / h.norm(dim=0, keepdim=True))
+    return [unit(v) for v in h] if how else list(h)
+
+
 def mean(terms):
     return sum(terms) / len(terms) if terms else torch.tensor(0.0, dtype=torch.float64)
 
 
 # ---- the oracles: each file's docstring formula, one example at a time ----
+# Each takes keyword-only readings (defaults: the formula itself), the other ways its steps can be
+# read; READINGS below names them, for checks.readings_that_fit.
 
-def triplet_oracle(h, y, loss):
-    z, B, m = [unit(v) for v in h], len(h), loss.margin
-    d = [[(zi - zj).pow(2).sum() for zj in z] for zi in z]   # d[i][j] = ||z_i - z_j||^2
-    return mean([torch.clamp(d[a][p] - d[a][n] + m, min=0)
-                 for a in range(B) for p in range(B) for n in range(B)
-                 if y[a] == y[p] and a != p and y[n] != y[a]])
+def reduce(terms, how, cells=None, batch=None):
+    """The mean of the terms (the formulas' 1/|T| sum), or: "sum" their sum, "nonzero" the mean
+    over the nonzero ones, "cells" the sum divided by the count of every cell the terms were
+    picked from (valid or not), "batch" the sum divided by the batch size."""
+    total = sum(terms, torch.tensor(0.0, dtype=torch.float64))
+    if how == "sum":
+        return total
+    if how == "nonzero":
+        return mean([t for t in terms if t != 0])
+    if how in ("cells", "batch"):
+        return total / (cells if how == "cells" else batch)
+    return mean(terms)
 
 
-def npairs_oracle(h, y, loss):
-    B, terms = len(h), []
+def triplet_oracle(h, y, loss, *, normalise=True, squared=True, hinge=True, swap=False,
+                   self_positive=False, margin_outside=False, reduction="mean"):
+    z, B, m = units(h, normalise), len(h), loss.margin
+    d = [[(zi - zj).pow(2).sum() ** (1 if squared else 0.5) for zj in z] for zi in z]
+    terms = []
     for a in range(B):
-        negatives = [n for n in range(B) if y[n] != y[a]]
         for p in range(B):
-            if p != a and y[p] == y[a] and negatives:
-                terms.append(torch.log(1 + sum(torch.exp(h[a] @ h[n] - h[a] @ h[p])
-                                               for n in negatives)))
-    return mean(terms) + loss.l2_reg * mean([v @ v for v in h])
+            for n in range(B):
+                if y[a] == y[p] and (a != p or self_positive) and y[n] != y[a]:
+                    gap = d[a][n] - d[a][p] if swap else d[a][p] - d[a][n]
+                    terms.append(torch.clamp(gap, min=0) + m if margin_outside else
+                                 torch.clamp(gap + m, min=0) if hinge else gap + m)
+    return reduce(terms, reduction, B ** 3, B)
 
 
-def supcon_oracle(h, y, loss):
-    z, B, t, terms = [unit(v) for v in h], len(h), loss.temperature, []
+def npairs_oracle(h, y, loss, *, cosine=False, one_plus=True, negatives="others",
+                  ordered=True, reduction="mean", penalty="mean squared"):
+    f, B, terms = units(h, cosine), len(h), []
+    for a in range(B):
+        neg = [n for n in range(B) if (y[n] != y[a] if negatives == "others" else n != a)]
+        for p in range(B):
+            if p != a and y[p] == y[a] and neg and (ordered or a < p):
+                s = sum(torch.exp(f[a] @ f[n] - f[a] @ f[p]) for n in neg)
+                terms.append(torch.log(1 + s if one_plus else s))
+    norms = [v @ v if "squared" in penalty else v.norm() for v in h]
+    reg = 0 if penalty == "none" else sum(norms) if "sum" in penalty else mean(norms)
+    return reduce(terms, reduction, B * B, B) + loss.l2_reg * reg
+
+
+def supcon_oracle(h, y, loss, *, normalise=True, times_tau=False, self_in_denominator=False,
+                  self_positive=False, denominator="all", positives="mean", anchors="with"):
+    z, B, t, terms = units(h, normalise), len(h), loss.temperature, []
+
+    def s(i, j):
+        return z[i] @ z[j] * t if times_tau else z[i] @ z[j] / t
     for i in range(B):
-        P = [p for p in range(B) if p != i and y[p] == y[i]]
+        P = [p for p in range(B) if (p != i or self_positive) and y[p] == y[i]]
+        A = [a for a in range(B) if (a != i or self_in_denominator)
+             and (denominator == "all" or y[a] != y[i])]
         if P:
-            denominator = sum(torch.exp(z[i] @ z[a] / t) for a in range(B) if a != i)
-            terms.append(-sum(torch.log(torch.exp(z[i] @ z[p] / t) / denominator)
-                              for p in P) / len(P))
+            denominator_ = sum(torch.exp(s(i, a)) for a in A)
+            if positives == "log of mean":  # Khosla et al.'s L_in
+                terms.append(-torch.log(sum(torch.exp(s(i, p)) for p in P) / len(P)
+                                        / denominator_))
+                continue
+            total = -sum(torch.log(torch.exp(s(i, p)) / denominator_) for p in P)
+            terms.append(total if positives == "sum" else total / len(P))
+        elif anchors == "all":
+            terms.append(torch.tensor(0.0, dtype=torch.float64))
     return mean(terms)
 
 
-def contrastive_oracle(h, y, loss):
-    z, B, m, terms = [unit(v) for v in h], len(h), loss.margin, []
+def contrastive_oracle(h, y, loss, *, normalise=True, squared_d=False, hinge_squared=True,
+                       halves=True, hinge=True, swap=False, self_pairs=False, reduction="mean"):
+    z, B, m, terms = units(h, normalise), len(h), loss.margin, []
     for i in range(B):
-        for j in range(i + 1, B):
-            d, dissimilar = (z[i] - z[j]).norm(), float(y[i] != y[j])
-            terms.append(0.5 * (1 - dissimilar) * d ** 2
-                         + 0.5 * dissimilar * torch.clamp(m - d, min=0) ** 2)
-    return mean(terms)
+        for j in range(i if self_pairs else i + 1, B):
+            d = (z[i] - z[j]).norm() ** (2 if squared_d else 1)
+            dissimilar = float(y[i] != y[j])
+            pull, push = 1 - dissimilar, dissimilar
+            if swap:
+                pull, push = push, pull
+            gap = torch.clamp(m - d, min=0) if hinge else m - d
+            terms.append((0.5 if halves else 1.0) * (pull * d ** 2 + push * gap ** (
+                2 if hinge_squared else 1)))
+    return reduce(terms, reduction, batch=B)
 
 
-def mnrl_oracle(h, y, loss):
-    z, B, terms = [unit(v) for v in h], len(h), []
-    S = [[loss.scale * zi @ zj for zj in z] for zi in z]   # S[i][j] = scale cos(x_i, x_j)
+def mnrl_oracle(h, y, loss, *, scale="times", cosine=True, same_class_negatives=False,
+                self_pairs=False, reduction="mean"):
+    z, B, terms = units(h, cosine), len(h), {}
+    c = {"times": loss.scale, "none": 1.0, "divided": 1 / loss.scale}[scale]
+    S = [[c * zi @ zj for zj in z] for zi in z]   # S[i][j] = scale cos(x_i, x_j)
     for i in range(B):
         for p in range(B):
-            if p != i and y[p] == y[i]:
-                candidates = [p] + [n for n in range(B) if y[n] != y[i]]
-                terms.append(-torch.log(torch.exp(S[i][p])
-                                        / sum(torch.exp(S[i][c]) for c in candidates)))
-    return mean(terms)
+            if (p != i or self_pairs) and y[p] == y[i]:
+                candidates = [p] + [n for n in range(B) if (y[n] != y[i] if not
+                                                            same_class_negatives else n != p)]
+                terms.setdefault(i, []).append(-torch.log(
+                    torch.exp(S[i][p]) / sum(torch.exp(S[i][c]) for c in candidates)))
+    if reduction == "anchors":  # each anchor's mean over its positives, then over the anchors
+        return mean([mean(t) for t in terms.values()])
+    return reduce([t for ts in terms.values() for t in ts], reduction, batch=B)
 
 
-def proxynca_oracle(h, y, loss):
-    P = [unit(p) for p in loss.proxies]
-    terms = []
-    for x, c in zip(h, y):
-        d = [(unit(x) - p).pow(2).sum() for p in P]
-        terms.append(-torch.log(torch.exp(-loss.scale * d[c])
-                                / sum(torch.exp(-loss.scale * dk) for dk in d)))
-    return mean(terms)
+def proxynca_oracle(h, y, loss, *, sign=-1, normalise=True, normalise_proxies=True, scale=True,
+                    squared=True, positive_in_denominator=True, log_softmax=True,
+                    reduction="mean"):
+    P = units(loss.proxies, normalise_proxies)
+    s, terms = (loss.scale if scale else 1.0), []
+    for x, c in zip(units(h, normalise), y):
+        d = [(x - p).pow(2).sum() ** (1 if squared else 0.5) for p in P]
+        logits = [sign * s * dk for dk in d]
+        if not log_softmax:
+            terms.append(-logits[c])
+            continue
+        others = sum(torch.exp(lk) for k, lk in enumerate(logits)
+                     if positive_in_denominator or k != c)
+        terms.append(-torch.log(torch.exp(logits[c]) / others))
+    return reduce(terms, reduction)
 
 
-def proxyanchor_oracle(h, y, loss):
+def proxyanchor_oracle(h, y, loss, *, normalise=True, normalise_proxies=True, positive_margin=-1,
+                       negative_margin=1, positive_over="P+", negative_over="P",
+                       negatives="others", one_plus=True, reduction="mean"):
     a, delta = loss.scale, loss.delta
-    pos, neg = [], []
-    for c, p in enumerate(loss.proxies):
-        X_pos = [unit(x) for x, yi in zip(h, y) if yi == c]
-        X_neg = [unit(x) for x, yi in zip(h, y) if yi != c]
-        p = unit(p)
-        if X_pos:
-            pos.append(torch.log(1 + sum(torch.exp(-a * (x @ p - delta)) for x in X_pos)))
-        neg.append(torch.log(1 + sum((torch.exp(a * (x @ p + delta)) for x in X_neg),
-                                     torch.tensor(0.0, dtype=h.dtype))))
-    return sum(pos) / len(pos) + sum(neg) / len(neg)
+    pos, neg, z = [], [], units(h, normalise)
+    for c, p in enumerate(units(loss.proxies, normalise_proxies)):
+        X_pos = [x for x, yi in zip(z, y) if yi == c]
+        X_neg = [x for x, yi in zip(z, y) if yi != c or negatives == "all"]
+        one = 1 if one_plus else 0
+        if X_pos or positive_over == "P":
+            pos.append(torch.log(one + sum((torch.exp(-a * (x @ p + positive_margin * delta))
+                                            for x in X_pos), torch.tensor(0.0,
+                                                                          dtype=h.dtype))))
+        if X_pos or negative_over == "P":
+            neg.append(torch.log(1 + sum((torch.exp(a * (x @ p + negative_margin * delta))
+                                          for x in X_neg), torch.tensor(0.0, dtype=h.dtype))))
+    return reduce(pos, reduction) + reduce(neg, reduction)
 
 
-def softtriple_oracle(h, y, loss):
-    W = [[unit(w) for w in centres] for centres in loss.centres]       # W[c][k]
-    K, lam, gamma, delta = len(W[0]), loss.scale, loss.gamma, loss.delta
+def softtriple_oracle(h, y, loss, *, normalise=True, weights_over="centres", times_gamma=False,
+                      hard=False,
+                      normalise_centres=True, regulariser="normalised", squared=False,
+                      pairs="ordered", margin="inside", margin_sign=-1):
+    W = [units(centres, normalise_centres) for centres in loss.centres]
+    C, K, lam, gamma, delta = len(W), len(W[0]), loss.scale, loss.gamma, loss.delta
     terms = []
-    for x, yi in zip(h, y):
-        x = unit(x)
+    for x, yi in zip(units(h, normalise), y):
+        sims = [[x @ w for w in W[c]] for c in range(C)]   # sims[c][k] = x.w_c^k
+        e = [[torch.exp(v * gamma if times_gamma else v / gamma) for v in row] for row in sims]
         S = []
-        for c in range(len(W)):
-            weights = [torch.exp(x @ w / gamma) for w in W[c]]
-            S.append(sum(wt / sum(weights) * (x @ w) for wt, w in zip(weights, W[c])))
-        top = torch.exp(lam * (S[yi] - delta))
-        others = sum(torch.exp(lam * S[c]) for c in range(len(W)) if c != yi)
-        terms.append(-torch.log(top / (top + others)))
-    R = sum(torch.sqrt(2 - 2 * W[c][s] @ W[c][t])
-            for c in range(len(W)) for s in range(K) for t in range(s + 1, K))
-    return mean(terms) + loss.reg_weight * R / (len(W) * K * (K - 1))
+        for c in range(C):
+            if hard:
+                S.append(max(sims[c], key=lambda v: v.item()))
+            elif weights_over == "classes":  # for each centre k, a softmax over the classes
+                S.append(sum(e[c][k] / sum(e[d][k] for d in range(C)) * sims[c][k]
+                             for k in range(K)))
+            else:  # a softmax over class c's K centres
+                S.append(sum(e[c][k] / sum(e[c]) * sims[c][k] for k in range(K)))
+        m = [margin_sign * delta if c == yi else 0.0 for c in range(C)]
+        logits = [lam * S[c] + m[c] if margin == "outside" else lam * (S[c] + m[c])
+                  for c in range(C)]
+        terms.append(-torch.log(torch.exp(logits[yi]) / sum(torch.exp(v) for v in logits)))
+    if regulariser == "none":
+        return mean(terms)
+    V = W if regulariser == "normalised" else [list(centres) for centres in loss.centres]
+    R = sum(((V[c][s] - V[c][t]).pow(2).sum()) ** (1 if squared else 0.5)
+            for c in range(C) for s in range(K) for t in range(s + 1, K))
+    return mean(terms) + loss.reg_weight * R / (C * K * (K - 1) / (2 if pairs == "unordered"
+                                                                   else 1))
 
 
 ORACLES = {"triplet": triplet_oracle, "npairs": npairs_oracle, "supcon": supcon_oracle,
@@ -128,78 +211,255 @@ ORACLES = {"triplet": triplet_oracle, "npairs": npairs_oracle, "supcon": supcon_
 # example (ids); rows are the batch's rows. A key whose id is a query's own row is that query's
 # older key: neither a negative nor a positive.
 
-def knnbert_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss):
+def knnbert_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss, *, normalise=True,
+                   times_tau=False, own_keys="left out", negatives="other classes",
+                   positive_in_denominator=True, per_query="mean", queries="with",
+                   swap_m=False):
     """KNN-BERT eq. 3, one query and one positive at a time; S(q) by sorting the positives."""
-    per_query = []
+    per_query_, m_most, m_least, z = [], loss.m_most, loss.m_least, units(h, normalise)
+    if swap_m:
+        m_most, m_least = m_least, m_most
     for i in range(len(h)):
-        q = unit(h[i])
-        s = [q @ k / loss.temperature for k in keys]
-        positives = [j for j in range(len(keys)) if key_labels[j] == y[i] and ids[j] != rows[i]]
-        negatives = [j for j in range(len(keys)) if key_labels[j] != y[i]]
+        q = z[i]
+        s = [q @ k * loss.temperature if times_tau else q @ k / loss.temperature for k in keys]
+        positives = [j for j in range(len(keys)) if key_labels[j] == y[i]
+                     and (ids[j] != rows[i] or own_keys == "positives")]
+        negatives_ = [j for j in range(len(keys)) if (key_labels[j] != y[i] if negatives ==
+                                                      "other classes" else j not in positives)]
         if not positives:
+            if queries == "all":
+                per_query_.append(torch.tensor(0.0, dtype=torch.float64))
             continue  # no positive in memory: this query contributes nothing
         ranked = sorted(positives, key=lambda j: -s[j].item())
-        if len(ranked) <= loss.m_most + loss.m_least:
+        if len(ranked) <= m_most + m_least:
             selected = ranked
         else:
-            selected = ranked[:loss.m_most] + ranked[len(ranked) - loss.m_least:]
-        terms = [-torch.log(torch.exp(s[j])
-                            / (torch.exp(s[j]) + sum(torch.exp(s[n]) for n in negatives)))
+            selected = ranked[:m_most] + ranked[len(ranked) - m_least:]
+        terms = [-torch.log(torch.exp(s[j]) / ((torch.exp(s[j]) if positive_in_denominator
+                                                else 0) + sum(torch.exp(s[n])
+                                                              for n in negatives_)))
                  for j in selected]
-        per_query.append(sum(terms) / len(terms))
-    return mean(per_query)
+        per_query_.append(sum(terms) / (1 if per_query == "sum" else len(terms)))
+    return mean(per_query_)
 
 
-def moco_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss):
+def moco_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss, *, normalise=True,
+                positive_tau=True, own_keys="left out", class_keys="negatives",
+                positive_in_denominator=True, reduction="mean"):
     """MoCo eq. 1: the query's own key against every key in memory but its own example's."""
-    terms = []
+    terms, z = [], units(h, normalise)
     for i in range(len(h)):
-        q = unit(h[i])
-        positive = torch.exp(q @ batch_keys[i] / loss.temperature)
-        negatives = sum(torch.exp(q @ keys[j] / loss.temperature)
-                        for j in range(len(keys)) if ids[j] != rows[i])
-        terms.append(-torch.log(positive / (positive + negatives)))
-    return mean(terms)
+        q = z[i]
+        positive = torch.exp(q @ batch_keys[i] / (loss.temperature if positive_tau else 1.0))
+        negatives = sum(torch.exp(q @ keys[j] / loss.temperature) for j in range(len(keys))
+                        if (ids[j] != rows[i] or own_keys == "negatives")
+                        and (class_keys == "negatives" or key_labels[j] != y[i]))
+        terms.append(-torch.log(positive / ((positive if positive_in_denominator else 0)
+                                            + negatives)))
+    return reduce(terms, reduction)
 
 
 MEMORY_ORACLES = {"knnbert": knnbert_oracle, "moco": moco_oracle}
 
 
-def mlcon_oracle(h, y, loss):
+def mlcon_oracle(h, y, loss, *, squared=False, normalise=False, self_in_denominator=False,
+                 times_tau=False, diagonal_in_c=False, beta="normalised", reduction="sum"):
     """L_con = sum_i sum_{j != i} -beta_ij log( exp(-d_ij / tau) / sum_{k != i} exp(-d_ik / tau) ),
     beta_ij = C_ij / sum_{k != i} C_ik, C_ij = y_i . y_j; a row with no shared label adds 0."""
     B, tau, total = len(h), loss.temperature, torch.tensor(0.0, dtype=h.dtype)
-    d = [[(hi - hj).pow(2).sum().sqrt() for hj in h] for hi in h]   # d[i][j] = ||h_i - h_j||
+    z = units(h, normalise)
+    d = [[(zi - zj).pow(2).sum() ** (1 if squared else 0.5) for zj in z] for zi in z]
+
+    def e(i, j):
+        return torch.exp(-d[i][j] * tau if times_tau else -d[i][j] / tau)
     for i in range(B):
         shared = {j: float(y[i] @ y[j]) for j in range(B) if j != i}
+        weight = sum(shared.values()) + (float(y[i] @ y[i]) if diagonal_in_c else 0.0)
         if sum(shared.values()) == 0:
             continue
-        denominator = sum(torch.exp(-d[i][k] / tau) for k in range(B) if k != i)
+        denominator = sum(e(i, k) for k in range(B) if k != i or self_in_denominator)
         for j, c in shared.items():
-            total = total - c / sum(shared.values()) * torch.log(torch.exp(-d[i][j] / tau)
-                                                                 / denominator)
-    return total
+            column = sum(float(y[k] @ y[j]) for k in range(B) if k != j)
+            b = {"normalised": c / weight, "counts": c,
+                 "columns": c / column if column else 0.0}[beta]
+            total = total - b * torch.log(e(i, j) / denominator)
+    return total / (B * B) if reduction == "cells" else total
 
 
 MULTILABEL_ORACLES = {"mlcon": mlcon_oracle}
 
 
-# second ones (h (2B, dim), labels (2B,) the texts' classes)
+# The pair losses' batches hold the B first texts of the pairs, then their B second ones
+# (h (2B, dim), labels (2B,) the texts' classes)
 
-
-def setfit_oracle(h, y, loss):
+def setfit_oracle(h, y, loss, *, pairs="halves", other_class_target=0.0, inverted=False,
+                  rescaled=False, error="squared", reduction="mean"):
     B, terms = len(h) // 2, []
     for i in range(B):
-        u, v = h[i], h[B + i]                       # pair i: text i and text B + i
+        a, b = (i, B + i) if pairs == "halves" else (2 * i, 2 * i + 1)
+        u, v = h[a], h[b]                           # pair i: text i and text B + i
         cos = (u @ v) / (u.norm() * v.norm())
-        target = 1.0 if y[i] == y[B + i] else 0.0   # one class: 1; two classes: 0
-        terms.append((cos - target) ** 2)
-    return mean(terms)
+        cos = (cos + 1) / 2 if rescaled else cos
+        same = bool(y[a] == y[b]) != inverted
+        target = 1.0 if same else other_class_target   # one class: 1; two classes: 0
+        terms.append((cos - target) ** 2 if error == "squared" else (cos - target).abs())
+    return reduce(terms, reduction)
 
 
 PAIR_ORACLES = {"setfit": setfit_oracle}
 TABLES = {"ORACLES": ORACLES, "MEMORY_ORACLES": MEMORY_ORACLES,
           "MULTILABEL_ORACLES": MULTILABEL_ORACLES, "PAIR_ORACLES": PAIR_ORACLES}
+
+
+# The other ways each formula's steps can be read, as the oracles' keyword arguments: where a
+# loss's value is off, checks.readings_that_fit names those that give the loss's value on every
+# comparison batch (and only those). Each says what the loss then computes.
+SUM = {"the terms summed over the batch, not averaged": {"reduction": "sum"}}
+BATCH = {"the terms summed and divided by the batch size B, not by their number": {
+    "reduction": "batch"}}
+COLUMNS = {"h normalised over the batch (each feature, dim 0), not each vector (dim 1)": {
+    "normalise": "columns"}}
+READINGS = {
+    "triplet": {
+        "the raw vectors h, not L2-normalised": {"normalise": False},
+        "the Euclidean distance ||u - v||, not its square": {"squared": False},
+        "no hinge (max(0, .) left off): satisfied triplets give negative terms": {"hinge": False},
+        "the positive's and the negative's distances exchanged, d(a, n) - d(a, p) + m (in the "
+        "hinge, or in the order of the (a, p, n) mask's axes)": {"swap": True},
+        "an anchor counted as its own positive (p = a kept)": {"self_positive": True},
+        "the margin added outside the hinge, max(0, d(a, p) - d(a, n)) + m": {
+            "margin_outside": True},
+        "the mean over the active (nonzero) triplets only, not every valid one": {
+            "reduction": "nonzero"},
+        "the mean over all B^3 (a, p, n) cells, invalid ones included": {"reduction": "cells"},
+        **SUM, **BATCH, **COLUMNS},
+    "npairs": {
+        "cosine similarities (normalised vectors) for the raw inner products": {"cosine": True},
+        "log sum exp, without the 1 + inside the log": {"one_plus": False},
+        "every other example a negative, the anchor's own class included": {"negatives": "all"},
+        "each same-class pair taken once (a < p), not as both ordered pairs": {"ordered": False},
+        "the mean over all B x B cells, not over the (anchor, positive) pairs": {
+            "reduction": "cells"}, **BATCH,
+        "the L2 penalty on ||f||, not ||f||^2": {"penalty": "mean norm"},
+        "the L2 penalty summed over the batch, not averaged": {"penalty": "sum squared"},
+        "no L2 penalty": {"penalty": "none"}, **SUM},
+    "supcon": {
+        "the raw vectors h, not L2-normalised": {"normalise": False},
+        "z_i.z_j multiplied by tau, not divided": {"times_tau": True},
+        "each anchor's own exp(z_i.z_i / tau) in its denominator (A(i) leaves i out)": {
+            "self_in_denominator": True},
+        "an anchor counted as its own positive": {"self_positive": True},
+        "the denominator over the negatives only, the positives left out": {
+            "denominator": "negatives"},
+        "each anchor's -log p summed over its positives, not averaged": {"positives": "sum"},
+        "the mean over every anchor, those without a positive counted as 0": {"anchors": "all"},
+        "the log of each anchor's mean probability over its positives (Khosla et al.'s L_in), "
+        "not the mean of the logs (L_out)": {"positives": "log of mean"}, **COLUMNS},
+    "contrastive": {
+        "the raw vectors h, not L2-normalised": {"normalise": False},
+        "the squared distance where the formula takes the distance d": {"squared_d": True},
+        "the hinge max(0, m - d) not squared": {"hinge_squared": False},
+        "the factors 1/2 left out": {"halves": False},
+        "no hinge: m - d, not max(0, m - d)": {"hinge": False},
+        "the two halves exchanged: pairs of one class pushed to the margin and pairs of two "
+        "pulled together": {"swap": True},
+        "each example paired with itself too (i <= j)": {"self_pairs": True}, **SUM, **BATCH,
+        **COLUMNS},
+    "mnrl": {
+        "S = cos, the scale left out": {"scale": "none"},
+        "S = cos / scale, the scale taken for a temperature": {"scale": "divided"},
+        "each anchor's mean over its positives, then the mean over the anchors, not one mean "
+        "over the (i, p) pairs": {"reduction": "anchors"},
+        "raw inner products, not cosines": {"cosine": False},
+        "the anchor's other same-class examples among the negatives": {
+            "same_class_negatives": True},
+        "an example paired with itself as an (anchor, positive) pair": {"self_pairs": True},
+        "h normalised over the batch (each feature, dim 0), not each vector (dim 1)": {
+            "cosine": "columns"}, **BATCH, **SUM},
+    "proxynca": {
+        "the logits +s d (the sign dropped): the farthest proxy scores highest": {"sign": 1},
+        "the raw vectors h, not L2-normalised": {"normalise": False}, **COLUMNS,
+        "the proxies not normalised": {"normalise_proxies": False},
+        "the proxies normalised over the classes (each feature, dim 0), not each proxy": {
+            "normalise_proxies": "columns"},
+        "the scale s left out": {"scale": False},
+        "the distance ||x - p||, not its square": {"squared": False},
+        "the positive proxy left out of the softmax's denominator": {
+            "positive_in_denominator": False},
+        "no log-softmax: minus the class's logit itself": {"log_softmax": False}, **SUM},
+    "proxyanchor": {
+        "the raw vectors h, not L2-normalised": {"normalise": False}, **COLUMNS,
+        "the proxies not normalised": {"normalise_proxies": False},
+        "the proxies normalised over the classes (each feature, dim 0), not each proxy": {
+            "normalise_proxies": "columns"},
+        "the positive term's margin with its sign flipped, -alpha (cos + delta)": {
+            "positive_margin": 1},
+        "the negative term's margin with its sign flipped, alpha (cos - delta)": {
+            "negative_margin": -1},
+        "the positive term averaged over all C proxies, not over P+": {"positive_over": "P"},
+        "the negative term averaged over P+ only, not over all C proxies": {
+            "negative_over": "P+"},
+        "the negative term over every example, the proxy's own class included": {
+            "negatives": "all"},
+        "the positive term without the 1 + inside its log": {"one_plus": False},
+        "both terms summed over the proxies, not averaged": {"reduction": "sum"}},
+    "softtriple": {
+        "the centre weights a softmax over the classes, not over a class's K centres": {
+            "weights_over": "classes"},
+        "the similarities multiplied by gamma, not divided": {"times_gamma": True},
+        "a hard max over the centres, not the softmax-weighted similarity": {"hard": True},
+        "the centres not normalised": {"normalise_centres": False},
+        "the centres normalised across a class's K centres (each feature), not each centre": {
+            "normalise_centres": "columns"},
+        "the raw vectors h, not L2-normalised": {"normalise": False}, **COLUMNS,
+        "the regulariser on the raw centres, not the normalised ones": {
+            "regulariser": "raw"},
+        "the regulariser on squared distances": {"squared": True},
+        "the regulariser divided by C K (K - 1) / 2, the unordered pairs": {
+            "pairs": "unordered"},
+        "the margin outside the scale, lambda S_y - delta": {"margin": "outside"},
+        "the margin added to the true class, not subtracted": {"margin_sign": 1},
+        "no regulariser": {"regulariser": "none"}},
+    "knnbert": {
+        "the query not L2-normalised": {"normalise": False},
+        "the queries normalised over the batch (each feature, dim 0), not each query": {
+            "normalise": "columns"},
+        "q.k multiplied by tau, not divided": {"times_tau": True},
+        "the query's own older keys kept among its positives": {"own_keys": "positives"},
+        "every key that is not a positive a negative, the query's own older keys included": {
+            "negatives": "not positives"},
+        "k_j left out of its own denominator": {"positive_in_denominator": False},
+        "each query's terms summed over S(q), not averaged": {"per_query": "sum"},
+        "queries without a selected positive averaged in as 0": {"queries": "all"},
+        "M_m and M_l exchanged": {"swap_m": True}},
+    "moco": {
+        "the query not L2-normalised": {"normalise": False},
+        "the queries normalised over the batch (each feature, dim 0), not each query": {
+            "normalise": "columns"},
+        "the positive's logit not divided by tau": {"positive_tau": False},
+        "the query's own older keys among the negatives": {"own_keys": "negatives"},
+        "the keys of the query's class left out of the negatives": {"class_keys": "excluded"},
+        "the positive left out of the denominator": {"positive_in_denominator": False}, **SUM},
+    "mlcon": {
+        "the squared distance, not the distance": {"squared": True},
+        "z L2-normalised first": {"normalise": True},
+        "the example itself in its own softmax's denominator": {"self_in_denominator": True},
+        "the distances multiplied by tau', not divided": {"times_tau": True},
+        "C's diagonal kept in each row's total (beta's denominator counts the example itself)": {
+            "diagonal_in_c": True},
+        "beta not normalised over each row: the raw shared-label counts": {"beta": "counts"},
+        "beta normalised over each column (the partner's total), not each row (the anchor's)": {
+            "beta": "columns"},
+        "the mean over the B x B cells, not the sum": {"reduction": "cells"}},
+    "setfit": {
+        "the pairs read as neighbouring rows (0, 1), (2, 3), ..., not the first half against "
+        "the second": {"pairs": "interleaved"},
+        "the targets inverted, 1 for a pair of two classes and 0 for one (or, the same "
+        "function, 1 - cos regressed onto the right targets)": {"inverted": True},
+        "a pair of two classes regressed onto -1, not 0": {"other_class_target": -1.0},
+        "the cosine rescaled to [0, 1], (cos + 1) / 2": {"rescaled": True},
+        "the absolute error, not the squared one": {"error": "absolute"}, **SUM},
+}
 
 
 def table_of(name):

@@ -20,7 +20,8 @@ from checks import (D, agrees, apart, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, make, near, ok, run, value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, make, near, ok, run, value, worked)
 from minknn.losses.contrastive import contrastive
 
 
@@ -28,6 +29,31 @@ from minknn.losses.contrastive import contrastive
 
 def test_contrastive_normalises_what_its_formula_normalises():
     check_normalises_what_its_formula_normalises("contrastive")
+
+
+def test_contrastive_the_pair_formula_by_hand():
+    """contrastive(d, y, m) itself, the per-pair loss a sentence-pair task calls directly: a
+    similar pair (y = 0) at d = 0.3 costs 1/2 d^2 = 0.045, a dissimilar one (y = 1) 1/2 max(0, m -
+    d)^2 = 0.02, and one beyond the margin (d = 1) 0."""
+    d, y = (torch.tensor([0.3, 0.3, 1.0], dtype=torch.float64), torch.tensor([0, 1, 1]))
+    got = run("contrastive", contrastive, d, y, 0.5).tolist()
+    def pair(d, y, halves=0.5, hinge=True, squared_hinge=True, on_d2=False, swap=False):
+        """The per-pair loss, or another reading of it (the mistakes named)."""
+        y = 1 - y if swap else y
+        gap = 0.5 - (d ** 2 if on_d2 else d)
+        gap = gap.clamp(min=0) if hinge else gap
+        return (halves * (1 - y) * d ** 2 + halves * y * gap ** (2 if squared_hinge else 1)).tolist()
+    worked("contrastive", got, [0.045, 0.02, 0.0], "contrastive(d, y, m = 0.5) at (d, y) = (0.3, "
+           "0), (0.3, 1), (1.0, 1)", {
+               "with its two halves exchanged: y = 1 pulled in, 1/2 d^2, and y = 0 pushed to the "
+               "margin (y = 1 marks a DISSIMILAR pair)": pair(d, y, swap=True),
+               "without the hinge: 1/2 (m - d)^2 for a dissimilar pair beyond the margin too":
+                   pair(d, y, hinge=False),
+               "with the hinge on the squared distance, max(0, m - d^2)^2": pair(d, y, on_d2=True),
+               "with the hinge not squared, max(0, m - d)": pair(d, y, squared_hinge=False),
+               "with the hinge on the squared distance and not squared after, max(0, m - d^2)":
+                   pair(d, y, on_d2=True, squared_hinge=False),
+               "without the factors 1/2": pair(d, y, halves=1.0)}, atol=1e-9, readings=False)
 
 
 def test_contrastive_a_pair_of_one_class_is_similar():
@@ -133,3 +159,11 @@ def test_contrastive_gradient_of_two_equal_vectors_is_finite():
 def test_contrastive_runs_in_fp32_under_autocast(name):
     """As --loss contrastive, and as --pair_loss contrastive on a siamese pair task."""
     check_runs_in_fp32_under_autocast(name)
+
+
+def test_contrastive_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("contrastive")
+
+
+def test_contrastive_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("contrastive")

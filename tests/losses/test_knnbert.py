@@ -15,8 +15,9 @@ import torch
 
 from checks import (C, D, agrees, at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
-                    check_sanity_check, e, make, memory, memory_of, near, ok, queue_case, randn,
-                    run, value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, make, memory, memory_of, near, ok,
+                    queue_case, randn, run, value, worked)
 from minknn.losses.knnbert import select_positives
 from oracles import knnbert_oracle
 
@@ -256,3 +257,11 @@ def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
        f"the warning about classes using every positive, once: {lines}")
     run("knnbert", make("knnbert", m_most=2, m_least=1), h, y, None, keys, key_labels, rows, ids)
     ok("knnbert", capsys.readouterr().out == "", "a warning where no class is that small")
+
+
+def test_knnbert_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("knnbert")
+
+
+def test_knnbert_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("knnbert")

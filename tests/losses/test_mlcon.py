@@ -15,8 +15,9 @@ import torch
 
 from checks import (D, apart, check_degenerate_inputs_are_finite, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
-                    check_runs_in_fp32_under_autocast, check_sanity_check, e, make, near, ok, randn,
-                    run, worked)
+                    check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
+                    check_sanity_check, check_stays_finite_on_large_inputs, e, make, near, ok,
+                    randn, run, worked)
 from minknn.losses import task_loss
 from minknn.losses.mlcon import mlcon
 from minknn.tasks import TASKS
@@ -179,3 +180,11 @@ def test_mlcon_falls_as_label_sharers_come_together():
 
 def test_mlcon_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("mlcon")
+
+
+def test_mlcon_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("mlcon")
+
+
+def test_mlcon_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("mlcon")

@@ -16,11 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from elsewhere import check_on_second_device
 from checks import (D, OPPOSITE, agrees, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, randn, run, value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, make, near, ok, randn, run, value,
+                    worked)
 from minknn.losses.mnrl import mnrl_pairs
 
 
@@ -112,18 +115,58 @@ def test_mnrl_sanity_check():
 
 # ---- by hand: the cases that show one choice of its formula ----
 
+def mnrl_pairs_formula(a, p, scale=20.0, cosine=True, over="positives", reduction="mean"):
+    """J for K pairs, written out: -1/K sum_i [S_ii - log sum_j exp S_ij], S_ij = scale cos(a_i,
+    p_j); or another reading: raw inner products, the softmax over the anchors (column i), the
+    sum over the pairs."""
+    K = len(a)
+    S = [[scale * (F.cosine_similarity(ai, pj, dim=0) if cosine else ai @ pj) for pj in p]
+         for ai in a]
+    terms = [S[i][i] - torch.log(sum(torch.exp(S[i][j] if over == "positives" else S[j][i])
+                                     for j in range(K))) for i in range(K)]
+    return -sum(terms) / (1 if reduction == "sum" else K)
+
+
+MNRL_PAIRS_READINGS = {
+    "S = cos, the scale left out": {"scale": 1.0},
+    "raw inner products, not cosines": {"cosine": False},
+    "the softmax over the anchors for each positive (S transposed), not over the positives for "
+    "each anchor": {"over": "anchors"},
+    "the terms summed over the pairs, not averaged": {"reduction": "sum"}}
+
+
 def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
-    a, p = randn(5, D, seed=0), randn(5, D, seed=1)
-    S = [[20 * F.cosine_similarity(ai, pj, dim=0) for pj in p] for ai in a]
-    expected = -sum(S[i][i] - torch.log(sum(torch.exp(S[i][j]) for j in range(5)))
-                    for i in range(5)) / 5
-    got = run("mnrl", mnrl_pairs, a, p)
-    agrees("mnrl", near(got, expected), "mnrl_pairs on 5 (anchor, positive) pairs",
+    pairs = [(randn(5, D, seed=s), randn(5, D, seed=s + 1)) for s in (0, 2, 4)]
+    got = [run("mnrl", mnrl_pairs, a, p).item() for a, p in pairs]
+    want = [mnrl_pairs_formula(a, p).item() for a, p in pairs]
+    if not all(near(g, w, atol=1e-6) for g, w in zip(got, want)):
+        fits = [what for what, kw in MNRL_PAIRS_READINGS.items()
+                if all(near(g, mnrl_pairs_formula(a, p, **kw), atol=1e-6)
+                       for g, (a, p) in zip(got, pairs))]
+        ok("mnrl", not fits, f"mnrl_pairs on 3 sets of 5 (anchor, positive) pairs: got "
+           f"{', '.join(f'{g:.6g}' for g in got)}; each is J with {' or with '.join(fits)}")
+    agrees("mnrl", near(got[0], want[0]), "mnrl_pairs on 5 (anchor, positive) pairs",
            "J of Henderson et al. with S = 20 cos, written out",
-           f": got {got.item():.8g}, it gives {expected.item():.8g}")
+           f": got {got[0]:.8g}, it gives {want[0]:.8g}")
 
 
 @pytest.mark.parametrize("name", ["mnrl", "pair_loss mnrl"])
 def test_mnrl_runs_in_fp32_under_autocast(name):
     """As --loss mnrl, and as --pair_loss mnrl on a siamese pair task."""
     check_runs_in_fp32_under_autocast(name)
+
+
+def test_mnrl_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("mnrl")
+
+
+def test_mnrl_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("mnrl")
+
+
+def test_mnrl_pairs_runs_on_the_inputs_device():
+    """mnrl_pairs (a sentence-pair task's MNRL) with its pairs on a second device
+    (tests/elsewhere.py): its targets made on the CPU fail here as on a GPU."""
+    check_on_second_device("mnrl", "mnrl_pairs on 5 (anchor, positive) pairs",
+                           lambda m, a, p: mnrl_pairs(a, p),
+                           {"a": randn(5, D, seed=0), "p": randn(5, D, seed=1)})

@@ -15,8 +15,9 @@ import torch
 
 from checks import (agrees, at_angle, bank_case, check_degenerate_inputs_are_finite,
                     check_gradcheck, check_matches_its_oracle,
-                    check_normalises_what_its_formula_normalises, check_sanity_check, e, make,
-                    memory_of, near, ok, run, value, worked)
+                    check_normalises_what_its_formula_normalises, check_runs_on_the_inputs_device,
+                    check_sanity_check, check_stays_finite_on_large_inputs, e, make, memory_of,
+                    near, ok, run, value, worked)
 from oracles import mean, unit
 
 
@@ -166,3 +167,11 @@ def test_moco_over_a_memory_bank_is_wu_et_al_softmax():
            "; it is the loss with its own entry also among the negatives (the positive counted "
            "twice)" if near(value, torch.logaddexp(s[0], s.logsumexp(0)) - s[0], atol=1e-9)
            else ""))
+
+
+def test_moco_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("moco")
+
+
+def test_moco_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("moco")

@@ -15,7 +15,8 @@ import torch
 from checks import (cases, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, make, near, ok, value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -83,3 +84,11 @@ def test_npairs_sanity_check():
 
 def test_npairs_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("npairs")
+
+
+def test_npairs_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("npairs")
+
+
+def test_npairs_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("npairs")

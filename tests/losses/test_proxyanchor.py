@@ -18,8 +18,9 @@ from checks import (BATCHES, C, D, agrees, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, orthonormal_proxies, randn, run, value,
-                    worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, make, near, orthonormal_proxies, randn,
+                    run, value, worked)
 from oracles import proxyanchor_oracle
 
 
@@ -111,3 +112,11 @@ def test_proxyanchor_averages_the_positive_term_over_the_proxies_in_the_batch():
 
 def test_proxyanchor_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("proxyanchor")
+
+
+def test_proxyanchor_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("proxyanchor")
+
+
+def test_proxyanchor_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("proxyanchor")

@@ -18,8 +18,9 @@ from checks import (BATCHES, C, D, agrees, check_degenerate_inputs_are_finite,
                     check_falls_as_classes_separate, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, orthonormal_proxies, randn, run,
-                    value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, make, near, ok, orthonormal_proxies,
+                    randn, run, value, worked)
 from minknn.losses import METRIC_LOSSES
 from oracles import unit
 
@@ -159,3 +160,11 @@ def test_proxynca_default_is_proxynca_pp_temperature():
 
 def test_proxynca_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("proxynca")
+
+
+def test_proxynca_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("proxynca")
+
+
+def test_proxynca_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("proxynca")

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 
 from checks import (at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
-                    check_runs_in_fp32_under_autocast, check_sanity_check, e, make, near, ok, value,
-                    worked)
+                    check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
+                    check_sanity_check, check_stays_finite_on_large_inputs, e, make, near, ok,
+                    value, worked)
 from minknn import MinknnError
 from minknn.engine import PairBatches
 from minknn.losses.setfit import draw_pairs
@@ -165,3 +166,11 @@ def test_setfit_batches_are_the_first_texts_then_the_second_and_resume():
     rng.setstate(rng_state)
     assert again.pairs == stream.pairs, "a resumed run must draw the same pairs"
     assert [next(again) for _ in range(12)] == ahead, "a resumed stream must go on as it would have"
+
+
+def test_setfit_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("setfit")
+
+
+def test_setfit_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("setfit")

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from checks import (C, D, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, make, ok, randn, run, value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, make, ok, randn, run, value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -162,3 +163,11 @@ def test_softtriple_gradient_with_two_coinciding_centres_is_finite():
 
 def test_softtriple_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("softtriple")
+
+
+def test_softtriple_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("softtriple")
+
+
+def test_softtriple_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("softtriple")

@@ -15,7 +15,8 @@ import torch
 from checks import (OPPOSITE, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, falls_with_tau, make, near, ok, value,
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, falls_with_tau, make, near, ok, value,
                     worked)
 
 
@@ -108,3 +109,11 @@ def test_supcon_sanity_check():
 
 def test_supcon_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("supcon")
+
+
+def test_supcon_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("supcon")
+
+
+def test_supcon_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("supcon")

@@ -16,7 +16,8 @@ import torch
 from checks import (check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
                     check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_sanity_check, e, make, near, ok, triangle, value, worked)
+                    check_runs_on_the_inputs_device, check_sanity_check,
+                    check_stays_finite_on_large_inputs, e, make, near, ok, triangle, value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -95,3 +96,11 @@ def test_triplet_sanity_check():
 
 def test_triplet_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("triplet")
+
+
+def test_triplet_stays_finite_on_large_inputs():
+    check_stays_finite_on_large_inputs("triplet")
+
+
+def test_triplet_runs_on_the_inputs_device():
+    check_runs_on_the_inputs_device("triplet")
