@@ -84,11 +84,43 @@ def check_weights(vote, scores, temperature, expected, rule):
               f"(scores {fmt(scores[q])}), expected {fmt(expected[q])}")
 
 
+def _summed(alpha, rows, values, ranks=None, weight=None):
+    """sum over the ranks j (all, or `ranks`) of alpha_j y_j, alpha_j read as `weight(alpha, j)`."""
+    knn = torch.zeros(len(rows), values.shape[1], dtype=torch.float64)
+    for j in (range(rows.shape[1]) if ranks is None else ranks):
+        knn = knn + (weight or (lambda a, j: a[:, j]))(alpha, j)[:, None] * values[rows[:, j]]
+    return knn
+
+
+# The other ways the vote's sum over the K neighbours can be read (alpha: the weights (Q, K),
+# rows (Q, K), values (N, C)): a failure names those whose vote the part's is, on the test's case.
+SUM_READINGS = {
+    "the last (farthest) neighbour's vote left out": lambda a, r, v: _summed(
+        a, r, v, range(r.shape[1] - 1)),
+    "each rank's vote written over the sum, not added to it: only the last neighbour's counts":
+        lambda a, r, v: _summed(a, r, v, [r.shape[1] - 1]),
+    "the nearest neighbour's vote alone": lambda a, r, v: _summed(a, r, v, [0]),
+    "every neighbour weighted by the nearest one's weight alpha_1": lambda a, r, v: _summed(
+        a, r, v, weight=lambda a, j: a[:, 0]),
+    "each neighbour's label counted without its weight (1 each)": lambda a, r, v: _summed(
+        a, r, v, weight=lambda a, j: torch.ones(len(a), dtype=torch.float64)),
+}
+
+
 def check_vote(datastore, vote, scores, rows, temperature, expected, rule):
     got = graded(PART, "Datastore.vote", datastore.vote, scores, rows, vote, temperature)
     check(PART, tuple(got.shape) == tuple(expected.shape),
           f"Datastore.vote gives shape {tuple(got.shape)}, expected (Q, C) = "
           f"{tuple(expected.shape)}")
+    if not torch.allclose(got.double(), expected.double(), atol=1e-6):
+        alpha, values = VOTES[vote](scores, temperature).double(), datastore.values.double()
+        fits = [what for what, f in SUM_READINGS.items()
+                if torch.allclose(got.double(), f(alpha, rows, values), atol=1e-6)
+                and not torch.allclose(f(alpha, rows, values), expected.double(), atol=1e-6)]
+        check(PART, not fits, f"the {vote} vote KNN(q) = sum_j alpha_j y_j: {rule}; got "
+              f"{fmt(got[0])} for query 0 (its neighbours: datastore rows {rows[0].tolist()}), "
+              f"expected {fmt(expected[0])}: every query's vote is the sum with "
+              f"{' or with '.join(fits)}")
     for q in range(len(rows)):
         check(PART, torch.allclose(got[q].double(), expected[q].double(), atol=1e-6),
               f"the {vote} vote KNN(q) = sum_j alpha_j y_j: {rule}; got {fmt(got[q])} for "

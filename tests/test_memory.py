@@ -104,6 +104,37 @@ def test_momentum_update_by_hand():
               "must only read them)", atol=0, rtol=0)
 
 
+def test_momentum_update_with_a_frozen_part_of_the_model():
+    """With part of the model frozen (--option pretrain freezes BERT, a memory loss still trains
+    its head), each key parameter still moves towards its own counterpart: the first layer frozen
+    (requires_grad False), the second trained, both the same shape."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    model[0].requires_grad_(False)
+    key_encoder = KeyEncoder(model, m=0.9)
+    with torch.no_grad():
+        for p in model[1].parameters():
+            p.add_(torch.randn(p.shape, generator=g))
+    before = [k.detach().clone() for k in key_encoder.encoder.parameters()]
+    graded(PART, "KeyEncoder.update", key_encoder.update, model)
+    names = [n for n, _ in model.named_parameters()]
+    for name, k, k0, q in zip(names, key_encoder.encoder.parameters(), before,
+                              model.parameters()):
+        want = 0.9 * k0 + 0.1 * q.detach()
+        if not torch.allclose(k, want, atol=1e-6):
+            moved_to = [n for n, other in zip(names, model.parameters())
+                        if other.shape == q.shape and torch.allclose(k, 0.9 * k0 + 0.1 *
+                                                                     other.detach(), atol=1e-6)]
+            check(PART, False, f"KeyEncoder.update with the model's first layer frozen "
+                  f"(requires_grad False): the key encoder's {name} moved towards "
+                  + (f"the model's {moved_to[0]}" if moved_to else "no parameter of the model")
+                  + f", not its own counterpart {name}: every parameter pairs with its own, "
+                  f"frozen or not (the key encoder is a copy of the whole model)")
+
+
 def test_batch_keys_come_after_the_momentum_step():
     """The queue's batch keys are the key encoder's after its momentum step towards the model:
     MoCo's update after step t - 1 comes before the keys of step t."""

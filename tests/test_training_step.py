@@ -20,6 +20,7 @@ from elsewhere import check_on_second_device
 from grading import as_formula, as_mix, check, close, graded, matches_reference
 from minknn import options
 from minknn.bert import BertConfig, BertModel
+from minknn.parts import label
 from minknn.runs import Diverged
 
 PART = "training"
@@ -80,7 +81,7 @@ class SummingPCGrad:
     tests): its backward(losses, rng) backpropagates the sum, as PCGrad does when no tasks
     conflict, so that the step's --pcgrad path is held to the same gradients as the other."""
 
-    def backward(self, losses, rng):
+    def backward(self, losses, rng=None):  # PCGrad's signature: rng has a default there too
         sum(losses).backward()
         return 0
 
@@ -258,9 +259,20 @@ def test_part_training_schedule():
     """The lr at each optimizer.step(), every group alike: up from lr / warmup to lr over the
     warm-up steps, then down to 0 at total_steps; warmup is a share of the steps, at least one,
     truncated (int), not rounded."""
-    # 5 warm-up steps of 20; int(0.6) = 0: 1 step; int(3.6) = 3 steps of 20, not 4
-    for total, warmup in ((20, 0.25), (10, 0.06), (20, 0.18)):
-        _, _, optimizer, scheduler, params, names, args = tiny_run(total, warmup)
+    # 5 warm-up steps of 20; int(0.6) = 0: 1 step; int(3.6) = 3 steps of 20, not 4; every step
+    # a warm-up step (--warmup 1), where total_steps - warmup is 0
+    for total, warmup in ((20, 0.25), (10, 0.06), (20, 0.18), (10, 1.0)):
+        try:
+            _, _, optimizer, scheduler, params, names, args = tiny_run(total, warmup)
+            raised = None
+        except AssertionError as e:
+            raised = str(e).removeprefix(f"{label(PART)}: ")
+        check(PART, raised is None or "ZeroDivisionError" not in raised, f"{raised}: with "
+              f"--warmup {warmup} of {total} steps the warm-up lasts int({warmup} x {total}) = "
+              f"{int(warmup * total)} steps and the decay total_steps - warmup = "
+              f"{total - int(warmup * total)}: each is taken at least 1 (max(1, ...)), so that "
+              f"no step divides by 0")
+        check(PART, raised is None, str(raised))
         w = max(1, int(warmup * total))
         lrs = []
         for s in range(total + 1):  # each step's lrs, and after the last step's (0)
@@ -487,7 +499,7 @@ def test_part_training_step_passes_pcgrad_the_losses():
         def __init__(self):
             self.calls = []
 
-        def backward(self, losses, rng):
+        def backward(self, losses, rng=None):  # PCGrad's signature: rng has a default
             self.calls.append((len(losses), rng))
             sum(losses).backward()
             return 7

@@ -99,11 +99,13 @@ def run(name, loss, *args):
 def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6, readings=True):
     """A case worked by hand: `got` (a number, or a list of them) equals `want`; else the failure
     names the readings of the formula that give the loss's value on every comparison batch
-    (readings_that_fit), where some do; else the first of `mistakes` ({the loss under a mistake,
-    e.g. "with tau multiplied, not divided": its value on the case, recomputed}) that `got`
-    equals; else it says what the case gives, what it got, and by how much (tests/grading.py: a
-    cause is named only where it is checked, and one value on one case can fit two mistakes).
-    readings=False for a case of a function of the part other than the loss itself."""
+    (readings_that_fit), where some do; else it says what the case gives, what it got, by how
+    much, and how the two relate where one factor does (ratio). `mistakes` ({the value under a
+    mistake, e.g. "with tau multiplied, not divided": its value on the case, recomputed}) are
+    named only with readings=False, for a case of a function of the part other than the loss
+    itself (contrastive(), mnrl_pairs), whose own readings they are: for the loss, one value on
+    one case can fit several mistakes, and naming the one listed sent students to correct code
+    (RESULTS.md, set F), so a cause is named only where every comparison batch confirms it."""
     def numbers(x):
         return [float(v) for v in x] if isinstance(x, (list, tuple)) else [float(x)]
 
@@ -117,15 +119,32 @@ def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6, readings=
     if same(g, w):
         return
     said = f"{case}: got {show(g)}, expected {show(w)}"
-    if readings:  # first what holds on every comparison batch, then what holds on this case
+    if readings:  # the readings that hold on every comparison batch; one case proves too little
         fitted(name, said)
-    for mistake, wrong in (mistakes or {}).items():
-        if same(g, numbers(wrong)):
-            fail(name, f"{said}; {show(g)} is the loss {mistake}")
+    else:  # a function of the part whose own readings are `mistakes`, on the case's points
+        for mistake, wrong in (mistakes or {}).items():
+            if same(g, numbers(wrong)):
+                fail(name, f"{said}; {show(g)} is the loss {mistake}")
     gap = max(abs(u - v) for u, v in zip(g, w))
     if not all(math.isfinite(u) for u in g) and all(math.isfinite(v) for v in w):
         fail(name, f"{said}: the loss is not finite where the formula's is")
-    fail(name, f"{said} (off by up to {gap:.3g}){negative(g)}")
+    fail(name, f"{said} (off by up to {gap:.3g}){negative(g)}{ratio(g, w)}")
+
+
+def ratio(got, want):
+    """'; each value got is 2 times the expected one' where one simple factor (an integer or its
+    inverse, the same at every value) relates them: '' otherwise."""
+    pairs = [(u, v) for u, v in zip(got, want) if abs(v) > 1e-12]
+    if not pairs or any(abs(u) < 1e-12 for u, _ in pairs):
+        return ""
+    r = [u / v for u, v in pairs]
+    if max(r) - min(r) > 1e-6 * max(1.0, abs(r[0])):
+        return ""
+    for n in range(2, 65):
+        for c, say in ((n, f"{n} times"), (1 / n, f"1/{n} of"), (-1, "minus")):
+            if abs(r[0] - c) < 1e-6 * max(1.0, abs(c)):
+                return f"; each value got is {say} the expected one"
+    return ""
 
 
 def negative(values):
@@ -138,13 +157,14 @@ def negative(values):
 
 def readings_that_fit(name):
     """The readings of the formula (READINGS in tests/losses/oracles.py) whose value the loss
-    gives on every one of its comparison batches (cases()), where the formula's it does not:
+    gives on every one of its comparison batches (cases() and degenerate_cases()), where the
+    formula's it does not:
     the mistakes the loss is checked to have made. Several can fit: all are named."""
     if name not in READINGS:
         return []
     loss, oracle = make(name), oracle_of(name)
     fits, differs_somewhere = dict(READINGS[name]), False
-    for _, args in cases(name):
+    for _, args in cases(name) + degenerate_cases(name):
         try:
             with torch.no_grad():
                 got = loss(*args)
@@ -163,8 +183,8 @@ def fitted(name, said):
     """Fails naming the readings of the formula the loss is checked to compute, if any."""
     fits = readings_that_fit(name)
     if fits:
-        fail(name, f"{said}; on every one of its {len(cases(name))} comparison batches the loss "
-             f"is the formula with {' or with '.join(fits)}")
+        fail(name, f"{said}; on every one of its {len(cases(name) + degenerate_cases(name))} "
+             f"comparison batches the loss is the formula with {' or with '.join(fits)}")
 
 
 def near(a, b, atol=1e-9, rtol=1e-9):
@@ -462,6 +482,14 @@ def check_gradcheck(name):
             off = formula.describe(g if g is not None else torch.zeros_like(w), w, what,
                                    ("example", "feature") if tensor == "h" else None,
                                    atol=1e-7, rtol=1e-6)
+            if off is not None:  # a reading whose gradients, every one, the loss's are
+                fits = [r for r, kw in READINGS.get(name, {}).items() if all(
+                    formula._close(got[t] if got[t] is not None else torch.zeros_like(v), v,
+                                   1e-7, 1e-6) for t, v in formula.run(
+                        lambda h: oracle_of(name)(h, *args[1:], loss, **kw), {"h": args[0]},
+                        params, formula.fixed_cotangent())[1].items() if v is not None)]
+                fail(name, f"{off.replace(formula.VALUE_ONLY, ' is off')}; every gradient is "
+                     f"the formula's with {' or with '.join(fits)}") if fits else None
             ok(name, off is None, str(off))
     inputs = (args[0].clone().requires_grad_(), *loss.parameters())
     passed = torch.autograd.gradcheck(lambda h, *params: run(name, loss, h, *args[1:]), inputs,

@@ -26,6 +26,11 @@ def units(h, how=True):
     return [unit(v) for v in h] if how else list(h)
 
 
+def by(x, t, how):
+    """x / t, as the formulas divide by a temperature; or another reading: "times" x t, "none" x."""
+    return x / t if how == "divided" else x * t if how == "times" else x
+
+
 def mean(terms):
     return sum(terms) / len(terms) if terms else torch.tensor(0.0, dtype=torch.float64)
 
@@ -64,7 +69,7 @@ def triplet_oracle(h, y, loss, *, normalise=True, squared=True, hinge=True, swap
 
 
 def npairs_oracle(h, y, loss, *, cosine=False, one_plus=True, negatives="others",
-                  ordered=True, reduction="mean", penalty="mean squared"):
+                  ordered=True, reduction="mean", penalty="mean squared", empty_penalty=True):
     f, B, terms = units(h, cosine), len(h), []
     for a in range(B):
         neg = [n for n in range(B) if (y[n] != y[a] if negatives == "others" else n != a)]
@@ -74,15 +79,18 @@ def npairs_oracle(h, y, loss, *, cosine=False, one_plus=True, negatives="others"
                 terms.append(torch.log(1 + s if one_plus else s))
     norms = [v @ v if "squared" in penalty else v.norm() for v in h]
     reg = 0 if penalty == "none" else sum(norms) if "sum" in penalty else mean(norms)
+    if not terms and not empty_penalty:
+        return torch.tensor(0.0, dtype=torch.float64)
     return reduce(terms, reduction, B * B, B) + loss.l2_reg * reg
 
 
-def supcon_oracle(h, y, loss, *, normalise=True, times_tau=False, self_in_denominator=False,
-                  self_positive=False, denominator="all", positives="mean", anchors="with"):
+def supcon_oracle(h, y, loss, *, normalise=True, tau="divided", self_in_denominator=False,
+                  self_positive=False, denominator="all", positives="mean", anchors="with",
+                  reduction="mean"):
     z, B, t, terms = units(h, normalise), len(h), loss.temperature, []
 
     def s(i, j):
-        return z[i] @ z[j] * t if times_tau else z[i] @ z[j] / t
+        return by(z[i] @ z[j], t, tau)
     for i in range(B):
         P = [p for p in range(B) if (p != i or self_positive) and y[p] == y[i]]
         A = [a for a in range(B) if (a != i or self_in_denominator)
@@ -97,7 +105,7 @@ def supcon_oracle(h, y, loss, *, normalise=True, times_tau=False, self_in_denomi
             terms.append(total if positives == "sum" else total / len(P))
         elif anchors == "all":
             terms.append(torch.tensor(0.0, dtype=torch.float64))
-    return mean(terms)
+    return reduce(terms, reduction)
 
 
 def contrastive_oracle(h, y, loss, *, normalise=True, squared_d=False, hinge_squared=True,
@@ -152,25 +160,30 @@ def proxynca_oracle(h, y, loss, *, sign=-1, normalise=True, normalise_proxies=Tr
 
 def proxyanchor_oracle(h, y, loss, *, normalise=True, normalise_proxies=True, positive_margin=-1,
                        negative_margin=1, positive_over="P+", negative_over="P",
-                       negatives="others", one_plus=True, reduction="mean"):
-    a, delta = loss.scale, loss.delta
+                       negatives="others", one_plus=True, reduction="mean", scale="inside",
+                       positive_sign=-1, detached=None):
+    a, delta = (1.0 if scale in ("none", "outside") else loss.scale), loss.delta
+    outside = loss.scale if scale == "outside" else 1.0
     pos, neg, z = [], [], units(h, normalise)
     for c, p in enumerate(units(loss.proxies, normalise_proxies)):
         X_pos = [x for x, yi in zip(z, y) if yi == c]
         X_neg = [x for x, yi in zip(z, y) if yi != c or negatives == "all"]
         one = 1 if one_plus else 0
         if X_pos or positive_over == "P":
-            pos.append(torch.log(one + sum((torch.exp(-a * (x @ p + positive_margin * delta))
-                                            for x in X_pos), torch.tensor(0.0,
-                                                                          dtype=h.dtype))))
+            pos.append(outside * torch.log(one + sum((torch.exp(
+                positive_sign * a * (x @ p + positive_margin * delta)) for x in X_pos),
+                torch.tensor(0.0, dtype=h.dtype))))
         if X_pos or negative_over == "P":
-            neg.append(torch.log(1 + sum((torch.exp(a * (x @ p + negative_margin * delta))
-                                          for x in X_neg), torch.tensor(0.0, dtype=h.dtype))))
-    return reduce(pos, reduction) + reduce(neg, reduction)
+            neg.append(outside * torch.log(1 + sum((torch.exp(
+                a * (x @ p + negative_margin * delta)) for x in X_neg),
+                torch.tensor(0.0, dtype=h.dtype))))
+    pos, neg = reduce(pos, reduction), reduce(neg, reduction)
+    return (pos.detach() if detached == "positive" else pos) + (
+        neg.detach() if detached == "negative" else neg)
 
 
-def softtriple_oracle(h, y, loss, *, normalise=True, weights_over="centres", times_gamma=False,
-                      hard=False,
+def softtriple_oracle(h, y, loss, *, normalise=True, weights_over="centres", gamma_="divided",
+                      hard=False, reduction="mean",
                       normalise_centres=True, regulariser="normalised", squared=False,
                       pairs="ordered", margin="inside", margin_sign=-1):
     W = [units(centres, normalise_centres) for centres in loss.centres]
@@ -178,7 +191,7 @@ def softtriple_oracle(h, y, loss, *, normalise=True, weights_over="centres", tim
     terms = []
     for x, yi in zip(units(h, normalise), y):
         sims = [[x @ w for w in W[c]] for c in range(C)]   # sims[c][k] = x.w_c^k
-        e = [[torch.exp(v * gamma if times_gamma else v / gamma) for v in row] for row in sims]
+        e = [[torch.exp(by(v, gamma, gamma_)) for v in row] for row in sims]
         S = []
         for c in range(C):
             if hard:
@@ -193,12 +206,12 @@ def softtriple_oracle(h, y, loss, *, normalise=True, weights_over="centres", tim
                   for c in range(C)]
         terms.append(-torch.log(torch.exp(logits[yi]) / sum(torch.exp(v) for v in logits)))
     if regulariser == "none":
-        return mean(terms)
+        return reduce(terms, reduction)
     V = W if regulariser == "normalised" else [list(centres) for centres in loss.centres]
     R = sum(((V[c][s] - V[c][t]).pow(2).sum()) ** (1 if squared else 0.5)
             for c in range(C) for s in range(K) for t in range(s + 1, K))
-    return mean(terms) + loss.reg_weight * R / (C * K * (K - 1) / (2 if pairs == "unordered"
-                                                                   else 1))
+    return reduce(terms, reduction) + loss.reg_weight * R / (C * K * (K - 1) / (
+        2 if pairs == "unordered" else 1))
 
 
 ORACLES = {"triplet": triplet_oracle, "npairs": npairs_oracle, "supcon": supcon_oracle,
@@ -212,16 +225,16 @@ ORACLES = {"triplet": triplet_oracle, "npairs": npairs_oracle, "supcon": supcon_
 # older key: neither a negative nor a positive.
 
 def knnbert_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss, *, normalise=True,
-                   times_tau=False, own_keys="left out", negatives="other classes",
+                   tau="divided", own_keys="left out", negatives="other classes",
                    positive_in_denominator=True, per_query="mean", queries="with",
-                   swap_m=False):
+                   swap_m=False, denominator="own", reduction="mean"):
     """KNN-BERT eq. 3, one query and one positive at a time; S(q) by sorting the positives."""
     per_query_, m_most, m_least, z = [], loss.m_most, loss.m_least, units(h, normalise)
     if swap_m:
         m_most, m_least = m_least, m_most
     for i in range(len(h)):
         q = z[i]
-        s = [q @ k * loss.temperature if times_tau else q @ k / loss.temperature for k in keys]
+        s = [by(q @ k, loss.temperature, tau) for k in keys]
         positives = [j for j in range(len(keys)) if key_labels[j] == y[i]
                      and (ids[j] != rows[i] or own_keys == "positives")]
         negatives_ = [j for j in range(len(keys)) if (key_labels[j] != y[i] if negatives ==
@@ -235,23 +248,27 @@ def knnbert_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss, *, norma
             selected = ranked
         else:
             selected = ranked[:m_most] + ranked[len(ranked) - m_least:]
-        terms = [-torch.log(torch.exp(s[j]) / ((torch.exp(s[j]) if positive_in_denominator
-                                                else 0) + sum(torch.exp(s[n])
-                                                              for n in negatives_)))
-                 for j in selected]
+        own = [[j] if positive_in_denominator else [] for j in selected]
+        if denominator == "selected":  # every selected positive in each term's denominator
+            own = [selected for _ in selected]
+        terms = [-torch.log(torch.exp(s[j]) / (sum(torch.exp(s[k]) for k in mine)
+                                               + sum(torch.exp(s[n]) for n in negatives_)))
+                 for j, mine in zip(selected, own)]
         per_query_.append(sum(terms) / (1 if per_query == "sum" else len(terms)))
-    return mean(per_query_)
+    return reduce(per_query_, reduction)
 
 
 def moco_oracle(h, y, batch_keys, keys, key_labels, rows, ids, loss, *, normalise=True,
                 positive_tau=True, own_keys="left out", class_keys="negatives",
-                positive_in_denominator=True, reduction="mean"):
+                positive_in_denominator=True, reduction="mean", tau="divided"):
     """MoCo eq. 1: the query's own key against every key in memory but its own example's."""
     terms, z = [], units(h, normalise)
     for i in range(len(h)):
         q = z[i]
-        positive = torch.exp(q @ batch_keys[i] / (loss.temperature if positive_tau else 1.0))
-        negatives = sum(torch.exp(q @ keys[j] / loss.temperature) for j in range(len(keys))
+        positive = torch.exp(by(q @ batch_keys[i], loss.temperature, tau if positive_tau else
+                                "none"))
+        negatives = sum(torch.exp(by(q @ keys[j], loss.temperature, tau))
+                        for j in range(len(keys))
                         if (ids[j] != rows[i] or own_keys == "negatives")
                         and (class_keys == "negatives" or key_labels[j] != y[i]))
         terms.append(-torch.log(positive / ((positive if positive_in_denominator else 0)
@@ -263,15 +280,15 @@ MEMORY_ORACLES = {"knnbert": knnbert_oracle, "moco": moco_oracle}
 
 
 def mlcon_oracle(h, y, loss, *, squared=False, normalise=False, self_in_denominator=False,
-                 times_tau=False, diagonal_in_c=False, beta="normalised", reduction="sum"):
+                 tau="divided", diagonal_in_c=False, beta="normalised", reduction="sum"):
     """L_con = sum_i sum_{j != i} -beta_ij log( exp(-d_ij / tau) / sum_{k != i} exp(-d_ik / tau) ),
     beta_ij = C_ij / sum_{k != i} C_ik, C_ij = y_i . y_j; a row with no shared label adds 0."""
-    B, tau, total = len(h), loss.temperature, torch.tensor(0.0, dtype=h.dtype)
+    B, t, total = len(h), loss.temperature, torch.tensor(0.0, dtype=h.dtype)
     z = units(h, normalise)
     d = [[(zi - zj).pow(2).sum() ** (1 if squared else 0.5) for zj in z] for zi in z]
 
     def e(i, j):
-        return torch.exp(-d[i][j] * tau if times_tau else -d[i][j] / tau)
+        return torch.exp(by(-d[i][j], t, tau))
     for i in range(B):
         shared = {j: float(y[i] @ y[j]) for j in range(B) if j != i}
         weight = sum(shared.values()) + (float(y[i] @ y[i]) if diagonal_in_c else 0.0)
@@ -342,10 +359,13 @@ READINGS = {
             "reduction": "cells"}, **BATCH,
         "the L2 penalty on ||f||, not ||f||^2": {"penalty": "mean norm"},
         "the L2 penalty summed over the batch, not averaged": {"penalty": "sum squared"},
-        "no L2 penalty": {"penalty": "none"}, **SUM},
+        "no L2 penalty": {"penalty": "none"}, **SUM,
+        "no L2 penalty on a batch without an (anchor, positive, negative)": {
+            "empty_penalty": False}},
     "supcon": {
         "the raw vectors h, not L2-normalised": {"normalise": False},
-        "z_i.z_j multiplied by tau, not divided": {"times_tau": True},
+        "z_i.z_j multiplied by tau, not divided": {"tau": "times"},
+        "no temperature (z_i.z_j not divided by tau)": {"tau": "none"},
         "each anchor's own exp(z_i.z_i / tau) in its denominator (A(i) leaves i out)": {
             "self_in_denominator": True},
         "an anchor counted as its own positive": {"self_positive": True},
@@ -354,7 +374,8 @@ READINGS = {
         "each anchor's -log p summed over its positives, not averaged": {"positives": "sum"},
         "the mean over every anchor, those without a positive counted as 0": {"anchors": "all"},
         "the log of each anchor's mean probability over its positives (Khosla et al.'s L_in), "
-        "not the mean of the logs (L_out)": {"positives": "log of mean"}, **COLUMNS},
+        "not the mean of the logs (L_out)": {"positives": "log of mean"}, **COLUMNS,
+        "the anchors' terms summed, not averaged": {"reduction": "sum"}},
     "contrastive": {
         "the raw vectors h, not L2-normalised": {"normalise": False},
         "the squared distance where the formula takes the distance d": {"squared_d": True},
@@ -402,11 +423,22 @@ READINGS = {
         "the negative term over every example, the proxy's own class included": {
             "negatives": "all"},
         "the positive term without the 1 + inside its log": {"one_plus": False},
-        "both terms summed over the proxies, not averaged": {"reduction": "sum"}},
+        "both terms summed over the proxies, not averaged": {"reduction": "sum"},
+        "the positive term's exponent without its minus, exp(alpha (cos - delta))": {
+            "positive_sign": 1},
+        "no scale alpha (alpha = 1)": {"scale": "none"},
+        "alpha outside the logs, alpha log(1 + sum exp(...)), not inside the exponents": {
+            "scale": "outside"},
+        "the positive term detached: no gradient pulls a class towards its proxy": {
+            "detached": "positive"},
+        "the negative term detached: no gradient pushes the other classes away": {
+            "detached": "negative"}},
     "softtriple": {
         "the centre weights a softmax over the classes, not over a class's K centres": {
             "weights_over": "classes"},
-        "the similarities multiplied by gamma, not divided": {"times_gamma": True},
+        "the similarities multiplied by gamma, not divided": {"gamma_": "times"},
+        "no gamma (the similarities not divided by it)": {"gamma_": "none"},
+        "the examples' terms summed, not averaged": {"reduction": "sum"},
         "a hard max over the centres, not the softmax-weighted similarity": {"hard": True},
         "the centres not normalised": {"normalise_centres": False},
         "the centres normalised across a class's K centres (each feature), not each centre": {
@@ -424,7 +456,11 @@ READINGS = {
         "the query not L2-normalised": {"normalise": False},
         "the queries normalised over the batch (each feature, dim 0), not each query": {
             "normalise": "columns"},
-        "q.k multiplied by tau, not divided": {"times_tau": True},
+        "q.k multiplied by tau, not divided": {"tau": "times"},
+        "no temperature (q.k not divided by tau)": {"tau": "none"},
+        "every selected positive in each term's denominator, not k_j alone": {
+            "denominator": "selected"},
+        "the queries' terms summed, not averaged": {"reduction": "sum"},
         "the query's own older keys kept among its positives": {"own_keys": "positives"},
         "every key that is not a positive a negative, the query's own older keys included": {
             "negatives": "not positives"},
@@ -437,6 +473,8 @@ READINGS = {
         "the queries normalised over the batch (each feature, dim 0), not each query": {
             "normalise": "columns"},
         "the positive's logit not divided by tau": {"positive_tau": False},
+        "no temperature (no logit divided by tau)": {"tau": "none"},
+        "the logits multiplied by tau, not divided": {"tau": "times"},
         "the query's own older keys among the negatives": {"own_keys": "negatives"},
         "the keys of the query's class left out of the negatives": {"class_keys": "excluded"},
         "the positive left out of the denominator": {"positive_in_denominator": False}, **SUM},
@@ -444,7 +482,8 @@ READINGS = {
         "the squared distance, not the distance": {"squared": True},
         "z L2-normalised first": {"normalise": True},
         "the example itself in its own softmax's denominator": {"self_in_denominator": True},
-        "the distances multiplied by tau', not divided": {"times_tau": True},
+        "the distances multiplied by tau', not divided": {"tau": "times"},
+        "no temperature (the distances not divided by tau')": {"tau": "none"},
         "C's diagonal kept in each row's total (beta's denominator counts the example itself)": {
             "diagonal_in_c": True},
         "beta not normalised over each row: the raw shared-label counts": {"beta": "counts"},

@@ -37,12 +37,13 @@ def test_contrastive_the_pair_formula_by_hand():
     d)^2 = 0.02, and one beyond the margin (d = 1) 0."""
     d, y = (torch.tensor([0.3, 0.3, 1.0], dtype=torch.float64), torch.tensor([0, 1, 1]))
     got = run("contrastive", contrastive, d, y, 0.5).tolist()
-    def pair(d, y, halves=0.5, hinge=True, squared_hinge=True, on_d2=False, swap=False):
+    def pair(d, y, halves=(0.5, 0.5), hinge=True, squared_hinge=True, on_d2=False, swap=False):
         """The per-pair loss, or another reading of it (the mistakes named)."""
         y = 1 - y if swap else y
         gap = 0.5 - (d ** 2 if on_d2 else d)
         gap = gap.clamp(min=0) if hinge else gap
-        return (halves * (1 - y) * d ** 2 + halves * y * gap ** (2 if squared_hinge else 1)).tolist()
+        pull, push = halves
+        return (pull * (1 - y) * d ** 2 + push * y * gap ** (2 if squared_hinge else 1)).tolist()
     worked("contrastive", got, [0.045, 0.02, 0.0], "contrastive(d, y, m = 0.5) at (d, y) = (0.3, "
            "0), (0.3, 1), (1.0, 1)", {
                "with its two halves exchanged: y = 1 pulled in, 1/2 d^2, and y = 0 pushed to the "
@@ -53,7 +54,10 @@ def test_contrastive_the_pair_formula_by_hand():
                "with the hinge not squared, max(0, m - d)": pair(d, y, squared_hinge=False),
                "with the hinge on the squared distance and not squared after, max(0, m - d^2)":
                    pair(d, y, on_d2=True, squared_hinge=False),
-               "without the factors 1/2": pair(d, y, halves=1.0)}, atol=1e-9, readings=False)
+               "without the factors 1/2": pair(d, y, halves=(1.0, 1.0)),
+               "without the 1/2 on the similar pairs' term": pair(d, y, halves=(1.0, 0.5)),
+               "without the 1/2 on the dissimilar pairs' term": pair(d, y, halves=(0.5, 1.0))},
+           atol=1e-9, readings=False)
 
 
 def test_contrastive_a_pair_of_one_class_is_similar():

@@ -66,6 +66,48 @@ def test_mnrl_candidates_are_the_positive_and_the_other_classes():
            atol=1e-12, rtol=1e-9)
 
 
+def mnrl_pairs_formula(a, p, scale=20.0, cosine=True, over="positives", reduction="mean",
+                       target="diagonal"):
+    """J for K pairs, written out: -1/K sum_i [S_ii - log sum_j exp S_ij], S_ij = scale cos(a_i,
+    p_j); or another reading: raw inner products, the softmax over the anchors (column i), the
+    sum over the pairs."""
+    K = len(a)
+    def unit(v, which):
+        return v / v.norm() if cosine in (True, which) else v
+    S = [[scale * (unit(ai, "anchors") @ unit(pj, "positives")) for pj in p] for ai in a]
+    right = (lambda i: 0) if target == "first" else (lambda i: i)
+    terms = [S[i][right(i)] - torch.log(sum(torch.exp(S[i][j] if over == "positives" else S[j][i])
+                                            for j in range(K))) for i in range(K)]
+    return -sum(terms) / (1 if reduction == "sum" else K)
+
+
+MNRL_PAIRS_READINGS = {
+    "S = cos, the scale left out": {"scale": 1.0},
+    "raw inner products, not cosines": {"cosine": False},
+    "the anchors normalised, the positives not": {"cosine": "anchors"},
+    "the positives normalised, the anchors not": {"cosine": "positives"},
+    "the softmax over the anchors for each positive (S transposed), not over the positives for "
+    "each anchor": {"over": "anchors"},
+    "the terms summed over the pairs, not averaged": {"reduction": "sum"},
+    "column 0 the right answer of every row, not the diagonal (targets all 0)": {
+        "target": "first"}}
+
+
+def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
+    pairs = [(randn(5, D, seed=s), randn(5, D, seed=s + 1)) for s in (0, 2, 4)]
+    got = [run("mnrl", mnrl_pairs, a, p).item() for a, p in pairs]
+    want = [mnrl_pairs_formula(a, p).item() for a, p in pairs]
+    if not all(near(g, w, atol=1e-6) for g, w in zip(got, want)):
+        fits = [what for what, kw in MNRL_PAIRS_READINGS.items()
+                if all(near(g, mnrl_pairs_formula(a, p, **kw), atol=1e-6)
+                       for g, (a, p) in zip(got, pairs))]
+        ok("mnrl", not fits, f"mnrl_pairs on 3 sets of 5 (anchor, positive) pairs: got "
+           f"{', '.join(f'{g:.6g}' for g in got)}; each is J with {' or with '.join(fits)}")
+    agrees("mnrl", near(got[0], want[0]), "mnrl_pairs on 5 (anchor, positive) pairs",
+           "J of Henderson et al. with S = 20 cos, written out",
+           f": got {got[0]:.8g}, it gives {want[0]:.8g}")
+
+
 def test_mnrl_pairs_normalises_anchors_and_positives():
     a, p = randn(5, D, seed=0), randn(5, D, seed=1)
     factors = torch.linspace(0.3, 3.0, 5, dtype=torch.float64)[:, None]
@@ -114,41 +156,6 @@ def test_mnrl_sanity_check():
 
 
 # ---- by hand: the cases that show one choice of its formula ----
-
-def mnrl_pairs_formula(a, p, scale=20.0, cosine=True, over="positives", reduction="mean"):
-    """J for K pairs, written out: -1/K sum_i [S_ii - log sum_j exp S_ij], S_ij = scale cos(a_i,
-    p_j); or another reading: raw inner products, the softmax over the anchors (column i), the
-    sum over the pairs."""
-    K = len(a)
-    S = [[scale * (F.cosine_similarity(ai, pj, dim=0) if cosine else ai @ pj) for pj in p]
-         for ai in a]
-    terms = [S[i][i] - torch.log(sum(torch.exp(S[i][j] if over == "positives" else S[j][i])
-                                     for j in range(K))) for i in range(K)]
-    return -sum(terms) / (1 if reduction == "sum" else K)
-
-
-MNRL_PAIRS_READINGS = {
-    "S = cos, the scale left out": {"scale": 1.0},
-    "raw inner products, not cosines": {"cosine": False},
-    "the softmax over the anchors for each positive (S transposed), not over the positives for "
-    "each anchor": {"over": "anchors"},
-    "the terms summed over the pairs, not averaged": {"reduction": "sum"}}
-
-
-def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
-    pairs = [(randn(5, D, seed=s), randn(5, D, seed=s + 1)) for s in (0, 2, 4)]
-    got = [run("mnrl", mnrl_pairs, a, p).item() for a, p in pairs]
-    want = [mnrl_pairs_formula(a, p).item() for a, p in pairs]
-    if not all(near(g, w, atol=1e-6) for g, w in zip(got, want)):
-        fits = [what for what, kw in MNRL_PAIRS_READINGS.items()
-                if all(near(g, mnrl_pairs_formula(a, p, **kw), atol=1e-6)
-                       for g, (a, p) in zip(got, pairs))]
-        ok("mnrl", not fits, f"mnrl_pairs on 3 sets of 5 (anchor, positive) pairs: got "
-           f"{', '.join(f'{g:.6g}' for g in got)}; each is J with {' or with '.join(fits)}")
-    agrees("mnrl", near(got[0], want[0]), "mnrl_pairs on 5 (anchor, positive) pairs",
-           "J of Henderson et al. with S = 20 cos, written out",
-           f": got {got[0]:.8g}, it gives {want[0]:.8g}")
-
 
 @pytest.mark.parametrize("name", ["mnrl", "pair_loss mnrl"])
 def test_mnrl_runs_in_fp32_under_autocast(name):

@@ -208,14 +208,19 @@ def test_bce_is_the_mean_over_every_cell():
 def test_every_reading_of_a_formula_is_another_function():
     """READINGS (tests/losses/oracles.py), the other ways each formula's steps can be read, which
     a failure names when a loss computes one of them: each runs, and moves the oracle's value on
-    at least one comparison batch; one that did not would be named for a loss that is right."""
-    from checks import cases, make
+    at least one comparison batch (or, a term detached, its gradient); one that did not would be
+    named for a loss that is right."""
+    from checks import cases, degenerate_cases, make
     from oracles import READINGS
     same = []
     for name, readings in READINGS.items():
         loss, oracle = make(name), oracle_of(name)
-        values = [(oracle(*args, loss), args) for _, args in cases(name)]
+        values = [(oracle(*args, loss), args) for _, args in cases(name) + degenerate_cases(name)]
         for reading, settings in readings.items():
             if all(near(oracle(*args, loss, **settings), v, atol=1e-9) for v, args in values):
-                same.append(f"{name}: {reading}")
+                h = values[0][1][0].clone().requires_grad_()  # the same value: the gradient?
+                g = [torch.autograd.grad(oracle(h, *values[0][1][1:], loss, **kw), h)[0]
+                     for kw in (settings, {})]
+                if torch.allclose(*g, atol=1e-9):
+                    same.append(f"{name}: {reading}")
     assert not same, f"readings equal to their formula on every comparison batch: {same}"
