@@ -65,6 +65,22 @@ class Task:
     positive: int = None    # pair tasks: the class meaning "the two texts match" (for --pair_loss)
     url: str = ""           # the official distribution; file names are appended
     blobs: dict = field(default_factory=dict)  # file name -> git blob id, to check downloads
+    # Readable class names, in labels' order, for what reads a class as text (train.py
+    # --proxy_init names, AncSetFit's statements): the dataset's documented meaning where its
+    # files use codes (TREC's 'HUM' is 'human being'). None: the task has none (a similarity
+    # task; codes no documentation here spells out). Never saved: `labels` is what files and
+    # checkpoints hold.
+    names: list = None
+    # AncSetFit's statement of each class (losses/ancsetfit.py): template.format(description),
+    # one description a class (default: its name).
+    descriptions: list = None
+    template: str = "This sentence is {}."
+
+
+def class_statements(task):
+    """AncSetFit's anchor texts of a task, one a class in labels' order, or None (no names)."""
+    words = task.descriptions or task.names
+    return None if words is None else [task.template.format(w) for w in words]
 
 
 def data_root(data_dir=None):

@@ -105,9 +105,10 @@ class TrainBatches:
 
 
 class PairBatches:
-    """The batch stream of a loss trained on pairs (--loss setfit): each batch the rows of its
-    pairs' first texts, then of their second ones (2B rows for B pairs); one shuffled pass over
-    the pairs after another (TrainBatches over the pair list). pairs: [(row, row)], drawn once by
+    """The batch stream of a loss trained on pairs (--loss setfit) or triplets (ancsetfit): each
+    batch the rows of its pairs' first texts, then of their second ones (2B rows for B pairs; a
+    triplet's third ones after them, 3B rows); one shuffled pass over the pairs after another
+    (TrainBatches over the pair list). pairs: [(row, row)] or [(row, row, row)], drawn once by
     the loss from the run's rng, so a resumed run rebuilds the same ones; its place in the pass
     is saved with last.pt."""
 
@@ -121,7 +122,7 @@ class PairBatches:
 
     def __next__(self):
         chosen = [self.pairs[r] for r in next(self.batches)]
-        return [a for a, _ in chosen] + [b for _, b in chosen]
+        return [t[k] for k in range(len(chosen[0])) for t in chosen]
 
     def state_dict(self):
         return self.batches.state_dict()

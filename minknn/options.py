@@ -356,9 +356,10 @@ def check_proxy_init(p, args, tasks):
         if t.pair:
             p.error(f"--proxy_init names encodes each class's name as one text, and {t.name}'s "
                     f"examples are pairs of texts; use --proxy_init random")
-        if not t.labels or not all(isinstance(n, str) and n.strip() for n in t.labels):
-            p.error(f"--proxy_init names: {t.name} has no name for each of its classes "
-                    f"({t.labels}); use --proxy_init random")
+        if not t.names:  # its labels are codes (minknn/tasks.py: Task.names)
+            p.error(f"--proxy_init names: {t.name} has no readable class names (its labels "
+                    f"{', '.join(map(str, t.labels or []))} are codes, not words; minknn/tasks.py "
+                    f"gives a task its names); use --proxy_init random")
 
 
 def check_whole_objective(p, args, tasks):
@@ -371,6 +372,15 @@ def check_whole_objective(p, args, tasks):
     if need(args.loss, "pairs") and len(tasks) > 1:
         p.error(f"--loss {args.loss} trains one classification task on pairs of its own examples, "
                 f"not a multi-task run")
+    if need(args.loss, "anchored"):  # its anchors are statements of the classes' names
+        t = tasks[0]
+        if t.kind != "classify" or t.pair or not t.names:
+            what = (f"a {t.kind} task" if t.kind != "classify" else "a task of pairs of texts"
+                    if t.pair else f"a task without readable class names (its labels "
+                    f"{', '.join(map(str, t.labels))} are codes; minknn/tasks.py gives a task "
+                    f"its names)")
+            p.error(f"--loss {args.loss} anchors each class of a single-text classification "
+                    f"task at a sentence stating its name; {t.name} is {what}")
     if need(args.loss, "trains_head") or args.lam is not None and args.lam < 1:
         return
     if args.option == "pretrain":
@@ -390,10 +400,11 @@ def resumed_args(p, args):
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
     # runs from before --save kept the best; runs from before --per_class, --steps, --head_init,
-    # --proxy_init, --mlcon_reduction and --setfit_iterations had none (a random head and random
+    # --proxy_init, --mlcon_reduction, --setfit_iterations and AncSetFit's flags had none (a random head and random
     # proxies; mlcon's sum, which a None builds)
     saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
              "proxy_init": "random", "mlcon_reduction": None, "setfit_iterations": None,
+             "anc_iterations": None, "anc_margin": None,
              **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]

@@ -8,8 +8,9 @@ here the names only give the proxies their start, and the proxy loss trains them
 
     P_c = sqrt(H) z(name_c) / ||z(name_c)||        z(name_c): the encoder's z of class c's name
 
-name_c is the task's label as minknn/tasks.py writes it ('very negative', ..., 'very positive'
-for SST-5), encoded as the task's texts are (the same tokenizer, --max_len and --pooling), by the
+name_c is the task's readable name of class c (minknn/tasks.py, Task.names: its label where that
+is a word, 'very negative', ..., 'very positive' for SST-5; the dataset's documented meaning where
+the label is a code, 'human being' for TREC's HUM), encoded as the task's texts are (the same tokenizer, --max_len and --pooling), by the
 encoder as loaded, before the first step, with dropout off (predict: eval mode, inference mode).
 The losses read only a proxy's direction (both normalise it). The length sqrt(H) is that of the
 random proxy it replaces (E ||randn(H)|| ~ sqrt(H)): AdamW moves each coordinate by about
@@ -57,10 +58,10 @@ def has_proxies(loss):
 @torch.no_grad()
 def start_at_names(model, tokenizer, task, loss, device, precision=None):
     """--proxy_init names: loss.proxies (C, H), one a class, set in place to sqrt(H) times the
-    unit vector of z(name_c) (the module docstring), in the order of task.labels. A task of one
+    unit vector of z(name_c) (the module docstring), name_c task.names[c]. A task of one
     text (options.py refuses pairs). Leaves the model in training mode (its callers train next).
     Returns z (C, H), the names' representations."""
-    names = [Example(text=name) for name in task.labels]
+    names = [Example(text=name) for name in task.names]
     _, z = predict(model, tokenizer, task, names, len(names), device, precision=precision)
     loss.proxies.copy_(math.sqrt(z.shape[1]) * F.normalize(z, dim=-1).to(loss.proxies))
     model.train()  # predict() left it in eval mode

@@ -59,14 +59,14 @@ from torch.nn.parallel import DistributedDataParallel
 from minknn import MinknnError, backbones, run_begun
 from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
                                save_checkpoint, save_last, set_random_states)
-from minknn.data import read_examples, run_data
+from minknn.data import Example, class_statements, read_examples, run_data
 from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
                                 slice_of, world)
 from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device,
                            seed_everything, to_device)
 from minknn.files import signals_held, write_json, write_jsonl
 from minknn.kinds import describe_run, kind_of
-from minknn.losses import build_losses
+from minknn.losses import build_losses, loss_kind
 from minknn.memory import MoCo, new_memory
 from minknn.model import Model, Output
 from minknn.pcgrad import PCGrad
@@ -260,7 +260,8 @@ def batch(trainer, rows):
     rank's slice of the batch (distributed.slice_of), the targets and rows the whole batch's."""
     batches = {}
     for t in trainer.tasks:
-        examples = [trainer.train[t.name][i] for i in rows[t.name]]
+        examples = [trainer.train[t.name][i] if i >= 0 else statement(t, i)
+                    for i in rows[t.name]]
         start, stop = slice_of(len(examples), rank(), world())
         # a rank with no rows (a last batch smaller than the ranks) still runs its forward, as
         # DDP needs, on one example that forward() then drops
@@ -270,6 +271,13 @@ def batch(trainer, rows):
                            kind_of(t).targets(t, examples, trainer.device),
                            torch.tensor(rows[t.name], device=trainer.device))
     return batches
+
+
+def statement(task, row):
+    """AncSetFit's anchor, the example a row below 0 stands for: class c = -1 - row's statement
+    (minknn/data.py class_statements), of class c."""
+    c = -1 - row
+    return Example(text=class_statements(task)[c], label=c)
 
 
 class Forward(nn.Module):
@@ -390,7 +398,7 @@ def begin(trainer, last, records):
           f"loss {args.loss or args.sts_loss}"
           f"{' + decoupled' if args.decoupled else ''}{'; PCGrad' if args.pcgrad else ''}"
           f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}"
-          f"{'; proxies at the class names' if args.proxy_init == 'names' and not last else ''}; "
+          f"{named(args, tasks) if not last else ''}; "
           f"{trainer.steps} steps/epoch; {where(trainer)}; run folder {args.out}")
     if trainer.moco and not last:  # the fill's progress bar after the line above
         fill_memory(trainer)
@@ -399,6 +407,15 @@ def begin(trainer, last, records):
     if last:  # stopped after its last epoch was saved: nothing to train, only the end to do
         done = "; every epoch is done: the run only finishes" if len(records) == args.epochs else ""
         print(f"resumed after epoch {last['epoch']} of {args.epochs}{done}")
+
+
+def named(args, tasks):
+    """--proxy_init names: the names each task's proxies start from, as begin() prints them."""
+    if args.proxy_init != "names":
+        return ""
+    return "; proxies at the class names " + "; ".join(
+        f"{t.name}: " + ", ".join(repr(n) for n in t.names) for t in tasks
+        if t.kind == loss_kind(args.loss))
 
 
 def where(trainer):

@@ -3,6 +3,7 @@ sqrt(H) times the unit vector of the loaded encoder's z of its class's name, che
 transcription (the tokenizer, BERT's forward and the mean of the name's hidden states); the default random start
 is left as it was; a resumed run keeps its trained proxies; the flag is refused, in one line, where it cannot
 work; and the runner passes it through from a method's brackets."""
+import dataclasses
 import json
 import math
 
@@ -15,8 +16,9 @@ import train
 from minknn import MinknnError, options
 from minknn.bert import BertModel
 from minknn.lab import cells, runner
-from minknn.tasks import get_task
+from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import Tokenizer
+from minknn.weights import resolve_model_path
 
 from helpers import DATA
 
@@ -63,14 +65,19 @@ def z_of_name(tiny_bert_dir, name):
 
 
 @pytest.mark.parametrize("loss", ["proxyanchor", "proxynca"])
-def test_each_proxy_starts_at_its_class_names_z(tiny_bert_dir, tmp_path, monkeypatch, loss):
-    """At the first step, proxy c is sqrt(H) z(name_c) / ||z(name_c)||, name_c the task's c-th label ('very
-    negative', ..., for sst); a proxy along another class's name is named as such."""
+def test_each_proxy_starts_at_its_class_names_z(tiny_bert_dir, tmp_path, monkeypatch, capsys, loss):
+    """At the first step, proxy c is sqrt(H) z(name_c) / ||z(name_c)||, name_c the task's c-th readable name
+    (Task.names; here sst's labels in reverse, so that names read from the labels would put each proxy at another
+    class's name, and be named as such); the run's first line says the names."""
+    monkeypatch.setitem(TASKS, "sst", dataclasses.replace(TASKS["sst"], names=TASKS["sst"].labels[::-1]))
     seen, named = watching(monkeypatch)
     run(tiny_bert_dir, tmp_path / "run", "--loss", loss, "--proxy_init", "names", "--epochs", "1",
         "--steps_per_epoch", "1")
     assert named == ["sst"], f"--proxy_init names: start_at_names ran for {named}, not once for sst"
-    labels = get_task("sst").labels
+    labels = get_task("sst").names
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "proxies at the class names sst: " + ", ".join(map(repr, labels)) in first, \
+        f"the run's first line does not list the names the proxies start from: {first}"
     P = seen[0]["proxies"]
     z = torch.stack([z_of_name(tiny_bert_dir, name) for name in labels])
     H = z.shape[1]
@@ -79,7 +86,7 @@ def test_each_proxy_starts_at_its_class_names_z(tiny_bert_dir, tmp_path, monkeyp
         d = int(cos[c].argmax())
         assert not (d != c and cos[c, d] > 1 - 1e-5), (
             f"{loss}: proxy {c} ({name!r}) is along z({labels[d]!r}) (its own name's cos {cos[c, c]:.4f}): the "
-            f"proxies are not in the order of task.labels")
+            f"proxies are not at task.names in their order")
         assert cos[c, c] > 1 - 1e-5, (
             f"{loss}: proxy {c} ({name!r}) is not along z({name!r}): cos {cos[c, c]:.6f} (nearest: z({labels[d]!r}), "
             f"{cos[c, d]:.4f}); the name was encoded otherwise than the task's texts by the loaded encoder with "
@@ -157,6 +164,35 @@ def test_names_are_refused_where_they_cannot_start_proxies(capsys, flags, says):
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: --proxy_init names"), err
     assert says in err, f"train.py {' '.join(flags)}: {err!r} does not say {says!r}"
+
+
+def test_names_are_refused_on_a_task_without_readable_names(capsys, monkeypatch):
+    """A task whose labels are codes and that the registry gives no names (TREC's, had it none) is refused in one
+    line naming the task and its codes."""
+    monkeypatch.setitem(TASKS, "trec", dataclasses.replace(TASKS["trec"], names=None))
+    with pytest.raises(SystemExit):
+        options.get_args(["--task", "trec", "--loss", "proxyanchor", "--proxy_init", "names"])
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: --proxy_init names: trec has no readable class names") \
+        and "ABBR, DESC" in err, err
+
+
+def test_every_single_text_classification_task_has_names_of_whole_words():
+    """--proxy_init names and AncSetFit read a class as text: every single-text classification task of the
+    registry has one readable name a class, each word of it one token of the default tokenizer's vocabulary
+    (all-MiniLM-L6-v2's; no '##' pieces, no [UNK]), not a code such as TREC's 'ENTY' ('en', '##ty')."""
+    tokenizer = Tokenizer.from_folder(resolve_model_path("minilm"))
+    vocab = tokenizer.tok.get_vocab()
+    for t in TASKS.values():
+        if t.kind != "classify" or t.pair:
+            continue
+        assert t.names and len(t.names) == len(t.labels), \
+            f"{t.name}: {len(t.names or [])} names for its {len(t.labels)} classes (minknn/tasks.py names=)"
+        for name in t.names:
+            pieces = tokenizer.tok.encode(name, add_special_tokens=False).tokens
+            bad = [p for p in pieces if p.startswith("##") or p == tokenizer.UNK or p not in vocab]
+            assert not bad, (f"{t.name}'s class name {name!r} is no whole words: it tokenises into {pieces} "
+                             f"({bad}: word pieces); give the dataset's documented meaning in words")
 
 
 def test_names_take_a_multitask_run_whose_proxy_tasks_have_names():

@@ -168,6 +168,38 @@ def test_setfit_trains_the_encoder_on_pairs_and_saves_the_logistic_head(tiny_ber
     assert result["acc"] == summary["dev"]["sst"]["acc"], "evaluate.py scores the saved head as the run did"
 
 
+def test_ancsetfit_encodes_each_classs_statement_in_its_anchors_place(tiny_bert_dir, data_dir, tmp_path,
+                                                                      monkeypatch):
+    """--loss ancsetfit: an epoch is a pass over R x N triplets (2 x 15 = 30, 4 batches of 8); each batch's first
+    third is the statements of its texts' classes (sst: AncSetFit's "The movie is terrible" ... "great"), the
+    second the training texts, the third texts of other classes; the encoder trains, and the head is fit after."""
+    import minknn.trainer
+    from minknn.data import class_statements
+    seen, real = [], minknn.trainer.encode_batch
+
+    def encode(tokenizer, examples, siamese=False):
+        seen.append([(e.text, e.label) for e in examples])
+        return real(tokenizer, examples, siamese)
+    monkeypatch.setattr(minknn.trainer, "encode_batch", encode)
+    summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--loss", "ancsetfit", "--epochs", "1", "--lr",
+                        "1e-3", "--per_class", "3", "--anc_iterations", "2", "--seed", "2")
+    assert summary["steps_per_epoch"] == 4, (f"--loss ancsetfit: {summary['steps_per_epoch']} steps an epoch; a "
+                                             f"pass over R x N = 30 triplets in batches of 8 is 4")
+    statements = class_statements(TASKS["sst"])
+    train_texts = {e.text for e in training_examples(TASKS["sst"], data_dir, None, 2, 3)}
+    batches = [b for b in seen if len(b) % 3 == 0 and any(text in statements for text, _ in b)]
+    assert len(batches) == 4, f"{len(batches)} training batches held the statements, not 4"
+    for b in batches:
+        B = len(b) // 3
+        anchors, texts, negatives = b[:B], b[B:2 * B], b[2 * B:]
+        assert [a for a in anchors] == [(statements[y], y) for _, y in texts], (
+            f"a batch's anchors must be the statements of its texts' classes, in order: {anchors} for the texts' "
+            f"classes {[y for _, y in texts]}")
+        assert all(text in train_texts for text, _ in texts + negatives), "texts and negatives: training texts"
+        assert all(n != y for (_, y), (_, n) in zip(texts, negatives)), "a negative of its text's own class"
+    assert summary["lam"] == {"sst": 1.0}
+
+
 def test_setfit_below_lam_1_trains_its_head_from_the_probe_and_does_not_refit_it(tiny_bert_dir, data_dir, tmp_path):
     """--loss setfit --lam 0.5 --head_init probe (SetFit's body with the recipe's LP-FT start): the head starts as
     the probe (at lr 1e-12 nothing moves, so the saved head is the base encoder's probe) and trains by cross-entropy

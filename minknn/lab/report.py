@@ -20,7 +20,7 @@ import os
 import re
 
 from minknn import MinknnError
-from minknn.files import atomic_save, read_jsonl
+from minknn.files import atomic_save, read_json, read_jsonl
 from minknn.lab.grid import search_text
 from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
                           t_undefined)
@@ -115,8 +115,10 @@ def fmt(metric, value):
     return f"{value:.4f}" if metric in LOWER_IS_BETTER else f"{100 * value:.2f}"
 
 
-def table(lines, metrics=None, baseline=None, test="t"):
-    """The Markdown report: one table per size and metric, then the choices and the notes."""
+def table(lines, metrics=None, baseline=None, test="t", chosen_on=None):
+    """The Markdown report: one table per size and metric, then the choices and the notes. With
+    chosen_on (the development tasks, runner --chosen_on), the development tasks and the held-out
+    ones in tables of their own, each with its own mean."""
     if not lines:
         return "no finished cells yet\n"
     sizes = list(dict.fromkeys(ln["size"] for ln in lines))
@@ -133,9 +135,18 @@ def table(lines, metrics=None, baseline=None, test="t"):
     for size in sizes:
         chosen = choose([ln for ln in lines if ln["size"] == size], tables[0])
         here = [t for t in tasks if any(k[0] == t for k in chosen)]
-        for metric_of in tables:
-            out += size_table(size, {t: metric_of[t] for t in here}, here, methods, labels,
-                              chosen, baseline, test)
+        groups = [("", here)] if chosen_on is None else [
+            (f"Development tasks (the methods and settings were chosen on {', '.join(chosen_on)})"
+             ":", [t for t in here if t in chosen_on]),
+            ("Held out (nothing was chosen on them; fixed before any result on them):",
+             [t for t in here if t not in chosen_on])]
+        for title, group in groups:
+            if not group:
+                continue
+            for metric_of in tables:
+                out += ([""] + [title] if title else []) + size_table(
+                    size, {t: metric_of[t] for t in group}, group, methods, labels,
+                    {k: c for k, c in chosen.items() if k[0] in group}, baseline, test)
         out += choices_note(size, here, methods, labels, chosen, lines[0].get("select"))
     splits = {(ln["task"], ln["size"]): (ln["test_split"], ln["n_test"], ln["n_select"])
               for ln in lines if "grid" in ln}
@@ -342,6 +353,8 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
     """Writes <folder>/table.md, and with `write` the table into that file's block
     `<!-- runner NAME -->` (NAME: the folder's name); returns the table's text."""
     lines = read_results(folder)
+    grid = os.path.join(folder, "grid.json")  # --chosen_on (a grid from before it: none)
+    chosen_on = read_json(grid).get("chosen_on") if os.path.exists(grid) else None
     metrics = metric.split(",") if metric else None
     unknown = [m for m in metrics or [] if m not in METRICS]
     methods = list(dict.fromkeys(ln["method"] for ln in lines))
@@ -359,7 +372,7 @@ def write_report(folder, metric=None, baseline=None, test="t", write=None):
     tag = runner_tag(folder)
     if write:
         block_file(write, tag)  # before table.md: a bad --write leaves nothing half done
-    text = table(lines, metrics, baseline, test)
+    text = table(lines, metrics, baseline, test, chosen_on)
     path = os.path.join(folder, "table.md")
     atomic_save(text, path, lambda t, f: f.write(t.encode()))
     print(text)

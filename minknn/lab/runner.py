@@ -39,6 +39,12 @@ the task's labelled test split; a task without one is scored on dev less the sel
 (and refuses --select dev). --max_eval caps the test split too (a fixed draw, the same for every
 cell).
 
+A claim is confirmed where nothing was chosen (--chosen_on): the tasks the methods and their
+settings were chosen on are the development tasks; the others, fixed before any result on them was
+seen, are held out. grid.json records them, and the table shows the held-out tasks in their own
+table, with their own mean, apart from the development ones; a comparison with a baseline holds
+on a task only where the baseline ran there too, on the same draws (the p-values pair seeds).
+
 Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/cell.json
 once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
 again skips the finished cells and resumes a killed one (train.py --resume): a grid killed at
@@ -81,6 +87,7 @@ from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, pa
                              search_text, size_flags, split_top, with_search)
 from minknn.losses import PROXY_LOSSES
 from minknn.runs import lock_folder, make_folder, missing_checkpoint
+from minknn.tasks import TASKS
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",
                "resume", "save", "data_dir")       # train.py flags each cell sets itself
@@ -106,6 +113,9 @@ def get_args(argv=None):
     p.add_argument("--search", metavar="FLAG=V,V;...", help="train every method with each "
                    "combination of these train.py values that apply to it, e.g. "
                    "'lr=1e-5,3e-5,1e-4;lam=0.1,0.5' (a method's own [values] win)")
+    p.add_argument("--chosen_on", metavar="TASKS", help="comma-separated: the development "
+                   "tasks, those the methods and their settings were chosen on (in this grid or "
+                   "before it); the table shows the grid's other tasks apart, as held out")
     p.add_argument("--select", default="sample", choices=["sample", "dev", "none"], help="choose "
                    "the epoch and hyper-parameters on a dev sample as large as the training set, "
                    "or all dev; none: no dev labels, the last epoch and the values given")
@@ -173,6 +183,7 @@ def get_args(argv=None):
         p.error(f"{', '.join(owned)}: the runner sets {'it' if len(owned) == 1 else 'them'} "
                 f"for each cell (--tasks, --methods, --sizes, --seeds, --out, --max_eval)")
     args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    args.chosen_on = chosen_on(args.chosen_on)
     if not args.task_list:  # `--tasks ,` would make a grid of no cells, and claim it done
         raise MinknnError(f"--tasks '{args.tasks}': names no task; give comma-separated task "
                           f"names, e.g. --tasks mr,cr")
@@ -199,6 +210,19 @@ def get_args(argv=None):
     if args.select == "none":
         check_nothing_to_choose(args)
     return args, rest
+
+
+def chosen_on(text):
+    """--chosen_on: the development tasks, as a sorted list of registry names (None: not said)."""
+    if text is None:
+        return None
+    tasks = sorted({t.strip() for t in text.split(",") if t.strip()})
+    unknown = [t for t in tasks if t not in TASKS]
+    if not tasks or unknown:
+        raise MinknnError(f"--chosen_on '{text}': "
+                          + (f"no task '{unknown[0]}'; choose from: {', '.join(TASKS)}" if unknown
+                             else "names no task; give the development tasks, e.g. sst5,cr"))
+    return tasks
 
 
 def check_nothing_to_choose(args):
@@ -358,7 +382,7 @@ def check_same_grid(args, shared, train_flags):
     """A grid folder's cells must all come from the same train.py flags and selection."""
     path = os.path.join(args.out, "grid.json")
     grid = {"train_args": shared, "select": args.select, "max_eval": args.max_eval,
-            "search": search_text(args.search_grid) or None}
+            "search": search_text(args.search_grid) or None, "chosen_on": args.chosen_on}
     if not os.path.exists(path):
         write_json(path, grid)
         return
@@ -369,9 +393,10 @@ def check_same_grid(args, shared, train_flags):
     was = saved["train_args"]
     changed = [f"--{k} {was.get(k, '(not given)')}" for k in sorted(set(was) | set(shared))
                if was.get(k) != shared.get(k)]
-    changed += [f"--{k} {'(not given)' if saved.get(k) is None else saved.get(k)}"
-                for k in ("select", "max_eval", "search")  # a grid.json from before --search
-                if saved.get(k) != grid[k]]                # has none: as none given
+    changed += [f"--{k} {'(not given)' if saved.get(k) is None else ','.join(saved[k]) if isinstance(saved[k], list) else saved[k]}"
+                for k in ("select", "max_eval", "search",  # a grid.json from before --search
+                          "chosen_on")                     # or --chosen_on has none: as none given
+                if saved.get(k) != grid[k]]
     if changed:
         raise MinknnError(f"--out {args.out} holds a grid run with {', '.join(changed)}; use the "
                           f"same flags to go on with it, or another --out")

@@ -47,6 +47,7 @@ import torch.nn as nn
 
 from minknn import MinknnError
 from minknn.kinds import kind_of
+from minknn.losses.ancsetfit import AncSetFitLoss
 from minknn.losses.bce import BinaryCrossEntropy
 from minknn.losses.ce import CrossEntropy
 from minknn.losses.contrastive import ContrastiveLoss
@@ -79,6 +80,7 @@ METRIC_LOSSES = {
     "moco": MoCoLoss,
     "mlcon": MultiLabelContrastiveLoss,
     "setfit": SetFitLoss,
+    "ancsetfit": AncSetFitLoss,
 }
 LOSSES = {**BASE_LOSSES, **METRIC_LOSSES}
 
@@ -92,6 +94,9 @@ NEEDS = {
                            # task, the memory's flags, called with the batch's keys and the memory
     "pairs": False,       # trained on pairs of examples it draws itself (its draw_pairs(labels,
                           # rng)): a batch holds the B first texts, then the B second ones; one task
+                          # (or on triplets: the B first, the B second, the B third)
+    "anchored": False,    # its tuples begin with a class's statement (AncSetFit: a row below 0,
+                          # minknn/losses/ancsetfit.py), which needs the task's readable names
     "trains_head": True,  # False: the loss is the whole objective at its lam of 1 (no --option
                           # pretrain); the head is fit by logistic regression after each epoch,
                           # in one process (minknn/probe.py); --lam below 1 trains it by CE

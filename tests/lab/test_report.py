@@ -189,3 +189,26 @@ def test_choose_searched_values_on_selection_and_without_selection_scores():
     two = fixed + [dict(ln, train_params={"lr": 1e-5}) for ln in fixed]
     with pytest.raises(MinknnError, match="mr 20 ce: 2 candidates and no selection scores to choose one"):
         report.choose(two, "acc")
+
+
+def test_held_out_tasks_are_a_table_of_their_own_with_their_own_mean():
+    """--chosen_on sst5,cr: the development tasks (sst5, cr) and the held-out ones (trec, subj) in two tables,
+    each mean over its own tasks only; a held-out task where the baseline did not run has no p. Without it, one
+    table over every task."""
+    acc = {"sst5": 0.30, "cr": 0.70, "trec": 0.50, "subj": 0.80}
+    lines = [result(t, m, s, a + (0.05 + 0.02 * s if m == "anc" else 0.01 * s))
+             for t, a in acc.items() for m in ("setfit", "anc") for s in range(3) if (t, m) != ("subj", "setfit")]
+    text = report.table(lines, chosen_on=["cr", "sst5"])
+    dev, held = text.split("Held out")
+    assert "Development tasks (the methods and settings were chosen on cr, sst5):" in dev and \
+        "| 20 examples, accuracy | sst5 | cr | mean |" in dev and "trec" not in dev.split("|---")[0], dev
+    assert "| 20 examples, accuracy | trec | subj | mean |" in held, held
+    held_row = row(held, "anc")
+    trec, subj, mean = held_row.split("|")[2:5]
+    assert "57.00 ± 2.00" in trec and "(p " in trec and "(no p)" in subj, \
+        f"trec: anc 57.00 with its p against setfit; subj: setfit never ran there, so no p: {held_row}"
+    assert "72.00" in mean, f"the held-out mean is over trec and subj only ((57 + 87) / 2 = 72.00): {held_row}"
+    assert "57.00" in row(dev, "anc").split("|")[4], \
+        f"the development mean is over sst5 and cr only ((37 + 77) / 2 = 57.00): {row(dev, 'anc')}"
+    whole = report.table(lines)
+    assert "Held out" not in whole and "| 20 examples, accuracy | sst5 | cr | trec | subj | mean |" in whole

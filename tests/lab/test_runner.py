@@ -373,6 +373,22 @@ def test_select_none_scores_the_last_epoch_and_chooses_nothing(tiny_bert_dir, tm
     run_small(tiny_bert_dir, out, "--select", "none", "--keep", methods="ce,ce+knn[k=2]", epochs="3")
 
 
+def test_the_grid_records_the_tasks_it_was_chosen_on_and_shows_the_others_apart(tiny_bert_dir, tmp_path):
+    """--chosen_on sst5,cr on a grid of sst2: grid.json records the development tasks, the table shows sst2 as
+    held out, and the grid cannot go on with other development tasks, or none (a claim made after the fact)."""
+    out = tmp_path / "g"
+    with pytest.raises(MinknnError, match=r"--chosen_on 'sst5,nope': no task 'nope'"):
+        run_small(tiny_bert_dir, out, "--chosen_on", "sst5,nope", methods="ce", epochs="1")
+    run_small(tiny_bert_dir, out, "--chosen_on", "sst5,cr", methods="ce", epochs="1")
+    assert json.load(open(out / "grid.json"))["chosen_on"] == ["cr", "sst5"]
+    text = (out / "table.md").read_text()
+    assert "Held out (nothing was chosen on them" in text and "| 6 examples, accuracy | sst2 |" in text, text
+    assert "Development tasks" not in text, "no development task ran in this grid: no table of them"
+    for again in (["--chosen_on", "sst2"], []):
+        with pytest.raises(MinknnError, match=r"holds a grid run with --chosen_on cr,sst5"):
+            run_small(tiny_bert_dir, out, *again, methods="ce", epochs="1")
+
+
 def test_jobs_run_cells_side_by_side_on_the_cpu(tiny_bert_dir, tmp_path):
     """--jobs 2 on the CPU: two processes, each with half of the cores' torch threads; the cells
     give the figures of a one-at-a-time grid run with that many threads (the number of threads

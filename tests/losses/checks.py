@@ -213,6 +213,10 @@ BATCHES = {  # labels of the test batches: mixed, with a class seen once, with a
 # losses still compare each example with the proxies.
 NOTHING_TO_COMPARE = {"every class once": [0, 1, 2, 3], "one class": [2, 2, 2, 2, 2],
                       "one example": [1]}
+TRIPLETS = {  # B anchors' classes, the B texts' (the same), the B negatives' (another)
+    "four": [0, 1, 2, 0, 0, 1, 2, 0, 1, 2, 3, 3],
+    "three": [1, 3, 3, 1, 3, 3, 0, 1, 2],
+}
 MULTI_HOT = {  # rows of label sets over C = 4 classes
     "overlapping": [[1, 1, 0, 0], [1, 0, 0, 0], [0, 1, 1, 0], [1, 1, 1, 0], [0, 0, 1, 1],
                     [0, 0, 0, 1]],
@@ -259,6 +263,13 @@ def cases(name):
                 for b, y in BATCHES.items() for s in range(3)] + [
             (f"the 'mixed' batch {y} in one tight cluster",
              (3 * e(0) + 0.3 * randn(len(y), D, seed=7), torch.tensor(y)))]
+    if table == "TRIPLET_ORACLES":  # the anchors, the texts, the negatives
+        return [(f"{len(y) // 3} triplets of classes {y[:len(y) // 3]}, negatives of classes "
+                 f"{y[2 * len(y) // 3:]} (seed {s})", (randn(len(y), D, seed=s), torch.tensor(y)))
+                for y in TRIPLETS.values() for s in range(3)] + [
+            (f"the triplets {y} in one tight cluster",
+             (3 * e(0) + 0.3 * randn(len(y), D, seed=7), torch.tensor(y)))
+            for y in list(TRIPLETS.values())[:1]]
     if table == "MULTILABEL_ORACLES":
         return [(f"the '{b}' batch (seed {s})",
                  (3 * randn(len(y), D, seed=s), torch.tensor(y, dtype=torch.float64)))
@@ -279,6 +290,12 @@ def degenerate_cases(name):
         return [("one pair, a text with itself", (torch.cat([x[:1], x[:1]]), torch.tensor([1, 1]))),
                 ("a text with itself, its class not its own", (torch.cat([x, x]),
                                                               torch.tensor([0, 1, 1, 0])))]
+    if table == "TRIPLET_ORACLES":  # a text that is its own anchor and its own negative
+        x = randn(1, D, seed=0)
+        return [("one triplet, one text as anchor, text and negative", (x.repeat(3, 1),
+                                                                      torch.tensor([1, 1, 2]))),
+                ("one triplet, the anchor's opposite as the negative",
+                 (torch.cat([x, x, -x]), torch.tensor([0, 0, 1])))]
     if table == "MULTILABEL_ORACLES":
         return [(f"a batch with {b}", (randn(len(y), D, seed=0),
                                        torch.tensor(y, dtype=torch.float64)))
@@ -322,6 +339,11 @@ def fixed_inputs(name):
     table = table_of(name)
     if table in ("ORACLES", "PAIR_ORACLES"):
         return loss, (h, torch.tensor([0, 1, 0, 2, 1, 0]))
+    if table == "TRIPLET_ORACLES":  # 5 triplets: 3 with the hinge on (the first 9 rows of this
+        # construction's h), 2 with it off (h's own 6), so that a gradient cut on either side shows
+        h9 = 2 * torch.sin(1.3 * torch.arange(9 * D, dtype=torch.float64) + 0.2).reshape(9, D)
+        h = torch.cat([torch.cat([x.chunk(3)[k] for x in (h9, h)]) for k in range(3)])
+        return loss, (h, torch.tensor([0, 1, 2, 0, 1] * 2 + [1, 2, 0, 1, 0]))
     if table == "MULTILABEL_ORACLES":
         return loss, (h, torch.tensor(MULTI_HOT["overlapping"], dtype=torch.float64))
     K = 12
@@ -474,7 +496,8 @@ def check_gradcheck(name):
                               params, formula.fixed_cotangent())
         for tensor, w in want.items():
             g = got.get(tensor)
-            what = f"on 6 fixed examples, the gradient of {'z' if tensor == 'h' else tensor}"
+            what = (f"on {len(args[0])} fixed examples, the gradient of "
+                    f"{'z' if tensor == 'h' else tensor}")
             if w is None:
                 continue
             ok(name, g is not None or not w.abs().max(), f"{what} is None: no gradient reaches "
@@ -494,7 +517,7 @@ def check_gradcheck(name):
     inputs = (args[0].clone().requires_grad_(), *loss.parameters())
     passed = torch.autograd.gradcheck(lambda h, *params: run(name, loss, h, *args[1:]), inputs,
                                       raise_exception=False, fast_mode=True)
-    ok(name, passed, "on 6 fixed examples, the gradient autograd computes (in z"
+    ok(name, passed, f"on {len(args[0])} fixed examples, the gradient autograd computes (in z"
        f"{' and the parameters' if list(loss.parameters()) else ''}) is not the numerical "
        "one, the loss's change under small steps of its inputs (torch.autograd.gradcheck)")
 
@@ -592,4 +615,4 @@ def checks_of(name):
         (check_runs_in_fp32_under_autocast,
          name in WITH_ORACLE and table_of(name) != "MEMORY_ORACLES"),
         (check_stays_finite_on_large_inputs, name in WITH_ORACLE),
-        (check_runs_on_the_inputs_device, part_of(name) is not None)) if applies]
+        (check_runs_on_the_inputs_device, True)) if applies]

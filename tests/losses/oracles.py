@@ -5,7 +5,8 @@ its own test file, tests/losses/test_<loss>.py, runs.
 
 An oracle sits in the table of how its loss is called: ORACLES (a loss called as loss(h, labels)),
 MEMORY_ORACLES (a loss over the MoCo memory), MULTILABEL_ORACLES (multi-hot labels) or
-PAIR_ORACLES (a loss of pair batches: setfit). A loss registered in METRIC_LOSSES
+PAIR_ORACLES (a loss of pair batches: setfit) or TRIPLET_ORACLES (triplets anchored at a class's
+statement: ancsetfit). A loss registered in METRIC_LOSSES
 (minknn/losses/__init__.py) fails tests/losses/test_objective.py until its oracle is here and
 tests/losses/test_<loss>.py runs the checks every loss goes through.
 """
@@ -324,8 +325,32 @@ def setfit_oracle(h, y, loss, *, pairs="halves", other_class_target=0.0, inverte
 
 
 PAIR_ORACLES = {"setfit": setfit_oracle}
+
+
+# The anchored losses' batches hold B triplets: the B anchors (a class's statement), then the B
+# texts, then the B negatives (h (3B, dim))
+
+def ancsetfit_oracle(h, y, loss, *, roles="thirds", distance="cosine", swapped=False,
+                     hinge=True, margin_outside=False, reduction="mean"):
+    B, terms = len(h) // 3, []
+    for i in range(B):
+        a, p, n = (i, B + i, 2 * B + i) if roles == "thirds" else (3 * i, 3 * i + 1, 3 * i + 2)
+        if swapped:
+            p, n = n, p
+        def d(u, v):
+            cos = (u @ v) / (u.norm() * v.norm())
+            return 1 - cos if distance == "cosine" else (u / u.norm() - v / v.norm()).norm()
+        x = d(h[a], h[p]) - d(h[a], h[n])
+        x = x + loss.margin if not margin_outside else x
+        term = torch.clamp(x, min=0) if hinge else x
+        terms.append(term + loss.margin if margin_outside else term)
+    return reduce(terms, reduction)
+
+
+TRIPLET_ORACLES = {"ancsetfit": ancsetfit_oracle}
 TABLES = {"ORACLES": ORACLES, "MEMORY_ORACLES": MEMORY_ORACLES,
-          "MULTILABEL_ORACLES": MULTILABEL_ORACLES, "PAIR_ORACLES": PAIR_ORACLES}
+          "MULTILABEL_ORACLES": MULTILABEL_ORACLES, "PAIR_ORACLES": PAIR_ORACLES,
+          "TRIPLET_ORACLES": TRIPLET_ORACLES}
 
 
 # The other ways each formula's steps can be read, as the oracles' keyword arguments: where a
@@ -498,6 +523,14 @@ READINGS = {
         "a pair of two classes regressed onto -1, not 0": {"other_class_target": -1.0},
         "the cosine rescaled to [0, 1], (cos + 1) / 2": {"rescaled": True},
         "the absolute error, not the squared one": {"error": "absolute"}, **SUM},
+    "ancsetfit": {
+        "the triplets read as neighbouring rows (0, 1, 2), (3, 4, 5), ..., not the three thirds "
+        "of the batch": {"roles": "interleaved"},
+        "the text and the negative swapped (the anchor pulled to the negative)": {
+            "swapped": True},
+        "the Euclidean distance of the unit vectors, not 1 - cos": {"distance": "euclidean"},
+        "no hinge (max(0, .) left out)": {"hinge": False},
+        "the margin added after the hinge, not inside it": {"margin_outside": True}, **SUM},
 }
 
 
@@ -505,6 +538,8 @@ def table_of(name):
     """Where loss `name`'s oracle belongs, by how the loss is called."""
     if getattr(METRIC_LOSSES[name], "uses_memory", False):
         return "MEMORY_ORACLES"
+    if getattr(METRIC_LOSSES[name], "anchored", False):
+        return "TRIPLET_ORACLES"
     if getattr(METRIC_LOSSES[name], "pairs", False):
         return "PAIR_ORACLES"
     return "MULTILABEL_ORACLES" if loss_kind(name) == "multilabel" else "ORACLES"
