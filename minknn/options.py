@@ -400,8 +400,8 @@ def resumed_args(p, args):
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
     # runs from before --save kept the best; runs from before --per_class, --steps, --head_init,
-    # --proxy_init, --mlcon_reduction, --setfit_iterations and AncSetFit's flags had none (a random head and random
-    # proxies; mlcon's sum, which a None builds)
+    # --proxy_init, --mlcon_reduction, --setfit_iterations and AncSetFit's flags had none (a
+    # random head and random proxies; mlcon's sum, which a None builds)
     saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
              "proxy_init": "random", "mlcon_reduction": None, "setfit_iterations": None,
              "anc_iterations": None, "anc_margin": None,

@@ -10,11 +10,12 @@ here the names only give the proxies their start, and the proxy loss trains them
 
 name_c is the task's readable name of class c (minknn/tasks.py, Task.names: its label where that
 is a word, 'very negative', ..., 'very positive' for SST-5; the dataset's documented meaning where
-the label is a code, 'human being' for TREC's HUM), encoded as the task's texts are (the same tokenizer, --max_len and --pooling), by the
-encoder as loaded, before the first step, with dropout off (predict: eval mode, inference mode).
-The losses read only a proxy's direction (both normalise it). The length sqrt(H) is that of the
-random proxy it replaces (E ||randn(H)|| ~ sqrt(H)): AdamW moves each coordinate by about
---proxy_lr a step whatever the length, so at z's own length (5 to 8 for MiniLM's SST-5 names,
+the label is a code, 'human being' for TREC's HUM), encoded as the task's texts are (the same
+tokenizer, --max_len and --pooling), by the encoder as loaded, before the first step, with
+dropout off (predict: eval mode, inference mode). The losses read only a proxy's direction
+(both normalise it). The length sqrt(H) is that of the random proxy it replaces
+(E ||randn(H)|| ~ sqrt(H)): AdamW moves each coordinate by about --proxy_lr a step whatever the
+length, so at z's own length (5 to 8 for MiniLM's SST-5 names,
 against sqrt(384) = 19.6) the same steps would turn a proxy 2.5 to 4 times faster.
 The random proxies are drawn all the same, then overwritten, so that every later draw (dropout,
 batches) is a random run's. A resumed run takes its proxies from last.pt, never from the names.

@@ -72,11 +72,11 @@ def keep_last(monkeypatch):
     monkeypatch.setattr(os, "remove", lambda path: None if str(path).endswith("last.pt") else real(path))
 
 
-@pytest.mark.parametrize("loss", ["ce", "proxyanchor", "knnbert", "setfit"])
+@pytest.mark.parametrize("loss", ["ce", "proxyanchor", "knnbert", "setfit", "ancsetfit"])
 def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(loss, tiny_bert_dir, data_dir, tmp_path, monkeypatch,
                                                              capsys):
     """Stopped by Ctrl-C in epoch 2 (step 5, at 3 steps an epoch), then --resume: the same weights, proxies, MoCo
-    memory, SetFit pairs and head, and dev figures as the same run left alone, so every state a step reads was saved and restored. Epochs
+    memory, SetFit pairs (AncSetFit triplets) and head, and dev figures as the same run left alone, so every state a step reads was saved and restored. Epochs
     of 3 steps end mid-pass over the 5 batches of the training set, so the batch streams' places matter too."""
     argv = flags(tiny_bert_dir, data_dir, "--loss", loss, "--steps_per_epoch", "3")
     real_step = train.train_step

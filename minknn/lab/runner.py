@@ -393,13 +393,19 @@ def check_same_grid(args, shared, train_flags):
     was = saved["train_args"]
     changed = [f"--{k} {was.get(k, '(not given)')}" for k in sorted(set(was) | set(shared))
                if was.get(k) != shared.get(k)]
-    changed += [f"--{k} {'(not given)' if saved.get(k) is None else ','.join(saved[k]) if isinstance(saved[k], list) else saved[k]}"
+    changed += [f"--{k} {shown(saved.get(k))}"
                 for k in ("select", "max_eval", "search",  # a grid.json from before --search
                           "chosen_on")                     # or --chosen_on has none: as none given
                 if saved.get(k) != grid[k]]
     if changed:
         raise MinknnError(f"--out {args.out} holds a grid run with {', '.join(changed)}; use the "
                           f"same flags to go on with it, or another --out")
+
+
+def shown(value):
+    """A grid.json value as its flag was given: '(not given)', a list comma-separated."""
+    return "(not given)" if value is None else ",".join(value) if isinstance(value, list) \
+        else value
 
 
 def check_resumable(cells, ctx):
