@@ -260,8 +260,8 @@ def batch(trainer, rows):
     rank's slice of the batch (distributed.slice_of), the targets and rows the whole batch's."""
     batches = {}
     for t in trainer.tasks:
-        examples = [trainer.train[t.name][i] if i >= 0 else statement(t, i)
-                    for i in rows[t.name]]
+        anchors = statements(t) if min(rows[t.name]) < 0 else None  # AncSetFit's rows below 0
+        examples = [trainer.train[t.name][i] if i >= 0 else anchors[-1 - i] for i in rows[t.name]]
         start, stop = slice_of(len(examples), rank(), world())
         # a rank with no rows (a last batch smaller than the ranks) still runs its forward, as
         # DDP needs, on one example that forward() then drops
@@ -273,11 +273,10 @@ def batch(trainer, rows):
     return batches
 
 
-def statement(task, row):
-    """AncSetFit's anchor, the example a row below 0 stands for: class c = -1 - row's statement
-    (minknn/data.py class_statements), of class c."""
-    c = -1 - row
-    return Example(text=class_statements(task)[c], label=c)
+def statements(task):
+    """AncSetFit's anchors, one example a class: its statement (minknn/data.py class_statements),
+    labelled with its class; a batch's row -1 - c stands for class c's."""
+    return [Example(text=s, label=c) for c, s in enumerate(class_statements(task))]
 
 
 class Forward(nn.Module):
