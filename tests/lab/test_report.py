@@ -202,7 +202,8 @@ def test_held_out_tasks_are_a_table_of_their_own_with_their_own_mean():
     dev, held = text.split("Held out")
     assert "Development tasks (the methods and settings were chosen on cr, sst5):" in dev and \
         "| 20 examples, accuracy | sst5 | cr | mean |" in dev and "trec" not in dev.split("|---")[0], dev
-    assert "| 20 examples, accuracy | trec | subj | mean |" in held, held
+    assert "| 20 examples, accuracy | trec | subj | mean |" in held, \
+        f"the held-out table must have the tasks not chosen on (trec, subj) as its columns, and no other: {held}"
     held_row = row(held, "anc")
     trec, subj, mean = held_row.split("|")[2:5]
     assert "57.00 ± 2.00" in trec and "(p " in trec and "(no p)" in subj, \
