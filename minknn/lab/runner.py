@@ -128,7 +128,7 @@ def get_args(argv=None):
                    "cells run: here, or each a job on a SLURM cluster (minknn/lab/slurm.py)")
     p.add_argument("--jobs", type=int, help="local: N cells at once, each with cores/N torch "
                    "threads (on several GPUs, each its own GPU); default 1")
-    s = p.add_argument_group("--launcher slurm (pip install submitit==1.5.4)")
+    s = p.add_argument_group("--launcher slurm (pip install -e '.[slurm]')")
     s.add_argument("--slurm_partition", help="the partition (default: the cluster's)")
     s.add_argument("--slurm_time", type=int, help="each job's time limit in minutes; "
                    "a cell out of time is requeued and resumes from its last epoch (default 60)")
@@ -546,7 +546,7 @@ def table_and_plots(folder, args):
     try:
         from minknn.lab import plots
     except ImportError as e:  # matplotlib is an optional extra
-        print(f"no plots: {e}; pip install matplotlib==3.11.2 (or pip install .[plots])")
+        print(f"no plots: {e}; pip install -e '.[plots]'")
         return text
     metric = args.metric.split(",")[0] if args.metric else None
     for path in plots.draw_all(report.read_results(folder), os.path.join(folder, "plots"), metric):

@@ -1,6 +1,6 @@
 """The real SetFit beside minknn's own (minknn/losses/setfit.py): the runner's method
 `setfit-package`, whose cell does not run train.py but trains the `setfit` package (Tunstall et
-al. 2022; `pip install setfit`, an optional dependency imported only here, as matplotlib is for
+al. 2022; `pip install -e '.[setfit]'`, an optional dependency imported only here, as matplotlib is for
 the plots) on exactly the training examples the runner drew for the cell, and scores the same
 selection and test examples. Its result line is the other methods' (the linear rule, a grid of
 one entry with params {}), written into the cell's cell.json, so that results.jsonl, the table
@@ -110,7 +110,7 @@ def import_setfit():
         from datasets import Dataset
     except ImportError as e:
         raise MinknnError(f"--methods {METHOD} trains the setfit package, which is not installed "
-                          f"({e}): pip install setfit") from None
+                          f"({e}): pip install -e '.[setfit]'") from None
     return setfit, Dataset
 
 

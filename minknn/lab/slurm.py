@@ -1,6 +1,6 @@
 """The runner's cells as jobs on a SLURM cluster, through submitit (facebookincubator/submitit):
 `python -m minknn.lab.runner ... --launcher slurm`. submitit is an optional extra:
-pip install submitit==1.5.4 (or pip install '.[slurm]').
+pip install -e '.[slurm]' (submitit 1.5.4).
 
 The grid's unfinished cells are submitted as one array job, a task per cell, each trained and
 scored by the runner's own run_cell: a cell is the same folder, files and figures as on this
@@ -41,8 +41,8 @@ def import_submitit():
     try:
         import submitit
     except ImportError:
-        raise MinknnError("--launcher slurm needs submitit: pip install submitit==1.5.4 (or pip "
-                          "install '.[slurm]')") from None
+        raise MinknnError("--launcher slurm needs submitit: pip install -e '.[slurm]' (in the "
+                          "clone; it installs submitit 1.5.4)") from None
     return submitit
 
 

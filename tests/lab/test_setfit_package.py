@@ -191,7 +191,7 @@ def test_setfit_package_errors_are_one_line_before_training(fake, monkeypatch, t
         with pytest.raises(MinknnError, match=re.escape(says)):
             run_grid(tiny_bert_dir, tmp_path / "g", methods=methods, tasks=tasks, seeds="0")
     monkeypatch.setitem(sys.modules, "setfit", None)  # not installed: `import setfit` raises ImportError
-    with pytest.raises(MinknnError, match=r"trains the setfit package, which is not installed .*: pip install setfit"):
+    with pytest.raises(MinknnError, match=r"trains the setfit package, which is not installed .*: pip install -e '\.\[setfit\]'"):
         run_grid(tiny_bert_dir, tmp_path / "g", methods="ce,setfit-package", seeds="0")
     assert fake.trained == [] and not (tmp_path / "g" / "runs").exists(), "nothing may train before the checks"
 

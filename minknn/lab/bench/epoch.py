@@ -28,6 +28,9 @@ from minknn.weights import resolve_model_path
 
 
 # ---------------------------------------------------------------------------------------------
+NO_REFERENCE = "; transformers not installed: no reference (pip install -e '.[bench]')"
+
+
 # epoch: `python train.py` against the loop a user would write with transformers
 
 def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
@@ -81,7 +84,7 @@ def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
                f"tokens, {padded / real:.2f} "
                f"padded tokens per real one when each batch is padded to its longest; best of "
                f"{args.rounds} alternating rounds; measured peak matmul {peak / 1e12:.3f} TFLOP/s"
-               f"{'' if transformers else '; transformers not installed: no reference'}\n")
+               f"{'' if transformers else NO_REFERENCE}\n")
     print(out[-1])
     seconds = timer.best_of_rounds(contestants)
     reference, cold = seconds.get("transformers loop"), first.get("transformers loop")

@@ -112,7 +112,7 @@ class Table:
 
 def check_transformers():
     """Hugging Face transformers, the reference of `model` and `epoch`, or None: it is not a
-    dependency (pip install transformers), and those comparisons are skipped without it."""
+    dependency (the bench extra: pip install -e '.[bench]'), and those comparisons are skipped without it."""
     try:
         import transformers
     except ImportError:
