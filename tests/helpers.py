@@ -7,7 +7,9 @@ The tiny BERT (2 layers, 32 wide) is written with the same file formats as a rea
 milliseconds. Only the parity tests in test_bert.py and test_tokenizer.py load the real default model.
 
     from helpers import DATA, TINY, tiny_vocab, write_tiny_bert, dev_falling, run_grid, lines_of
+    from helpers import required     # a package of the test extra, or one line saying to install it
 """
+import importlib
 import json
 import os
 import re
@@ -23,6 +25,17 @@ DATA = os.path.join(FIXTURES, "data")
 
 TINY = dict(vocab_size=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", model_type="bert")
+
+
+def required(name):
+    """The module `name` of the test extra (transformers, sentence-transformers: libraries minknn's
+    own code never imports, which its tests hold it against), imported; where it is missing, the
+    test file fails to load with one line saying how to install it (not a skip: CI installs it)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ImportError(f"{name} is not installed; the tests need the test extra: "
+                          f"pip install -e '.[test]'") from None
 
 
 def tiny_vocab():

@@ -10,6 +10,7 @@ is one of
     python -m minknn.lab.runner ...   runner.main
     python -m minknn.lab.attack ...   attack.main
     python -m minknn.assignment ...   minknn.assignment.main
+    python -m minknn.export ...       minknn.export.main
     torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
                                      --nproc_per_node 2 train.py ..., 1 thread each (gloo)
 or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
@@ -30,6 +31,7 @@ checked:
     runner        --model TINY --epochs 1 --max_len 32 --batch_size 8 --device cpu --sizes 16
                   --seeds 0 (one seed, one size: every task and method of the line still runs)
     assignment    nothing: writing an edition copies files, already quick
+    export        nothing: the run it reads is already tiny
     bench         --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
 TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench knn encodes
 at length 128); where the page's own --model names a RoBERTa, DistilBERT or MPNet folder
@@ -65,6 +67,7 @@ import evaluate
 import minknn.assignment
 import minknn.lab.attack
 import minknn.data
+import minknn.export
 import minknn.lab.runner
 import train
 from helpers import DATA, TINY, tiny_vocab
@@ -146,7 +149,8 @@ def script(words, where):
     for prefix, name in ((["python", "train.py"], "train"), (["python", "evaluate.py"], "evaluate"),
                          (["python", "-m", "minknn.lab.bench"], "bench"), (["python", "-m", "minknn.lab.runner"], "runner"),
                          (["python", "-m", "minknn.lab.attack"], "attack"),
-                         (["python", "-m", "minknn.assignment"], "assignment"), (["torchrun"], "torchrun")):
+                         (["python", "-m", "minknn.assignment"], "assignment"),
+                         (["python", "-m", "minknn.export"], "export"), (["torchrun"], "torchrun")):
         if words[:len(prefix)] == prefix:
             return name, words[len(prefix):]
     raise AssertionError(f"{where}: `{' '.join(words)}`: the test does not know this command; run it in "
@@ -186,7 +190,7 @@ def tiny_args(name, args, model, stopped):
 
 MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.lab.runner.main,
          "attack": minknn.lab.attack.main,
-         "assignment": minknn.assignment.main}
+         "assignment": minknn.assignment.main, "export": minknn.export.main}
 
 
 # ------------------------------------------------------------------------ what a user has
