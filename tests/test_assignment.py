@@ -137,7 +137,7 @@ def test_the_editions_readme_and_handout_are_the_students(edition):
     set_up = assignment.set_up()
     assert set_up.startswith("## Set up\n") and set_up in ours and set_up in readme and set_up in handout, \
         "the handout's and the edition README's set-up must be this README's '## Set up' section"
-    for line in ("python -m venv .venv", "--index-url https://download.pytorch.org/whl/cpu"):
+    for line in ("python -m venv .venv", "--extra-index-url https://download.pytorch.org/whl/cpu"):
         assert line in set_up, f"the set-up has no `{line}`"
     # the rest of the README, less the instructor's lines, is this one's
     kept = [line for line in ours.splitlines()[1:] if not any(s in line for s in assignment.INSTRUCTOR_LINES)]
