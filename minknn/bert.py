@@ -13,18 +13,11 @@ where it acts in minknn/backbones.py, which also decides from config.json which 
 so is MPNet, whose one change inside attention (a bias added to the scores for each relative
 position) reaches attention() below as part of its additive mask.
 
-Padding costs little here. A batch padded to its longest example (B, T) holds N real tokens, and
-on short sentences N is about half of B T. Every matmul, GELU and LayerNorm works on each token
-alone, so the encoder runs them on the N real tokens only, packed into one (N, H) matrix
-(`Packing`); attention alone mixes tokens, so each layer puts Q, K and V back into the (B, T)
-layout for it and packs its output again (attention is about 2% of the FLOPs at these lengths, so
-its padding is left in). On a GPU, --attention packed skips that padding too: attention runs
-over the packed tokens, each row's own (`packed_attention`; `packed_kernel` chooses how, in one
-place). On an H100 with MiniLM at batch 32 that was slower, not faster (RESULTS.md, "How does
-minknn run on a GPU?"): each step there is bound by the CPU launching kernels, not by the GPU, so
-the default stays the padded call. The result equals the padded computation on every real token
-(tests/test_bert.py checks outputs and gradients against examples run one at a time,
-tests/test_cuda.py the GPU's kernels against the padded call).
+Padding costs little here: the layers run on the batch's real tokens only, packed into one (N, H)
+matrix (`Packing`), and give each real token what its example gets run alone (tests/test_bert.py);
+attention alone puts them back into the padded (B, T) layout, or, with --attention packed on a
+GPU, runs over the packed tokens too. minknn/packed.py says how, and why the padded call stays
+the default.
 Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H / nh.
 """
 import math
@@ -38,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minknn import MinknnError
 from minknn.files import read_json
+from minknn.packed import Packing, packed_attention, packed_kernel
 from minknn.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits, check_sizes,
                             read_weights, resolve_model_path)
 
@@ -46,26 +40,19 @@ HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in
 # --attention: "explicit" runs attention() below, as written; "fused" runs PyTorch's
 # F.scaled_dot_product_attention, which computes the same thing in one kernel (tests/test_bert.py
 # checks they agree, dropout included), over the padded (B, T) layout; "packed" runs PyTorch's
-# kernels over the packed tokens where packed_kernel() finds a way (on a GPU), else as "fused".
+# kernels over the packed tokens where packed_kernel() finds a way (on a GPU; minknn/packed.py),
+# else as "fused".
 # The student edition (minknn/assignment.py) writes "explicit" here, so that the attention a
 # student writes is the one that trains.
 ATTENTIONS = ("explicit", "fused", "packed")
 ATTENTION = "fused"
 
-try:  # flash attention over packed sequences; torch.nn.attention.varlen is new (2.11 and 2.13
-    # have it, with these arguments) and runs on CUDA only, in fp16 and bf16, without dropout
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:
-    varlen_attn = None
 # The kernels F.scaled_dot_product_attention may choose from: all but cuDNN's. On an H100 or H200
 # PyTorch picks cuDNN's for a masked call, and cuDNN plans a kernel for each new shape; a batch
 # padded to its longest brings a new T almost every step, and the planning made train.py's first
 # SST epoch 3.3x slower on an H200 (20 s against 6 s, RESULTS.md "How does minknn run on a GPU?").
 # The others take any shape as it comes (flash attention without a mask, memory-efficient with one).
 SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# the devices on which "packed" attention runs over the packed tokens: on the CPU the padded call
-# is as fast at these lengths (tests monkeypatch this to run the packed kernels on the CPU)
-PACKED_DEVICES = ("cuda",)
 
 
 @dataclass
@@ -128,65 +115,6 @@ def attention(q, k, v, mask, dropout_p=0.0):
     # END part attention
 
 
-class Packing:
-    """Where the N real tokens of a (B, T) batch sit (attention_mask 1), to move tensors between
-    the padded layout (B, T, ...) and the packed one (N, ...) in the order of the rows. With no
-    padding both are views of the same memory and nothing is copied."""
-
-    def __init__(self, attention_mask):
-        self.B, self.T = attention_mask.shape
-        self.attention_mask = attention_mask
-        self.padded = not attention_mask.all()
-        # the real tokens' places in the flattened (B T) positions, (N,)
-        self.index = attention_mask.flatten().nonzero().squeeze(1) if self.padded else None
-        # (1, nh, T, T) or None: a term every layer adds to its attention scores, beside the
-        # padding's mask. BERT has none; MPNet's encoder puts its relative-position bias here.
-        self.bias = None
-        self._spans, self._masks = None, {}
-
-    def mask(self, dtype):
-        """The additive mask of the padded attention call, in `dtype` (q's: bf16 under autocast,
-        where fp32's most negative number would round to -inf), built once a batch and read by
-        every layer: the most negative number at padding keys, (B, 1, 1, T), broadcast over heads
-        and queries, plus MPNet's bias; (1, nh, T, T) for the bias alone, and None when there is
-        neither, which lets PyTorch pick its faster mask-free attention kernel."""
-        if dtype not in self._masks:
-            mask = None
-            if self.padded:
-                pad = self.attention_mask[:, None, None, :] == 0
-                mask = torch.zeros(pad.shape, dtype=dtype, device=pad.device)
-                mask = mask.masked_fill(pad, torch.finfo(dtype).min)
-            if self.bias is not None:  # (1, nh, T, T) + (B, 1, 1, T) -> (B, nh, T, T)
-                bias = self.bias.to(dtype)
-                mask = bias if mask is None else bias + mask
-            self._masks[dtype] = mask
-        return self._masks[dtype]
-
-    def spans(self):
-        """Where each row's tokens start in the packed (N, ...) order, (B + 1,), in int64 and in
-        int32 (row b holds offsets[b]:offsets[b + 1]; the rows' tokens stay together, as pack()
-        keeps their order), and the longest and shortest row's lengths: what kernels over packed
-        sequences take. Computed once a batch (the lengths are read back from the GPU: one
-        synchronisation, not one a layer)."""
-        if self._spans is None:
-            lengths = self.attention_mask.sum(1)
-            shortest, longest = torch.stack(lengths.aminmax()).tolist()
-            offsets = F.pad(lengths.cumsum(0), (1, 0))
-            self._spans = (offsets, offsets.to(torch.int32), longest, shortest)
-        return self._spans
-
-    def pack(self, x):
-        """(B, T, ...) -> (N, ...): the real tokens only."""
-        x = x.flatten(0, 1)
-        return x[self.index] if self.padded else x
-
-    def unpack(self, x):
-        """(N, ...) -> (B, T, ...), zeros at the padding."""
-        if self.padded:
-            x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy(0, self.index, x)
-        return x.view(self.B, self.T, *x.shape[1:])
-
-
 class BertSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -219,44 +147,6 @@ class BertSelfAttention(nn.Module):
             out = attention(q, k, v, mask, p)
         # concatenate the heads again, and keep the real tokens' rows (padding queries are dropped)
         return packing.pack(out.transpose(1, 2).reshape(B, T, H))
-
-
-def packed_kernel(kernel, qkv, dropout_p, packing):
-    """How attention runs over the packed tokens, skipping the padding, or None for the padded
-    (B, T) call with its mask: the one place that chooses. qkv: the packed Q, K and V
-    (N, 3, nh, hs), whose device, dtype (bf16 under autocast) and head size decide.
-        "varlen"  flash attention over the rows' spans (torch.nn.attention.varlen): CUDA, fp16 or
-                  bf16, no dropout (so: evaluation), head size a multiple of 8 up to 256
-        "nested"  F.scaled_dot_product_attention on a nested jagged tensor, a row per sequence
-                  (any dtype, dropout too: training)
-    Neither takes an additive term, so MPNet's relative bias keeps the padded call; so do
-    --attention explicit and fused, and a batch with no padding, where the padded call already
-    computes nothing wasted."""
-    if (kernel != "packed" or not packing.padded or packing.bias is not None
-            or qkv.device.type not in PACKED_DEVICES or packing.spans()[3] == 0):
-        return None  # (a row with no real token at all: the padded call handles it)
-    if (varlen_attn is not None and dropout_p == 0 and qkv.device.type == "cuda"
-            and qkv.dtype in (torch.float16, torch.bfloat16) and qkv.size(-1) % 8 == 0
-            and qkv.size(-1) <= 256):
-        return "varlen"
-    return "nested"
-
-
-def packed_attention(how, q, k, v, packing, dropout_p):
-    """Attention of each row's tokens to each other, on the packed layout: q, k, v (N, nh, hs),
-    the rows' tokens one after another (Packing.spans). Returns (N, nh, hs). The same as the
-    padded call on every real token (tests/test_bert.py on the CPU, tests/test_cuda.py on a GPU).
-    """
-    offsets, cu, longest, _ = packing.spans()  # cu: flash attention's offsets are int32
-    q, k, v = (x.contiguous() for x in (q, k, v))  # views into the one QKV matmul's output
-    if how == "varlen":
-        return varlen_attn(q, k, v, cu, cu, longest, longest)
-
-    def rows(x):  # (N, nh, hs) -> (B, nh, jagged T, hs): SDPA's layout, a row per sequence
-        return torch.nested.nested_tensor_from_jagged(x, offsets,
-                                                      max_seqlen=longest).transpose(1, 2)
-    out = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), dropout_p=dropout_p)
-    return out.transpose(1, 2).values()  # back to (N, nh, hs)
 
 
 class BertOutput(nn.Module):
@@ -406,7 +296,7 @@ class BertModel(nn.Module):
                               f"(--pooling)")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        packing = Packing(attention_mask)  # the layers see the real tokens only (the docstring)
+        packing = Packing(attention_mask)  # the layers see the real tokens only (packed.py)
         h = self.encoder(self.embeddings(input_ids, token_type_ids, packing), packing)
         h = packing.unpack(h)  # (B, T, H), zeros at the padding
         return (h, self.pooler(h)) if pooled else h

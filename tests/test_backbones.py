@@ -16,10 +16,11 @@ import minknn.trainer
 import train
 from hf_folders import write_distilbert, write_roberta
 from minknn import MinknnError, backbones
-from minknn.bert import BertAttention, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing
+from minknn.bert import BertAttention, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput
 from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import load_split
 from minknn.engine import predict
+from minknn.packed import Packing
 from minknn.pcgrad import PCGrad
 from minknn.weights import save_safetensors
 from minknn.tasks import TASKS

@@ -25,10 +25,11 @@ from elsewhere import check_on_second_device
 from formula import readings_that_fit, same_as_formula
 from grading import check, close, diagnose, graded, matches_reference, named
 from minknn import MinknnError, backbones
-from minknn import bert
+from minknn import bert, packed
 from minknn.parts import label
 from minknn.weights import NOT_IMPLEMENTED
-from minknn.bert import BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, Packing, attention
+from minknn.bert import BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, attention
+from minknn.packed import Packing
 from minknn.weights import load_safetensors, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
@@ -1119,9 +1120,9 @@ def test_padding_does_not_change_real_tokens(tiny_bert):
 
 def test_padded_batch_equals_each_example_run_alone_outputs_and_gradients(tiny_bert):
     """The encoder packs the real tokens and runs its matmuls, GELUs and LayerNorms on them alone
-    (bert.Packing). A padded batch must give every real token the hidden state, and every weight
-    the gradient, that its example gets alone with no padding at all: a wrong index, a padding
-    row let into attention, or a token packed into another row's place breaks one of the two."""
+    (minknn/packed.py, Packing). A padded batch must give every real token the hidden state, and
+    every weight the gradient, that its example gets alone with no padding at all: a wrong index, a
+    padding row let into attention, or a token packed into another row's place breaks one of the two."""
     model = copy.deepcopy(tiny_bert).double()
     lengths = [11, 3, 7, 1]  # the 1: a row of [CLS] alone
     ids, mask = random_batch(model.config.vocab_size, lengths, seed=3)
@@ -1186,14 +1187,14 @@ def test_explicit_and_fused_kernels_agree_in_the_model(tiny_bert):
 
 
 def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, monkeypatch):
-    """On a GPU, --attention packed runs attention over the packed tokens (bert.packed_attention,
+    """On a GPU, --attention packed runs attention over the packed tokens (packed.packed_attention,
     here its nested-tensor path, run on the CPU for the test): every real token's hidden state
     and every weight's gradient must be the padded call's. A wrong span (a row's tokens attending
     to its neighbour's) or heads mixed up in the (N, nh, hs) view breaks one of the two."""
-    monkeypatch.setattr(bert, "PACKED_DEVICES", ("cpu",))
+    monkeypatch.setattr(packed, "PACKED_DEVICES", ("cpu",))
     ran = []
-    packed = bert.packed_attention
-    monkeypatch.setattr(bert, "packed_attention", lambda how, *a: ran.append(how) or packed(how, *a))
+    written = packed.packed_attention  # bert.py calls it by the name it imported
+    monkeypatch.setattr(bert, "packed_attention", lambda how, *a: ran.append(how) or written(how, *a))
     model = copy.deepcopy(tiny_bert).double()
     ids, mask = random_batch(model.config.vocab_size, [11, 3, 7, 1], seed=4)
     probe = torch.randn(model.config.hidden_size, dtype=torch.float64,
@@ -1207,13 +1208,13 @@ def test_packed_kernels_equal_the_padded_call_outputs_and_gradients(tiny_bert, m
     layers = model.config.num_hidden_layers
     assert ran == ["nested"] * layers, (f"--attention packed on a packing device ran the packed kernel "
                                         f"{ran} in a {layers}-layer model; expected 'nested' in each layer")
-    real = mask.bool()  # (bert.packed_attention, not a student's part: both calls run the parts alike)
+    real = mask.bool()  # (packed.packed_attention, not a student's part: both calls run the parts alike)
     torch.testing.assert_close(out["packed"][0][real], out["fused"][0][real], atol=1e-10, rtol=1e-10,
-                               msg=lambda m: f"bert.packed_attention: real tokens' hidden states differ from "
+                               msg=lambda m: f"packed.packed_attention: real tokens' hidden states differ from "
                                f"the padded call's: {m}")
     for name, g in out["fused"][1].items():
         torch.testing.assert_close(out["packed"][1][name], g, atol=1e-10, rtol=1e-8,
-                                   msg=lambda m: f"bert.packed_attention: the gradient of {name} is not "
+                                   msg=lambda m: f"packed.packed_attention: the gradient of {name} is not "
                                    f"the padded call's: {m}")
 
 
@@ -1264,10 +1265,10 @@ def test_one_padding_mask_a_batch_serves_every_block(tiny_bert, monkeypatch):
 
 
 def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
-    """bert.packed_kernel, the one place that chooses: the packed kernels take no additive term and
+    """packed.packed_kernel, the one place that chooses: the packed kernels take no additive term and
     run only on the devices listed, so MPNet's bias, --attention explicit or fused, a batch without
     padding and a row with no real token keep the padded call."""
-    monkeypatch.setattr(bert, "PACKED_DEVICES", ("cpu",))
+    monkeypatch.setattr(packed, "PACKED_DEVICES", ("cpu",))
     qkv = torch.zeros(4, 3, 2, 8)
     ragged = Packing(torch.tensor([[1, 1, 1], [1, 0, 0]]))
     biased = Packing(torch.tensor([[1, 1, 1], [1, 0, 0]]))
@@ -1278,10 +1279,10 @@ def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
              "MPNet's bias": ("packed", biased, None),
              "an empty row": ("packed", Packing(torch.tensor([[1, 1, 0], [0, 0, 0]])), None)}
     for case, (kernel, packing, want) in cases.items():
-        got = bert.packed_kernel(kernel, qkv, 0.0, packing)
+        got = packed.packed_kernel(kernel, qkv, 0.0, packing)
         assert got == want, f"packed_kernel for {case}: {got!r}, expected {want!r}"
-    monkeypatch.setattr(bert, "PACKED_DEVICES", ("cuda",))
-    assert bert.packed_kernel("packed", qkv, 0.0, ragged) is None, "the CPU is not a packing device here"
+    monkeypatch.setattr(packed, "PACKED_DEVICES", ("cuda",))
+    assert packed.packed_kernel("packed", qkv, 0.0, ragged) is None, "the CPU is not a packing device here"
 
 
 def test_fused_kernel_drops_the_weights_too():

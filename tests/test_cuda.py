@@ -5,7 +5,7 @@ BERT and the fixture data, about half a minute (25 s here with the CPU standing 
 
 - a forward and backward on CUDA in fp32 equal the CPU's (hidden states at real tokens, every
   parameter's gradient), padded and unpadded, with each --attention kernel;
-- attention over the packed tokens (bert.packed_kernel's choice) runs where it should and equals
+- attention over the packed tokens (packed.packed_kernel's choice) runs where it should and equals
   the padded call: flash varlen in bf16 evaluation, nested tensors in fp32 and bf16 training;
 - a bf16-autocast training step on CUDA is finite and its loss near the fp32 step's;
 - a knnbert run built as train.py builds it keeps its queue and key encoder on the GPU, and its
@@ -37,7 +37,7 @@ import torch
 import evaluate
 import train
 from helpers import DATA
-from minknn import bert, options
+from minknn import bert, options, packed
 from minknn.bert import BertConfig, BertModel
 from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import load_split
@@ -145,7 +145,7 @@ def test_cuda_forward_and_backward_equal_the_cpus(tiny_bert_dir, kernel, lengths
 
 
 # ---------------------------------------------------------------------------------------------
-# attention over the packed tokens (bert.packed_kernel chooses; bert.packed_attention runs it)
+# attention over the packed tokens (packed.packed_kernel chooses; packed.packed_attention runs it)
 
 def packed_model(dropout=0.0):
     """A small random BERT whose head size (16) flash attention takes (a multiple of 8)."""
@@ -164,10 +164,11 @@ def ragged_batch(lengths=(37, 5, 20, 1, 12)):
 
 @pytest.fixture
 def kernels_run(monkeypatch):
-    """The packed kernels that ran (bert.packed_attention's `how`, one a layer)."""
+    """The packed kernels that ran (packed.packed_attention's `how`, one a layer; bert.py calls it
+    by the name it imported)."""
     ran = []
-    packed = bert.packed_attention
-    monkeypatch.setattr(bert, "packed_attention", lambda how, *a: ran.append(how) or packed(how, *a))
+    written = packed.packed_attention
+    monkeypatch.setattr(bert, "packed_attention", lambda how, *a: ran.append(how) or written(how, *a))
     return ran
 
 
@@ -185,7 +186,7 @@ def test_evaluation_in_bf16_runs_flash_varlen_and_matches_the_padded_call(kernel
         for how in ("fused", "packed"):
             with torch.autocast(GPU.type, dtype=torch.bfloat16):
                 got[how] = model.set_attention(how)(ids, mask)[real].float()
-    expected = "varlen" if bert.varlen_attn is not None and GPU.type == "cuda" else "nested"
+    expected = "varlen" if packed.varlen_attn is not None and GPU.type == "cuda" else "nested"
     assert kernels_run == [expected] * 2, (f"evaluation in bf16 ran the packed kernels {kernels_run}; "
                                            f"expected {expected!r} in each of 2 layers")
     err = {how: (g - want).abs().max().item() for how, g in got.items()}

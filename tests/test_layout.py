@@ -6,7 +6,8 @@ its layer here (LAYERS), which is where the README's file map groups it.
 The layers, from the bottom (a file may import from its own layer and those below it):
     base      minknn/__init__.py (the errors), parts.py (the assignment's parts)
     tasks     what is read and scored: data, tasks, readers, kinds, metrics
-    model     the encoder and its files: weights, packaged, bert, backbones, tokenizer, model
+    model     the encoder and its files: weights, packaged, packed, bert, backbones, tokenizer,
+              model
     machine   running the model: engine (device, precision, batches, prediction), distributed
     methods   the ideas of the papers: losses/, memory, knn, proxy, pcgrad, probe
     run       a run and its files: options, cli, trainer, checkpoint, runs, files, index,
@@ -24,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = {
     "base": ["minknn", "minknn.parts", "minknn.files"],
     "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.kinds", "minknn.metrics"],
-    "model": ["minknn.weights", "minknn.packaged", "minknn.bert", "minknn.backbones",
-              "minknn.tokenizer", "minknn.model"],
+    "model": ["minknn.weights", "minknn.packaged", "minknn.packed", "minknn.bert",
+              "minknn.backbones", "minknn.tokenizer", "minknn.model"],
     "machine": ["minknn.engine", "minknn.distributed"],
     "methods": ["minknn.losses", "minknn.memory", "minknn.knn", "minknn.proxy", "minknn.pcgrad",
                 "minknn.probe"],

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 import minknn.bert
 from minknn import MinknnError, backbones
-from minknn.bert import Packing
 from minknn.model import pool
+from minknn.packed import Packing
 from minknn.tokenizer import MPNetTokenizer, Tokenizer
 
 

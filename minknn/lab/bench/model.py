@@ -65,7 +65,7 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
                                       sst, "mean")
     models["minknn explicit"].heads.load_state_dict(models["minknn"].heads.state_dict())
     if device.type == "cuda" and args.ragged:  # attention over the packed tokens against the
-        # padded call (bert.packed_kernel: the CPU always runs the padded one)
+        # padded call (packed.packed_kernel: the CPU always runs the padded one)
         models["minknn packed"] = Model(backbones.from_pretrained(path).set_attention("packed"),
                                         sst, "mean")
         models["minknn packed"].heads.load_state_dict(models["minknn"].heads.state_dict())
