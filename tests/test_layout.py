@@ -9,8 +9,8 @@ The layers, from the bottom (a file may import from its own layer and those belo
     model     the encoder and its files: weights, packaged, bert, backbones, tokenizer, model
     machine   running the model: engine (device, precision, batches, prediction), distributed
     methods   the ideas of the papers: losses/, memory, knn, proxy, pcgrad, probe
-    run       a run and its files: options, cli, trainer, checkpoint, runs, files, index,
-              datastore, inference, assignment
+    run       a run and its files: options, cli, trainer, checkpoint, runs, files, curves,
+              index, datastore, inference, assignment
     scripts   train.py, evaluate.py
     lab       minknn/lab/: the research tools, built on the scripts (the one layer that imports
               them)
@@ -30,7 +30,8 @@ LAYERS = {
     "methods": ["minknn.losses", "minknn.memory", "minknn.knn", "minknn.proxy", "minknn.pcgrad",
                 "minknn.probe"],
     "run": ["minknn.options", "minknn.cli", "minknn.trainer", "minknn.checkpoint", "minknn.runs",
-            "minknn.index", "minknn.datastore", "minknn.inference", "minknn.assignment"],
+            "minknn.curves", "minknn.index", "minknn.datastore", "minknn.inference",
+            "minknn.assignment"],
     "scripts": ["train", "evaluate"],
     "lab": ["minknn.lab"],
 }
