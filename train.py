@@ -109,7 +109,8 @@ def train_step(trainer, batches):
 
 def train_epoch(trainer, epoch):
     """One epoch of steps, one batch of every task per step. Returns each task's mean training
-    loss, and with --pcgrad the count of task pairs whose gradients conflicted."""
+    loss, and with --pcgrad the count of task pairs whose gradients conflicted. With
+    --tensorboard each step's losses, lr and conflicts also go to the run's curves."""
     trainer.model.train()
     totals, terms_sum, conflicts = dict.fromkeys(trainer.train, 0.0), {}, 0
     first = trainer.tasks[0].name
@@ -117,15 +118,20 @@ def train_epoch(trainer, epoch):
                disable=not distributed.is_main())
     for step in bar:
         rows = {name: next(stream) for name, stream in trainer.streams.items()}
+        lr = trainer.optimizer.param_groups[0]["lr"]  # the lr this step takes
         try:
             task_losses, terms, found = train_step(trainer, batch(trainer, rows))
         except Diverged as e:
             raise Diverged(f"epoch {epoch}, step {step + 1}: {e}") from None
         conflicts += found or 0
-        for name, loss in task_losses.items():
-            totals[name] += loss.item()
-            for term, value in terms[name].items():  # CE (or BCE) and the metric term
-                terms_sum[term] = terms_sum.get(term, 0.0) + value.item()
+        losses = {name: loss.item() for name, loss in task_losses.items()}  # one .item() each
+        values = {name: {term: v.item() for term, v in terms[name].items()} for name in terms}
+        for name, loss in losses.items():
+            totals[name] += loss
+            for term, value in values[name].items():  # CE (or BCE) and the metric term
+                terms_sum[term] = terms_sum.get(term, 0.0) + value
+        if trainer.curves:  # --tensorboard: kept, written with the epoch's files (curves.py)
+            trainer.curves.step((epoch - 1) * trainer.steps + step + 1, lr, losses, values, found)
         shown = {"loss": totals[first], **terms_sum} if len(totals) == 1 else totals
         bar.set_postfix({k: f"{v / (step + 1):.4f}" for k, v in shown.items()})  # means so far
     return {name: total / trainer.steps for name, total in totals.items()}, conflicts

@@ -131,6 +131,11 @@ def make_parser():
     p.add_argument("--save", default="best", choices=["best", "last", "none"], help="best: "
                    "checkpoint.pt of the best epoch by the dev score; last: of the last epoch, "
                    "written every epoch; none: no checkpoint, only the scores (grids of runs)")
+    p.add_argument("--tensorboard", action="store_true", help="also write the run's curves as "
+                   "TensorBoard event files in RUN/tensorboard/, each epoch: every step's losses "
+                   "and lr (and --pcgrad's conflicts), every epoch's metrics.jsonl figures "
+                   "(minknn/curves.py; writing them needs no package; to view them: pip install "
+                   "tensorboard, then tensorboard --logdir runs/)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped run from its last "
                    "completed epoch, with its own flags (only --device may change) (default: start "
                    "a new run)")
@@ -400,11 +405,11 @@ def resumed_args(p, args):
         p.error(f"--resume continues a run with the flags it started with; leave out "
                 f"{', '.join(given)} (or start a new run with another --out)")
     # runs from before --save kept the best; runs from before --per_class, --steps, --head_init,
-    # --proxy_init, --mlcon_reduction, --setfit_iterations and AncSetFit's flags had none (a
-    # random head and random proxies; mlcon's sum, which a None builds)
+    # --proxy_init, --mlcon_reduction, --setfit_iterations, AncSetFit's flags and --tensorboard
+    # had none (a random head and random proxies; mlcon's sum, which a None builds; no curves)
     saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
              "proxy_init": "random", "mlcon_reduction": None, "setfit_iterations": None,
-             "anc_iterations": None, "anc_margin": None,
+             "anc_iterations": None, "anc_margin": None, "tensorboard": False,
              **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]

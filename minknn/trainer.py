@@ -35,6 +35,8 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
     args                  the run's arguments (build fills in --queue_size)
     ddp                   under torchrun: DistributedDataParallel of Forward(model), which
                           averages the gradients over the ranks (None in one process)
+    curves                --tensorboard: the run's TensorBoard events (minknn/curves.py), made by
+                          begin() on rank 0 and written by save() (None without)
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
 (a probe fit draws nothing), the losses' parameters (drawn even where --proxy_init names then
@@ -59,6 +61,7 @@ from torch.nn.parallel import DistributedDataParallel
 from minknn import MinknnError, backbones, run_begun
 from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
                                save_checkpoint, save_last, set_random_states)
+from minknn.curves import Curves
 from minknn.data import Example, class_statements, read_examples, run_data
 from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
                                 slice_of, world)
@@ -100,6 +103,7 @@ class Trainer:  # the fields the module docstring describes; None where a run ha
     streams: dict
     pcgrad: PCGrad
     ddp: DistributedDataParallel = None
+    curves: Curves = None
 
 
 def build(args, make_optimizer, examples=None, device=None):
@@ -358,8 +362,8 @@ def state(trainer):
 
 def save(trainer, epoch, best, records):
     """An epoch's files in the run folder: checkpoint.pt if the epoch is the best (--save best)
-    or every epoch (--save last), then last.pt, then metrics.jsonl. Ctrl-C and SIGTERM wait until
-    all three are written."""
+    or every epoch (--save last), then with --tensorboard the epoch's events, then last.pt, then
+    metrics.jsonl. Ctrl-C and SIGTERM wait until all are written."""
     args = trainer.args
     with signals_held():
         if best["epoch"] == epoch and args.save == "best" or args.save == "last":
@@ -367,6 +371,10 @@ def save(trainer, epoch, best, records):
                             trainer.tokenizer, vars(args), epoch, records[-1]["dev"],
                             trainer.moco.memory if trainer.moco else None, data=trainer.data,
                             base=trainer.base)
+        if trainer.curves:  # before last.pt: a kill -9 between them loses no event, and the
+            # resumed run's START tells TensorBoard to drop the epoch it trains again (curves.py)
+            trainer.curves.epoch(epoch * trainer.steps, records[-1])
+            trainer.curves.write()
         # then the state to resume from, then the records: a kill -9 between two of these
         # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records, **state(trainer))
@@ -377,7 +385,8 @@ def begin(trainer, last, records):
     """A run's start, once all that can fail before its first step has passed: a new run's
     run.json (rank 0), a resumed run's data checked against it, each rank's dropout masks, the
     lines that say what the run is, then a new run's memory filled (its progress bar after
-    them). records: the epochs done (last.pt's)."""
+    them); with --tensorboard rank 0's curves (a resumed run's from the step after its last
+    epoch). records: the epochs done (last.pt's)."""
     args, tasks, train, dev = trainer.args, trainer.tasks, trainer.train, trainer.dev
     if args.resume:
         check_same_data(args.out, trainer.data)
@@ -399,6 +408,11 @@ def begin(trainer, last, records):
           f"{'; heads fit as the probe' if args.head_init == 'probe' and not last else ''}"
           f"{named(args, tasks) if not last else ''}; "
           f"{trainer.steps} steps/epoch; {where(trainer)}; run folder {args.out}")
+    if args.tensorboard and is_main():
+        folder = os.path.join(args.out, "tensorboard")
+        trainer.curves = Curves(folder, len(records) * trainer.steps + 1 if last else None)
+        print(f"curves: TensorBoard's event files in {folder}, written each epoch "
+              f"(tensorboard --logdir {args.out})")
     if trainer.moco and not last:  # the fill's progress bar after the line above
         fill_memory(trainer)
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "

@@ -404,16 +404,20 @@ def test_torchrun_trains_the_run_one_process_trains(case, bert_dir, one_process,
     and prints: the run folder holds one process's files, each epoch's line is printed once. ce
     runs `torchrun ... train.py` itself; the others run it with the hooks, which also show that
     every rank ends with rank 0's weights, proxies, memory and key encoder, that each encodes
-    its slice of each batch, and that rank 1 writes no file."""
+    its slice of each batch, and that rank 1 writes no file (ce: with --tensorboard, one event
+    file, rank 0's)."""
     argv = flags(bert_dir, case)
     ref = one_process(argv)
     if case == "ce":
         run = tmp_path / "run"
-        done = torchrun([*argv, "--out", run], tmp_path, script=os.path.join(ROOT, "train.py"))
+        done = torchrun([*argv, "--out", run, "--tensorboard"], tmp_path,
+                        script=os.path.join(ROOT, "train.py"))
         assert done.returncode == 0, f"ce: torchrun exit {done.returncode}:\n{done.stderr[-3000:]}"
-        files = sorted(set(os.listdir(ref)) - {"last.pt"})  # train.py removes it at the end
+        files = sorted(set(os.listdir(ref)) - {"last.pt"} | {"tensorboard"})  # last.pt: removed
         assert sorted(os.listdir(run)) == files, \
             f"ce: the run folder holds {sorted(os.listdir(run))}, one process's {files}"
+        events = os.listdir(run / "tensorboard")
+        assert len(events) == 1, f"ce --tensorboard: {events} (rank 0 alone writes the curves)"
         printed_once(done.stdout, run, "ce")
         assert_same_run(ref, run, "ce, 2 processes", final=False)
         read = done.stderr.count("ids-sst-train.csv: read 40 examples")

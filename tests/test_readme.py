@@ -14,9 +14,10 @@ is one of
     torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
                                      --nproc_per_node 2 train.py ..., 1 thread each (gloo)
 or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
-environment the tests already run in, installs packages, sets MINKNN_DATA, or is the test suite
-itself; in a student edition also IN_AN_EDITION's --solve, which an edition refuses by design). A
-command of any other kind fails the test until it is added to one or the other.
+environment the tests already run in, installs packages, sets MINKNN_DATA, is the test suite
+itself or TensorBoard's server; in a student edition also IN_AN_EDITION's --solve, which an
+edition refuses by design). A command of any other kind fails the test until it is added to
+one or the other.
 
 How each runs. A file's commands share one fresh working folder, in order, so the run a train line
 writes to `runs/NAME` is the one a later evaluate line reads; train.py, evaluate.py and minknn/
@@ -93,6 +94,8 @@ NOT_RUN = {  # command prefix: why the test does not run it
     ("pip", "install"): "installs packages; the tests run with them installed",
     ("export", "MINKNN_DATA=/path/to/datasets"): "a placeholder path; the test sets MINKNN_DATA to its own copy",
     ("python", "-m", "pytest"): "the test suite itself",
+    ("tensorboard",): "TensorBoard's web server, which serves until stopped; tests/test_curves.py reads the "
+                      "event files with TensorBoard's own reader",
 }
 
 SMALL = ["--epochs", "1", "--max_train", "16", "--max_eval", "8", "--max_len", "32", "--batch_size", "8",
