@@ -20,7 +20,7 @@ import os
 import time
 
 from minknn import MinknnError
-from minknn.checkpoint import data_dir_of, load_checkpoint, rebuild
+from minknn.checkpoint import data_dir_of, rebuild
 from minknn.cli import Parser, below_one, run
 from minknn.data import data_root, eval_subset, labelled, load_split
 from minknn.datastore import knn_index, knn_settings, run_datastore, run_training_set
@@ -35,7 +35,7 @@ from minknn.model import KNN_KEYS
 from minknn.options import add_flags
 from minknn.parts import require_written
 from minknn.proxy import has_proxies
-from minknn.runs import make_folder
+from minknn.runs import make_folder, run_checkpoint
 
 KNN_FLAGS = ("k", "phi", "vote", "temperature", "knn_key", "datastore", "index",
              *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])
@@ -129,7 +129,7 @@ def load_run(args, proxy, knn, out):
     require_written(["embeddings", "layer", "pooling"] + ["attention"] * (args.attention ==
                     "explicit") + ["proxy-inference"] * proxy + ["knn"] * knn)
     device = pick_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
+    ckpt = run_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
     make_folder(os.path.dirname(out(ckpt)) or ".",  # before anything is encoded
                 "--out's folder" if args.out else "the run folder")
     args.data_dir = data_dir_of(ckpt, args.data_dir)

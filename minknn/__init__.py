@@ -6,6 +6,8 @@ import sys
 import threading
 import time
 
+from tqdm import tqdm
+
 
 class MinknnError(Exception):
     """A problem with the user's input (a file, a flag, a value). Scripts run through
@@ -54,9 +56,10 @@ def exit_as_rank_0_says():
 
 def warn(message):
     """`warning: message` on stderr, once: under torchrun rank 0 alone says it (every process reads
-    the same files and would say the same)."""
+    the same files and would say the same). Through tqdm.write: a progress bar on screen (an
+    epoch's) is cleared first and drawn again below the line, which a bare print would join."""
     if first_process():
-        print(f"warning: {message}", file=sys.stderr)
+        tqdm.write(f"warning: {message}", file=sys.stderr)
 
 
 @contextlib.contextmanager

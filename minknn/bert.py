@@ -31,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minknn import MinknnError
 from minknn.files import read_json
+from minknn.packaged import notes_left_out
 from minknn.packed import Packing, packed_attention, packed_kernel
 from minknn.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits, check_sizes,
                             read_weights, resolve_model_path)
@@ -327,7 +328,8 @@ class BertModel(nn.Module):
     def load_weights(self, state, source="the weights"):
         """Loads a Hugging Face state dict (source: its file, for messages), dropping the prefix
         of task models (`bert.`). Task and pre-training heads (self.heads) are left out, named in
-        one printed note; a missing, unexpected, wrongly shaped or non-finite tensor is an error."""
+        one printed note (once for a folder of minknn's cache: packaged.notes_left_out); a
+        missing, unexpected, wrongly shaped or non-finite tensor is an error."""
         weights, heads = {}, {}
         for name, v in state.items():
             k = self.own_name(name.removeprefix(self.prefix))
@@ -337,7 +339,7 @@ class BertModel(nn.Module):
             elif k not in BUFFERS:
                 check_finite(name, v, source)
                 weights[k] = v
-        if heads:
+        if heads and notes_left_out(os.path.dirname(source)):
             print(f"note: {source}: ignoring {sum(heads.values())} tensors the encoder does not "
                   f"use: {', '.join(f'{h} ({n})' for h, n in heads.items())}")
         check_fits(self.state_dict(), weights, source, "config.json", self.file_name)

@@ -36,7 +36,7 @@ import torch
 from minknn import MinknnError
 from minknn.bert import BertConfig
 from minknn.data import data_root
-from minknn.files import atomic_save, check_contents, load_tagged, read_json, sealed
+from minknn.files import atomic_save, check_contents, load_tagged, sealed
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
@@ -98,12 +98,7 @@ def load_checkpoint(path):
     """path: a run folder (holding checkpoint.pt) or the checkpoint file itself."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
-    folder = os.path.dirname(path) or "."
-    if not os.path.exists(path) and saved_nothing(folder):
-        raise MinknnError(f"--checkpoint {folder}: the run was trained with --save none and kept "
-                          f"no checkpoint to evaluate; its dev scores are in "
-                          f"{os.path.join(folder, 'summary.json')}")
-    if not os.path.exists(path):
+    if not os.path.exists(path):  # a run folder's reasons for having none: runs.no_checkpoint
         raise MinknnError(f"--checkpoint {path}: not found")
     ckpt = load_tagged(path, FORMAT, (f"--checkpoint {path}", "checkpoint"),
                        "evaluate a copy kept elsewhere, or train the run again")
@@ -144,14 +139,6 @@ def say_elsewhere(root, source, recorded, why=""):
     if not same_folder(root, recorded):
         print(f"data: scoring on data root {root} (from {source}), not the root the run "
               f"trained on, {recorded}{why}")
-
-
-def saved_nothing(folder):
-    """Whether the run in `folder` was trained with train.py --save none (its run.json says so)."""
-    path = os.path.join(folder, "run.json")
-    saved = read_json(path) if os.path.isfile(path) else None
-    return isinstance(saved, dict) and isinstance(saved.get("args"), dict) \
-        and saved["args"].get("save") == "none"
 
 
 REQUIRED = ("args", "tasks", "bert_config", "vocab", "lowercase", "max_len", "model", "loss")

@@ -1,8 +1,8 @@
 """A run as a Hugging Face folder that other libraries load: python -m minknn.export RUN OUT.
 
 RUN is a folder train.py wrote (its checkpoint.pt, or the file itself), read as evaluate.py reads
-it (minknn/checkpoint.py: load_checkpoint, rebuild; old checkpoints, and a frozen encoder read
-back from its base folder, included). OUT, a new folder (or an empty one), then holds:
+it (minknn/runs.py run_checkpoint, minknn/checkpoint.py rebuild; old checkpoints, and a frozen
+encoder read back from its base folder, included). OUT, a new folder (or an empty one), then holds:
 
     config.json         the encoder's BertConfig as transformers reads it for its model_type:
                         backbones.config_from_dict read backwards (DistilBERT's own names,
@@ -43,9 +43,10 @@ import tempfile
 
 from minknn import MinknnError
 from minknn.backbones import DISTILBERT_CONFIG, config_from_dict
-from minknn.checkpoint import load_checkpoint, rebuild, saved_nothing
+from minknn.checkpoint import rebuild
 from minknn.cli import Parser, run
 from minknn.model import POOLINGS
+from minknn.runs import no_checkpoint, run_checkpoint
 from minknn.tokenizer import OPTIONS, Tokenizer
 from minknn.weights import resolve_model_path, save_safetensors
 
@@ -194,11 +195,11 @@ def main(argv=None):
                           f"never overwrites (give a new folder)")
     if not os.path.exists(args.run):
         raise MinknnError(f"RUN {args.run}: not found")
-    if os.path.isdir(args.run) and not saved_nothing(args.run) and \
+    if os.path.isdir(args.run) and not no_checkpoint(args.run) and \
             not os.path.exists(os.path.join(args.run, "checkpoint.pt")):
         raise MinknnError(f"RUN {args.run}: has no checkpoint.pt (give a folder train.py wrote "
                           f"with --out, or its checkpoint file)")
-    ckpt = load_checkpoint(args.run)  # a run saved with --save none: said there
+    ckpt = run_checkpoint(args.run, "RUN", "exporting")  # a run that kept none, or has none yet
     # written into a temporary folder beside OUT and renamed at the end: OUT is whole or absent
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)

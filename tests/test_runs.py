@@ -93,6 +93,9 @@ def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(loss, tiny_bert_dir
     assert summary["stopped"] == "interrupted" and summary["epochs"] == 1, summary
     monkeypatch.setattr(train, "train_step", real_step)
     train.main(["--resume", str(tmp_path / "stopped")])
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"resuming {tmp_path / 'stopped'} from epoch 2 of 3", (
+        f"a resumed run's first line says where it goes on, not what a new run says: {said[:2]}")
     assert_same_run(tmp_path / "alone", tmp_path / "stopped", f"--loss {loss} resumed after epoch 1", final=True)
     assert "stopped" not in json.load(open(tmp_path / "stopped" / "summary.json"))
 
@@ -229,7 +232,10 @@ def test_ctrl_c_while_the_last_epoch_saves_then_resume_finishes_the_run(left_alo
     summary = json.load(open(stopped / "summary.json"))
     assert "stopped" not in summary and summary["epochs"] == 3 and summary["best_epoch"], summary
     assert not (stopped / "last.pt").exists(), "a finished run keeps no last.pt"
-    assert "done: " in capsys.readouterr().out, "the finished run's last line was not printed"
+    out = capsys.readouterr().out
+    assert "done: " in out, "the finished run's last line was not printed"
+    assert out.splitlines()[0] == f"resuming {stopped} after its last epoch (3): the run only finishes", \
+        f"the first line says that nothing is left to train: {out.splitlines()[:2]}"
     assert_same_run(left_alone, stopped, "stopped while saving the last epoch, then resumed")
 
 
@@ -661,6 +667,32 @@ def test_resume_refuses_other_training_examples(tiny_bert_dir, data_dir, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: --resume {tmp_path / 'run'}: the training examples under {tmp_path / 'data'} "
                           f"are not the ones the run started with"), err
+
+
+def test_evaluate_says_a_run_is_still_training_and_scores_its_best_epoch_so_far(tiny_bert_dir, data_dir, tmp_path,
+                                                                              monkeypatch, capsys):
+    """evaluate.py on a run whose run.lock a live process holds (here this one, as the training process would): one
+    note line saying so and which epoch it scores, then the scores as ever. A run.lock nobody holds (left by a
+    kill -9) is no run in progress: no note."""
+    import evaluate
+    out = tmp_path / "run"
+    stop_at(monkeypatch, 7, KeyboardInterrupt)  # in epoch 2 of 2: epoch 1 saved
+    with pytest.raises(SystemExit):
+        train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "2"), "--out", str(out)])
+    monkeypatch.undo()
+    capsys.readouterr()
+    held = lock_folder(str(out))
+    try:
+        result = evaluate.main(["--checkpoint", str(out)])
+    finally:
+        held.close()  # run.lock stays, unheld, as a kill -9 leaves it
+    notes = [line for line in capsys.readouterr().out.splitlines() if "still training" in line]
+    assert notes == [f"note: {out} is still training (run.lock held): scoring its best epoch so far, 1"], \
+        f"evaluate.py on a run still training (its run.lock held) says so in one note line, not {notes}"
+    assert "acc" in result["sst"] and result["epoch"] == 1, f"the run still training is scored all the same: {result}"
+    evaluate.main(["--checkpoint", str(out)])
+    assert (out / "run.lock").exists() and "still training" not in capsys.readouterr().out, \
+        "a run.lock that no process holds is no run in progress"
 
 
 def test_ctrl_c_in_evaluate_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):

@@ -304,6 +304,24 @@ def test_a_memory_run_says_what_it_is_before_the_fill_shows_its_progress(tiny_be
         f"{shown[:600]!r}")
 
 
+def test_a_warning_during_an_epoch_starts_its_own_line_not_the_bars(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    """knnbert's warning (every class of the 40-key queue has at most --m_most + --m_least keys) comes on the
+    first step, while the epoch's progress bar is on screen: it must clear the bar's line first (tqdm.write), not
+    be printed onto it. stdout and stderr into one stream, as a terminal shows them."""
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--steps_per_epoch", "2",
+              "--loss", "knnbert")
+    shown = screen.getvalue()
+    at = shown.find("warning: knnbert:")
+    assert at >= 0, f"the premise: knnbert warns on this run: {shown[:600]!r}"
+    line_start = max(shown.rfind("\n", 0, at), shown.rfind("\r", 0, at)) + 1
+    assert shown[line_start:at].strip() == "", (
+        f"the warning was printed onto the progress bar's line {shown[line_start:at]!r}; print it with tqdm.write "
+        f"(minknn.warn) so that the bar's line is cleared first")
+
+
 def test_train_then_evaluate_knn(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "4", "--lr", "3e-3", "--loss", "knnbert")
     common = ["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--knn", "--k", "8"]

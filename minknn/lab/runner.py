@@ -470,7 +470,7 @@ def run_cells(args, cells, ctx):
         finished[cell] = lines
         write_jsonl(results, [line for ls in finished.values() if ls for line in ls])
         done = sum(ls is not None for ls in finished.values())
-        summary = "; ".join(describe_line(line) for line in lines)
+        summary = describe_cell(lines)
         ran, left = done - (len(cells) - len(todo)), len(cells) - done  # ran: this time
         minutes = (time.time() - start) / 60
         when = f"{minutes:.0f} min" + (f", about {minutes / ran * left:.0f} min left"
@@ -552,6 +552,14 @@ def table_and_plots(folder, args):
     for path in plots.draw_all(report.read_results(folder), os.path.join(folder, "plots"), metric):
         print(f"plot: {path}")
     return text
+
+
+def describe_cell(lines):
+    """A cell's progress line: each method's first score at the first values of its grid, after
+    the split they are on, named once (test, or the dev examples the selection sample left: the
+    table chooses on that sample, minknn/lab/report.py)."""
+    splits = sorted({line["test_split"] for line in lines if "grid" in line})
+    return (f"on {', '.join(splits)}: " if splits else "") + "; ".join(map(describe_line, lines))
 
 
 def describe_line(line):

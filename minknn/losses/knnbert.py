@@ -48,6 +48,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minknn import warn
+
 
 def select_positives(s, positive, m_most, m_least):
     """(B, K) mask of S(q): among each row's positives, the m_most largest and m_least
@@ -96,9 +98,9 @@ def warn_if_every_positive_is_used(key_labels, m_most, m_least):
     counts = [n for n in key_labels.bincount().tolist() if n > 0]
     small = [n for n in counts if n <= m_most + m_least]
     if small:
-        print(f"warning: knnbert: {len(small)} of {len(counts)} classes have at most --m_most + "
-              f"--m_least = {m_most + m_least} keys in memory (fewest {min(small)}): their "
-              f"queries use every positive (the paper's 'ALL'; see minknn/losses/knnbert.py)")
+        warn(f"knnbert: {len(small)} of {len(counts)} classes have at most --m_most + --m_least "
+             f"= {m_most + m_least} keys in memory (fewest {min(small)}): their queries use "
+             f"every positive (the paper's 'ALL'; see minknn/losses/knnbert.py)")
 
 
 M_MOST, M_LEAST = 50, 100  # the defaults of --m_most and --m_least

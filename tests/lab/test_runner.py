@@ -117,6 +117,22 @@ def test_checkpoints_go_unless_kept(tiny_bert_dir, tmp_path):
             f"runner: {name} should keep its scores (cell.json) and drop its checkpoint: {files}"
 
 
+def test_a_cells_progress_line_names_the_split_its_scores_are_on():
+    """The runner's line after each cell gives each method's first score: it must say on which split (test, or
+    the dev examples left after the selection sample), as the table does, not a bare `acc`."""
+    line = {"method": "ce", "label": "ce", "test_split": "dev less the selection sample",
+            "grid": [{"params": {}, "select": {"acc": 0.5}, "test": {"acc": 0.625}}]}
+    knn = dict(line, method="ce+knn", label="ce+knn",
+               grid=[{"params": {"k": 1}, "select": {"acc": 0.5}, "test": {"acc": 0.75}}])
+    said = runner.describe_cell([line, knn])
+    assert said == "on dev less the selection sample: ce acc 0.6250; ce+knn acc 0.7500 (k 1)", \
+        f"a cell's scores should name their split once, first: {said!r}"
+    assert runner.describe_cell([dict(line, test_split="test")]).startswith("on test: ce acc"), \
+        runner.describe_cell([dict(line, test_split="test")])
+    diverged = {"method": "ce", "label": "ce", "diverged": "diverged: epoch 1: the mr loss became nan"}
+    assert runner.describe_cell([diverged]) == "ce diverged", runner.describe_cell([diverged])
+
+
 def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch, capsys):
     reference = tmp_path / "reference"
     run_grid(tiny_bert_dir, reference, tasks="mr")
@@ -150,6 +166,8 @@ def test_a_killed_grid_finishes_without_retraining(tiny_bert_dir, tmp_path, monk
     run_grid(tiny_bert_dir, out, tasks="mr")
     progress = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[")]
     assert len(progress) == 4, f"runner: one progress line a cell, not {progress}"
+    assert all(re.search(r"seed\d: on (test|dev less the selection sample): ", ln) for ln in progress), \
+        f"runner: each cell's line names the split of its scores: {progress}"
     assert not any("left" in ln for ln in progress[:2]), \
         f"runner: a cell read back from before has no time to go by: {progress[:2]}"
     for ln in progress[2:3]:  # the resumed cell: the one after it is left

@@ -244,7 +244,7 @@ def test_knnbert_matches_equation_3_for_each_selection():
 
 def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
     """A class with no more than M_m + M_l keys in memory has S(q) = P(q) (few-shot runs): one
-    warning line on the first call, none after, none when every class is larger."""
+    warning line on stderr on the first call, none after, none when every class is larger."""
     keys, _, ids = memory(12, C, 0)
     key_labels = torch.tensor([0] * 8 + [1] * 4)
     y, rows = torch.tensor([0, 1]), torch.tensor([0, 8])
@@ -252,11 +252,11 @@ def test_knnbert_says_once_when_a_class_uses_every_positive(capsys):
     loss = make("knnbert", m_most=2, m_least=2)
     run("knnbert", loss, h, y, None, keys, key_labels, rows, ids)
     run("knnbert", loss, h, y, None, keys, key_labels, rows, ids)
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().err.splitlines()
     ok("knnbert", len(lines) == 1 and "1 of 2 classes" in lines[0] and "fewest 4" in lines[0],
        f"the warning about classes using every positive, once: {lines}")
     run("knnbert", make("knnbert", m_most=2, m_least=1), h, y, None, keys, key_labels, rows, ids)
-    ok("knnbert", capsys.readouterr().out == "", "a warning where no class is that small")
+    ok("knnbert", capsys.readouterr().err == "", "a warning where no class is that small")
 
 
 def test_knnbert_stays_finite_on_large_inputs():
