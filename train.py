@@ -187,7 +187,7 @@ def run_training(args, device=None):
 
 
 def main(argv=None):
-    args = get_args(argv)  # minknn/options.py: the flags, checked before anything is read
+    args = get_args(argv)  # minknn/options.py, checked by checks.py before anything is read
     require_written(parts_run(args))  # a student edition: the parts this run calls are written
     # torchrun: this process is a rank; the run folder held, Ctrl-C and SIGTERM, divergence
     with distributed.processes(pick_device(args.device)) as device, run_folder(args):

@@ -60,7 +60,7 @@ def has_proxies(loss):
 def start_at_names(model, tokenizer, task, loss, device, precision=None):
     """--proxy_init names: loss.proxies (C, H), one a class, set in place to sqrt(H) times the
     unit vector of z(name_c) (the module docstring), name_c task.names[c]. A task of one
-    text (options.py refuses pairs). Leaves the model in training mode (its callers train next).
+    text (checks.py refuses pairs). Leaves the model in training mode (its callers train next).
     Returns z (C, H), the names' representations."""
     names = [Example(text=name) for name in task.names]
     _, z = predict(model, tokenizer, task, names, len(names), device, precision=precision)

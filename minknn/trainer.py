@@ -143,7 +143,7 @@ def build(args, make_optimizer, examples=None, device=None):
     if not model_params + loss_params:
         raise MinknnError("nothing to train: --option pretrain freezes BERT, and a siamese "
                           "similarity task has no head")
-    # --steps N: N / --epochs steps an epoch, whatever the data's size (options.py: a multiple);
+    # --steps N: N / --epochs steps an epoch, whatever the data's size (checks.py: a multiple);
     # else a pass over the largest task (stream.n: its examples, or a pair loss's pairs)
     steps = (args.steps // args.epochs if args.steps else args.steps_per_epoch
              or max(-(-stream.n // args.batch_size) for stream in streams.values()))
@@ -234,7 +234,7 @@ def schedule_ended(last):
 
 def make_memory(args, model, task, train, loss, last):
     """(MoCo, the seconds its fill took) of a loss that uses a memory (a run of one task,
-    minknn/options.py): with last.pt its memory comes from there (restore()); a new run's is
+    minknn/checks.py): with last.pt its memory comes from there (restore()); a new run's is
     empty until fill_memory(), and its seconds None. (None, None) for the other losses."""
     if not getattr(loss, "uses_memory", False):
         return None, None

@@ -2,7 +2,7 @@
 and nothing else is edited. A copy of the repository gets a toy loss with needs of its own (a
 MoCo memory, proxies that proxy inference reads, a flag of its own), and train.py then
 evaluate.py run it end to end from the command line, in the copy. A loss that still had to be
-named in train.py, options.py, trainer.py or evaluate.py would fail here."""
+named in train.py, options.py, checks.py, trainer.py or evaluate.py would fail here."""
 import json
 import os
 import shutil

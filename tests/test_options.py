@@ -1,11 +1,11 @@
-"""minknn/options.py, through train.py's get_args: the defaults that depend on other flags, and
-each combination that cannot work refused with one line naming the flag (test_train.py runs a few
-of them as a user would, in a subprocess)."""
+"""minknn/options.py and minknn/checks.py, through train.py's get_args: the defaults that depend on
+other flags, and each combination that cannot work refused with one line naming the flag
+(test_train.py runs a few of them as a user would, in a subprocess)."""
 import pytest
 
 from minknn.lab import bench
 import evaluate
-from minknn import MinknnError, cli, options
+from minknn import MinknnError, checks, cli, options
 from minknn.lab import runner
 from helpers import DATA
 
@@ -14,7 +14,7 @@ def refused(capsys, *flags):
     """The one-line error train.py's flags give (argparse's exit status 2)."""
     with pytest.raises(SystemExit) as exit:
         options.get_args(list(flags))
-        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/options.py check_args)")
+        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/checks.py check_args)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: "), err
     return err[len("error: "):]
@@ -44,7 +44,7 @@ def test_head_init_probe_is_pretrains_default_where_a_head_can_be_fit():
                        "--task goemotions --option pretrain": "probe", "--task sts --option pretrain": "random",
                        "--task quora --pair_mode siamese --option pretrain": "random",
                        "--task multitask --option pretrain": "probe"}, \
-        f"--head_init's defaults (minknn/options.py check_head_init): {default}"
+        f"--head_init's defaults (minknn/checks.py check_head_init): {default}"
     assert options.get_args(["--option", "pretrain", "--head_init", "random"]).head_init == "random", \
         "--head_init random under --option pretrain must be kept"
 
@@ -162,15 +162,15 @@ BOUNDS = [("epochs", 0, "at least 1"), ("batch_size", -3, "at least 1"), ("max_l
 
 @pytest.mark.parametrize("name, value, must", BOUNDS, ids=[f"{b[0]}={b[1]}" for b in BOUNDS])
 def test_run_json_values_are_checked_as_the_command_line_is(capsys, name, value, must):
-    """--resume takes its flags from run.json: options.check_saved must hold them to the bounds options.check_args
-    holds the command line's to (both through options.bad_values)."""
+    """--resume takes its flags from run.json: checks.check_saved must hold them to the bounds checks.check_args
+    holds the command line's to (both through checks.bad_values)."""
     assert f"--{name} " in refused(capsys, f"--{name}", str(value)), f"--{name} {value}: refused, not naming the flag"
     p = options.make_parser()
     saved = {k: v for k, v in vars(options.get_args([])).items() if k != "resume"}  # as train.py writes run.json
-    options.check_saved(p, "run.json", saved)  # a run.json as written passes
+    checks.check_saved(p, "run.json", saved)  # a run.json as written passes
     with pytest.raises(MinknnError) as error:
-        options.check_saved(p, "run.json", {**saved, name: value})
-        pytest.fail(f"run.json with {name} {value} was accepted (options.check_saved)")
+        checks.check_saved(p, "run.json", {**saved, name: value})
+        pytest.fail(f"run.json with {name} {value} was accepted (checks.check_saved)")
     assert str(error.value).startswith(f"run.json: {name} is ") and f"; it must be {must}" in str(error.value), \
         str(error.value)
 

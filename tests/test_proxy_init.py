@@ -160,7 +160,7 @@ def test_a_resumed_run_keeps_its_trained_proxies(tiny_bert_dir, tmp_path, monkey
 def test_names_are_refused_where_they_cannot_start_proxies(capsys, flags, says):
     with pytest.raises(SystemExit) as exit:
         options.get_args(flags)
-        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/options.py check_proxy_init)")
+        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/checks.py check_proxy_init)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: --proxy_init names"), err
     assert says in err, f"train.py {' '.join(flags)}: {err!r} does not say {says!r}"

@@ -20,7 +20,7 @@ A search per method at equal budget (--search 'lr=1e-5,3e-5,1e-4;lam=0.1,0.5'): 
 trained with each combination of the values that apply to it, as if they were written in its
 brackets (`method[lr=...;lam=...]`), and chosen on the selection split like any other value.
 A value applies to a method when train.py takes its flag with the method's loss (its own
-options.check_args decides: lam only for a loss with a metric term, m_most only for knnbert; lr,
+checks.check_args decides: lam only for a loss with a metric term, m_most only for knnbert; lr,
 epochs, warmup for every loss); a method's own bracketed values win over --search's for the same
 flag. The table says each method's budget, the trainings per task, size and seed, and why two
 differ.

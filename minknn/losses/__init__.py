@@ -103,7 +103,8 @@ NEEDS = {
     "one_proxy": False,   # one proxy a class, its `proxies` (C, dim): --proxy_init names can
                           # start each at its class's name (minknn/proxy.py start_at_names)
     "flags": {},          # its own train.py flags: name -> {"type" or "choices", "default",
-                          # "help"}; minknn/options.py adds them, and refuses them with other losses
+                          # "help"}; minknn/options.py adds them, minknn/checks.py refuses them
+                          # with other losses
 }
 # A loss with a class_logits method has proxies: --proxy_lr trains them, and proxy inference
 # (minknn/proxy.py, evaluate.py --proxy) reads their logits.
@@ -152,7 +153,7 @@ class Objective(nn.Module):
         self.kind = loss_kind(name)
         self.base_name = "bce" if self.kind == "multilabel" else "ce"
         self.base = BASE_LOSSES[self.base_name](num_classes, dim)
-        self.decoupled = decoupled  # options.check_loss allows it with --loss ce only
+        self.decoupled = decoupled  # checks.check_loss allows it with --loss ce only
         if decoupled:
             self.metric = DecoupledTripletLoss()
         elif pair_loss:

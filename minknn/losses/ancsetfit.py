@@ -70,7 +70,7 @@ class AncSetFitLoss(nn.Module):
 
     @staticmethod
     def refuse(anc_iterations, anc_margin):
-        """train.py's one line for a margin no triplet loss can take (minknn/options.py)."""
+        """train.py's one line for a margin no triplet loss can take (minknn/checks.py)."""
         if not math.isfinite(anc_margin):
             return f"--anc_margin must be a finite number >= 0, got {anc_margin}"
         return None
