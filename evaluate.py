@@ -35,7 +35,8 @@ from minknn.model import KNN_KEYS
 from minknn.options import add_flags
 from minknn.parts import require_written
 from minknn.proxy import has_proxies
-from minknn.runs import make_folder, run_checkpoint
+from minknn.runs import make_folder
+from minknn.status import run_checkpoint
 
 KNN_FLAGS = ("k", "phi", "vote", "temperature", "knn_key", "datastore", "index",
              *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])
