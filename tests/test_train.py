@@ -14,7 +14,7 @@ import torch
 import evaluate
 import minknn.datastore
 import train
-from minknn import options
+from minknn import MinknnError, options
 from minknn.bert import BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.datastore import Datastore
@@ -387,7 +387,7 @@ def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tin
         with monkeypatch.context() as m:
             for module in (evaluate, minknn.datastore):
                 m.setattr(module, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
-            with pytest.raises(evaluate.MinknnError, match=message) as e:
+            with pytest.raises(MinknnError, match=message) as e:
                 evaluate.main(common + extra)
         assert "\n" not in str(e.value)
     refused(["--index", "ivf", "--nlist", "41"], r"^--nlist 41: the datastore holds 40 training examples and k-means "
