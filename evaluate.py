@@ -12,30 +12,27 @@ side by side (minknn/inference.py); a multi-label run's --knn is Su et al.'s vot
 predictions go to a CSV beside the run, the scores to predictions-<split>-metrics.json, each name
 with the flags that change what is scored (predictions-dev-knn-k16-metrics.json: NAMED); --knn's
 datastore of the run's own training examples is saved beside it and reused (minknn/datastore.py).
-Every task's data is read and checked before any encoding. The files and the data root:
-docs/runs.md; kNN and its flags: docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
+The run is loaded and every task's data read and checked before any encoding (minknn/inference.py
+load_run, read_task_data). The files and the data root: docs/runs.md; kNN and its flags:
+docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
 """
 import math
 import os
 import time
 
-from minknn import MinknnError
-from minknn.checkpoint import data_dir_of, rebuild
 from minknn.cli import Parser, below_one, run
-from minknn.data import data_root, eval_subset, labelled, load_split
-from minknn.datastore import knn_index, knn_settings, run_datastore, run_training_set
-from minknn.engine import pick_device, predict
+from minknn.data import data_root, labelled
+from minknn.datastore import knn_settings, run_datastore
+from minknn.engine import predict
 from minknn.files import write_csv, write_json
 from minknn.index import INDEX_FLAGS, INDEX_HELP, INDEXES
-from minknn.inference import KnnSweep, knn_probabilities, rule_probabilities, scores_of
+from minknn.inference import (KnnSweep, knn_probabilities, load_run, read_task_data,
+                              rule_probabilities, scores_of)
 from minknn.kinds import describe, kind_of, overall, task_metrics
-from minknn.knn import KNN_DEFAULTS, SWEEP_PHIS, VOTES, check_k
-from minknn.losses import PROXY_LOSSES
+from minknn.knn import SWEEP_PHIS, VOTES
 from minknn.model import KNN_KEYS
 from minknn.options import add_flags
-from minknn.parts import require_written
 from minknn.proxy import has_proxies
-from minknn.runs import make_folder, run_checkpoint
 
 KNN_FLAGS = ("k", "phi", "vote", "temperature", "knn_key", "datastore", "index",
              *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])
@@ -120,58 +117,6 @@ def check_rule_flags(p, args, knn, counts=(), add_knn="add --knn"):
                     f"not --index {index}; add --index {owner}")
     if args.out is not None and (not args.out or os.path.isdir(args.out)):
         p.error(f"--out '{args.out}' names the predictions file (e.g. preds.csv), not a folder")
-
-
-def load_run(args, proxy, knn, out):
-    """The checkpoint's run, rebuilt on --device, once the parts it runs are written (a student
-    edition), the folder of out (its files less .csv) takes files and the rules asked for (proxy,
-    knn) can run: (checkpoint, model, losses, tokenizer, tasks, the tasks kNN votes on, device)."""
-    require_written(["embeddings", "layer", "pooling"] + ["attention"] * (args.attention ==
-                    "explicit") + ["proxy-inference"] * proxy + ["knn"] * knn)
-    device = pick_device(args.device)
-    ckpt = run_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
-    make_folder(os.path.dirname(out(ckpt)) or ".",  # before anything is encoded
-                "--out's folder" if args.out else "the run folder")
-    args.data_dir = data_dir_of(ckpt, args.data_dir)
-    model, losses, tokenizer = rebuild(ckpt)
-    model.bert.set_attention(args.attention)
-    model.to(device)
-    tasks = list(model.tasks.values())
-    if proxy and not any(has_proxies(losses[t.name]) for t in tasks):
-        loss = ckpt["args"]["loss"]
-        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss}, which has no "
-                          f"proxies; proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
-    if knn and args.knn_key == "decoupled" and model.retrieval is None:
-        raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it "
-                          "with --decoupled)")
-    knn_tasks = [t for t in tasks if knn and t.kind in KNN_DEFAULTS and not model.siamese(t)]
-    if knn and not knn_tasks:
-        raise MinknnError("--knn votes with the training set's labels: it needs a classification "
-                          "or multi-label task with one vector per example (not a similarity task, "
-                          "not --pair_mode siamese)")
-    if args.temperature is not None and any(knn_settings(args, t).vote == "cosine"
-                                            for t in knn_tasks):
-        raise MinknnError("--temperature sets the distance and euclidean votes' T; the cosine vote "
-                          "has none (add --vote distance or euclidean)")
-    return ckpt, model, losses, tokenizer, tasks, knn_tasks, device
-
-
-def read_task_data(args, ckpt, task, knn, n=None, flag="--max_eval"):
-    """(examples to score: a fixed subset of n, a note saying so, the training set for kNN or
-    None; knn: whether kNN votes on this task), read and checked before any encoding."""
-    examples = load_split(task, args.split, args.data_dir)
-    subset = f" (a {flag} subset of {len(examples)})" if n and n < len(examples) else ""
-    examples = eval_subset(examples, n)
-    if not knn:
-        return examples, subset, None
-    if getattr(args, "sweep", False) and not labelled(examples):
-        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split "
-                          f"has no labels")
-    train = run_training_set(args, ckpt, task)
-    if not getattr(args, "sweep", False):  # the sweep caps K at the datastore's size
-        check_k(knn_settings(args, task).k, len(train), excluding_self=args.split == "train")
-    knn_index(args, len(train))  # --nlist beyond the training set stops here
-    return examples, subset, train
 
 
 # An evaluation's files are named by the flags that change what it scores (docs/runs.md), so that
@@ -312,6 +257,8 @@ def sweep(task, knn, probabilities, gold, s):
 
 def main(argv=None):
     args = get_args(argv)
+    # minknn/inference.py: the parts it runs written (a student edition), the checkpoint's run
+    # rebuilt, the rules asked for checked against it
     ckpt, model, losses, tokenizer, tasks, knn_tasks, device = load_run(
         args, args.proxy, args.knn, lambda ckpt: predictions_base(args, ckpt))
     # every task's data first: a bad file or another training set stops before any encoding

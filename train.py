@@ -27,7 +27,8 @@ from minknn.options import get_args, parts_run
 from minknn.parts import require_written
 from minknn.probe import fit_head
 from minknn.runs import Diverged, run_folder
-from minknn.trainer import batch, begin, build, check_epoch_finite, finish, forward, restore, save
+from minknn.step import batch, forward
+from minknn.trainer import begin, build, check_epoch_finite, finish, restore, save
 
 
 def make_optimizer(model_params, loss_params, args, total_steps):
@@ -69,7 +70,7 @@ def train_step(trainer, batches):
     Returns each task's loss and its terms (CE and the metric term), and with --pcgrad how many
     task pairs' gradients conflicted. The forward and the losses run under --precision
     (engine.autocast); the weights and gradients stay fp32."""
-    outputs, keys = forward(trainer, batches)  # trainer.py: under torchrun, gathered
+    outputs, keys = forward(trainer, batches)  # minknn/step.py: under torchrun, gathered
     task_losses, terms = {}, {}
     for name, (_, targets, rows) in batches.items():
         # a memory loss also sees the batch's keys, the memory, and the rows that name each

@@ -98,7 +98,7 @@ def load_checkpoint(path):
     """path: a run folder (holding checkpoint.pt) or the checkpoint file itself."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
-    if not os.path.exists(path):  # a run folder's reasons for having none: runs.no_checkpoint
+    if not os.path.exists(path):  # a run folder's reasons for having none: status.no_checkpoint
         raise MinknnError(f"--checkpoint {path}: not found")
     ckpt = load_tagged(path, FORMAT, (f"--checkpoint {path}", "checkpoint"),
                        "evaluate a copy kept elsewhere, or train the run again")

@@ -1,7 +1,7 @@
 """A run as a Hugging Face folder that other libraries load: python -m minknn.export RUN OUT.
 
 RUN is a folder train.py wrote (its checkpoint.pt, or the file itself), read as evaluate.py reads
-it (minknn/runs.py run_checkpoint, minknn/checkpoint.py rebuild; old checkpoints, and a frozen
+it (minknn/status.py run_checkpoint, minknn/checkpoint.py rebuild; old checkpoints, and a frozen
 encoder read back from its base folder, included). OUT, a new folder (or an empty one), then holds:
 
     config.json         the encoder's BertConfig as transformers reads it for its model_type:
@@ -46,7 +46,7 @@ from minknn.backbones import DISTILBERT_CONFIG, config_from_dict
 from minknn.checkpoint import rebuild
 from minknn.cli import Parser, run
 from minknn.model import POOLINGS
-from minknn.runs import no_checkpoint, run_checkpoint
+from minknn.status import no_checkpoint, run_checkpoint
 from minknn.tokenizer import OPTIONS, Tokenizer
 from minknn.weights import resolve_model_path, save_safetensors
 

@@ -12,15 +12,28 @@ One prediction pass (engine.predict) gives what the rules read: the outputs, and
 the kNN key's vectors; a datastore of the training set (minknn/datastore.py) gives the votes.
 KnnSweep gives the vote at every K and phi from one search at the largest K (evaluate.py --sweep,
 the runner's kNN grids); knn_scores, its scores on every split over a training set's datastore
-(the runner's cells, the setfit package's among them). Each rule's probabilities are read as the model's are (kinds.py: the
-arg max, or each class above 0.5).
+(the runner's cells, the setfit package's among them). Each rule's probabilities are read as the
+model's are (kinds.py: the arg max, or each class above 0.5).
+
+evaluate.py and the attack load a run with load_run (its checkpoint rebuilt, the rules asked for
+checked against it) and read_task_data (each task's examples and kNN training set), before any
+encoding.
 """
-from minknn.datastore import Datastore
-from minknn.engine import predict
+import os
+
+from minknn import MinknnError
+from minknn.checkpoint import data_dir_of, rebuild
+from minknn.data import eval_subset, labelled, load_split
+from minknn.datastore import Datastore, knn_index, knn_settings, run_training_set
+from minknn.engine import pick_device, predict
 from minknn.kinds import kind_of, overall, score
-from minknn.knn import SWEEP_KS, interpolate, settings
+from minknn.knn import KNN_DEFAULTS, SWEEP_KS, check_k, interpolate, settings
+from minknn.losses import PROXY_LOSSES
+from minknn.parts import require_written
 from minknn.probe import fit_logistic
 from minknn.proxy import has_proxies, proxy_logits
+from minknn.runs import make_folder
+from minknn.status import run_checkpoint
 
 RULES = ("model", "proxy", "knn", "knn-only")
 
@@ -122,3 +135,57 @@ def scores_of(task, probabilities, gold):
     """A rule's scores (kinds.score) on examples with gold answers."""
     return score(task, kind_of(task).decide(probabilities), gold)
 
+
+# ---------------------------------------------------------------------------------------------
+# a run loaded for its rules, as evaluate.py's flags (and the attack's) ask for it
+
+def load_run(args, proxy, knn, out):
+    """The checkpoint's run, rebuilt on --device, once the parts it runs are written (a student
+    edition), the folder of out (its files less .csv) takes files and the rules asked for (proxy,
+    knn) can run: (checkpoint, model, losses, tokenizer, tasks, the tasks kNN votes on, device)."""
+    require_written(["embeddings", "layer", "pooling"] + ["attention"] * (args.attention ==
+                    "explicit") + ["proxy-inference"] * proxy + ["knn"] * knn)
+    device = pick_device(args.device)
+    ckpt = run_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
+    make_folder(os.path.dirname(out(ckpt)) or ".",  # before anything is encoded
+                "--out's folder" if args.out else "the run folder")
+    args.data_dir = data_dir_of(ckpt, args.data_dir)
+    model, losses, tokenizer = rebuild(ckpt)
+    model.bert.set_attention(args.attention)
+    model.to(device)
+    tasks = list(model.tasks.values())
+    if proxy and not any(has_proxies(losses[t.name]) for t in tasks):
+        loss = ckpt["args"]["loss"]
+        raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss}, which has no "
+                          f"proxies; proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
+    if knn and args.knn_key == "decoupled" and model.retrieval is None:
+        raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it "
+                          "with --decoupled)")
+    knn_tasks = [t for t in tasks if knn and t.kind in KNN_DEFAULTS and not model.siamese(t)]
+    if knn and not knn_tasks:
+        raise MinknnError("--knn votes with the training set's labels: it needs a classification "
+                          "or multi-label task with one vector per example (not a similarity task, "
+                          "not --pair_mode siamese)")
+    if args.temperature is not None and any(knn_settings(args, t).vote == "cosine"
+                                            for t in knn_tasks):
+        raise MinknnError("--temperature sets the distance and euclidean votes' T; the cosine vote "
+                          "has none (add --vote distance or euclidean)")
+    return ckpt, model, losses, tokenizer, tasks, knn_tasks, device
+
+
+def read_task_data(args, ckpt, task, knn, n=None, flag="--max_eval"):
+    """(examples to score: a fixed subset of n, a note saying so, the training set for kNN or
+    None; knn: whether kNN votes on this task), read and checked before any encoding."""
+    examples = load_split(task, args.split, args.data_dir)
+    subset = f" (a {flag} subset of {len(examples)})" if n and n < len(examples) else ""
+    examples = eval_subset(examples, n)
+    if not knn:
+        return examples, subset, None
+    if getattr(args, "sweep", False) and not labelled(examples):
+        raise MinknnError(f"--sweep scores each phi and K, but the {task.name} {args.split} split "
+                          f"has no labels")
+    train = run_training_set(args, ckpt, task)
+    if not getattr(args, "sweep", False):  # the sweep caps K at the datastore's size
+        check_k(knn_settings(args, task).k, len(train), excluding_self=args.split == "train")
+    knn_index(args, len(train))  # --nlist beyond the training set stops here
+    return examples, subset, train

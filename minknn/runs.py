@@ -19,9 +19,9 @@ Every file is written to a temporary name and renamed (files.atomic_save), so a 
 each file either old or new; the temporary files a kill leaves behind are removed when the run
 is resumed. last.pt and checkpoint.pt carry a checksum of their contents, checked on loading.
 The lock needs fcntl (Linux, macOS). run_folder() holds a run's folder while it trains and says
-how a run that did not finish ended (Ctrl-C, SIGTERM, divergence, a lost process);
-run_checkpoint() reads a run's checkpoint.pt for evaluate.py, saying why a run has none yet and
-when the run it scores is still training.
+how a run that did not finish ended (Ctrl-C, SIGTERM, divergence, a lost process). A folder read
+from outside its run (how the run ended, whether it trains now, its checkpoint.pt for evaluate.py
+or why it has none yet) is minknn/status.py's.
 
 On the CPU a resumed run is exact: it draws the same batches and the same dropout masks, so it
 ends with the same weights as the run left alone (tests/test_runs.py). On a GPU some kernels are
@@ -38,8 +38,9 @@ import threading
 import time
 
 from minknn import MinknnError, Terminated, distributed, exit_as_rank_0_says, sigterm_raises
-from minknn.checkpoint import load_checkpoint, load_last
+from minknn.checkpoint import load_last
 from minknn.files import read_json, write_json
+from minknn.status import finished_hint, held_run, missing_checkpoint, run_status
 
 class Diverged(MinknnError):
     """A loss, gradient norm, weight or dev score that is not finite: the run stops, and nothing
@@ -163,39 +164,6 @@ def new_run_folder(out, default):
     return folder, lock, created
 
 
-def run_status(folder):
-    """How the run in `folder` ended, from its summary.json: "finished"; "diverged" (resumed, it
-    would diverge again); or "stopped", which --resume continues: Ctrl-C, SIGTERM, or no
-    summary.json at all (a kill -9, a crash, a run still starting). The one reading of it: the
-    runner's cells go by it too."""
-    path = os.path.join(folder, "summary.json")
-    stopped = read_json(path).get("stopped") if os.path.exists(path) else "killed"
-    if not stopped:
-        return "finished"
-    return "diverged" if str(stopped).startswith("diverged") else "stopped"
-
-
-def held_run(folder, held):
-    """Why --out `folder`, which holds the files `held`, cannot take a new run, and what can be
-    done instead: a stopped run goes on with --resume; a finished one is evaluated."""
-    status = run_status(folder)
-    if status == "stopped":
-        return (f"--out {folder} already holds a run ({', '.join(held)}); continue it with "
-                f"--resume {folder}, or choose another --out")
-    if status == "diverged":
-        return (f"--out {folder} holds a run that diverged (summary.json); start again with "
-                f"another --out")
-    return (f"--out {folder} holds a finished run (summary.json); choose another --out for a new "
-            f"one ({finished_hint(folder)})")
-
-
-def finished_hint(folder):
-    """What can still be done with a finished run."""
-    if os.path.exists(os.path.join(folder, "checkpoint.pt")):
-        return f"evaluate it with: python evaluate.py --checkpoint {folder}"
-    return f"its scores are in {os.path.join(folder, 'summary.json')}: --save none kept no model"
-
-
 def close_run_folder(folder, lock, created):
     """Removes run.lock while still holding it, then releases it (lock_folder: a process that
     opened the old file meanwhile tries again). A run that stopped before it wrote run.json (a
@@ -246,69 +214,6 @@ def open_run_folder(folder, save="best"):
     for tmp in glob.glob(os.path.join(folder, "*.tmp")):
         os.remove(tmp)
     return lock
-
-
-def missing_checkpoint(folder, save="best"):
-    """Why a stopped run in `folder` cannot be resumed though it has last.pt: its checkpoint.pt,
-    the epoch --save kept so far, is gone; None when it can. The runner asks this of every cell
-    to resume before its grid trains."""
-    if save != "none" and os.path.exists(os.path.join(folder, "last.pt")) and \
-            not os.path.exists(os.path.join(folder, "checkpoint.pt")):
-        return f"checkpoint.pt, the {save} epoch so far, is missing"
-    return None
-
-
-def run_checkpoint(path, name="--checkpoint", doing="scoring"):
-    """The checkpoint evaluate.py, the attack and the export read: path, a run folder (its
-    checkpoint.pt) or the file. A run folder that has none is refused in one line saying why and
-    what to do (no_checkpoint); a run still training (its run.lock held) is said in a note, and its
-    checkpoint.pt so far is read. name: the flag or argument path came from; doing: the reader's
-    work, for the note."""
-    file = os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path
-    folder = os.path.dirname(file) or "."
-    why = None if os.path.exists(file) else no_checkpoint(folder)
-    if why:
-        raise MinknnError(f"{name} {folder}: {why}")
-    ckpt = load_checkpoint(file)  # a file not found, not a checkpoint, damaged: said there
-    if os.path.basename(file) == "checkpoint.pt" and training(folder):
-        last = ckpt.get("args", {}).get("save") == "last"
-        print(f"note: {folder} is still training (run.lock held): {doing} its "
-              f"{'last epoch (--save last)' if last else 'best epoch'} so far, {ckpt.get('epoch')}")
-    return ckpt
-
-
-def no_checkpoint(folder):
-    """Why the run in `folder` has no checkpoint.pt, and what to do; None when it is not a run's
-    folder, or one that had a checkpoint.pt (it is then not found)."""
-    path = os.path.join(folder, "run.json")
-    saved = read_json(path) if os.path.isfile(path) else {}
-    if isinstance(saved, dict) and isinstance(saved.get("args"), dict) \
-            and saved["args"].get("save") == "none":
-        return (f"the run was trained with --save none and kept no checkpoint to evaluate; its dev "
-                f"scores are in {os.path.join(folder, 'summary.json')}")
-    if os.path.exists(os.path.join(folder, "last.pt")) or not (saved or training(folder)):
-        return None  # an epoch ended (its checkpoint.pt is gone), or no run started here
-    if training(folder):
-        return ("no checkpoint.pt yet: the run is still in its first epoch (run.lock held); "
-                "evaluate it once that has ended")
-    return {"stopped": f"no checkpoint.pt yet: the run stopped before its first epoch ended; go on "
-                       f"with python train.py --resume {folder}",
-            "diverged": "no checkpoint.pt: the run diverged in its first epoch (summary.json says "
-                        "where); train it again with a lower --lr"}.get(run_status(folder))
-
-
-def training(folder):
-    """Whether a process is training in `folder` now: its run.lock is held (lock_folder; the OS
-    lets go of it when the process ends, so a run.lock left by a kill -9 is not). Asked by taking
-    a shared lock and letting go at once: a run starting in that instant finds the folder in use."""
-    try:
-        with open(os.path.join(folder, "run.lock")) as f:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # had: nobody holds it
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:  # no run.lock: no run started there, or it ended
-        return False
 
 
 def make_folder(folder, what="--out"):

@@ -4,8 +4,6 @@ and saved after each epoch. train.py's loop steps them; the lab's bench times th
     trainer, last = build(args, make_optimizer)   # last: last.pt's state, or None
     best, records = restore(trainer, last) if last else (None, [])
     begin(trainer, last, records)                  # run.json, each rank's dropout, its lines
-    batches = batch(trainer, {name: next(stream) for name, stream in trainer.streams.items()})
-    outputs, keys = forward(trainer, batches)      # train_step's forward, gathered under torchrun
     save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
     finish(trainer, best, records)                 # metrics.jsonl, summary.json, the last line
 check_epoch_finite() stops a run (Diverged) whose scores or weights are not finite, before the
@@ -33,7 +31,7 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
     base                  --option pretrain: the base model's folder, which checkpoints name
                           instead of holding a copy of the frozen BERT
     args                  the run's arguments (build fills in --queue_size)
-    ddp                   under torchrun: DistributedDataParallel of Forward(model), which
+    ddp                   under torchrun: DistributedDataParallel of step.Forward(model), which
                           averages the gradients over the ranks (None in one process)
     curves                --tensorboard: the run's TensorBoard events (minknn/curves.py), made by
                           begin() on rank 0 and written by save() (None without)
@@ -44,9 +42,8 @@ sets them: the names draw nothing), the memory (its key encoder a copy; the
 fill, in begin(), draws nothing), then the streams (their own random.Random). Another order
 trains another run from the same seed, and a resumed run would not be the run it continues.
 
-Under torchrun (minknn/distributed.py) every rank builds the same Trainer from the same seed and
-draws the same batches' rows; batch() encodes only the rank's slice of each batch, and forward()
-gathers the slices' outputs, so that every loss sees the whole batch. Rank 0 alone saves.
+Each step's batch and forward, in between: minknn/step.py. Under torchrun (minknn/distributed.py)
+every rank builds the same Trainer from the same seed; rank 0 alone saves.
 """
 import dataclasses
 import math
@@ -55,27 +52,25 @@ import random
 import time
 
 import torch
-import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from minknn import MinknnError, backbones, run_begun
 from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
                                save_checkpoint, save_last, set_random_states)
 from minknn.curves import Curves
-from minknn.data import Example, class_statements, read_examples, run_data
-from minknn.distributed import (all_reduce_mean, broadcast, gather_output, is_main, rank, sizes,
-                                slice_of, world)
-from minknn.engine import (PairBatches, TrainBatches, autocast, encode_batch, pick_device,
-                           seed_everything, to_device)
+from minknn.data import read_examples, run_data
+from minknn.distributed import all_reduce_mean, broadcast, is_main, rank, world
+from minknn.engine import PairBatches, TrainBatches, pick_device, seed_everything
 from minknn.files import signals_held, write_json, write_jsonl
-from minknn.kinds import describe_run, kind_of
+from minknn.kinds import describe_run
 from minknn.losses import build_losses, loss_kind
 from minknn.memory import MoCo, new_memory
-from minknn.model import Model, Output
+from minknn.model import Model
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, start_at_names
 from minknn.runs import Diverged, check_same_data, summarise
+from minknn.step import Forward
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 from minknn.weights import resolve_model_path
@@ -268,70 +263,6 @@ def make_pcgrad(model):
     heads = [p for n, p in model.named_parameters()
              if p.requires_grad and not n.startswith("bert.")]
     return PCGrad(shared, all_reduce_mean, heads)
-
-
-def batch(trainer, rows):
-    """One step's batch, task -> (inputs, targets, rows), of the rows each task's stream drew
-    (rows: task -> row indices into its training examples). Under torchrun the inputs are this
-    rank's slice of the batch (distributed.slice_of), the targets and rows the whole batch's."""
-    batches = {}
-    for t in trainer.tasks:
-        anchors = statements(t) if min(rows[t.name]) < 0 else None  # AncSetFit's rows below 0
-        examples = [trainer.train[t.name][i] if i >= 0 else anchors[-1 - i] for i in rows[t.name]]
-        start, stop = slice_of(len(examples), rank(), world())
-        # a rank with no rows (a last batch smaller than the ranks) still runs its forward, as
-        # DDP needs, on one example that forward() then drops
-        mine = examples[start:stop] or examples[-1:]
-        inputs = encode_batch(trainer.tokenizer, mine, trainer.model.siamese(t))
-        batches[t.name] = (to_device(inputs, trainer.device),
-                           kind_of(t).targets(t, examples, trainer.device),
-                           torch.tensor(rows[t.name], device=trainer.device))
-    return batches
-
-
-def statements(task):
-    """AncSetFit's anchors, one example a class: its statement (minknn/data.py class_statements),
-    labelled with its class; a batch's row -1 - c stands for class c's."""
-    return [Example(text=s, label=c) for c, s in enumerate(class_statements(task))]
-
-
-class Forward(nn.Module):
-    """Every task's forward of a step in one call, task -> Output: DistributedDataParallel
-    expects one forward per backward, and a multi-task step has one per task."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, inputs):
-        return {name: self.model(name, **x) for name, x in inputs.items()}
-
-
-def forward(trainer, batches):
-    """A step's forward, under --precision: (task -> its Output, a memory loss's keys of the
-    batch or None). Under torchrun the outputs are the whole batch's: DistributedDataParallel (or,
-    for a PCGrad step, its module, which leaves DDP's averaging out: minknn/pcgrad.py) encodes
-    this rank's slices, and their outputs are gathered from every rank with their gradients
-    (distributed.gather_output); so are the keys (memory.MoCo.batch_keys)."""
-    model, moco, ddp = trainer.model, trainer.moco, trainer.ddp
-    device = next(iter(batches.values()))[1].device
-    with autocast(device, trainer.args.precision):
-        keys = None
-        if moco:  # a run of one task; the key encoder's momentum step comes first
-            (inputs, _, rows), = batches.values()
-            keys = moco.batch_keys(model, inputs, rows)
-        if ddp is None:
-            return {name: model(name, **inputs) for name, (inputs, _, _) in batches.items()}, keys
-        outputs = (ddp.module if trainer.pcgrad else ddp)(
-            {name: inputs for name, (inputs, _, _) in batches.items()})
-    gathered = {}
-    for name, (_, _, rows) in batches.items():
-        n, output = sizes(len(rows), world()), outputs[name]
-        if n[rank()] == 0:  # batch()'s stand-in example: no rows of this rank's
-            output = Output(output.logits[:0], output.z[:0], retrieval=None
-                            if output.retrieval is None else output.retrieval[:0])
-        gathered[name] = gather_output(output, n, model.siamese(model.tasks[name]))
-    return gathered, keys
 
 
 def modules(trainer):

@@ -46,9 +46,10 @@ from minknn.engine import predict
 from minknn.knn import VOTES, settings
 from minknn.model import Model
 from minknn.pcgrad import PCGrad
+from minknn.step import batch
 from minknn.tasks import TASKS
 from minknn.tokenizer import Tokenizer
-from minknn.trainer import batch, build, fill_memory
+from minknn.trainer import build, fill_memory
 from test_ddp import bert_dir, torchrun  # noqa: F401 (bert_dir: a fixture, the tiny BERT without dropout)
 from test_pcgrad import algorithm_1, conflicting
 

@@ -14,7 +14,7 @@ import torch
 import evaluate
 import minknn.datastore
 import train
-from minknn import options
+from minknn import MinknnError, options
 from minknn.bert import BertModel
 from minknn.data import examples_fingerprint, training_examples
 from minknn.datastore import Datastore
@@ -173,14 +173,14 @@ def test_ancsetfit_encodes_each_classs_statement_in_its_anchors_place(tiny_bert_
     """--loss ancsetfit: an epoch is a pass over R x N triplets (2 x 15 = 30, 4 batches of 8); each batch's first
     third is the statements of its texts' classes (sst: AncSetFit's "The movie is terrible" ... "great"), the
     second the training texts, the third texts of other classes; the encoder trains, and the head is fit after."""
-    import minknn.trainer
+    import minknn.step
     from minknn.data import class_statements
-    seen, real = [], minknn.trainer.encode_batch
+    seen, real = [], minknn.step.encode_batch
 
     def encode(tokenizer, examples, siamese=False):
         seen.append([(e.text, e.label) for e in examples])
         return real(tokenizer, examples, siamese)
-    monkeypatch.setattr(minknn.trainer, "encode_batch", encode)
+    monkeypatch.setattr(minknn.step, "encode_batch", encode)
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--loss", "ancsetfit", "--epochs", "1", "--lr",
                         "1e-3", "--per_class", "3", "--anc_iterations", "2", "--seed", "2")
     assert summary["steps_per_epoch"] == 4, (f"--loss ancsetfit: {summary['steps_per_epoch']} steps an epoch; a "
@@ -387,7 +387,7 @@ def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tin
         with monkeypatch.context() as m:
             for module in (evaluate, minknn.datastore):
                 m.setattr(module, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
-            with pytest.raises(evaluate.MinknnError, match=message) as e:
+            with pytest.raises(MinknnError, match=message) as e:
                 evaluate.main(common + extra)
         assert "\n" not in str(e.value)
     refused(["--index", "ivf", "--nlist", "41"], r"^--nlist 41: the datastore holds 40 training examples and k-means "

@@ -67,14 +67,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import evaluate  # the flags, the run loaded and its data read as evaluate.py does
+import evaluate  # the flags, read as evaluate.py reads them, and its files' path
 from minknn import MinknnError, backbones
 from minknn.cli import run
 from minknn.data import Example, labelled
 from minknn.datastore import knn_settings, run_datastore
 from minknn.engine import predict
 from minknn.files import atomic_save, read_json, write_json
-from minknn.inference import RULES, knn_probabilities, rule_probabilities
+from minknn.inference import (RULES, knn_probabilities, load_run, read_task_data,
+                              rule_probabilities)
 from minknn.kinds import kind_of
 from minknn.model import pool
 from minknn.tokenizer import Tokenizer
@@ -577,7 +578,7 @@ def check_same_attack(path, report, asked):
 
 def main(argv=None):
     args = get_args(argv)
-    ckpt, model, losses, tokenizer, tasks, knn_tasks, device = evaluate.load_run(
+    ckpt, model, losses, tokenizer, tasks, knn_tasks, device = load_run(  # as evaluate.py does
         args, args.proxy, args.knn, lambda ckpt: evaluate.predictions_base(args, ckpt))
     task = tasks[0]
     if len(tasks) > 1 or task.kind != "classify" or task.pair:
@@ -585,8 +586,8 @@ def main(argv=None):
             f"a {'pair' if task.pair else task.kind} task"
         raise MinknnError(f"--attack swaps words of single texts of a one-task classification "
                           f"run; this run has {what}")
-    examples, _, train = evaluate.read_task_data(args, ckpt, task, task in knn_tasks,
-                                                 args.attack_n, "--attack_n")
+    examples, _, train = read_task_data(args, ckpt, task, task in knn_tasks, args.attack_n,
+                                        "--attack_n")
     if not labelled(examples):
         raise MinknnError(f"--attack needs the gold classes, and the {task.name} {args.split} "
                           f"split has no labels; use --split dev (or test where it has labels)")

@@ -29,7 +29,7 @@ from minknn.lab import setfit_package
 from minknn.lab.report import impossible_score
 from minknn.lab.grid import knn_grid, size_flags
 from minknn.model import Model
-from minknn.runs import run_status
+from minknn.status import run_status
 from minknn.tasks import get_task
 
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell

@@ -86,7 +86,8 @@ from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_ce
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
 from minknn.losses import PROXY_LOSSES
-from minknn.runs import lock_folder, make_folder, missing_checkpoint
+from minknn.runs import lock_folder, make_folder
+from minknn.status import missing_checkpoint
 from minknn.tasks import TASKS
 
 RUNNER_OWNS = ("task", "tasks", "loss", "seed", "max_train", "per_class", "max_eval", "out",

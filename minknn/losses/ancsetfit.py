@@ -27,7 +27,7 @@ RESULTS.md): ancsetfit[epochs=1;lr=2e-5;warmup=0.1] with --batch_size 16.
 
 A batch holds the B anchors, then the B texts, then the B negatives (minknn/engine.py
 PairBatches: z (3B, dim)); an anchor's row is below 0, -1 - c for class c's statement
-(minknn/trainer.py batch() encodes it). The labels are the texts' classes; the loss reads only
+(minknn/step.py batch() encodes it). The labels are the texts' classes; the loss reads only
 the triplets' places in the batch.
 """
 import math

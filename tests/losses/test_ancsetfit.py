@@ -1,7 +1,7 @@
 """minknn/losses/ancsetfit.py, AncSetFit's triplet loss (Pauli et al. 2023): each text pulled to its
 class's statement and pushed from a text of another class, max(0, d(s, x) - d(s, n) + margin) with
 d = 1 - cos, the mean over the triplets; its triplets (draw_pairs) and their batches, and the
-statements train.py encodes in the anchors' place (minknn/trainer.py batch). No part of the
+statements train.py encodes in the anchors' place (minknn/step.py batch). No part of the
 assignment: a failure names the loss's file. Its checks, in the order tests/losses/checks.py says:
 
     python -m pytest -q tests/losses/test_ancsetfit.py

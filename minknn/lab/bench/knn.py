@@ -15,9 +15,9 @@ from minknn.engine import autocast, predict
 from minknn.lab.bench.shared import (Table, built, device_name, fixed_batches, precision_of,
                                      step)
 from minknn.model import Model
+from minknn.step import batch
 from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
-from minknn.trainer import batch
 from minknn.weights import resolve_model_path
 
 

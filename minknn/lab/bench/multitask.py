@@ -11,8 +11,8 @@ from minknn.data import load_split
 from minknn.engine import autocast
 from minknn.lab.bench.shared import (Table, built, device_name, fixed_batches, precision_of,
                                      step)
+from minknn.step import batch
 from minknn.tasks import get_task
-from minknn.trainer import batch
 
 
 def bench_multitask(args, device, timer, out):

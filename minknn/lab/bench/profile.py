@@ -13,8 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from minknn.data import load_split
 from minknn.lab.bench.shared import Table, built, device_name, fixed_batches, precision_of, step
+from minknn.step import batch
 from minknn.tasks import get_task
-from minknn.trainer import batch
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -137,7 +137,7 @@ def built(args, argv, train, device):
 
 
 def step(trainer, batches):
-    """One step of train.py's own train_step (batches: minknn/trainer.py's batch()); returns what
+    """One step of train.py's own train_step (batches: minknn/step.py's batch()); returns what
     it returns (each task's loss, ...)."""
     return train_py.train_step(trainer, batches)
 
