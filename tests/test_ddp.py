@@ -17,9 +17,13 @@ tolerance (the ranks pad their slices to other lengths, so not to the bit).
 
 The 2-process runs start `python -m torch.distributed.run --standalone` (torchrun; a free port of
 its own) on a copy of train.py with a test's hooks (WRAPPER below: keep last.pt, stop, fail,
-dump each rank's state), each rank on 1 thread; every one of them is killed after TIMEOUT s. The
-1-process references run here, in-process (train.main), once per set of flags.
+dump each rank's state), each rank on 1 thread; every one of them is killed after TIMEOUT s, its
+workers with it, and none of its processes outlives its test (torchrun starts each worker in a
+session of its own, out of reach of a kill of torchrun's process group: they are found by a mark
+in their environment). The 1-process references run here, in-process (train.main), once per set
+of flags.
 """
+import contextlib
 import glob
 import json
 import math
@@ -29,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
@@ -43,7 +48,8 @@ from helpers import DATA
 from tests.test_runs import keep_last, stop_at
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT = 120  # seconds, for any one torchrun: a hung collective fails the test, never hangs it
+TIMEOUT = 300  # seconds, for any one torchrun: a hung collective fails the test, never hangs it
+MARK = "DDP_TEST_TORCHRUN"  # in the environment of a torchrun and of every process it starts
 
 CASES = {"ce": ["--task", "sst"],
          "supcon": ["--task", "sst", "--loss", "supcon"],
@@ -236,17 +242,46 @@ def flags(bert_dir, case, *extra):
             "--lr", "3e-3", *extra]
 
 
+def marked(token):
+    """The processes alive whose environment holds MARK=token: a torchrun, its workers and
+    whatever they started, wherever their sessions are. Read from /proc (Linux; elsewhere none)."""
+    pids, needle = [], f"{MARK}={token}".encode()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:  # a zombie's reads empty
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(name))
+        except (OSError, ValueError):  # not a process, another user's, or ended meanwhile
+            continue
+    return pids
+
+
+def kill_marked(token):
+    """SIGKILL to every process marked with token, again while one not yet killed is found (one
+    may have been starting another)."""
+    killed = set()
+    while new := set(marked(token)) - killed:
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        killed |= new
+
+
 def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT, processes=2):
     """`python -m torch.distributed.run --standalone --nproc_per_node PROCESSES SCRIPT ARGV`,
     SCRIPT the WRAPPER with `hooks` (default), or train.py itself: the finished process (stdout,
-    stderr), killed with its workers after `timeout` s."""
+    stderr), killed with its workers after `timeout` s. No process of it outlives the call."""
     if script is None:
         script = tmp_path / "train_hooked.py"
         script.write_text(WRAPPER)
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    token = uuid.uuid4().hex
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDP_TEST_HOOKS=json.dumps(hooks or {}),
-               PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])]))
+               PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])]),
+               **{MARK: token})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                str(processes), str(script), *map(str, argv)]
     p = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -254,10 +289,18 @@ def torchrun(argv, tmp_path, hooks=None, script=None, timeout=TIMEOUT, processes
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers: their own session
-        out, err = p.communicate()
+        kill_marked(token)  # the workers too: they hold the pipes communicate() reads to the end
+        with contextlib.suppress(ProcessLookupError):  # without /proc: torchrun alone
+            os.killpg(p.pid, signal.SIGKILL)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = "", "(unread: a process that outlived the kill holds its pipes)"
         pytest.fail(f"torchrun {' '.join(map(str, argv))} did not end in {timeout} s (a rank "
                     f"waiting for another at a collective?); its stderr ends:\n{err[-3000:]}")
+    finally:
+        kill_marked(token)  # none outlives the test, however it ended
     return subprocess.CompletedProcess(command, p.returncode, out, err)
 
 
