@@ -62,16 +62,45 @@ def warn(message):
         tqdm.write(f"warning: {message}", file=sys.stderr)
 
 
+# The SIGTERMs that came while a stop was already on its way up (sigterm_raises): they raised
+# nothing, and a rank that lost a peer finds here that torchrun's came (distributed.stop_awaited)
+_NOTED = []
+
+
+def stop_noted():
+    """Whether a SIGTERM came while a stop was on its way up (sigterm_raises)."""
+    return bool(_NOTED)
+
+
+def stopping():
+    """Whether a stop is on its way up in this thread: a KeyboardInterrupt (Ctrl-C, Terminated),
+    or a collective's error that lost another rank (minknn/distributed.py: lost_peer), being
+    handled (an `except`, a `finally` or a `with` block's exit runs for it)."""
+    error = sys.exc_info()[1]
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    distributed = sys.modules.get("minknn.distributed")  # not imported: no process group
+    return bool(distributed and distributed.lost_peer(error))
+
+
 @contextlib.contextmanager
 def sigterm_raises():
     """Inside the block SIGTERM raises Terminated; the handler that was there before comes back
-    after it (train.main runs in-process in the runner and the tests). Only the main thread can
-    set a handler: elsewhere the block changes nothing."""
+    after it (train.main runs in-process in the runner and the tests). A SIGTERM that comes while
+    a stop is already on its way up (stopping) raises nothing: it is noted (stop_noted). Python
+    runs a handler at the first line of Python after the signal, and that can be in the middle of
+    the stop, before the handler that says how the run ended (under torchrun, rank 1's collective
+    loses rank 0 and torchrun's SIGTERM comes as its error unwinds): Terminated raised there would
+    replace the stop, past that handler, and the run would end with a bare `terminated`. Only the
+    main thread can set a handler: elsewhere the block changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminated(signum, frame):
+        if stopping():
+            _NOTED.append(signum)
+            return
         raise Terminated
     before = signal.signal(signal.SIGTERM, terminated)
     try:

@@ -27,15 +27,29 @@ local slice's share) or not at all (a local-batch loss) gives another gradient.
 The MoCo memory (minknn/memory.py) gathers its keys without gradient (gather_keys, MoCo's
 concat_all_gather), so that every rank enqueues the same keys and holds the same queue; PCGrad
 (minknn/pcgrad.py) averages each task's gradient (all_reduce_mean) before its projection.
+
+How a run under torchrun ends when a rank fails or is killed: torchrun SIGTERMs the others, and a
+collective that lost the rank fails on the others (lost_peer). Rank 0 says how the run stopped
+(summary.json, one line: minknn/runs.py). If rank 0 itself is gone, a rank left says it in its
+place, once: the one that takes over run.lock (runs.rank_0_gone), once torchrun's SIGTERM has come
+(stop_awaited). The lock, not torchrun's store, is
+what tells that rank 0 is gone: the store (a TCPStore that torchrun's agent hosts, not rank 0)
+outlives rank 0 and holds only keys, and a key rank 0 never set says "not yet" as well as
+"never"; telling them apart would take a clock (a heartbeat, a timeout). The OS lets go of a lock
+when the process holding it ends, kill -9 included, so a free run.lock is a fact, not a guess.
 """
 import contextlib
 import os
+import select
+import signal
 import sys
+import threading
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from minknn import stop_noted
 from minknn.model import Output
 
 
@@ -105,6 +119,32 @@ def lost_peer(error):
     "Connection closed by peer" or "reset by peer", or torch's DistError. Any other RuntimeError
     is a bug of this rank's, to show with its traceback."""
     return _grouped() and (isinstance(error, dist.DistError) or "by peer" in str(error))
+
+
+def stop_awaited(seconds=60):
+    """Waits for torchrun's SIGTERM (or a Ctrl-C): a rank other than 0 whose collective lost a
+    peer, before it asks runs.rank_0_gone. torchrun sends it once it has seen a process end, and a
+    process has let go of its files (run.lock) before its end can be seen; the collective's error
+    comes as soon as the lost process closes its sockets, which may be before its other files.
+    So the signal, not the error, says that a lost rank 0 has let go of run.lock. A SIGTERM that
+    came as the error was on its way up (minknn.stop_noted) ends the wait before it begins.
+    seconds: the longest wait, for a launcher that sends none. The signal may reach any of the
+    process's threads (gloo's, torch's); wherever it lands, Python's handler writes its number to
+    the wakeup fd, which the wait watches, and runs in this thread as the wait returns."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    watched, woken = os.pipe()
+    os.set_blocking(woken, False)
+    before = signal.set_wakeup_fd(woken, warn_on_full_buffer=False)
+    try:
+        if not stop_noted():  # (a handler due from before the fd runs as this line begins)
+            select.select([watched], [], [], seconds)
+    except KeyboardInterrupt:  # a Ctrl-C, or a SIGTERM outside sigterm_raises: a stop too
+        pass
+    finally:
+        signal.set_wakeup_fd(before)
+        os.close(watched)
+        os.close(woken)
 
 
 def sizes(n, world):

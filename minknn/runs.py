@@ -56,7 +56,8 @@ def run_folder(args):
     of an epoch being saved finished first, summary.json saying "stopped": "interrupted" (or
     "terminated"), one line saying how to go on, exit status 130 (or 143, 128 + 15); a Diverged
     run stops before anything of the epoch is saved, summary.json saying why, with one line; under
-    torchrun a process that failed stops the others, and the run can be resumed."""
+    torchrun a process that failed stops the others, rank 0 says how (or, if it is the one lost,
+    a rank left: another_rank_stops), and the run can be resumed."""
     lock, created = None, []
     try:
         if distributed.is_main():  # the folder first: a run training in it stops this one
@@ -72,11 +73,13 @@ def run_folder(args):
     except KeyboardInterrupt as e:
         set_aside = signals_ignored()
         how, status = ("terminated", 143) if isinstance(e, Terminated) else ("interrupted", 130)
-        if distributed.is_main() and run_status(args.out) == "finished":
+        if not distributed.is_main():
+            another_rank_stops(args, status)
+        if run_status(args.out) == "finished":
             # it came after finish() wrote summary.json: the run is whole, and its last.pt may be
             # gone already; summary.json rewritten as stopped would say no epoch had finished
             print(f"\n{how} after the run finished; {finished_hint(args.out)}", file=sys.stderr)
-        elif distributed.is_main():
+        else:
             last = load_last(args.out)
             where = best_so_far(args, last) if last else "no epoch had finished"
             if summarise(args, last, stopped=how) is None:  # before the first step
@@ -97,15 +100,16 @@ def run_folder(args):
         if not distributed.lost_peer(e):
             raise
         # under torchrun: a collective lost a rank that failed (its own error comes first) or was
-        # killed (torchrun reports it), and torchrun SIGTERMs the others: each says it here, in
-        # the line that comes back after the signals below, and ends with status 2
+        # killed (torchrun reports it), and torchrun SIGTERMs the others: rank 0 says it here, in
+        # the line that comes back after the signals below, and ends with status 2; another rank
+        # waits for that SIGTERM, then says it only if rank 0 is the one lost
+        if not distributed.is_main():
+            distributed.stop_awaited()
         set_aside = signals_ignored()
-        if distributed.is_main():
-            summarise(args, load_last(args.out), stopped="failed: another rank failed or was "
-                                                         "killed")
-        print(f"error: rank {distributed.rank()} stopped: another rank failed or was killed (its "
-              f"error, or torchrun's report of it, says which); continue with: python train.py "
-              f"--resume {args.out}", file=sys.stderr)
+        if not distributed.is_main():
+            another_rank_stops(args, 2)
+        summarise(args, load_last(args.out), stopped=LOST)
+        say_lost(args)
         sys.exit(2)
     finally:
         if lock:
@@ -114,6 +118,31 @@ def run_folder(args):
         # the tests); a rank that stopped under torchrun ends ignoring them
         if not distributed.launched():
             restore_signals(set_aside)
+
+
+LOST = "failed: another rank failed or was killed"  # summary.json's "stopped" when a rank is lost
+
+
+def say_lost(args):
+    print(f"error: rank {distributed.rank()} stopped: another rank failed or was killed (its "
+          f"error, or torchrun's report of it, says which); continue with: python train.py "
+          f"--resume {args.out}", file=sys.stderr)
+
+
+def another_rank_stops(args, status):
+    """How a rank other than 0 ends a run that stops under torchrun (Ctrl-C, SIGTERM, a lost
+    peer): exit `status`, saying nothing, as rank 0 says how the run stopped; but if rank 0 is
+    gone without a word (killed: rank_0_gone), this rank says it in rank 0's place, as rank 0
+    says a lost peer: summary.json, the line with the resume command, exit status 2."""
+    lock = rank_0_gone(args.out)
+    if lock is None:
+        sys.exit(status)
+    try:
+        summarise(args, load_last(args.out), stopped=LOST)
+    finally:
+        close_run_folder(args.out, lock, [])
+    say_lost(args)
+    sys.exit(2)
 
 
 def signals_ignored():
@@ -266,6 +295,35 @@ def same_file(f, path):
         return False
     held = os.fstat(f.fileno())
     return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+
+
+def rank_0_gone(folder):
+    """Whether rank 0 of the run in `folder` ended without saying how (killed), asked under
+    torchrun by a rank that stops: if so, returns run.lock, locked now by this rank, which says it
+    in rank 0's place (another_rank_stops); else None: rank 0 holds the lock (it is alive, and
+    says it), or removed it (it has said it), or another rank took it over (that one says it).
+    Rank 0 holds run.lock from before the other ranks learn the folder until it has said how the
+    run ended, and removes it before it lets go (close_run_folder); the OS lets go of it when its
+    holder dies. So a run.lock still at its path that this rank can lock was left by a rank 0 that
+    died without a word. One rank gets it; the others find it held, or gone once that one has
+    spoken. Nothing here waits or times."""
+    path = os.path.join(folder, "run.lock")
+    try:
+        lock = open(path, "r+")  # not created here: a lock rank 0 removed stays removed
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if same_file(lock, path):
+            lock.seek(0)
+            lock.truncate()
+            lock.write(str(os.getpid()))  # whose it is now, for lock_folder's message
+            lock.flush()
+            return lock
+    except BlockingIOError:
+        pass
+    lock.close()
+    return None
 
 
 def check_same_data(folder, data):

@@ -13,7 +13,9 @@ tolerance (the ranks pad their slices to other lengths, so not to the bit).
   is printed once;
 - --resume across world sizes: stopped under 2 processes (torchrun SIGTERMed after epoch 1, as a
   cluster stops a job) then resumed by `python train.py --resume`, and the other way round;
-- one rank's failure: an error line from that rank, no half-written file, and the run resumes.
+- one rank's failure: an error line from that rank, no half-written file, and the run resumes;
+- one rank killed, rank 0 included: a rank left says how the run stopped, once (summary.json,
+  the resume line), whatever reaches it first; rank_0_gone, how it knows rank 0 is gone.
 
 The 2-process runs start `python -m torch.distributed.run --standalone` (torchrun; a free port of
 its own) on a copy of train.py with a test's hooks (WRAPPER below: keep last.pt, stop, fail,
@@ -44,6 +46,7 @@ import minknn.model
 import train
 from minknn.distributed import sizes
 from minknn.checkpoint import load_last
+from minknn.runs import close_run_folder, lock_folder, rank_0_gone
 from helpers import DATA
 from tests.test_runs import keep_last, stop_at
 
@@ -74,6 +77,9 @@ is a JSON object naming them:
   kill         [rank, step]: that rank kills itself (SIGKILL, as kill -9) at its step `step`, and
                torchrun's SIGTERM reaches the rank left as it reads last.pt to say how the run
                stopped (when it comes is a race: here it is made to come at that worst moment)
+  first        with kill, what the rank left meets first at its step `step` (without it, a race):
+               "sigterm", torchrun's (it waits for it before the step), or "lost peer", its
+               collective's error (a SIGTERM that comes during the step is held until it fails)
   runs         [[argv, dump], ...]: train.py's runs one after the other in one process group
                (without it: one run of this file's arguments); after each, each rank writes
                into its dump folder rank<r>.pt: its exit status, weights, proxies, memory and
@@ -128,8 +134,20 @@ if "kill" in HOOKS:
 
     def killing_step(*args, **kwargs):
         calls.append(1)
-        if [RANK, len(calls)] == HOOKS["kill"]:
+        killed, at = HOOKS["kill"]
+        if len(calls) == at and RANK == killed:
             os.kill(os.getpid(), signal.SIGKILL)
+        if len(calls) == at and HOOKS.get("first") == "sigterm":
+            while True:  # until torchrun's SIGTERM raises Terminated (in here, whichever of the
+                time.sleep(1)  # process's threads the signal lands on)
+        if len(calls) == at and HOOKS.get("first") == "lost peer":
+            came, handler = [], signal.signal(signal.SIGTERM, lambda *_: came.append(1))
+            try:
+                return step(*args, **kwargs)  # its collective fails: the killed rank is gone
+            finally:  # the SIGTERM that came meanwhile, now, as the error goes up
+                signal.signal(signal.SIGTERM, handler)
+                if came:
+                    signal.raise_signal(signal.SIGTERM)
         return step(*args, **kwargs)
     train.train_step = killing_step
     load_last = minknn.runs.load_last
@@ -540,7 +558,7 @@ def assert_stopped_after_epoch_1(folder, what):
         f"{'nothing' if last is None else 'epoch ' + str(last['epoch'])}, not epoch 1"
     torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=True)
     assert os.path.exists(os.path.join(folder, "summary.json")), \
-        f"{what}: no summary.json: rank 0 did not say how the run stopped"
+        f"{what}: no summary.json: no rank said how the run stopped"
     summary = json.load(open(os.path.join(folder, "summary.json")))
     assert "stopped" in summary and summary["epochs"] == 1, f"{what}: summary.json: {summary}"
     return summary
@@ -607,28 +625,82 @@ def test_a_rank_that_fails_stops_the_run_which_resumes(bert_dir, one_process, tm
         f"rank 1's failure: a rank printed a traceback:\n{done.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("killed", [1, 0], ids=["rank-1-killed", "rank-0-killed"])
-def test_a_rank_killed_stops_the_run_with_its_resume_line(killed, bert_dir, tmp_path):
+LOST_LINE = ("error: rank {} stopped: another rank failed or was killed (its error, or torchrun's "
+             "report of it, says which); continue with: python train.py --resume {}")
+
+
+@pytest.mark.parametrize("killed, first, processes",
+                         [(1, None, 2), (0, None, 2), (0, "sigterm", 2), (0, "lost peer", 2),
+                          (0, None, 3)],
+                         ids=["rank-1-killed", "rank-0-killed", "rank-0-killed-sigterm-first",
+                              "rank-0-killed-lost-peer-first", "rank-0-killed-of-3"])
+def test_a_rank_killed_stops_the_run_with_its_resume_line(killed, first, processes, bert_dir,
+                                                          one_process, tmp_path, monkeypatch):
     """kill -9 of one rank at epoch 2's step 2 (torchrun then SIGTERMs the other): the rank left
-    says so in one line with the resume command, and its exit is torchrun's report of the kill.
-    Rank 1 killed: rank 0 also writes summary.json ("failed: ..."); rank 0 killed: nothing could
-    write it, and last.pt is still epoch 1's (docs/runs.md says both)."""
+    says how the run stopped, once: summary.json, and one line with the resume command; its exit
+    is torchrun's report of the kill. Rank 1 killed: rank 0 says it, as a lost peer ("failed: ...",
+    `error: rank 0 stopped: ...`) or, when torchrun's SIGTERM reaches it before its collective's
+    error, as a stop ("terminated"; it cannot tell the two apart). Rank 0 killed: rank 1 finds rank
+    0 gone (its run.lock left at its path, unheld) and says it in rank 0's place, as a lost peer,
+    whichever it met first: the SIGTERM (the silent case this test once failed on, on a loaded
+    machine) or its collective's error. `first` makes each come first in turn; without it the
+    machine decides. Of 3 ranks, the 2 left race for run.lock: one says it, the other nothing.
+    Either way run.lock is gone, and the run resumes to the run left alone."""
     argv = flags(bert_dir, "ce")
     run = tmp_path / "run"
-    done = torchrun([*argv, "--out", run], tmp_path, {"kill": [killed, 8]})
+    hooks = {"kill": [killed, 8], **({"first": first} if first else {})}
+    done = torchrun([*argv, "--out", run], tmp_path, hooks, processes=processes)
     assert done.returncode != 0, f"torchrun exited 0 though rank {killed} was killed"
-    said = re.findall(r"error: rank \d stopped[^\r\n]*", done.stderr)
-    assert said == [f"error: rank {1 - killed} stopped: another rank failed or was killed (its error, or "
-                    f"torchrun's report of it, says which); continue with: python train.py --resume {run}"], \
-        f"rank {killed} killed: the rank left must say so once, with the resume line: {said}\n" \
-        f"{done.stderr[-3000:]}"
-    assert not re.search(r"\[rank\d\]: Traceback|^terminated", done.stderr, re.M), \
-        f"rank {killed} killed: a traceback or a bare `terminated`:\n{done.stderr[-3000:]}"
-    if killed == 1:
-        summary = assert_stopped_after_epoch_1(run, "rank 1 killed in epoch 2")
-        assert summary["stopped"] == "failed: another rank failed or was killed", summary
+    # a line may follow the killed rank's progress bar on one line of the terminal
+    said = re.findall(r"(?:error: rank \d stopped|terminated:)[^\r\n]*", done.stderr)
+    lost = [LOST_LINE.format(r, run) for r in range(processes) if r != killed]
+    if killed == 1 and said == [f"terminated: the best checkpoint (epoch 1) is "
+                                f"{run / 'checkpoint.pt'}; continue with: python train.py "
+                                f"--resume {run}"]:
+        stopped = "terminated"  # torchrun's SIGTERM reached rank 0 first
     else:
-        assert load_last(str(run))["epoch"] == 1 and not (run / "summary.json").exists()
+        assert len(said) == 1 and said[0] in lost, f"rank {killed} killed: a rank left must " \
+            f"say it once, with the resume line: {said}\n{done.stderr[-3000:]}"
+        stopped = "failed: another rank failed or was killed"
+    assert not re.search(r"\[rank\d\]: Traceback|^terminated\s*$", done.stderr, re.M), \
+        f"rank {killed} killed: a traceback or a bare `terminated`:\n{done.stderr[-3000:]}"
+    summary = assert_stopped_after_epoch_1(run, f"rank {killed} killed in epoch 2")
+    assert summary["stopped"] == stopped, f"rank {killed} killed: summary.json says " \
+        f"{summary['stopped']!r} after the line {said}"
+    assert not (run / "run.lock").exists(), \
+        f"rank {killed} killed: run.lock is left: the rank that spoke did not let go of the run"
+    if killed == 0:
+        keep_last(monkeypatch)
+        train.main(["--resume", str(run)])
+        assert_same_run(one_process(argv), run, "rank 0 killed in epoch 2, resumed in 1 process")
+
+
+def test_a_rank_takes_over_run_lock_only_from_a_rank_0_that_died(tmp_path):
+    """rank_0_gone: nothing while rank 0 holds run.lock (alive: it says how the run ended), nothing
+    once it has removed it (it has said it); a run.lock that a kill -9 left at its path, unheld, is
+    taken, by one rank only (a second finds it held, then removed once the first has spoken)."""
+    folder = str(tmp_path)
+    alive = lock_folder(folder)
+    assert rank_0_gone(folder) is None, "rank 0 holds run.lock: it is alive"
+    close_run_folder(folder, alive, [])
+    assert rank_0_gone(folder) is None, "rank 0 removed run.lock: it said how it ended"
+    assert not (tmp_path / "run.lock").exists(), "rank_0_gone made a run.lock"
+    code = ("import fcntl, sys; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run.lock")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert rank_0_gone(folder) is None, "another process holds run.lock"
+    finally:
+        holder.kill()  # kill -9: the OS lets go of its lock, and the file stays
+        holder.communicate(timeout=30)
+    taken = rank_0_gone(folder)
+    assert taken is not None, "run.lock left unheld by a killed rank 0 was not taken"
+    assert rank_0_gone(folder) is None, "two ranks took over run.lock"
+    close_run_folder(folder, taken, [])
+    assert rank_0_gone(folder) is None, "run.lock taken over, spoken for, let go: " \
+                                                    "a second rank took it again"
 
 
 def test_plain_python_is_one_process(monkeypatch):

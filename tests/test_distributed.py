@@ -12,13 +12,19 @@ without a process group, on the whole batch (the reference); the tests compare t
   surgery, the forwards and backwards under no_sync();
 - gather itself: the order of the rows, a rank with no rows, the gradient of the local part
   (world x its share), a siamese pair's two halves; broadcast of a loss's proxies.
+And how a rank that lost a peer learns, without a clock, that torchrun's SIGTERM came (stop_awaited;
+sigterm_raises notes one that comes during a stop).
 The pool is spawned once for the module (a spawn costs seconds of imports) and runs every check
 in order; each rank sets 1 thread, and nothing waits forever (gloo's timeout, a join timeout).
 """
 import contextlib
 import os
 import random
+import select
+import signal
 import socket
+import threading
+import time
 import traceback
 from datetime import timedelta
 from types import SimpleNamespace
@@ -32,6 +38,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.testing import assert_close
 
+import minknn
+import minknn.distributed as distributed
+from minknn import Terminated, sigterm_raises, stop_noted
 from minknn.bert import BertModel
 from minknn.data import load_split
 from minknn.distributed import (all_reduce_grads, all_reduce_mean, broadcast, gather,
@@ -373,3 +382,67 @@ def test_without_a_process_group_everything_is_the_identity():
     assert (rank(), world(), is_main()) == (0, 1, True)
     assert gather(x, [3]) is x and gather_output(Output(x, x), [3]).z is x
     assert torch.equal(all_reduce_mean(x.detach().clone()), x.detach())
+
+
+def test_a_sigterm_during_a_stop_is_noted_not_raised(monkeypatch):
+    """In sigterm_raises SIGTERM raises Terminated, except while a stop is on its way up (a lost
+    peer's error, a KeyboardInterrupt, being handled): then it raises nothing and is noted. Raised,
+    it would replace that stop (torchrun's SIGTERM, just as rank 1's collective lost rank 0)."""
+    monkeypatch.setattr(minknn, "_NOTED", [])
+    monkeypatch.setattr(distributed, "lost_peer", lambda e: "by peer" in str(e))  # no group here
+    with sigterm_raises():
+        with pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        assert not stop_noted(), "a SIGTERM that raised Terminated was noted too"
+        for stop in (RuntimeError("Connection closed by peer"), KeyboardInterrupt()):
+            try:
+                try:
+                    raise stop
+                except BaseException:
+                    signal.raise_signal(signal.SIGTERM)  # must raise nothing
+            except Terminated:
+                pytest.fail(f"SIGTERM while {stop!r} was handled raised Terminated")
+        assert minknn._NOTED == [signal.SIGTERM] * 2, f"noted: {minknn._NOTED}"
+        try:
+            raise RuntimeError("a bug")
+        except RuntimeError:
+            with pytest.raises(Terminated):  # not a stop: SIGTERM stops the run
+                signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_rank_that_lost_a_peer_waits_for_torchruns_sigterm(monkeypatch):
+    """stop_awaited, in the handler of a lost peer's error under sigterm_raises: with no SIGTERM
+    it waits `seconds`; a SIGTERM sent as it begins to wait ends the wait, though it lands on
+    another thread (here: this thread blocks it; under torchrun, gloo's and torch's threads may
+    take it); and one noted already ends it before it begins."""
+    monkeypatch.setattr(minknn, "_NOTED", [])
+    monkeypatch.setattr(distributed, "lost_peer", lambda e: "by peer" in str(e))  # no group here
+    wait = select.select
+
+    def wait_as_sigterm_comes(*args):
+        threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
+        return wait(*args)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with sigterm_raises():
+        try:
+            raise RuntimeError("Connection closed by peer")
+        except RuntimeError:
+            start = time.monotonic()
+            distributed.stop_awaited(seconds=0.5)
+            waited = time.monotonic() - start
+            assert waited >= 0.5, f"stop_awaited returned after {waited:.2f} s, with no SIGTERM"
+            assert not stop_noted()
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                with monkeypatch.context() as patch:
+                    patch.setattr(select, "select", wait_as_sigterm_comes)
+                    start = time.monotonic()
+                    distributed.stop_awaited(seconds=60)
+                    waited = time.monotonic() - start
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+            assert stop_noted() and waited < 30, f"SIGTERM sent: noted {minknn._NOTED}, " \
+                                                 f"stop_awaited returned after {waited:.1f} s"
+            start = time.monotonic()
+            distributed.stop_awaited(seconds=60)
+            assert time.monotonic() - start < 30, "stop_awaited waited though SIGTERM had come"
