@@ -13,7 +13,17 @@ import torch
 from tqdm import tqdm
 
 from minknn import MinknnError
+from minknn.files import signals_held
 from minknn.model import represent
+
+
+def progress_bar(*args, **kwargs):
+    """tqdm(*args, **kwargs), built whole: Ctrl-C and SIGTERM wait while tqdm's __init__ runs
+    (files.signals_held). One that landed inside it left a bar without its `pos`, whose __del__,
+    collected after the run's `interrupted:` line, printed "Exception ignored in: <function
+    tqdm.__del__> ... AttributeError: 'tqdm' object has no attribute 'pos'"."""
+    with signals_held():
+        return tqdm(*args, **kwargs)
 
 
 def seed_everything(seed):
@@ -170,4 +180,4 @@ def batches_by_length(lengths, batch_size, progress=None):
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))
-    return (tqdm(chunks, desc=progress, leave=False) if progress else chunks), inverse
+    return (progress_bar(chunks, desc=progress, leave=False) if progress else chunks), inverse

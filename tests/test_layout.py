@@ -10,8 +10,8 @@ The layers, from the bottom (a file may import from its own layer and those belo
               model
     machine   running the model: engine (device, precision, batches, prediction), distributed
     methods   the ideas of the papers: losses/, memory, knn, proxy, pcgrad, probe
-    run       a run and its files: options, checks, cli, trainer, step, checkpoint, runs, status,
-              files, curves, index, datastore, inference, assignment, export
+    run       a run and its files: options, checks, cli, trainer, step, resume, checkpoint, runs,
+              status, files, curves, index, datastore, inference, assignment, export
     scripts   train.py, evaluate.py
     lab       minknn/lab/: the research tools, built on the scripts (the one layer that imports
               them)
@@ -31,7 +31,7 @@ LAYERS = {
     "methods": ["minknn.losses", "minknn.memory", "minknn.knn", "minknn.proxy", "minknn.pcgrad",
                 "minknn.probe"],
     "run": ["minknn.options", "minknn.checks", "minknn.cli", "minknn.trainer", "minknn.step",
-            "minknn.checkpoint", "minknn.runs", "minknn.status", "minknn.curves", "minknn.index",
+            "minknn.resume", "minknn.checkpoint", "minknn.runs", "minknn.status", "minknn.curves", "minknn.index",
             "minknn.datastore", "minknn.inference", "minknn.assignment", "minknn.export"],
     "scripts": ["train", "evaluate"],
     "lab": ["minknn.lab"],
