@@ -104,6 +104,19 @@ def check_checkpoint(args, last):
     return damage
 
 
+def check_kept(args):
+    """Before a finishing run deletes last.pt: its checkpoint.pt must still be whole (damaged
+    since --resume checked it, or while this run trained), else one line, last.pt left in place."""
+    path = os.path.join(args.out, "checkpoint.pt")
+    if args.save == "none" or not os.path.exists(path):
+        return
+    damage = read_whole(path)[1]
+    if damage:
+        raise MinknnError(f"{path} is damaged ({damage}); last.pt, the last epoch's state, is left "
+                          f"in {args.out}: put back a good copy of checkpoint.pt, or train the run "
+                          f"again")
+
+
 def read_whole(path):
     """(the checkpoint at path, None), or (None, why it is damaged, in words): unreadable (cut
     short, not a zip), without a format tag, or its contents off their checksum. A checkpoint of

@@ -69,7 +69,7 @@ from minknn.model import Model
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, start_at_names
-from minknn.resume import REWRITE, read_last
+from minknn.resume import REWRITE, check_kept, read_last
 from minknn.runs import Diverged, check_same_data, summarise
 from minknn.step import Forward
 from minknn.tasks import get_task
@@ -368,6 +368,7 @@ def finish(trainer, best, records):
     if not is_main():
         return None
     args = trainer.args
+    check_kept(args)  # last.pt goes below: never while checkpoint.pt is damaged
     # the records again: a kill -9 after the last epoch's last.pt left its metrics.jsonl behind
     write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
     summary = summarise(args, {"best": best, "records": records, "train": trainer.train,

@@ -791,6 +791,32 @@ def test_a_damaged_checkpoint_of_an_epoch_last_pt_no_longer_holds_stops_resume_k
     assert {name: (out / name).read_bytes() for name in before} == before, "a refused --resume changed a file"
 
 
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_checkpoint_damaged_while_the_run_trains_on_keeps_last_pt(damage, tiny_bert_dir, data_dir, tmp_path,
+                                                                    monkeypatch, capsys):
+    """A run of 2 epochs whose best is epoch 1 (the dev score falls): checkpoint.pt damaged during epoch 2, after
+    --resume's checks could have seen it. Finishing would delete last.pt and leave the damaged file as the best
+    model: the run stops in one line naming checkpoint.pt, and last.pt stays."""
+    dev_falling(monkeypatch)
+    out, real, calls = tmp_path / "run", train.train_step, []
+
+    def damaging(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # epoch 2's first step: epoch 1's checkpoint.pt and last.pt are written
+            DAMAGES[damage](out / "checkpoint.pt")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(train, "train_step", damaging)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "2", "--steps_per_epoch", "3"),
+                                "--out", str(out)]))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert exit_.value.code == 2 and len(err) == 1, f"{damage}: exit {exit_.value.code}, error lines {err}"
+    assert str(out / "checkpoint.pt") in err[0] and "damaged" in err[0] and "last.pt" in err[0], err[0]
+    assert (out / "last.pt").exists(), f"{damage}: the finishing run deleted last.pt beside a damaged checkpoint.pt"
+    assert not (out / "summary.json").exists(), "a run that kept no whole best model wrote summary.json"
+
+
 def test_a_whole_checkpoint_of_another_run_is_never_overwritten(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
                                                                 capsys):
     """checkpoint.pt replaced by a whole checkpoint (its checksum holds) that is not this run's epoch 1: another
