@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = {
     "base": ["minknn", "minknn.parts", "minknn.files"],
     "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.kinds", "minknn.metrics"],
-    "model": ["minknn.weights", "minknn.packaged", "minknn.packed", "minknn.bert",
+    "model": ["minknn.weights", "minknn.packaged", "minknn.cache_record", "minknn.packed", "minknn.bert",
               "minknn.backbones", "minknn.tokenizer", "minknn.model"],
     "machine": ["minknn.engine", "minknn.distributed"],
     "methods": ["minknn.losses", "minknn.memory", "minknn.knn", "minknn.proxy", "minknn.pcgrad",
