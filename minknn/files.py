@@ -116,7 +116,8 @@ def remove_leftovers(folder):
     """Removes the temporary files (*.tmp) that a killed save left in folder (a kill -9, a power
     cut mid-write): those no process is writing, as atomic_save locks its own while it writes.
     Every command that opens a run folder calls it: train.py --resume (runs.open_run_folder),
-    evaluate.py, the attack and the export (status.run_checkpoint)."""
+    evaluate.py, the attack and the export (status.run_checkpoint), the runner's scoring of a cell
+    (lab/cells.py)."""
     for path in glob.glob(os.path.join(folder, "*.tmp")):
         try:
             with open(path, "rb") as f:

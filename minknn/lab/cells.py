@@ -22,7 +22,7 @@ from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split, split_recipe,
                          training_examples)
 from minknn.engine import pick_device, predict
-from minknn.files import read_json, read_jsonl, write_json
+from minknn.files import read_json, read_jsonl, remove_leftovers, write_json
 from minknn.inference import knn_scores, probe_probabilities, rule_probabilities, scores_of
 from minknn.kinds import kind_of
 from minknn.knn import SWEEP_KS, SWEEP_PHIS
@@ -278,6 +278,7 @@ def score_cell(cell, methods, ctx, folder):
     inference grid: one prediction pass per split (and one over the training set for kNN)."""
     start = time.time()
     ckpt = load_checkpoint(os.path.join(folder, "checkpoint.pt"))
+    remove_leftovers(folder)  # a killed save's temporary files, as every command that opens a run
     device, precision = pick_device(ckpt["args"]["device"]), ckpt["args"]["precision"]
     model, losses, tokenizer = rebuild(ckpt)
     model.to(device)
