@@ -17,7 +17,8 @@ import os
 from minknn import MinknnError, distributed
 from minknn.kinds import KINDS
 from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, METRIC_LOSSES,
-                           NAMED_PROXY_LOSSES, NEEDS, PROXY_LOSSES, check_loss_name, loss_kind, need)
+                           NAMED_PROXY_LOSSES, NEEDS, PROXY_LOSSES, check_loss_name, loss_kind,
+                           need)
 from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.losses.pairs import PAIR_LOSSES
 from minknn.memory import MOMENTUM
@@ -52,7 +53,7 @@ def check_args(p, args):
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)
     check_loss(p, args, tasks)
-    check_terms(p, args)
+    check_terms(p, args, tasks)
     check_loss_flags(p, args)
     check_head_init(p, args, tasks)
     check_proxy_init(p, args, tasks)
@@ -262,7 +263,7 @@ def metric_terms(args):
     return terms
 
 
-def check_terms(p, args):
+def check_terms(p, args, tasks):
     """The rule every loss is held to, read from what it declares (minknn/losses/__init__.py
     NEEDS), never from its name: each term the run adds to the base loss (metric_terms) must have
     something to do.
@@ -274,13 +275,20 @@ def check_terms(p, args):
       encoder is a momentum copy of the frozen one). A proxy loss still trains its proxies on the
       frozen z, a classifier in its own right (proxy inference, evaluate.py --proxy; the DML
       paper's eq. 10), and --decoupled its retrieval head: those are taken.
-    --lam with no such term weighs nothing. The base loss is not held to the rule: at --lam 1 its
-    weight is 0 and the head keeps its start, which is the metric loss alone, as the DML paper
-    ablates it (a proxy loss's epochs are then scored by its proxies)."""
+    --lam with no such term weighs nothing. The base loss is held to the second need only where
+    no task has a head (a siamese similarity task scores the cosine): there a frozen encoder
+    leaves the run nothing to train. At --lam 1 its weight is 0 and the head keeps its start,
+    which is the metric loss alone, as the DML paper ablates it (a proxy loss's epochs are then
+    scored by its proxies): that is taken."""
     terms = metric_terms(args)
     if args.lam is not None and not terms:
         p.error(f"--lam weighs a metric-learning loss against the base loss; --loss "
                 f"{args.loss or args.sts_loss} is the base loss alone")
+    siamese = args.pair_mode == "siamese"
+    headless = [t for t in tasks if t.kind == "similarity" and t.pair and siamese]
+    if args.option == "pretrain" and len(headless) == len(tasks):  # and so no metric term
+        p.error("nothing to train: --option pretrain freezes BERT, and a siamese similarity task "
+                "has no head")
     base, alone = (("bce", "BCE") if loss_kind(args.loss) == "multilabel" else
                    ("ce", "cross-entropy"))
     frozen = {"encoder"} if args.option == "pretrain" else set()

@@ -273,7 +273,7 @@ def test_each_loss_declares_what_its_term_trains(name):
     """A loss's `trains` (minknn/losses/__init__.py NEEDS) is what check_terms reads: it must be what the term's
     gradient reaches, so that a new loss with proxies of its own, declared as the default (the encoder alone), is
     caught here rather than refused under --option pretrain."""
-    declared = set(getattr(DecoupledTripletLoss, "trains") if name == "decoupled" else need(name, "trains"))
+    declared = set(DecoupledTripletLoss.trains if name == "decoupled" else need(name, "trains"))
     assert reach(name) == declared, (f"{name}'s term sends gradient to {sorted(reach(name))}, and its class declares "
                                      f"trains = {sorted(declared)}")
 
@@ -324,6 +324,9 @@ def test_every_loss_is_held_to_its_declared_needs(capsys, name):
     (["--loss", "setfit", "--head_init", "probe"], "--head_init probe starts a head that trains; --loss setfit at --lam "
                                                    "1 fits its head by logistic regression after each epoch"),
     (["--loss", "ancsetfit", "--head_init", "probe"], "--loss ancsetfit at --lam 1 fits its head"),
+    (["--task", "sts", "--pair_mode", "siamese", "--option", "pretrain"], "nothing to train: --option pretrain "
+                                                                          "freezes BERT, and a siamese similarity "
+                                                                          "task has no head"),
 ])
 def test_flags_that_leave_the_named_loss_nothing_to_do_are_refused(capsys, flags, message):
     assert message in refused(capsys, *flags)
