@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from minknn import distributed
+from minknn import distributed, progress_bar
 from minknn.cli import run
-from minknn.engine import autocast, pick_device, progress_bar
+from minknn.engine import autocast, pick_device
 from minknn.inference import dev_scores
 from minknn.kinds import describe_run
 from minknn.options import get_args, parts_run

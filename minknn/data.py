@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minknn import MinknnError, first_process, warn
+from minknn import MinknnError, first_process, progress_bar, warn
 
 
 class DataError(MinknnError):
@@ -217,7 +217,7 @@ def download(url, path, blob=None, timeout=60):
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".part")
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True,
+            with progress_bar(total=total, unit="B", unit_scale=True,
                       desc=f"downloading {os.path.basename(path)}") as bar:
                 for chunk in iter(lambda: response.read(1 << 16), b""):
                     out.write(chunk)

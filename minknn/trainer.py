@@ -54,14 +54,14 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from minknn import MinknnError, backbones, run_begun
+from minknn import MinknnError, backbones, run_begun, signals_held
 from minknn.checkpoint import (base_model, check_last_fits, random_states, save_checkpoint,
                                save_last, set_random_states)
 from minknn.curves import Curves
 from minknn.data import read_examples, run_data
 from minknn.distributed import all_reduce_mean, broadcast, is_main, rank, world
 from minknn.engine import PairBatches, TrainBatches, pick_device, seed_everything
-from minknn.files import signals_held, write_json, write_jsonl
+from minknn.files import write_json, write_jsonl
 from minknn.kinds import describe_run
 from minknn.losses import build_losses, loss_kind
 from minknn.memory import MoCo, new_memory

@@ -4,7 +4,7 @@ of imports, and no file of the library importing a script or the lab. A new file
 its layer here (LAYERS), which is where the README's file map groups it.
 
 The layers, from the bottom (a file may import from its own layer and those below it):
-    base      minknn/__init__.py (the errors), parts.py (the assignment's parts)
+    base      minknn/__init__.py (the errors, signals, bars), parts.py (the assignment's parts)
     tasks     what is read and scored: data, tasks, readers, kinds, metrics
     model     the encoder and its files: weights, packaged, packed, bert, backbones, tokenizer,
               model

@@ -83,7 +83,7 @@ def test_the_parts_assemble_into_the_listed_files(tmp_path, monkeypatch, capsys)
 
 
 class Bar:
-    """tqdm's place in packaged.py: records each bar's description, total and the bytes it counted."""
+    """progress_bar's place in packaged.py (a tqdm): records each bar's description, total and the bytes it counted."""
     made = []
 
     def __init__(self, total=None, desc="", **kwargs):
@@ -103,7 +103,7 @@ class Bar:
 def test_the_assembly_line_and_its_progress_bar_give_the_same_figures(tmp_path, monkeypatch, capsys):
     """The line printed before the join and the bar under it speak of the same bytes: the bar counts the files
     it writes (unpacked), and the line names their number and that size beside the parts' (the zip's)."""
-    monkeypatch.setattr(packaged, "tqdm", Bar)
+    monkeypatch.setattr(packaged, "progress_bar", Bar)
     Bar.made.clear()
     folder = assemble(tmp_path, install_parts(tmp_path, monkeypatch))
     said = capsys.readouterr().out

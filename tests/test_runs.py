@@ -927,7 +927,7 @@ def test_ctrl_c_while_a_progress_bar_is_built_prints_nothing_from_its_destructor
     """A real SIGINT that lands inside tqdm's __init__ (after it set `disable`, before `pos`): a bar built by half
     is collected after the run's `interrupted:` line, and its __del__ raised AttributeError ('tqdm' object has no
     attribute 'pos'), which Python printed as "Exception ignored in: <function tqdm.__del__>". The bars are built
-    with Ctrl-C held (engine.progress_bar): the signal then stops the run with the bar whole."""
+    with Ctrl-C held (minknn.progress_bar): the signal then stops the run with the bar whole."""
     import gc
     import tqdm.std
     real, built = tqdm.std.EMA, []
