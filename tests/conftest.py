@@ -16,6 +16,7 @@ import signal
 
 import pytest
 
+import kernels
 from helpers import DATA, write_tiny_bert
 from hf_folders import write_distilbert, write_mpnet, write_roberta
 from minknn.bert import BertModel
@@ -29,6 +30,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 LAST = ("test_assignment.py::test_the_mutation_list_is_well_formed",)  # run after all the others
+
+
+def pytest_addoption(parser):
+    parser.addoption("--kernels", default="default", help=(
+        "check that the suite holds on another CPU: run it, and the processes it starts, with "
+        f"kernels that sum in another order ({', '.join(kernels.SETTINGS)}; comma-separated; "
+        "tests/kernels.py)"))
+
+
+_KERNELS = {}  # what kernels.apply() changed, put back at the session's end
 
 
 def pytest_collection_modifyitems(items):
@@ -60,6 +71,22 @@ def pytest_configure(config):
     way to pytest_terminal_summary's below, a line per distinct failure, whole."""
     config.option.reportchars = config.option.reportchars.replace("f", "").replace("E", "")
     _FIRST.clear()
+    try:
+        names = kernels.parse(config.getoption("kernels", "default"))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    if names:
+        _KERNELS["saved"] = kernels.apply(names)
+
+
+def pytest_unconfigure(config):
+    if "saved" in _KERNELS:
+        kernels.undo(_KERNELS.pop("saved"))
+
+
+def pytest_report_header(config):
+    value = config.getoption("kernels", "default")
+    return None if value == "default" else f"kernels: {value} (tests/kernels.py)"
 
 
 @pytest.hookimpl(wrapper=True)
