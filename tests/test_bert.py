@@ -906,8 +906,11 @@ def test_layer_feed_forward_is_the_exact_gelu():
             "the activation is missing": x,
             "GELU comes before the projection; it acts on a W_1^T + b_1": linear(gelu(a), ff.dense),
         }, "BertIntermediate")
+        # atol 1e-5: near x = -3.3, 1 + erf(x / sqrt(2)) is 1e-3, and float32 GELUs lose digits
+        # there that depend on the CPU's kernel (oneDNN's AVX-512 one and ATen's erf: 9e-7 apart);
+        # the tanh approximation is 5e-4 off
         close("layer", got, gelu(x), "BertIntermediate: GELU(a W_1^T + b_1), GELU(x) = 0.5 x "
-              "(1 + erf(x / sqrt(2))),", atol=1e-6, rtol=1e-5)
+              "(1 + erf(x / sqrt(2))),", atol=1e-5, rtol=1e-5)
 
 
 LAYER_CUTS = ("h on its way into the attention", "the attention's output",
