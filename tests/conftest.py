@@ -10,6 +10,8 @@ for the others), and at the end each distinct failure's first line in full, with
 the tests that share it, in place of pytest's short summary (which cuts each message to the
 terminal's width); and the check of the mutation list's text, which an edited solution fails,
 run last, after every test of what the code does (so `pytest -x` stops at the student's mistake).
+And the flag --kernels (tests/kernels.py): the session, and the processes its tests start, with
+kernels that sum in another order, to check that no test holds on this CPU's sums alone.
 """
 import os
 import signal
@@ -68,7 +70,8 @@ _FIRST = {}  # a failure's first line -> the name of the first test that failed 
 
 def pytest_configure(config):
     """pytest's short summary (a line per failed test, each cut to the terminal's width) gives
-    way to pytest_terminal_summary's below, a line per distinct failure, whole."""
+    way to pytest_terminal_summary's below, a line per distinct failure, whole; and --kernels'
+    settings are applied, once, till pytest_unconfigure undoes them."""
     config.option.reportchars = config.option.reportchars.replace("f", "").replace("E", "")
     _FIRST.clear()
     try:
