@@ -10,8 +10,9 @@ apply() once per session and undo() at its end.
     avx2          ATen's vectorised kernels, MKL and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY,
                   MKL_ENABLE_INSTRUCTIONS, DNNL_MAX_CPU_ISA): the sums of a CPU without AVX-512
 
-Settings combine: --kernels=one-thread,no-mkldnn. A test that starts a process with its own
-PYTHONPATH (tests/test_ddp.py, test_new_loss.py, ...) loses no-mkldnn there; the others reach it.
+Settings combine: --kernels=one-thread,no-mkldnn. A test that starts a process with a PYTHONPATH
+of its own, not added to (test_new_loss.py, test_readme.py's torchrun, test_packaged.py), loses
+no-mkldnn there; every other setting is an environment variable and reaches it.
 """
 import os
 import shutil
