@@ -16,9 +16,8 @@ flags: minknn/trainer.py. The loop's defaults, the run folder, resuming and torc
 import time
 
 import torch
-from tqdm import tqdm
 
-from minknn import distributed
+from minknn import distributed, progress_bar
 from minknn.cli import run
 from minknn.engine import autocast, pick_device
 from minknn.inference import dev_scores
@@ -115,8 +114,8 @@ def train_epoch(trainer, epoch):
     trainer.model.train()
     totals, terms_sum, conflicts = dict.fromkeys(trainer.train, 0.0), {}, 0
     first = trainer.tasks[0].name
-    bar = tqdm(range(trainer.steps), desc=f"epoch {epoch}/{trainer.args.epochs}",
-               disable=not distributed.is_main())
+    bar = progress_bar(range(trainer.steps), desc=f"epoch {epoch}/{trainer.args.epochs}",
+                       disable=not distributed.is_main())
     for step in bar:
         rows = {name: next(stream) for name, stream in trainer.streams.items()}
         lr = trainer.optimizer.param_groups[0]["lr"]  # the lr this step takes

@@ -107,3 +107,33 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
+    """Ctrl-C (SIGINT) and SIGTERM that arrive inside the block wait until it ends, then go to the
+    handlers that were there before (KeyboardInterrupt, minknn.Terminated, or the default that
+    ends the process). Without this, the KeyboardInterrupt raised inside torch.save's writer
+    comes out as its own RuntimeError, and the file is left half written. Only the main thread
+    can set handlers (and only it runs them): elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    before = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(arrived):  # each signal once, in the order they came; its
+            signal.raise_signal(s)          # KeyboardInterrupt wins over an error of the block
+
+
+def progress_bar(*args, **kwargs):
+    """tqdm(*args, **kwargs), built whole: Ctrl-C and SIGTERM wait while tqdm's __init__ runs
+    (signals_held, above). One that landed inside it left a bar without its `pos`, whose __del__,
+    collected after the run's `interrupted:` line, printed "Exception ignored in: <function
+    tqdm.__del__> ... AttributeError: 'tqdm' object has no attribute 'pos'"."""
+    with signals_held():
+        return tqdm(*args, **kwargs)

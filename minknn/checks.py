@@ -3,7 +3,9 @@ calls check_args). Every refusal is one line naming the flag at fault, and its v
 value is what is wrong (`error: ...`, exit status 2), given before any slow work: no training data
 is read first. check_args fills in the defaults that depend on other flags (the learning rates,
 the loss and its own flags, --head_init, --tasks: check_tasks), then refuses each value out of
-its bounds (bad_values) and each combination that cannot work, one check_* per idea. --resume:
+its bounds (bad_values) and each combination that cannot work, one check_* per idea; one rule,
+check_terms, read from what each loss declares, refuses every flag that leaves a loss's term
+nothing to do (--lam 0, a frozen encoder under a loss that trains only it). --resume:
 resumed_args reads a run's own flags back from its run.json, and check_saved holds each value to
 its flag's type and to the same bounds, since a hand-edited file may hold anything.
 """
@@ -14,8 +16,11 @@ import os
 
 from minknn import MinknnError, distributed
 from minknn.kinds import KINDS
-from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, NAMED_PROXY_LOSSES,
-                           PROXY_LOSSES, check_loss_name, loss_kind, need)
+from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, METRIC_LOSSES,
+                           NAMED_PROXY_LOSSES, NEEDS, PROXY_LOSSES, check_loss_name, loss_kind,
+                           need)
+from minknn.losses.decoupled import DecoupledTripletLoss
+from minknn.losses.pairs import PAIR_LOSSES
 from minknn.memory import MOMENTUM
 from minknn.runs import saved_args
 from minknn.tasks import get_task
@@ -48,6 +53,7 @@ def check_args(p, args):
         check_loss_name(args.loss)  # a wrong name fails before any slow work
     tasks = check_tasks(p, args)
     check_loss(p, args, tasks)
+    check_terms(p, args, tasks)
     check_loss_flags(p, args)
     check_head_init(p, args, tasks)
     check_proxy_init(p, args, tasks)
@@ -81,10 +87,6 @@ def check_loss(p, args, tasks):
     if args.decoupled and args.loss not in BASE_LOSSES:
         p.error(f"--decoupled trains its own triplet loss on the retrieval head; use it with "
                 f"--loss ce, not {args.loss}")
-    if args.lam is not None and args.loss in (*BASE_LOSSES, None) and not args.decoupled \
-            and not args.pair_loss:
-        p.error(f"--lam weighs a metric-learning loss against the base loss; --loss "
-                f"{args.loss or args.sts_loss} is the base loss alone")
     siamese = args.pair_mode == "siamese"
     one_vector = [t for t in tasks if t.kind == loss_kind(args.loss) and not (t.pair and siamese)]
     if args.loss not in (*BASE_LOSSES, None) and not one_vector:
@@ -250,10 +252,64 @@ def check_proxy_init(p, args, tasks):
                     f"gives a task its names); use --proxy_init random")
 
 
+def metric_terms(args):
+    """The terms the run adds to its base loss, as (how the command line names it, the loss's
+    class): the named metric loss's, --decoupled's triplet loss's, --pair_loss's."""
+    terms = [(f"--loss {args.loss}", LOSSES[args.loss])] if args.loss in METRIC_LOSSES else []
+    if args.decoupled:
+        terms.append(("--decoupled", DecoupledTripletLoss))
+    if args.pair_loss:
+        terms.append((f"--pair_loss {args.pair_loss}", PAIR_LOSSES[args.pair_loss]))
+    return terms
+
+
+def check_terms(p, args, tasks):
+    """The rule every loss is held to, read from what it declares (minknn/losses/__init__.py
+    NEEDS), never from its name: each term the run adds to the base loss (metric_terms) must have
+    something to do.
+    - Its weight, --lam or the loss's own `lam`, is above 0. At 0 its gradient is 0 and the run
+      trains the base loss alone under the loss's name (summary.json would say setfit).
+    - What its gradient reaches (its `trains`) is not all frozen. --option pretrain freezes the
+      encoder: a term that reaches only the encoder, through z (the in-batch, memory and pair
+      losses, SetFit's, AncSetFit's), would train nothing, the memory's keys included (the key
+      encoder is a momentum copy of the frozen one). A proxy loss still trains its proxies on the
+      frozen z, a classifier in its own right (proxy inference, evaluate.py --proxy; the DML
+      paper's eq. 10), and --decoupled its retrieval head: those are taken.
+    --lam with no such term weighs nothing. The base loss is held to the second need only where
+    no task has a head (a siamese similarity task scores the cosine): there a frozen encoder
+    leaves the run nothing to train. At --lam 1 its weight is 0 and the head keeps its start,
+    which is the metric loss alone, as the DML paper ablates it (a proxy loss's epochs are then
+    scored by its proxies): that is taken."""
+    terms = metric_terms(args)
+    if args.lam is not None and not terms:
+        p.error(f"--lam weighs a metric-learning loss against the base loss; --loss "
+                f"{args.loss or args.sts_loss} is the base loss alone")
+    siamese = args.pair_mode == "siamese"
+    headless = [t for t in tasks if t.kind == "similarity" and t.pair and siamese]
+    if args.option == "pretrain" and len(headless) == len(tasks):  # and so no metric term
+        p.error("nothing to train: --option pretrain freezes BERT, and a siamese similarity task "
+                "has no head")
+    base, alone = (("bce", "BCE") if loss_kind(args.loss) == "multilabel" else
+                   ("ce", "cross-entropy"))
+    frozen = {"encoder"} if args.option == "pretrain" else set()
+    for named, term in terms:
+        lam = term.lam if args.lam is None else args.lam
+        fix = f"use --loss {base}" if named.startswith("--loss") else f"leave out {named}"
+        if lam == 0:
+            p.error(f"--lam 0 gives {named}'s term no weight: the run would train plain {alone} "
+                    f"under its name; {fix} or give a --lam above 0")
+        if not set(getattr(term, "trains", NEEDS["trains"])) - frozen:
+            instead = (f"train plain {alone} on the frozen encoder"
+                       if getattr(term, "trains_head", True) or lam < 1 else
+                       "only fit a logistic regression on the frozen encoder after each epoch")
+            p.error(f"--option pretrain freezes the encoder, all that {named}'s term trains: the "
+                    f"run would {instead}; use --option finetune")
+
+
 def check_whole_objective(p, args, tasks):
     """A loss trained on pairs it draws (setfit) trains one task; a loss that is the whole
     objective (trains_head False: the head is fit by logistic regression after each epoch, in one
-    process) trains the encoder; with --lam below 1 a cross-entropy term trains the head beside
+    process) needs no head start; with --lam below 1 a cross-entropy term trains the head beside
     it, and it is a loss like the others."""
     if args.loss is None:
         return
@@ -271,9 +327,10 @@ def check_whole_objective(p, args, tasks):
                     f"task at a sentence stating its name; {t.name} is {what}")
     if need(args.loss, "trains_head") or args.lam is not None and args.lam < 1:
         return
-    if args.option == "pretrain":
-        p.error(f"--loss {args.loss} trains the encoder (the head is fit by logistic regression "
-                f"after); --option pretrain would freeze all it trains")
+    if args.head_init == "probe":  # fit_head's regression, on the untrained encoder, then refit
+        p.error(f"--head_init probe starts a head that trains; --loss {args.loss} at --lam 1 "
+                f"fits its head by logistic regression after each epoch, which replaces that "
+                f"start; leave out --head_init or give a --lam below 1")
     if distributed.launched():
         p.error(f"--loss {args.loss} fits its head in one process, after each epoch; run it "
                 f"without torchrun")

@@ -22,7 +22,6 @@ official address, where it has one, to a temporary name that is renamed only onc
 has arrived (and its git blob id checked), so an interrupted download never leaves a half file
 that looks whole, nor the folders it made.
 """
-import csv
 import hashlib
 import http.client
 import json
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minknn import MinknnError, warn
+from minknn import MinknnError, first_process, progress_bar, warn
 
 
 class DataError(MinknnError):
@@ -218,7 +217,7 @@ def download(url, path, blob=None, timeout=60):
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".part")
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True,
+            with progress_bar(total=total, unit="B", unit_scale=True,
                       desc=f"downloading {os.path.basename(path)}") as bar:
                 for chunk in iter(lambda: response.read(1 << 16), b""):
                     out.write(chunk)
@@ -366,50 +365,53 @@ def read_bytes(path):
         raise DataError(f"{path}: cannot read it ({e.strerror})") from None
 
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, which some editors write at a file's start
+_NOTED = set()  # (file, lines) whose latin-1 note this process has given
+
+
 def read_lines(path, latin1=False):
-    """The file's lines, as UTF-8 (read_utf8), or with latin1=True, where UTF-8 fails, as latin-1
+    """The file's lines, a byte-order mark at its start dropped, each without its line end (\n or
+    \r\n). Lines end at \n only: str.splitlines() would also break at characters such as U+2028
+    inside a text. Each line is UTF-8; a line that is not is one line naming the file and line
+    (the official files of every task but SentEval's and Reuters' are UTF-8: such a byte means a
+    damaged copy), or, with latin1=True, that line alone is read as latin-1, and said in a note
     (SentEval reads its files as latin-1; TREC's training file has one byte that is not UTF-8).
-    Lines end at \n (or \r\n) only: str.splitlines() would also break at characters such as
-    U+2028 inside a text."""
-    if latin1:
-        data = read_bytes(path)
+    The whole file read as latin-1 would silently turn every correct accent of its other lines
+    into two characters ('é' into 'Ã©')."""
+    data = read_bytes(path).removeprefix(BOM)
+    try:
+        return split_lines(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        if not latin1:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise DataError(f"{path}:{line}: not UTF-8 ({e.reason})") from None
+    lines, latin = [], []
+    for lineno, line in enumerate(split_lines(data), start=1):
         try:
-            return split_lines(data.decode("utf-8-sig"))
+            lines.append(line.decode("utf-8"))
         except UnicodeDecodeError:
-            return split_lines(data.decode("latin-1"))
-    return split_lines(read_utf8(path))
+            lines.append(line.decode("latin-1"))
+            latin.append(lineno)
+    note_latin1(path, latin)
+    return lines
 
 
 def split_lines(text):
-    lines = text.replace("\r\n", "\n").split("\n")
-    return lines[:-1] if lines[-1] == "" else lines
+    """text (str or bytes) cut at each \n, a \r before it dropped; a final \n ends the last line."""
+    lines = text.split("\n" if isinstance(text, str) else b"\n")
+    lines = [line[:-1] if line[-1:] in ("\r", b"\r") else line for line in lines]
+    return lines[:-1] if not lines[-1] else lines
 
 
-def read_utf8(path):
-    """The file's text, a byte-order mark dropped; a byte that is not UTF-8 is one line naming the
-    file and line, not a traceback (the official files of every task but SentEval's and Reuters'
-    are UTF-8: such a byte means a damaged copy)."""
-    data = read_bytes(path)
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason})") from None
-
-
-def csv_rows(path, **fmt):
-    """The rows of a CSV (or tab-separated, CSV-quoted) file whose fields hold no line breaks
-    (every such file minknn reads): one row per line, each line parsed alone. A field wrapped in
-    quotes ("..", with "" for a quote mark inside) must close on its own line: read as one
-    stream, a stray quote mark opening a field would swallow the lines up to the next quote mark
-    into one text and drop their rows without a word. Such a line is one line naming it."""
-    rows = []
-    for lineno, line in enumerate(read_lines(path), start=1):
-        try:
-            rows.append(next(csv.reader([line], strict=True, **fmt)))
-        except csv.Error as e:
-            why = ("a field opens with a quote mark (\") that does not close on this line"
-                   if "end of data" in str(e) else f"the CSV quoting is broken ({e})")
-            raise DataError(f"{path}:{lineno}: {why}; a quoted field is \"..\", with \"\" for a "
-                            f"quote mark inside") from None
-    return rows
+def note_latin1(path, lines, shown=10):
+    """`note: <path>: lines 17, 230 are not UTF-8; read as latin-1` on stdout (the first `shown`
+    line numbers, then how many more), once a process for the same file and lines: TREC's train
+    and dev splits are both read from train_5500.label. Under torchrun rank 0 alone says it."""
+    if not lines or (os.path.abspath(path), tuple(lines)) in _NOTED:
+        return
+    _NOTED.add((os.path.abspath(path), tuple(lines)))
+    numbers = ", ".join(map(str, lines[:shown])) + (
+        f" and {len(lines) - shown} more" if len(lines) > shown else "")
+    which = f"line {numbers} is" if len(lines) == 1 else f"lines {numbers} are"
+    if first_process():
+        tqdm.write(f"note: {path}: {which} not UTF-8; read as latin-1")

@@ -10,9 +10,8 @@ import random
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from minknn import MinknnError
+from minknn import MinknnError, progress_bar
 from minknn.model import represent
 
 
@@ -170,4 +169,4 @@ def batches_by_length(lengths, batch_size, progress=None):
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))
-    return (tqdm(chunks, desc=progress, leave=False) if progress else chunks), inverse
+    return (progress_bar(chunks, desc=progress, leave=False) if progress else chunks), inverse

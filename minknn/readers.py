@@ -2,19 +2,21 @@
 paths are the source's files (Task.files), source the official split they hold ("train",
 "dev", "test", "all"); most readers need only the paths. A row that cannot be read stops the
 run with one line naming the file and line (DataError), before any training. Files are read as
-UTF-8, where a byte that is not UTF-8 is such a line; SentEval's files fall back to latin-1 (as
-SentEval reads them) and Reuters' are latin-1.
+UTF-8 line by line (data.read_lines: a byte-order mark dropped, \r\n line ends as \n), where a
+byte that is not UTF-8 is such a line; in SentEval's and Reuters' files (latin-1, as SentEval
+reads them) a line that is not UTF-8 is read as latin-1, that line alone, with a note.
 
 Labels are parsed against the task: a class given by its index ("0", "1") or by its name
 ("entailment"); a similarity score in [0, 5]; a multi-label example's classes as a sorted tuple
 of indices.
 """
+import csv
 import html
 import os
 import re
 import tarfile
 
-from minknn.data import DataError, Example, csv_rows, read_bytes, read_lines
+from minknn.data import DataError, Example, read_lines
 
 
 def parse_class(value, task, where):
@@ -59,6 +61,24 @@ def header_columns(header, path, required):
         if column not in header:
             raise DataError(f"{path}:1: header {header} has no '{column}' column")
     return [header.index(column) for column in required]
+
+
+def csv_rows(path, **fmt):
+    """The rows of a CSV (or tab-separated, CSV-quoted) file whose fields hold no line breaks
+    (every such file minknn reads): one row per line, each line parsed alone. A field wrapped in
+    quotes ("..", with "" for a quote mark inside) must close on its own line: read as one
+    stream, a stray quote mark opening a field would swallow the lines up to the next quote mark
+    into one text and drop their rows without a word. Such a line is one line naming it."""
+    rows = []
+    for lineno, line in enumerate(read_lines(path), start=1):
+        try:
+            rows.append(next(csv.reader([line], strict=True, **fmt)))
+        except csv.Error as e:
+            why = ("a field opens with a quote mark (\") that does not close on this line"
+                   if "end of data" in str(e) else f"the CSV quoting is broken ({e})")
+            raise DataError(f"{path}:{lineno}: {why}; a quoted field is \"..\", with \"\" for a "
+                            f"quote mark inside") from None
+    return rows
 
 
 # ------------------------------------------------------------------------ CS224N minBERT
@@ -182,9 +202,9 @@ def read_senteval_classes(paths, task, source):
 
 
 def read_labelled_lines(paths, task, source, split, expected, trec=False):
-    """One example per line of paths[0] (latin-1, as SentEval ships them): split(line) -> (label,
-    text), or None for a line that is not `expected`. trec: blank lines are skipped, and the
-    error shows the line's start."""
+    """One example per line of paths[0] (a line that is not UTF-8 read as latin-1, as SentEval
+    reads them): split(line) -> (label, text), or None for a line that is not `expected`. trec:
+    blank lines are skipped, and the error shows the line's start."""
     path, examples = paths[0], []
     for lineno, line in enumerate(read_lines(path, latin1=True), start=1):
         if trec and not line.strip():
@@ -232,7 +252,7 @@ def read_imdb(paths, task, source):
     aclImdb_v1.tar.gz: the reviews aclImdb/<source>/{neg,pos}/<id>_<rating>.txt, neg class 0 and
     pos class 1, in name order. Reading the archive takes about as long as reading the 50,000
     extracted files (2 s against 1 s on our machine), so nothing is extracted or written. The
-    reviews' HTML line breaks (<br />) become spaces."""
+    reviews' HTML line breaks (<br />) become spaces; a byte-order mark is dropped, \r\n read as \n."""
     path, examples = paths[0], []
     pattern = re.compile(rf"aclImdb/{source}/(neg|pos)/(\d+_\d+)\.txt")
     try:
@@ -241,8 +261,8 @@ def read_imdb(paths, task, source):
                 match = pattern.fullmatch(member.name)
                 if match and member.isfile():
                     try:
-                        text = (archive.extractfile(member).read().decode("utf-8")
-                                .replace("<br />", " "))
+                        text = (archive.extractfile(member).read().decode("utf-8-sig")
+                                .replace("<br />", " ").replace("\r\n", "\n"))
                     except UnicodeDecodeError as e:
                         raise DataError(f"{path}: {member.name} is not UTF-8 "
                                         f"({e.reason})") from None
@@ -293,14 +313,14 @@ def reuters_text(body):
 
 
 def read_reuters(paths, task, source):
-    """Reuters-21578 (Distribution 1.0): the SGML files reut2-000.sgm .. reut2-021.sgm, read as
-    latin-1 (one byte of reut2-017.sgm is not UTF-8). The ModApte split (the collection's README,
+    """Reuters-21578 (Distribution 1.0): the SGML files reut2-000.sgm .. reut2-021.sgm, a line that
+    is not UTF-8 read as latin-1 (one byte of reut2-017.sgm). The ModApte split (the collection's README,
     section VIII.B): stories with TOPICS="YES" and LEWISSPLIT="TRAIN" (9,603) or "TEST" (3,299),
     of which we keep those with at least one of the task's 90 topic categories (those with a
     training and a test story): 7,770 and 3,019. Their other topics are dropped."""
     split, examples = source.upper(), []
     for path in paths:
-        sgml = read_bytes(path).decode("latin-1")
+        sgml = "\n".join(read_lines(path, latin1=True))
         found, line, seen = 0, 1, 0
         for match in REUTERS_ELEMENT.finditer(sgml):
             found += 1

@@ -10,14 +10,15 @@ A run folder (train.py --out) holds:
     last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
                     and schedule, every random generator, the batch streams' places in their
                     passes, the memory and key encoder of a memory loss, the epochs' records
-                    (minknn/checkpoint.py). Deleted when the run finishes: only a run that can
+                    and the epochs planned (minknn/checkpoint.py). Deleted when the run finishes: only a run that can
                     still go on needs it.
     checkpoint.pt   the best epoch (minknn/checkpoint.py); the last with train.py --save last,
                     none with --save none
     metrics.jsonl, summary.json   every epoch's scores, and the run's best
 Every file is written to a temporary name and renamed (files.atomic_save), so a kill leaves
 each file either old or new; the temporary files a kill leaves behind are removed when the run
-is resumed. last.pt and checkpoint.pt carry a checksum of their contents, checked on loading.
+is resumed or evaluated (files.remove_leftovers). last.pt and checkpoint.pt carry a checksum of
+their contents, checked on loading; --resume checks every file it keeps (minknn/resume.py).
 The lock needs fcntl (Linux, macOS). run_folder() holds a run's folder while it trains and says
 how a run that did not finish ended (Ctrl-C, SIGTERM, divergence, a lost process). A folder read
 from outside its run (how the run ended, whether it trains now, its checkpoint.pt for evaluate.py
@@ -29,7 +30,6 @@ not deterministic, so it is only as close as two runs of the same seed are.
 """
 import contextlib
 import fcntl
-import glob
 import os
 import signal
 import sys
@@ -39,7 +39,7 @@ import time
 
 from minknn import MinknnError, Terminated, distributed, exit_as_rank_0_says, sigterm_raises
 from minknn.checkpoint import load_last
-from minknn.files import read_json, write_json
+from minknn.files import is_there, read_json, remove_leftovers, write_json
 from minknn.status import finished_hint, held_run, missing_checkpoint, run_status
 
 class Diverged(MinknnError):
@@ -240,8 +240,7 @@ def open_run_folder(folder, save="best"):
         close_run_folder(folder, lock, [])
         raise MinknnError(f"--resume {folder}: {missing}; the run cannot go on without it (start "
                           f"it again)")
-    for tmp in glob.glob(os.path.join(folder, "*.tmp")):
-        os.remove(tmp)
+    remove_leftovers(folder)
     return lock
 
 
@@ -289,12 +288,7 @@ def lock_folder(folder, name="run.lock", holder="training process", what=None):
 
 def same_file(f, path):
     """Whether the open file f is the file at path now (not removed, nor replaced)."""
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(f.fileno())
-    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+    return is_there(f.fileno(), path)
 
 
 def rank_0_gone(folder):

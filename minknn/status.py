@@ -1,7 +1,8 @@
 """A run folder read from outside its run: how the run ended, whether a process trains in it now,
 and, in one line, what can be done with it. minknn/runs.py holds a run's folder while it trains
-and writes what is read here (its files: runs.py's docstring); this file only reads a folder,
-for the commands that meet one a run wrote: train.py's --out and --resume, evaluate.py, the
+and writes what is read here (its files: runs.py's docstring); this file only reads a folder
+(run_checkpoint also removes a killed save's temporary files: files.remove_leftovers), for the
+commands that meet one a run wrote: train.py's --out and --resume, evaluate.py, the
 attack and the export (run_checkpoint), the runner's cells (run_status, missing_checkpoint).
 
     run_status(folder)          "finished", "diverged" or "stopped", from its summary.json
@@ -16,7 +17,7 @@ import os
 
 from minknn import MinknnError
 from minknn.checkpoint import load_checkpoint
-from minknn.files import read_json
+from minknn.files import read_json, remove_leftovers
 
 
 def run_status(folder):
@@ -74,6 +75,8 @@ def run_checkpoint(path, name="--checkpoint", doing="scoring"):
     if why:
         raise MinknnError(f"{name} {folder}: {why}")
     ckpt = load_checkpoint(file)  # a file not found, not a checkpoint, damaged: said there
+    if os.path.basename(file) == "checkpoint.pt":  # a run's folder: a killed save's leftovers go
+        remove_leftovers(folder)
     if os.path.basename(file) == "checkpoint.pt" and training(folder):
         last = ckpt.get("args", {}).get("save") == "last"
         print(f"note: {folder} is still training (run.lock held): {doing} its "

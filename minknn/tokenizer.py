@@ -82,7 +82,7 @@ class Tokenizer:
         vocab_path, json_path = (os.path.join(path, f) for f in ("vocab.txt", "tokenizer.json"))
         if os.path.exists(vocab_path):
             try:
-                with open(vocab_path, encoding="utf-8") as f:
+                with open(vocab_path, encoding="utf-8-sig") as f:
                     vocab = [line.rstrip("\n") for line in f]
             except UnicodeDecodeError as e:
                 raise MinknnError(f"{vocab_path}: not UTF-8 text ({e})") from None
@@ -226,7 +226,7 @@ def read_wordpiece(path):
 def read_merges(path):
     """merges.txt's rules, "a b" each, in order (its "#version" line and blank lines left out)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             lines = f.read().splitlines()
     except UnicodeDecodeError as e:
         raise MinknnError(f"{path}: not UTF-8 text ({e})") from None

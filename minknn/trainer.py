@@ -54,14 +54,14 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from minknn import MinknnError, backbones, run_begun
-from minknn.checkpoint import (base_model, check_last_fits, load_last, random_states,
-                               save_checkpoint, save_last, set_random_states)
+from minknn import MinknnError, backbones, run_begun, signals_held
+from minknn.checkpoint import (base_model, check_last_fits, random_states, save_checkpoint,
+                               save_last, set_random_states)
 from minknn.curves import Curves
 from minknn.data import read_examples, run_data
 from minknn.distributed import all_reduce_mean, broadcast, is_main, rank, world
 from minknn.engine import PairBatches, TrainBatches, pick_device, seed_everything
-from minknn.files import signals_held, write_json, write_jsonl
+from minknn.files import write_json, write_jsonl
 from minknn.kinds import describe_run
 from minknn.losses import build_losses, loss_kind
 from minknn.memory import MoCo, new_memory
@@ -69,6 +69,7 @@ from minknn.model import Model
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, start_at_names
+from minknn.resume import REWRITE, check_kept, read_last
 from minknn.runs import Diverged, check_same_data, summarise
 from minknn.step import Forward
 from minknn.tasks import get_task
@@ -191,27 +192,6 @@ def batch_stream(args, examples, loss, rng):
     return TrainBatches(len(examples), args.batch_size, rng)
 
 
-def read_last(args):
-    """--resume: last.pt's state (None if no epoch finished), checked against run.json; then the
-    run's first line, where it goes on (rank 0), before the model's and the data's lines."""
-    # a memory loss's last.pt also holds its memory, and a queue's its key encoder
-    needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
-    last = load_last(args.out, needs)
-    # last.pt of the last epoch: a run stopped (Ctrl-C, SIGTERM, kill -9) after its last epoch was
-    # saved but before it finished, which --resume finishes without training; unless its schedule
-    # had further to go, when run.json's epochs was lowered by hand
-    if last and (last["epoch"] > args.epochs
-                 or last["epoch"] == args.epochs and not schedule_ended(last)):
-        raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
-                          f"has done {last['epoch']} (last.pt); was the file edited?")
-    done = last["epoch"] if last else 0
-    if is_main():
-        where = (f"from epoch {done + 1} of {args.epochs}" if done < args.epochs
-                 else f"after its last epoch ({done}): the run only finishes")
-        print(f"resuming {args.out} {where}")
-    return last
-
-
 def check_same_base(args, bert, last, model_path):
     """A resumed run that froze BERT loads it from the base model's folder: it must not have
     changed since the run started."""
@@ -219,12 +199,6 @@ def check_same_base(args, bert, last, model_path):
         raise MinknnError(f"--resume {args.out}: the base model {model_path} changed since the run "
                           f"started; the run froze BERT, and its checkpoints name that folder for "
                           f"it (put the model back, or start a new run)")
-
-
-def schedule_ended(last):
-    """Whether last.pt (its state) was saved after the run's last step: train.py's schedule
-    (make_optimizer) brings every group's lr down to exactly 0 there, and nowhere before."""
-    return all(group["lr"] == 0 for group in last["optimizer"]["param_groups"])
 
 
 def make_memory(args, model, task, train, loss, last):
@@ -288,13 +262,16 @@ def restore(trainer, last):
         stream.load_state_dict(last["streams"][name])
     trainer.rng.setstate(last["rng"])
     set_random_states(last["random"])
+    if last.get(REWRITE) and is_main():  # a damaged checkpoint.pt of last.pt's epoch (resume.py)
+        write_checkpoint(trainer, last["epoch"], last["records"][-1]["dev"])
     return last["best"], last["records"]
 
 
 def state(trainer):
-    """What last.pt keeps of the trainer (with the epoch, best and records: save_last)."""
+    """What last.pt keeps of the trainer (with the epoch, best and records: save_last); epochs:
+    those the run planned, which --resume holds run.json's to (resume.check_planned)."""
     held = modules(trainer)  # in last.pt's order: model, loss, ..., then memory, key_encoder
-    return {"model": held.pop("model").state_dict(), "loss": held.pop("loss").state_dict(),
+    return {"epochs": trainer.args.epochs, "model": held.pop("model").state_dict(), "loss": held.pop("loss").state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
             "scheduler": trainer.scheduler.state_dict(),
             "streams": {n: s.state_dict() for n, s in trainer.streams.items()},
@@ -310,10 +287,7 @@ def save(trainer, epoch, best, records):
     args = trainer.args
     with signals_held():
         if best["epoch"] == epoch and args.save == "best" or args.save == "last":
-            save_checkpoint(os.path.join(args.out, "checkpoint.pt"), trainer.model, trainer.losses,
-                            trainer.tokenizer, vars(args), epoch, records[-1]["dev"],
-                            trainer.moco.memory if trainer.moco else None, data=trainer.data,
-                            base=trainer.base)
+            write_checkpoint(trainer, epoch, records[-1]["dev"])
         if trainer.curves:  # before last.pt: a kill -9 between them loses no event, and the
             # resumed run's START tells TensorBoard to drop the epoch it trains again (curves.py)
             trainer.curves.epoch(epoch * trainer.steps, records[-1])
@@ -322,6 +296,14 @@ def save(trainer, epoch, best, records):
         # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records, **state(trainer))
         write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
+
+
+def write_checkpoint(trainer, epoch, dev):
+    """checkpoint.pt of the trainer's weights now, those of `epoch` with its dev scores."""
+    save_checkpoint(os.path.join(trainer.args.out, "checkpoint.pt"), trainer.model, trainer.losses,
+                    trainer.tokenizer, vars(trainer.args), epoch, dev,
+                    trainer.moco.memory if trainer.moco else None, data=trainer.data,
+                    base=trainer.base)
 
 
 def begin(trainer, last, records):
@@ -386,6 +368,7 @@ def finish(trainer, best, records):
     if not is_main():
         return None
     args = trainer.args
+    check_kept(args)  # last.pt goes below: never while checkpoint.pt is damaged
     # the records again: a kill -9 after the last epoch's last.pt left its metrics.jsonl behind
     write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
     summary = summarise(args, {"best": best, "records": records, "train": trainer.train,

@@ -10,12 +10,15 @@ for the others), and at the end each distinct failure's first line in full, with
 the tests that share it, in place of pytest's short summary (which cuts each message to the
 terminal's width); and the check of the mutation list's text, which an edited solution fails,
 run last, after every test of what the code does (so `pytest -x` stops at the student's mistake).
+And the flag --kernels (tests/kernels.py): the session, and the processes its tests start, with
+kernels that sum in another order, to check that no test holds on this CPU's sums alone.
 """
 import os
 import signal
 
 import pytest
 
+import kernels
 from helpers import DATA, write_tiny_bert
 from hf_folders import write_distilbert, write_mpnet, write_roberta
 from minknn.bert import BertModel
@@ -29,6 +32,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 LAST = ("test_assignment.py::test_the_mutation_list_is_well_formed",)  # run after all the others
+
+
+def pytest_addoption(parser):
+    parser.addoption("--kernels", default="default", help=(
+        "check that the suite holds on another CPU: run it, and the processes it starts, with "
+        f"kernels that sum in another order ({', '.join(kernels.SETTINGS)}; comma-separated; "
+        "tests/kernels.py)"))
+
+
+_KERNELS = {}  # what kernels.apply() changed, put back at the session's end
 
 
 def pytest_collection_modifyitems(items):
@@ -57,9 +70,26 @@ _FIRST = {}  # a failure's first line -> the name of the first test that failed 
 
 def pytest_configure(config):
     """pytest's short summary (a line per failed test, each cut to the terminal's width) gives
-    way to pytest_terminal_summary's below, a line per distinct failure, whole."""
+    way to pytest_terminal_summary's below, a line per distinct failure, whole; and --kernels'
+    settings are applied, once, till pytest_unconfigure undoes them."""
     config.option.reportchars = config.option.reportchars.replace("f", "").replace("E", "")
     _FIRST.clear()
+    try:
+        names = kernels.parse(config.getoption("kernels", "default"))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    if names:
+        _KERNELS["saved"] = kernels.apply(names)
+
+
+def pytest_unconfigure(config):
+    if "saved" in _KERNELS:
+        kernels.undo(_KERNELS.pop("saved"))
+
+
+def pytest_report_header(config):
+    value = config.getoption("kernels", "default")
+    return None if value == "default" else f"kernels: {value} (tests/kernels.py)"
 
 
 @pytest.hookimpl(wrapper=True)

@@ -748,3 +748,32 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
 def test_every_section_has_cases():
     assert all([FLAG_CASES, DATA_CASES, MODEL_CASES, EVALUATE_CASES, RUNNER_CASES]), \
         "a section of the table is empty"
+
+
+# ---- issue 51: flags that leave the named loss nothing to do (minknn/checks.py check_terms), refused before the
+# model is read ----
+NO_OP_CASES = [
+    ("setfit lam 0", "train", trainer("--loss", "setfit", "--lam", "0"),
+     "--lam 0 gives --loss setfit's term no weight: the run would train plain cross-entropy under its name; use "
+     "--loss ce or give a --lam above 0"),
+    ("setfit lam 0.5 pretrain", "train", trainer("--loss", "setfit", "--lam", "0.5", "--option", "pretrain"),
+     "--option pretrain freezes the encoder, all that --loss setfit's term trains: the run would train plain "
+     "cross-entropy on the frozen encoder; use --option finetune"),
+    ("setfit pretrain", "train", trainer("--loss", "setfit", "--option", "pretrain"),
+     "the run would only fit a logistic regression on the frozen encoder after each epoch"),
+    ("ce with lam", "train", trainer("--loss", "ce", "--lam", "0.5"), "--loss ce is the base loss alone"),
+    ("supcon lam 0", "train", trainer("--loss", "supcon", "--lam", "0"), "--lam 0 gives --loss supcon's term no weight"),
+    ("moco pretrain", "train", trainer("--loss", "moco", "--option", "pretrain"),
+     "--option pretrain freezes the encoder, all that --loss moco's term trains"),
+    ("setfit head_init probe", "train", trainer("--loss", "setfit", "--head_init", "probe"),
+     "--head_init probe starts a head that trains; --loss setfit at --lam 1 fits its head by logistic regression"),
+]
+
+
+@pytest.mark.parametrize("case", NO_OP_CASES, ids=[c[0] for c in NO_OP_CASES])
+def test_a_flag_that_leaves_the_named_loss_nothing_to_do_is_one_line(case, tiny_bert_dir, data_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    def model_read(*args, **kwargs):
+        pytest.fail(f"{case[0]}: train.py read the model before refusing its flags")
+    monkeypatch.setattr("minknn.backbones.from_pretrained", model_read)
+    test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, tmp_path, capsys, monkeypatch)

@@ -2,6 +2,7 @@ import dataclasses
 import http.server
 import os
 import random
+import re
 import shutil
 import threading
 from collections import Counter
@@ -10,8 +11,8 @@ import pytest
 
 from minknn import MinknnError
 from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset,
-                         examples_fingerprint, git_blob_id, load_split, per_class_sample, run_data, stratified_sample,
-                         training_examples)
+                         examples_fingerprint, git_blob_id, load_split, per_class_sample, read_lines, run_data,
+                         stratified_sample, training_examples)
 from minknn.kinds import kind_of
 from minknn.tasks import TASKS, get_task
 
@@ -328,3 +329,20 @@ def test_every_registered_task_is_complete():
         assert task.positive is None or task.pair, f"{name}: only a pair task has a matching class"
         first = (task.metrics or kind_of(task).metrics)[0]
         assert first != "hamming", f"{name}: the first score picks the best epoch; it must be higher-is-better"
+
+
+def test_lines_read_as_latin1_are_one_note_with_their_numbers_capped(tmp_path, capsys, monkeypatch):
+    """read_lines(latin1=True): each line that is not UTF-8 is read as latin-1, alone; one note on stdout names the
+    file and the first ten such lines, then how many more; under torchrun only rank 0 gives it."""
+    path = tmp_path / "sentiment-train"
+    path.write_bytes(b"".join(b"caf\xe9 %d\r\n" % i if i % 2 else f"café {i}\r\n".encode() for i in range(1, 25)))
+    assert read_lines(str(path), latin1=True) == [f"café {i}" for i in range(1, 25)], "a line's decoding changed another"
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"note: {path}: lines 1, 3, 5, 7, 9, 11, 13, 15, 17, 19 and 2 more are not UTF-8; "
+                                f"read as latin-1"] and err == "", f"the note: {out!r} {err!r}"
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: not UTF-8 \(invalid continuation byte\)$"):
+        read_lines(str(path))  # without latin1 (every file but SentEval's and Reuters'): one error
+    monkeypatch.setenv("RANK", "1")
+    other = tmp_path / "sentiment-dev"
+    other.write_bytes(b"caf\xe9\n")
+    assert read_lines(str(other), latin1=True) == ["café"] and capsys.readouterr().out == "", "rank 1 gave the note"

@@ -2,12 +2,18 @@
 other flags, and each combination that cannot work refused with one line naming the flag
 (test_train.py runs a few of them as a user would, in a subprocess)."""
 import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from minknn.lab import bench
 import evaluate
 from minknn import MinknnError, checks, cli, options
 from minknn.lab import runner
 from helpers import DATA
+from minknn.losses import BASE_LOSSES, LOSSES, loss_kind, need
+from minknn.losses.decoupled import DecoupledTripletLoss
+from minknn.model import Output
 
 
 def refused(capsys, *flags):
@@ -115,7 +121,8 @@ def test_steps_and_mlcon_reduction_are_kept_and_filled():
     (["--task", "sts", "--loss", "setfit"], "--loss setfit trains classification tasks, and sts has none"),
     (["--task", "mrpc", "--pair_mode", "siamese", "--loss", "setfit"], "--loss setfit compares one vector per "
                                                                         "example"),
-    (["--loss", "setfit", "--option", "pretrain"], "--option pretrain would freeze all it trains"),
+    (["--loss", "setfit", "--option", "pretrain"], "--option pretrain freezes the encoder, all that --loss setfit's "
+                                                   "term trains: the run would only fit a logistic regression"),
     (["--loss", "setfit", "--decoupled"], "use it with --loss ce, not setfit"),
 ])
 def test_impossible_flags_are_one_line(capsys, flags, message):
@@ -222,3 +229,115 @@ def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, 
                     assert a.default is not None or "default" in a.help, f"{flag}: --help shows no default"
     assert len([f for f in helps if f.startswith("bench.py ")]) > 30, "bench.py's subcommands were not all seen"
     assert "minknn/index.py" in helps["evaluate.py --index"], "evaluate.py --index: its flags live in minknn/index.py"
+
+
+# ---- the rule: a term the run adds to its base loss must have something to do (checks.check_terms) ----
+
+def argv_of(name):
+    """A run of loss `name` on a task of its kind (both accepted: test_every_loss_is_held_to_its_declared_needs)."""
+    return ["--task", "goemotions" if loss_kind(name) == "multilabel" else "sst", "--loss", name]
+
+
+def reach(name):
+    """What loss `name`'s own term (or --decoupled's, name 'decoupled') sends gradient to: a backward of the term
+    alone through a toy encoder, head and retrieval head, called as train.py calls it (pairs, triplets and the memory
+    included). Returns the parts whose parameters got a nonzero gradient: encoder, head, retrieval, proxies (the
+    loss's own parameters)."""
+    torch.manual_seed(0)
+    C, D = 3, 8
+    loss = DecoupledTripletLoss() if name == "decoupled" else \
+        LOSSES[name](C, D, **{flag: spec["default"] for flag, spec in need(name, "flags").items()})
+    encoder, head, retrieval = nn.Linear(5, D), nn.Linear(D, C), nn.Linear(D, D)
+    z = encoder(torch.randn(6, 5))  # 6: three pairs (setfit) or two triplets (ancsetfit)
+    labels = torch.tensor([0, 1, 2, 1, 2, 0])
+    if loss_kind(name) == "multilabel":
+        labels = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 1, 1], [0, 0, 1], [1, 0, 1]])
+    if name in BASE_LOSSES:
+        value = loss(Output(logits=head(z), z=z), labels)
+    elif name == "decoupled":
+        value = loss(retrieval(z), labels)
+    elif need(name, "uses_memory"):
+        keys = F.normalize(torch.randn(12, D), dim=1)
+        value = loss(z, labels, F.normalize(torch.randn(6, D), dim=1), keys, torch.arange(12) % C,
+                     torch.arange(6) + 6, torch.arange(12))
+    else:
+        value = loss(z, labels)
+    value.backward()
+    parts = {"encoder": encoder, "head": head, "retrieval": retrieval, "proxies": loss}
+    return {part for part, module in parts.items()
+            if any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())}
+
+
+@pytest.mark.parametrize("name", [*LOSSES, "decoupled"])
+def test_each_loss_declares_what_its_term_trains(name):
+    """A loss's `trains` (minknn/losses/__init__.py NEEDS) is what check_terms reads: it must be what the term's
+    gradient reaches, so that a new loss with proxies of its own, declared as the default (the encoder alone), is
+    caught here rather than refused under --option pretrain."""
+    declared = set(DecoupledTripletLoss.trains if name == "decoupled" else need(name, "trains"))
+    assert reach(name) == declared, (f"{name}'s term sends gradient to {sorted(reach(name))}, and its class declares "
+                                     f"trains = {sorted(declared)}")
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_every_loss_is_held_to_its_declared_needs(capsys, name):
+    """Every registered loss, a new one included: a metric loss's term needs a weight above 0 (--lam 0 refused, 0.5
+    taken) and something its gradient reaches left trainable (--option pretrain freezes the encoder: refused where
+    `trains` holds nothing else, taken where it does); a base loss has no term for --lam to weigh."""
+    options.get_args(argv_of(name))  # the run itself is accepted: the refusals below are the flags'
+    if name in BASE_LOSSES:
+        assert "is the base loss alone" in refused(capsys, *argv_of(name), "--lam", "0.5")
+        options.get_args([*argv_of(name), "--option", "pretrain"])
+        return
+    assert refused(capsys, *argv_of(name), "--lam", "0").startswith(f"--lam 0 gives --loss {name}'s term no weight: "
+                                                                    f"the run would train plain ")
+    options.get_args([*argv_of(name), "--lam", "0.5"])
+    pretrain = [*argv_of(name), "--lam", "0.5", "--option", "pretrain"]
+    if set(need(name, "trains")) <= {"encoder"}:
+        assert refused(capsys, *pretrain).startswith(f"--option pretrain freezes the encoder, all that --loss {name}'s "
+                                                     f"term trains: the run would train plain ")
+    else:
+        options.get_args(pretrain)  # its own parameters still train on the frozen encoder's z
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--loss", "setfit", "--lam", "0"], "--lam 0 gives --loss setfit's term no weight: the run would train plain "
+                                         "cross-entropy under its name; use --loss ce or give a --lam above 0"),
+    (["--loss", "setfit", "--lam", "0.5", "--option", "pretrain"],
+     "--option pretrain freezes the encoder, all that --loss setfit's term trains: the run would train plain "
+     "cross-entropy on the frozen encoder; use --option finetune"),
+    (["--loss", "setfit", "--option", "pretrain"], "the run would only fit a logistic regression on the frozen "
+                                                   "encoder after each epoch; use --option finetune"),
+    (["--loss", "ce", "--lam", "0.5"], "--lam weighs a metric-learning loss against the base loss; --loss ce is the "
+                                       "base loss alone"),
+    (["--loss", "supcon", "--lam", "0"], "--lam 0 gives --loss supcon's term no weight"),
+    (["--task", "goemotions", "--loss", "mlcon", "--lam", "0"], "the run would train plain BCE under its name; use "
+                                                                 "--loss bce or give a --lam above 0"),
+    (["--loss", "knnbert", "--option", "pretrain"], "all that --loss knnbert's term trains"),
+    (["--decoupled", "--lam", "0"], "--lam 0 gives --decoupled's term no weight: the run would train plain "
+                                    "cross-entropy under its name; leave out --decoupled or give a --lam above 0"),
+    (["--task", "quora", "--pair_mode", "siamese", "--pair_loss", "mnrl", "--lam", "0"],
+     "--lam 0 gives --pair_loss mnrl's term no weight"),
+    (["--task", "quora", "--pair_mode", "siamese", "--pair_loss", "contrastive", "--option", "pretrain"],
+     "--option pretrain freezes the encoder, all that --pair_loss contrastive's term trains"),
+    (["--task", "multitask", "--tasks", "sst,goemotions", "--loss", "supcon", "--option", "pretrain"],
+     "all that --loss supcon's term trains"),
+    (["--loss", "setfit", "--head_init", "probe"], "--head_init probe starts a head that trains; --loss setfit at --lam "
+                                                   "1 fits its head by logistic regression after each epoch"),
+    (["--loss", "ancsetfit", "--head_init", "probe"], "--loss ancsetfit at --lam 1 fits its head"),
+    (["--task", "sts", "--pair_mode", "siamese", "--option", "pretrain"], "nothing to train: --option pretrain "
+                                                                          "freezes BERT, and a siamese similarity "
+                                                                          "task has no head"),
+])
+def test_flags_that_leave_the_named_loss_nothing_to_do_are_refused(capsys, flags, message):
+    assert message in refused(capsys, *flags)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--loss", "setfit", "--lam", "0.5"], ["--loss", "setfit", "--lam", "0.5", "--head_init", "probe"],
+    ["--loss", "proxyanchor", "--lam", "1", "--option", "pretrain"],  # proxy inference on the frozen encoder
+    ["--loss", "softtriple", "--option", "pretrain"], ["--decoupled", "--option", "pretrain"],  # the retrieval head
+    ["--loss", "supcon", "--lam", "1"],  # the metric loss alone: the DML paper's ablation
+    ["--task", "multitask", "--tasks", "sst,goemotions", "--loss", "supcon", "--lam", "0.5"],
+], ids=" ".join)
+def test_a_term_with_something_to_do_is_taken(flags):
+    options.get_args(flags)

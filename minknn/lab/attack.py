@@ -65,10 +65,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 import evaluate  # the flags, read as evaluate.py reads them, and its files' path
-from minknn import MinknnError, backbones
+from minknn import MinknnError, backbones, progress_bar
 from minknn.cli import run
 from minknn.data import Example, labelled
 from minknn.datastore import knn_settings, run_datastore
@@ -453,7 +452,7 @@ def run_attack(examples, labels, classify, neighbours, encode, settings, path, n
     done = read_done(path)
     ids = {row["id"] for row in done}
     todo = [(e, y) for e, y in zip(examples, labels) if e.id not in ids]
-    bar = tqdm(todo, desc="attack", initial=len(examples) - len(todo), total=len(examples))
+    bar = progress_bar(todo, desc="attack", initial=len(examples) - len(todo), total=len(examples))
     for example, label in bar:
         r = attack(example.text, label, classify, neighbours, encode, settings)
         swaps = "; ".join(f"{i}:{old}>{new}" for i, (old, new) in r["swaps"].items())

@@ -7,6 +7,7 @@ Each method's result line holds, for every value of its inference grid, the scor
 selection split and on the test split (minknn/lab/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
 """
+import copy
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split, split_recipe,
                          training_examples)
 from minknn.engine import pick_device, predict
-from minknn.files import read_json, read_jsonl, write_json
+from minknn.files import read_json, read_jsonl, remove_leftovers, write_json
 from minknn.inference import knn_scores, probe_probabilities, rule_probabilities, scores_of
 from minknn.kinds import kind_of
 from minknn.knn import SWEEP_KS, SWEEP_PHIS
@@ -68,6 +69,7 @@ class Context:
         self.out, self.select, self.max_eval = args.out, args.select, args.max_eval
         self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
         self.seeds, self.search = args.seed_list, args.search_grid
+        self.kept = set()  # the cells an earlier --keep run kept (minknn/lab/kept.py: grid.json)
         self._cache = {}
 
     def __getstate__(self):  # sent to a pool's process or a cluster's job: the flags; the data
@@ -121,7 +123,9 @@ def run_cell(cell, methods, ctx):
         saved = saved_lines(folder) or {}
         wanted = [m for m in methods if m.name not in saved]
         trained = next((ln["seconds"]["train"] for ln in saved.values() if "seconds" in ln), None)
-        new = setfit_package.run_cell(cell, wanted, ctx, folder, trained) if wanted else []
+        own = copy.copy(ctx)  # the package deletes its body unless its ctx keeps it
+        own.keep = keeps(ctx, folder)
+        new = setfit_package.run_cell(cell, wanted, own, folder, trained) if wanted else []
         return record(cell, methods, ctx, folder, saved,
                       [{**line_head(cell, m, ctx), **line} for m, line in zip(wanted, new)])
     done = os.path.join(folder, "cell.json")
@@ -235,11 +239,17 @@ def training_status(folder):
 
 
 def drop_checkpoints(folder, ctx):
-    """A scored cell keeps its scores, not its 91 MB checkpoint (unless --keep)."""
+    """A scored cell keeps its scores, not its 91 MB checkpoint (unless it is kept: keeps)."""
     for name in ("checkpoint.pt", "last.pt"):
         path = os.path.join(folder, name)
-        if os.path.exists(path) and (name == "last.pt" or not ctx.keep):
+        if os.path.exists(path) and (name == "last.pt" or not keeps(ctx, folder)):
             os.remove(path)
+
+
+def keeps(ctx, folder):
+    """Whether the cell of `folder` keeps its checkpoint: this run's --keep, or an earlier one's
+    (sticky; only --drop_kept deletes it)."""
+    return ctx.keep or os.path.basename(folder) in ctx.kept
 
 
 def missing_scores(cells, ctx):
@@ -268,6 +278,7 @@ def score_cell(cell, methods, ctx, folder):
     inference grid: one prediction pass per split (and one over the training set for kNN)."""
     start = time.time()
     ckpt = load_checkpoint(os.path.join(folder, "checkpoint.pt"))
+    remove_leftovers(folder)  # a killed save's temporary files, as every command that opens a run
     device, precision = pick_device(ckpt["args"]["device"]), ckpt["args"]["precision"]
     model, losses, tokenizer = rebuild(ckpt)
     model.to(device)

@@ -46,9 +46,10 @@ table, with their own mean, apart from the development ones; a comparison with a
 on a task only where the baseline ran there too, on the same draws (the p-values pair seeds).
 
 Each cell is a train.py run folder, <out>/runs/<cell>; its scores go to <cell>/cell.json
-once evaluated, and then its checkpoint is deleted (--keep keeps it). Running the same command
-again skips the finished cells and resumes a killed one (train.py --resume): a grid killed at
-any point loses at most the epoch in progress. A damaged cell.json (a full disk, a copy cut
+once evaluated, and then its checkpoint is deleted (--keep keeps it, for later runs too: only
+--drop_kept deletes it; minknn/lab/kept.py). Running the same command again skips the finished
+cells and resumes a killed one (train.py --resume): a grid killed at any point loses at most the
+epoch in progress. A damaged cell.json (a full disk, a copy cut
 short, emptied) is that cell's alone: it is scored again, or trained again if its checkpoint is
 gone; one holding a figure no score can be (an accuracy of 2.5, NaN) is refused in one line.
 Writes <out>/results.jsonl (one line per cell and method: every figure on both splits for each
@@ -83,6 +84,7 @@ from minknn.files import read_json, write_json, write_jsonl
 from minknn.lab import report, setfit_package
 from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_cell, saved_lines,
                               selection_size, train_argv, training_status)
+from minknn.lab.kept import check_flags, drop_kept, kept_cells
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
 from minknn.losses import PROXY_LOSSES
@@ -124,7 +126,9 @@ def get_args(argv=None):
         "help": "at most N test (and --select dev) examples"})
     p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt (a "
                    "setfit-package cell: the body the package saved), so that a rule added later "
-                   "is scored from it")
+                   "is scored from it; kept for later runs too (grid.json records it)")
+    p.add_argument("--drop_kept", action="store_true", help="delete the checkpoints an earlier "
+                   "--keep kept, once this grid's cells are scored")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"], help="where the "
                    "cells run: here, or each a job on a SLURM cluster (minknn/lab/slurm.py)")
     p.add_argument("--jobs", type=int, help="local: N cells at once, each with cores/N torch "
@@ -175,6 +179,7 @@ def get_args(argv=None):
                     "once")
         from minknn.lab.slurm import import_submitit
         import_submitit()  # one line on how to install it, before the grid is checked
+    check_flags(args)  # --keep with --drop_kept
     args.jobs, args.slurm_time = args.jobs or 1, args.slurm_time or 60
     args.slurm_cluster = args.slurm_cluster or "slurm"
     args.gpus_per_cell = 1 if args.gpus_per_cell is None else args.gpus_per_cell
@@ -444,8 +449,11 @@ def main(argv=None):
     ctx, shared = check_grid(args, train_flags, cells)
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
         check_same_grid(args, shared, train_flags)
+        ctx.kept = kept_cells(args.out, cells, args.keep)  # --keep is sticky (minknn/lab/kept.py)
         check_resumable(cells, ctx)
         failed = run_cells(args, cells, ctx)
+        if args.drop_kept:
+            drop_kept(args.out, cells, ctx.kept)
         finished = os.path.exists(os.path.join(args.out, "results.jsonl"))  # not if all failed
         text = table_and_plots(args.out, args) if finished else ""
     if failed:  # a SLURM grid's other cells went on; the table holds them

@@ -21,9 +21,11 @@ paper); --loss ce (classify) and --loss bce (multilabel) are the base losses alo
 task is trained by MSE or L1 (--sts_loss, regression.py). F is the linear head.
 --lam sets lam; by default each loss's own `lam` class attribute: 0.1 for the in-batch and memory
 losses (KNN-BERT's weight for its contrastive term, eq. 6) and mlcon (Su et al.'s gamma on AAPD),
-0.5 for the proxy losses, whose proxies only learn through their term. --lam 0 is the base loss
-alone; --lam 1 trains a classification metric loss alone, and the untrained linear head's
-predictions are then meaningless (use proxy inference, evaluate.py --proxy, for the proxy losses).
+0.5 for the proxy losses, whose proxies only learn through their term. --lam 0 would be the base
+loss alone, and train.py refuses it (--loss ce is that); --lam 1 trains a classification metric
+loss alone, and the untrained linear head's predictions are then meaningless (use proxy
+inference, evaluate.py --proxy, for the proxy losses). What each term trains (its `trains`)
+decides which flags would leave it nothing to do: minknn/checks.py check_terms.
 SetFit's pair loss (setfit.py) is by default the whole objective (its lam is 1) and trains no
 head (its `trains_head` is False): train.py fits the head by logistic regression after each
 epoch, and feeds it pair batches (the B first texts, then the B second ones). With --lam below 1
@@ -97,9 +99,13 @@ NEEDS = {
                           # (or on triplets: the B first, the B second, the B third)
     "anchored": False,    # its tuples begin with a class's statement (AncSetFit: a row below 0,
                           # minknn/losses/ancsetfit.py), which needs the task's readable names
-    "trains_head": True,  # False: the loss is the whole objective at its lam of 1 (no --option
-                          # pretrain); the head is fit by logistic regression after each epoch,
-                          # in one process (minknn/probe.py); --lam below 1 trains it by CE
+    "trains": ("encoder",),  # what its own term's gradient reaches: the encoder (through z), the
+                             # proxies it owns (the proxy losses), the head (ce, bce, through the
+                             # logits); minknn/checks.py check_terms refuses --option pretrain,
+                             # which freezes the encoder, for a term that reaches nothing else
+    "trains_head": True,  # False: the loss is the whole objective at its lam of 1; the head is
+                          # fit by logistic regression after each epoch, in one process
+                          # (minknn/probe.py); --lam below 1 trains it by CE
     "one_proxy": False,   # one proxy a class, its `proxies` (C, dim): --proxy_init names can
                           # start each at its class's name (minknn/proxy.py start_at_names)
     "flags": {},          # its own train.py flags: name -> {"type" or "choices", "default",

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 class BinaryCrossEntropy(nn.Module):
     kind = "multilabel"
+    trains = ("encoder", "head")  # through the logits
 
     def __init__(self, num_classes, dim):
         super().__init__()

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 
 class CrossEntropy(nn.Module):
+    trains = ("encoder", "head")  # through the logits
+
     def __init__(self, num_classes, dim):
         super().__init__()
 

@@ -39,6 +39,7 @@ def decoupled_triplet(r, positive, negative, margin):
 
 class DecoupledTripletLoss(nn.Module):
     lam = 0.5  # the paper's beta
+    trains = ("encoder", "retrieval")  # r = MLP(z): a frozen encoder leaves the MLP to train
 
     def __init__(self, num_classes=None, dim=None, margin=1.0):
         super().__init__()

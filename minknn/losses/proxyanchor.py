@@ -33,6 +33,7 @@ def log1p_sum_exp(a, mask, dim):
 
 class ProxyAnchorLoss(nn.Module):
     lam = 0.5
+    trains = ("encoder", "proxies")  # a frozen encoder leaves the proxies to train
     one_proxy = True  # --proxy_init names can start it at the class names (minknn/proxy.py)
     part = "proxyanchor"  # the assignment's (minknn/parts.py)
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 class ProxyNCALoss(nn.Module):
     lam = 0.5
+    trains = ("encoder", "proxies")  # a frozen encoder leaves the proxies to train
     one_proxy = True  # --proxy_init names can start it at the class names (minknn/proxy.py)
     part = "proxynca"  # the assignment's (minknn/parts.py)
 

@@ -493,10 +493,15 @@ def killed_while_scoring(tiny_bert_dir, out, monkeypatch):
 def test_a_kill_while_scoring_resumes_without_retraining(tiny_bert_dir, tmp_path, monkeypatch):
     out = tmp_path / "g"
     calls = killed_while_scoring(tiny_bert_dir, out, monkeypatch)
+    trained = [p.parent for p in out.rglob("checkpoint.pt")]
+    assert len(trained) == 1, f"the premise: one cell trained, {trained}"
+    leftover = trained[0] / "datastore-mean.pt.k1ll3d.tmp"  # a save killed mid-write, as files.atomic_save names it
+    leftover.write_bytes(b"half a file")
     run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     assert len(calls) == 1, "the cell killed while scoring is scored, not retrained; the other " \
                             f"one trains: {calls}"
     assert len(lines_of(out)) == 2
+    assert not leftover.exists(), "scoring a cell left a killed save's temporary file in its folder"
 
 
 def test_a_damaged_metrics_file_of_an_unscored_cell_trains_it_again(tiny_bert_dir, tmp_path,

@@ -299,3 +299,22 @@ def test_only_a_checkpoint_at_the_last_step_counts_as_the_trained_body(tmp_path)
     assert got == str(tmp_path / "checkpoint-5"), \
         f"trained_body chose {got}; checkpoint-10 stopped at step 4 of 10, so the finished one is checkpoint-5"
     assert trained_body(str(tmp_path / "none")) is None
+
+
+def test_a_body_kept_once_stays_until_drop_kept(fake, tiny_bert_dir, tmp_path, capsys):
+    """--keep is sticky for the package's saved body too (minknn/lab/kept.py): a rule added by a run without
+    --keep is scored from it and leaves it in place; --drop_kept deletes it."""
+    def grid(methods, *extra):
+        runner.main(["--tasks", "mr", "--methods", methods, "--sizes", "6", "--seeds", "0", "--out", str(out),
+                     "--model", tiny_bert_dir, "--data_dir", DATA, "--epochs", "1", "--max_len", "32",
+                     "--device", "cpu", *extra])
+    out = tmp_path / "g"
+    grid("setfit-package", "--keep")
+    (cell,) = (out / "runs").iterdir()
+    grid("setfit-package,setfit-package+knn-only[k=1]")
+    assert len(fake.trained) == 1, "the added rule should be scored from the kept body"
+    assert (cell / "setfit").exists(), "a run without --keep must not delete the body an earlier --keep run kept"
+    capsys.readouterr()
+    grid("setfit-package,setfit-package+knn-only[k=1]", "--drop_kept")
+    assert not (cell / "setfit").exists(), "--drop_kept should delete the kept body"
+    assert "--drop_kept: deleted the kept checkpoints of 1 cell (" in capsys.readouterr().out

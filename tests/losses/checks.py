@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 import formula
 from elsewhere import DeviceSlip, check_on_second_device
-from grading import GENERIC, check, differs, matches_reference
+from grading import FLOAT64, GENERIC, check, differs, matches_reference
 from minknn.losses import METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.model import Output
 from minknn.parts import BY_NAME, PARTS, label
@@ -549,8 +549,8 @@ def check_sanity_check(name):
     h = h.clone().requires_grad_()
     value = run(name, loss, h, *rest)
     value.backward()
-    matches_reference(part_of(name), "loss", value, atol=1e-8, rtol=1e-6)
-    matches_reference(part_of(name), "gradient of h", h.grad, atol=1e-8, rtol=1e-6)
+    matches_reference(part_of(name), "loss", value, **FLOAT64)  # float64: fixed_inputs
+    matches_reference(part_of(name), "gradient of h", h.grad, **FLOAT64)
 
 
 def check_runs_in_fp32_under_autocast(name):
