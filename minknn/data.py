@@ -218,7 +218,7 @@ def download(url, path, blob=None, timeout=60):
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             with progress_bar(total=total, unit="B", unit_scale=True,
-                      desc=f"downloading {os.path.basename(path)}") as bar:
+                              desc=f"downloading {os.path.basename(path)}") as bar:
                 for chunk in iter(lambda: response.read(1 << 16), b""):
                     out.write(chunk)
                     bar.update(len(chunk))

@@ -31,12 +31,12 @@ concat_all_gather), so that every rank enqueues the same keys and holds the same
 How a run under torchrun ends when a rank fails or is killed: torchrun SIGTERMs the others, and a
 collective that lost the rank fails on the others (lost_peer). Rank 0 says how the run stopped
 (summary.json, one line: minknn/runs.py). If rank 0 itself is gone, a rank left says it in its
-place, once: the one that takes over run.lock (runs.rank_0_gone), once torchrun's SIGTERM has come
-(stop_awaited). The lock, not torchrun's store, is
-what tells that rank 0 is gone: the store (a TCPStore that torchrun's agent hosts, not rank 0)
-outlives rank 0 and holds only keys, and a key rank 0 never set says "not yet" as well as
-"never"; telling them apart would take a clock (a heartbeat, a timeout). The OS lets go of a lock
-when the process holding it ends, kill -9 included, so a free run.lock is a fact, not a guess.
+place, once: the one that takes over run.lock (runs.rank_0_gone), once torchrun's SIGTERM has
+come (stop_awaited). The lock, not torchrun's store, is what tells that rank 0 is gone: the store
+(a TCPStore that torchrun's agent hosts, not rank 0) outlives rank 0 and holds only keys, and a
+key rank 0 never set says "not yet" as well as "never"; telling them apart would take a clock (a
+heartbeat, a timeout). The OS lets go of a lock when the process holding it ends, kill -9
+included, so a free run.lock is a fact, not a guess.
 """
 import contextlib
 import os

@@ -325,8 +325,9 @@ def extract(file, inside, files, tmp, source, fix, say=None):
             total = sum(z.getinfo(f"{inside}/{file}").file_size for file in files)
             if say:
                 print(say(len(files), total), flush=True)
-            with progress_bar(total=total, unit="B", unit_scale=True, desc=f"unpacking {len(files)} files",
-                      delay=2) as bar:  # shown after 2 seconds
+            with progress_bar(total=total, unit="B", unit_scale=True,
+                              desc=f"unpacking {len(files)} files",
+                              delay=2) as bar:  # shown after 2 seconds
                 for file, sha256 in files.items():
                     h, out_path = hashlib.sha256(), os.path.join(tmp, file)
                     os.makedirs(os.path.dirname(out_path), exist_ok=True)

@@ -252,7 +252,8 @@ def read_imdb(paths, task, source):
     aclImdb_v1.tar.gz: the reviews aclImdb/<source>/{neg,pos}/<id>_<rating>.txt, neg class 0 and
     pos class 1, in name order. Reading the archive takes about as long as reading the 50,000
     extracted files (2 s against 1 s on our machine), so nothing is extracted or written. The
-    reviews' HTML line breaks (<br />) become spaces; a byte-order mark is dropped, \r\n read as \n."""
+    reviews' HTML line breaks (<br />) become spaces; a byte-order mark is dropped, \r\n read as
+    \n."""
     path, examples = paths[0], []
     pattern = re.compile(rf"aclImdb/{source}/(neg|pos)/(\d+_\d+)\.txt")
     try:
@@ -313,9 +314,9 @@ def reuters_text(body):
 
 
 def read_reuters(paths, task, source):
-    """Reuters-21578 (Distribution 1.0): the SGML files reut2-000.sgm .. reut2-021.sgm, a line that
-    is not UTF-8 read as latin-1 (one byte of reut2-017.sgm). The ModApte split (the collection's README,
-    section VIII.B): stories with TOPICS="YES" and LEWISSPLIT="TRAIN" (9,603) or "TEST" (3,299),
+    """Reuters-21578 (Distribution 1.0): the SGML files reut2-000.sgm .. reut2-021.sgm, a line
+    that is not UTF-8 read as latin-1 (one byte of reut2-017.sgm). The ModApte split (the
+    collection's README, section VIII.B): stories with TOPICS="YES" and LEWISSPLIT="TRAIN" (9,603) or "TEST" (3,299),
     of which we keep those with at least one of the task's 90 topic categories (those with a
     training and a test story): 7,770 and 3,019. Their other topics are dropped."""
     split, examples = source.upper(), []

@@ -10,8 +10,8 @@ A run folder (train.py --out) holds:
     last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
                     and schedule, every random generator, the batch streams' places in their
                     passes, the memory and key encoder of a memory loss, the epochs' records
-                    and the epochs planned (minknn/checkpoint.py). Deleted when the run finishes: only a run that can
-                    still go on needs it.
+                    and the epochs planned (minknn/checkpoint.py). Deleted when the run
+                    finishes: only a run that can still go on needs it.
     checkpoint.pt   the best epoch (minknn/checkpoint.py); the last with train.py --save last,
                     none with --save none
     metrics.jsonl, summary.json   every epoch's scores, and the run's best

@@ -271,7 +271,8 @@ def state(trainer):
     """What last.pt keeps of the trainer (with the epoch, best and records: save_last); epochs:
     those the run planned, which --resume holds run.json's to (resume.check_planned)."""
     held = modules(trainer)  # in last.pt's order: model, loss, ..., then memory, key_encoder
-    return {"epochs": trainer.args.epochs, "model": held.pop("model").state_dict(), "loss": held.pop("loss").state_dict(),
+    return {"epochs": trainer.args.epochs, "model": held.pop("model").state_dict(),
+            "loss": held.pop("loss").state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
             "scheduler": trainer.scheduler.state_dict(),
             "streams": {n: s.state_dict() for n, s in trainer.streams.items()},
