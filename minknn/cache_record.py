@@ -13,22 +13,12 @@ the raw device) or one made with the clock set back. Deleting the record (RECORD
 makes the next load hash every file, as it does for a folder made before records were kept:
 that folder is checked once in full, and its record written.
 """
-import hashlib
 import os
 
 from minknn import MinknnError, first_process
-from minknn.files import read_json, write_json
+from minknn.files import file_sha256, read_json, write_json
 
 RECORD = "minknn-record.json"  # in the folder it describes: it is renamed into place with them
-
-
-def sha256_of(path):
-    """The sha256 of a file's bytes, read 1 MB at a time."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def stamps(path):
@@ -75,7 +65,7 @@ def damage(folder, files):
             continue  # the cheap check: as it was when it was hashed
         if isinstance(was, dict) and was.get("sha256") == sha256 and was.get("size") != now["size"]:
             return path, f"{now['size']:,} bytes, where it was made with {was['size']:,}"
-        got = sha256_of(path)
+        got = file_sha256(path)
         if got != sha256:
             return path, f"sha256 {got}, not {sha256}"
         record[file], changed = {"sha256": sha256, **now}, True

@@ -41,7 +41,8 @@ from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import MPNetTokenizer, RobertaTokenizer, Tokenizer
-from minknn.weights import check_finite, check_fits, file_sha256, read_weights, weights_file
+from minknn.files import file_sha256
+from minknn.weights import check_finite, check_fits, read_weights, weights_file
 
 FORMAT = "minknn-checkpoint-2"
 

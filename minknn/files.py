@@ -105,6 +105,19 @@ def remove_leftovers(folder):
             continue
 
 
+def hash_file(h, path):
+    """h (a hashlib object) updated with the file's bytes, read a megabyte at a time."""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h
+
+
+def file_sha256(path):
+    """The sha256 of a file's bytes (a model's weights, a cached file, a checkpoint)."""
+    return hash_file(hashlib.sha256(), path).hexdigest()
+
+
 CHECKSUM = "contents_sha256"  # the entry that holds a saved dict's checksum
 
 

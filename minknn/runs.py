@@ -199,7 +199,7 @@ def close_run_folder(folder, lock, created):
     bad input found while loading, Ctrl-C) leaves nothing behind: the folders it made go too
     (the run's, and runs/ when it made that too) if they are empty."""
     path = os.path.join(folder, "run.lock")
-    if same_file(lock, path):  # unlink, then close: never a moment unlocked
+    if is_there(lock.fileno(), path):  # unlink, then close: never a moment unlocked
         os.remove(path)
     if not os.path.exists(os.path.join(folder, "run.json")):
         for made in reversed(created or []):  # the run's folder first, then its parent
@@ -276,7 +276,7 @@ def lock_folder(folder, name="run.lock", holder="training process", what=None):
             f.close()
             raise MinknnError(f"{what or folder} is in use by another {holder} (pid {pid}); "
                               f"wait for it to finish, or choose another --out") from None
-        if same_file(f, path):
+        if is_there(f.fileno(), path):
             break
         f.close()  # a lock on a removed run.lock: it guards nothing
     f.seek(0)
@@ -284,11 +284,6 @@ def lock_folder(folder, name="run.lock", holder="training process", what=None):
     f.write(str(os.getpid()))
     f.flush()
     return f
-
-
-def same_file(f, path):
-    """Whether the open file f is the file at path now (not removed, nor replaced)."""
-    return is_there(f.fileno(), path)
 
 
 def rank_0_gone(folder):
@@ -308,7 +303,7 @@ def rank_0_gone(folder):
         return None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if same_file(lock, path):
+        if is_there(lock.fileno(), path):
             lock.seek(0)
             lock.truncate()
             lock.write(str(os.getpid()))  # whose it is now, for lock_folder's message

@@ -1,5 +1,5 @@
 """A model folder's files, read (and written) by hand: config.json, the weights, and the safetensors
-format they are stored in; the sha256 of a file.
+format they are stored in.
 
 A Hugging Face model folder holds config.json, its weights (model.safetensors, or PyTorch's
 pytorch_model.bin) and its vocabulary. `resolve_model_path` turns --model into a folder,
@@ -18,7 +18,6 @@ The safetensors format (https://huggingface.co/docs/safetensors) is deliberately
 Reading it ourselves keeps minknn at its six packages. Every check below turns a
 malformed or truncated file into one clear `WeightsError` naming the file.
 """
-import hashlib
 import json
 import os
 import struct
@@ -229,15 +228,3 @@ def read_weights(path):
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         raise MinknnError(f"{file}: not a state dict (a dict of tensors)")
     return state, file
-
-
-def hash_file(h, path):
-    """h (a hashlib object) updated with the file's bytes, read a megabyte at a time."""
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h
-
-
-def file_sha256(path):
-    return hash_file(hashlib.sha256(), path).hexdigest()

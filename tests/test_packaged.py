@@ -24,7 +24,8 @@ import pytest
 
 from minknn import MinknnError, cache_record, packaged
 from minknn.cache_record import RECORD
-from minknn.weights import file_sha256, resolve_model_path
+from minknn.files import file_sha256
+from minknn.weights import resolve_model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "fake-model"
@@ -154,9 +155,9 @@ def test_an_assembled_folder_is_returned_with_no_work(tmp_path, monkeypatch):
 # against the record written at assembly, and its sha256 only where they differ.
 
 def hashes(monkeypatch):
-    """The files cache_record hashes, in order (its sha256_of, counted)."""
-    seen, real = [], cache_record.sha256_of
-    monkeypatch.setattr(cache_record, "sha256_of", lambda path: seen.append(path) or real(path))
+    """The files cache_record hashes, in order (its file_sha256, counted)."""
+    seen, real = [], cache_record.file_sha256
+    monkeypatch.setattr(cache_record, "file_sha256", lambda path: seen.append(path) or real(path))
     return seen
 
 

@@ -72,13 +72,13 @@ from minknn.cli import run
 from minknn.data import Example, labelled
 from minknn.datastore import knn_settings, run_datastore
 from minknn.engine import predict
-from minknn.files import atomic_save, read_json, write_json
+from minknn.files import atomic_save, file_sha256, read_json, write_json
 from minknn.inference import (RULES, knn_probabilities, load_run, read_task_data,
                               rule_probabilities)
 from minknn.kinds import kind_of
 from minknn.model import pool
 from minknn.tokenizer import Tokenizer
-from minknn.weights import file_sha256, resolve_model_path
+from minknn.weights import resolve_model_path
 
 # TextFooler's stopwords (github.com/jind11/TextFooler, as TextAttack's recipe lists them)
 STOPWORDS = frozenset("""
