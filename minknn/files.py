@@ -94,7 +94,10 @@ def remove_leftovers(folder):
     cut mid-write): those no process is writing, as atomic_save locks its own while it writes.
     Every command that opens a run folder calls it: train.py --resume (runs.open_run_folder),
     evaluate.py, the attack and the export (status.run_checkpoint), the runner's scoring of a cell
-    (lab/cells.py)."""
+    (lab/cells.py). Only in a run's folder (it has run.json): a checkpoint.pt copied elsewhere (a
+    downloads folder) may lie beside other programs' temporary files, which nothing here locks."""
+    if not os.path.exists(os.path.join(folder, "run.json")):
+        return
     for path in glob.glob(os.path.join(folder, "*.tmp")):
         try:
             with open(path, "rb") as f:

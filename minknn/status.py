@@ -75,9 +75,10 @@ def run_checkpoint(path, name="--checkpoint", doing="scoring"):
     if why:
         raise MinknnError(f"{name} {folder}: {why}")
     ckpt = load_checkpoint(file)  # a file not found, not a checkpoint, damaged: said there
-    if os.path.basename(file) == "checkpoint.pt":  # a run's folder: a killed save's leftovers go
-        remove_leftovers(folder)
-    if os.path.basename(file) == "checkpoint.pt" and training(folder):
+    if os.path.basename(file) != "checkpoint.pt":
+        return ckpt
+    remove_leftovers(folder)  # a run's folder: a killed save's temporary files go
+    if training(folder):
         last = ckpt.get("args", {}).get("save") == "last"
         print(f"note: {folder} is still training (run.lock held): {doing} its "
               f"{'last epoch (--save last)' if last else 'best epoch'} so far, {ckpt.get('epoch')}")

@@ -987,11 +987,26 @@ def test_every_command_that_opens_a_run_removes_a_killed_saves_temporary_files(t
         writing.unlink()
 
 
+def test_a_checkpoint_outside_its_run_folder_leaves_the_other_files_beside_it(tiny_bert_dir, data_dir, tmp_path):
+    """checkpoint.pt copied into a folder that is not a run's (no run.json: a downloads folder) may lie beside other
+    programs' temporary files, which minknn neither made nor locks: evaluate.py leaves them."""
+    import evaluate
+    out, elsewhere = tmp_path / "run", tmp_path / "downloads"
+    train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(out)])
+    elsewhere.mkdir()
+    shutil.copy(out / "checkpoint.pt", elsewhere / "checkpoint.pt")
+    theirs = elsewhere / "report.docx.a1b2c3.tmp"
+    theirs.write_bytes(b"another program's file")
+    evaluate.main(["--checkpoint", str(elsewhere / "checkpoint.pt"), "--max_eval", "8", "--device", "cpu"])
+    assert theirs.exists(), "evaluate.py removed a temporary file from a folder that is not a run's"
+
+
 def test_a_save_whose_temporary_file_is_removed_before_it_is_locked_still_writes(tmp_path, monkeypatch):
     """atomic_save locks its temporary file right after creating it; a cleaner that removed the file in between
     (it was not locked yet) must not make the save fail: it writes a new one."""
     real = minknn.files.tempfile.mkstemp
     calls = []
+    (tmp_path / "run.json").write_text("{}")  # a run's folder, which remove_leftovers cleans
 
     def mkstemp_then_cleaned(*args, **kwargs):
         fd, path = real(*args, **kwargs)
