@@ -92,10 +92,13 @@ def sigterm_raises():
     the stop, before the handler that says how the run ended (under torchrun, rank 1's collective
     loses rank 0 and torchrun's SIGTERM comes as its error unwinds): Terminated raised there would
     replace the stop, past that handler, and the run would end with a bare `terminated`. Only the
-    main thread can set a handler: elsewhere the block changes nothing."""
+    main thread can set a handler: elsewhere the block changes nothing. Each block starts with
+    none noted: a run that train.main runs after another in one process (the runner, the tests)
+    waits for its own SIGTERM."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _NOTED.clear()
 
     def terminated(signum, frame):
         if stopping():

@@ -408,6 +408,8 @@ def test_a_sigterm_during_a_stop_is_noted_not_raised(monkeypatch):
         except RuntimeError:
             with pytest.raises(Terminated):  # not a stop: SIGTERM stops the run
                 signal.raise_signal(signal.SIGTERM)
+    with sigterm_raises():
+        assert not stop_noted(), "the SIGTERMs noted in one run's block were still noted in the next one's"
 
 
 def test_a_rank_that_lost_a_peer_waits_for_torchruns_sigterm(monkeypatch):
