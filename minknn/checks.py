@@ -17,7 +17,7 @@ import os
 from minknn import MinknnError, distributed
 from minknn.kinds import KINDS
 from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, METRIC_LOSSES,
-                           NAMED_PROXY_LOSSES, NEEDS, PROXY_LOSSES, check_loss_name, loss_kind,
+                           NAMED_PROXY_LOSSES, PROXY_LOSSES, check_loss_name, loss_kind,
                            need)
 from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.losses.pairs import PAIR_LOSSES
@@ -298,9 +298,9 @@ def check_terms(p, args, tasks):
         if lam == 0:
             p.error(f"--lam 0 gives {named}'s term no weight: the run would train plain {alone} "
                     f"under its name; {fix} or give a --lam above 0")
-        if not set(getattr(term, "trains", NEEDS["trains"])) - frozen:
+        if not set(need(term, "trains")) - frozen:
             instead = (f"train plain {alone} on the frozen encoder"
-                       if getattr(term, "trains_head", True) or lam < 1 else
+                       if need(term, "trains_head") or lam < 1 else
                        "only fit a logistic regression on the frozen encoder after each epoch")
             p.error(f"--option pretrain freezes the encoder, all that {named}'s term trains: the "
                     f"run would {instead}; use --option finetune")

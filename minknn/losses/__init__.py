@@ -117,9 +117,11 @@ NEEDS = {
 
 
 def need(name, what):
-    """What loss `name` needs (NEEDS) from the run: its class's attribute, else the default (as
-    for a run without a loss: a similarity task's, trained by --sts_loss)."""
-    return getattr(LOSSES.get(name), what, NEEDS[what])
+    """What loss `name` (or a loss class: --decoupled's, a --pair_loss's) needs (NEEDS) from the
+    run: its class's attribute, else the default (as for a run without a loss: a similarity
+    task's, trained by --sts_loss)."""
+    loss = LOSSES.get(name) if name is None or isinstance(name, str) else name
+    return getattr(loss, what, NEEDS[what])
 
 
 MEMORY_LOSSES = tuple(name for name in LOSSES if need(name, "uses_memory"))
