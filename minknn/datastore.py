@@ -29,6 +29,12 @@ from minknn.knn import check_k, knn_vote, settings
 
 FORMAT = "minknn-datastore-2"  # -2: the index's settings and the built approximate indexes
 FORMAT_1 = "minknn-datastore-1"  # flat indexes only, built on loading: still read, as flat
+AGAIN = "delete it, and evaluate.py --knn builds it again"  # a damaged datastore's remedy
+
+
+def read_file(path):
+    """A saved datastore's dict, whole (its format tag and checksum), else one line naming it."""
+    return load_tagged(path, (FORMAT, FORMAT_1), (path, "datastore"), AGAIN)
 
 
 class Datastore:
@@ -129,19 +135,18 @@ class Datastore:
         another checkpoint or data. n, dim, num_classes: what it must hold when it is this
         checkpoint's (n keys of dimension dim, labels of num_classes classes); a file whose
         contents or shapes are not whole is refused in one line."""
-        again = "delete it, and evaluate.py --knn builds it again"
-        saved = load_tagged(path, (FORMAT, FORMAT_1), (path, "datastore"), again)
+        saved = read_file(path)
         missing = [k for k in ("fingerprint", "keys", "labels", "ids", "num_classes")
                    if k not in saved]
         if missing:
             raise MinknnError(f"{path}: has no {', '.join(missing)}; it is not a whole datastore "
-                              f"({again})")
+                              f"({AGAIN})")
         if saved["fingerprint"] != fingerprint:
             return None
 
         def refused(what):
             return MinknnError(f"{path}: {what}; it is not a whole datastore of this checkpoint "
-                               f"({again})")
+                               f"({AGAIN})")
         keys, labels, ids, classes = (saved[k] for k in ("keys", "labels", "ids", "num_classes"))
         faulty = check_saved(keys, labels, ids, classes, n, dim, num_classes)
         if faulty:

@@ -23,12 +23,11 @@ import torch
 
 from minknn import MinknnError
 from minknn.checkpoint import FORMAT, load_last
-from minknn.datastore import FORMAT as DATASTORE, FORMAT_1 as DATASTORE_1
+from minknn.datastore import AGAIN, read_file as read_datastore
 from minknn.distributed import is_main
-from minknn.files import CHECKSUM, content_sha256, load_tagged
+from minknn.files import CHECKSUM, content_sha256
 
 REWRITE = "rewrite_checkpoint"  # in last.pt's state as read_last returns it: checkpoint.pt's damage
-AGAIN = "delete it, and evaluate.py --knn builds it again"  # a damaged datastore's remedy
 
 
 def read_last(args):
@@ -154,7 +153,7 @@ def check_datastores(folder):
     tag and checksum): one line naming a damaged one, with what to do."""
     for path in sorted(glob.glob(os.path.join(folder, "datastore-*.pt"))):
         try:
-            load_tagged(path, (DATASTORE, DATASTORE_1), (path, "datastore"), AGAIN)
+            read_datastore(path)
         except MinknnError as e:
             then = "" if AGAIN in str(e) else f"; {AGAIN}"
             raise MinknnError(f"--resume {folder}: {e}{then}") from None
