@@ -7,7 +7,6 @@ Each method's result line holds, for every value of its inference grid, the scor
 selection split and on the test split (minknn/lab/report.py chooses on the first), plus what the
 plots draw: the learning curve, the kNN sweep over phi x K, and for the first seed a 2-D map.
 """
-import copy
 import json
 import os
 import shutil
@@ -123,9 +122,8 @@ def run_cell(cell, methods, ctx):
         saved = saved_lines(folder) or {}
         wanted = [m for m in methods if m.name not in saved]
         trained = next((ln["seconds"]["train"] for ln in saved.values() if "seconds" in ln), None)
-        own = copy.copy(ctx)  # the package deletes its body unless its ctx keeps it
-        own.keep = keeps(ctx, folder)
-        new = setfit_package.run_cell(cell, wanted, own, folder, trained) if wanted else []
+        new = (setfit_package.run_cell(cell, wanted, ctx, folder, trained, keeps(ctx, folder))
+               if wanted else [])
         return record(cell, methods, ctx, folder, saved,
                       [{**line_head(cell, m, ctx), **line} for m, line in zip(wanted, new)])
     done = os.path.join(folder, "cell.json")

@@ -138,12 +138,13 @@ def model_folder(ctx):
     return resolve_model_path(make_parser().parse_args(ctx.train_flags).model)  # as every cell
 
 
-def run_cell(cell, methods, ctx, folder, trained_seconds=None):
+def run_cell(cell, methods, ctx, folder, trained_seconds=None, keep=False):
     """Trains the package on the cell's examples (or reads back the body it saved at the end of
     training), scores each method's rule and returns their result lines, in the methods' order,
     less their heads (cells.line_head), which cells.record writes to <folder>/cell.json.
     trained_seconds: the training's time, from the lines scored before (a body read back took
-    none; its time is then the first training's, where the cell's earlier lines give it)."""
+    none; its time is then the first training's, where the cell's earlier lines give it). keep:
+    whether the cell keeps the body once scored (cells.keeps: --keep, now or in an earlier run)."""
     setfit, Dataset = import_setfit()
     os.makedirs(folder, exist_ok=True)
     start = time.time()
@@ -187,7 +188,7 @@ def run_cell(cell, methods, ctx, folder, trained_seconds=None):
         grid = ([{"params": {}, **linear}] if m.rule == "linear" else
                 knn_grid(m, task.kind, len(train_set), knn))
         lines.append({"grid": grid, "selection": selected, **common})
-    if not ctx.keep:  # the scores are in the lines; the body and its optimiser go
+    if not keep:  # the scores are in the lines; the body and its optimiser go
         shutil.rmtree(os.path.join(folder, "setfit"), ignore_errors=True)
     return lines
 
