@@ -62,7 +62,7 @@ import zlib
 from importlib import metadata
 
 
-from minknn import MinknnError, first_process, progress_bar
+from minknn import MinknnError, first_process, progress_bar, warn
 from minknn.cache_record import damage, write_record
 
 NAME = "all-mpnet-base-v2"  # the zip's folder, and the cache's
@@ -212,7 +212,7 @@ def whole(folder, files, made, ready=None):
         ready and ready()
     except MinknnError as e:
         raise MinknnError(f"{said}; it cannot be {made} again here: {e}") from None
-    print(f"warning: {said}; it is {made} again", file=sys.stderr, flush=True)
+    warn(f"{said}; it is {made} again")
     return False
 
 
