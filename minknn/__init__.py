@@ -1,4 +1,8 @@
-"""minknn: fine-tune a hand-written BERT with kNN classifiers and metric-learning losses."""
+"""minknn: fine-tune a hand-written BERT with kNN classifiers and metric-learning losses.
+
+What every file shares: the errors (MinknnError, Terminated), which process speaks under torchrun
+(first_process, warn), and the signals: SIGTERM raised as Terminated (sigterm_raises), Ctrl-C and
+SIGTERM held while a file or a progress bar is made whole (signals_held, progress_bar)."""
 import contextlib
 import os
 import signal

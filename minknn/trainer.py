@@ -2,10 +2,12 @@
 and saved after each epoch. train.py's loop steps them; the lab's bench times the same ones.
 
     trainer, last = build(args, make_optimizer)   # last: last.pt's state, or None
-    best, records = restore(trainer, last) if last else (None, [])
+    best, records = restore(trainer, last) if last else (None, [])  # (and a damaged checkpoint.pt
+                                                   # written again: minknn/resume.py)
     begin(trainer, last, records)                  # run.json, each rank's dropout, its lines
     save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
-    finish(trainer, best, records)                 # metrics.jsonl, summary.json, the last line
+    finish(trainer, best, records)                 # metrics.jsonl, summary.json, the last line;
+                                                   # last.pt goes, once checkpoint.pt is whole
 check_epoch_finite() stops a run (Diverged) whose scores or weights are not finite, before the
 epoch is saved.
 
