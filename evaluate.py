@@ -16,69 +16,37 @@ The run is loaded and every task's data read and checked before any encoding (mi
 load_run, read_task_data). The files and the data root: docs/runs.md; kNN and its flags:
 docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
 """
-import math
 import os
 import time
 
-from minknn.cli import Parser, below_one, run
+from minknn.cli import Parser, run
 from minknn.data import data_root, labelled
 from minknn.datastore import knn_settings, run_datastore
 from minknn.engine import predict
 from minknn.files import write_csv, write_json
-from minknn.index import INDEX_FLAGS, INDEX_HELP, INDEXES
+from minknn.index import INDEX_FLAGS
 from minknn.inference import (KnnSweep, knn_probabilities, load_run, read_task_data,
                               rule_probabilities, scores_of)
 from minknn.kinds import describe, kind_of, overall, task_metrics
-from minknn.knn import SWEEP_PHIS, VOTES
-from minknn.model import KNN_KEYS
-from minknn.options import add_flags
+from minknn.knn import SWEEP_PHIS
+from minknn.options import add_flags, add_rule_flags, add_run_flags, check_rule_flags
 from minknn.proxy import has_proxies
-
-KNN_FLAGS = ("k", "phi", "vote", "temperature", "knn_key", "datastore", "index",
-             *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])
-
 
 def make_parser(description=__doc__.split("\n")[0], rules=True):
     """The flags of a run's checkpoint, its data and the inference rules' settings (the attack's
-    too); rules: with the choice of rules, --proxy, --knn and --sweep (evaluate.py's)."""
+    too); rules: with the choice of rules, --proxy, --knn and --sweep (evaluate.py's). The
+    settings and the flags predict shares are minknn/options.py's (add_run_flags,
+    add_rule_flags)."""
     p = Parser(description=description)
     p.add_argument("--checkpoint", required=True, help="a run folder, or its checkpoint.pt")
     p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="to score")
     if rules:
         add_flags(p, "max_eval", max_eval={"help": "score a fixed subset of N examples per task "
                                                    "(default: all)"})
-    add_flags(p, "batch_size", "device", "precision", "attention", "data_dir",
-              batch_size={"default": 64, "help": "examples per prediction batch"},
-              data_dir={"help": "dataset root (default: the run's own, if a folder here, else "
-                                "$MINKNN_DATA, else ./data)"})
+    add_run_flags(p)
     p.add_argument("--out", help="predictions CSV (default: <run>/predictions-<split>.csv, "
                    "-max_eval<N> added with --max_eval; the other files beside it)")
-    g = p.add_argument_group("proxy inference")
-    if rules:
-        g.add_argument("--proxy", action="store_true", help="also score with proxy inference")
-    g.add_argument("--proxy_alpha", type=float, default=0.5, help="the proxies' weight against "
-                   "the linear head's")
-    g = p.add_argument_group("kNN")
-    if rules:
-        g.add_argument("--knn", action="store_true", help="also classify by kNN, alone and mixed")
-    g.add_argument("--k", type=int, help="neighbours per query (default: 64; multi-label 5)")
-    g.add_argument("--phi", type=float, help="s = (1 - phi) P(q) + phi KNN(q) "
-                   "(default: 0.25; multi-label 0.5)")
-    g.add_argument("--vote", choices=list(VOTES), help="cosine (KNN-BERT), distance (Liang et "
-                   "al.) or euclidean (Su et al.) (default: cosine; multi-label euclidean)")
-    g.add_argument("--temperature", type=float, help="T of the distance and euclidean votes "
-                   "(default: 10 and 1)")
-    g.add_argument("--knn_key", choices=KNN_KEYS, help="the representation stored and searched "
-                   "(default: the decoupled head's, else the run's --pooling)")
-    if rules:
-        g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 2, 4, .., "
-                       "1024")
-    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt, "
-                   "datastore-<key>-<index>.pt for ivf and hnsw)")
-    g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
-                   "(approximate; minknn/index.py) (default: flat)")
-    for name, text in INDEX_HELP.items():  # minknn/index.py
-        g.add_argument(f"--{name}", type=int, help=text)
+    add_rule_flags(p, rules, sweep=rules)
     return p
 
 
@@ -90,33 +58,6 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     check_rule_flags(p, args, args.knn, ["max_eval"])
     return args
-
-
-def check_rule_flags(p, args, knn, counts=(), add_knn="add --knn"):
-    """The rules' settings refused in one line where they cannot work (knn: whether kNN runs, and
-    if not, add_knn says how; counts: more flags that must be at least 1)."""
-    for name in ("proxy_alpha", "phi"):
-        if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
-            p.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
-    for message in below_one(args, ["k", *counts, "batch_size", *INDEX_FLAGS["ivf"],
-                                    *INDEX_FLAGS["hnsw"]]):
-        p.error(message)
-    t = args.temperature
-    if t is not None and not (math.isfinite(t) and t > 0):
-        p.error(f"--temperature must be a finite number > 0, got {t}")
-    knn_only = [f"--{n}" for n in (*KNN_FLAGS, "sweep") if getattr(args, n, None) not in
-                (None, False)]
-    if knn_only and not knn:
-        what = "is a kNN option" if len(knn_only) == 1 else "are kNN options"
-        p.error(f"{', '.join(knn_only)} {what}; {add_knn}")
-    index = args.index or "flat"
-    for owner in ("ivf", "hnsw"):
-        other = [f"--{n}" for n in INDEX_FLAGS[owner] if getattr(args, n) is not None]
-        if other and index != owner:
-            p.error(f"{', '.join(other)} {'sets' if len(other) == 1 else 'set'} --index {owner}, "
-                    f"not --index {index}; add --index {owner}")
-    if args.out is not None and (not args.out or os.path.isdir(args.out)):
-        p.error(f"--out '{args.out}' names the predictions file (e.g. preds.csv), not a folder")
 
 
 # An evaluation's files are named by the flags that change what it scores (docs/runs.md), so that

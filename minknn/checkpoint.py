@@ -4,7 +4,9 @@ last.pt, the state a stopped run resumes from (at the end of this file).
 A checkpoint is one torch.save'd dict:
     format       "minknn-checkpoint-2"
     args         the exact train.py arguments (a dict)
-    tasks        task name -> {"kind", "labels", "pair"}, checked against the registry on loading
+    tasks        task name -> {"kind", "labels", "pair"}, checked against the registry on loading;
+                 for your own files' task also "own": their paths, sha256s, columns and how
+                 their labels read (minknn/own_task.py), the task rebuilt from it alone
     bert_config  the encoder's config (a dict), so no model folder is needed to rebuild; its
                  model_type is the architecture (bert, roberta, distilbert or mpnet:
                  minknn/backbones.py)
@@ -39,6 +41,7 @@ from minknn.data import data_root
 from minknn.files import atomic_save, check_contents, load_tagged, sealed
 from minknn.losses import build_losses
 from minknn.model import Model
+from minknn.own_task import from_record
 from minknn.tasks import TASKS, get_task
 from minknn.tokenizer import MPNetTokenizer, RobertaTokenizer, Tokenizer
 from minknn.files import file_sha256
@@ -56,7 +59,8 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
     state = model.state_dict() if base is None else without_encoder(model.state_dict())
     atomic_save(sealed({
         "format": FORMAT, "args": dict(args),
-        "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair}
+        "tasks": {name: {"kind": t.kind, "labels": list(t.labels), "pair": t.pair,
+                         **({"own": t.own} if t.own else {})}  # your files (own_task.py)
                   for name, t in model.tasks.items()},
         "bert_config": dataclasses.asdict(model.bert.config),
         "vocab": tokenizer.vocab, "lowercase": tokenizer.lowercase, "max_len": tokenizer.max_len,
@@ -192,6 +196,9 @@ def checkpoint_tasks(ckpt):
     the checkpoint was trained on."""
     tasks = []
     for name, saved in ckpt["tasks"].items():
+        if isinstance(saved, dict) and isinstance(saved.get("own"), dict):  # your files' task
+            tasks.append(from_record(name, saved))
+            continue
         task = TASKS[name] if name in TASKS else get_task(name)  # an unknown name: get_task's error
         if task.labels is None:  # AAPD: its labels came from its data
             task = dataclasses.replace(task, labels=saved["labels"])

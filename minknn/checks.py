@@ -21,9 +21,12 @@ from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, METRI
                            need)
 from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.losses.pairs import PAIR_LOSSES
+from minknn.files import read_json
 from minknn.memory import MOMENTUM
+from minknn.own_task import FLAGS as FILE_FLAGS, check_flags, check_unchanged, given, task_name
+from minknn.own_task import tasks_of
 from minknn.runs import saved_args
-from minknn.tasks import get_task
+from minknn.tasks import TASKS
 
 # the minBERT trio; quora-train.csv is 22 MB, so sst,mrpc,sts runs on our copy
 DEFAULT_TASKS = "sst,quora,sts"
@@ -51,7 +54,9 @@ def check_args(p, args):
             p.error(f"--{name} is empty; give a path")
     if args.loss is not None:
         check_loss_name(args.loss)  # a wrong name fails before any slow work
+    check_flags(args)  # your own files' flags (minknn/own_task.py)
     tasks = check_tasks(p, args)
+    check_siamese_scores(p, args, tasks)
     check_loss(p, args, tasks)
     check_terms(p, args, tasks)
     check_loss_flags(p, args)
@@ -173,7 +178,10 @@ def check_saved(p, path, saved):
 
 
 def check_tasks(p, args):
-    """args.tasks: the run's task names, from --task T or --task multitask --tasks a,b,c."""
+    """args.tasks: the run's task names, from --task T or --task multitask --tasks a,b,c; with
+    --train_file, one of them is your files' task (its name: the one the registry does not hold,
+    else the file's own: minknn/own_task.py task_name). Returns the Tasks, your files read and
+    checked (a bad row is one line, before any model is read)."""
     if args.task == "multitask":
         args.tasks = (DEFAULT_TASKS if args.tasks is None else args.tasks).split(",")
         if "" in args.tasks:
@@ -182,11 +190,35 @@ def check_tasks(p, args):
             p.error("--tasks lists registered tasks; 'multitask' is not one")
         if len(set(args.tasks)) != len(args.tasks):
             p.error(f"--tasks {','.join(args.tasks)} names a task twice")
+        if given(args) and all(name in TASKS for name in args.tasks):
+            p.error(f"--train_file: --tasks {','.join(args.tasks)} names registered tasks only; "
+                    f"add a name for your files' task (e.g. --tasks {','.join(args.tasks)},mine)")
+        if given(args):
+            task_name(args, args.tasks)
     elif args.tasks is not None:
         p.error("--tasks is for --task multitask")
-    else:
+    elif given(args):
+        if args.task in TASKS:
+            p.error(f"--task {args.task} is a registered task; with --train_file, --task names "
+                    f"your files' task: give it a name of its own (or leave --task out)")
+        args.task = task_name(args, [args.task] if args.task else [])
         args.tasks = [args.task]
-    return [get_task(name, args.data_dir) for name in args.tasks]
+    else:
+        args.task = args.task or "sst"
+        args.tasks = [args.task]
+    return tasks_of(args)
+
+
+def check_siamese_scores(p, args, tasks):
+    """--pair_mode siamese scores a similarity pair 2.5 (cos(u, v) + 1), in [0, 5]
+    (minknn/model.py): your files' scores must lie there too."""
+    for t in tasks:
+        if t.own and t.kind == "similarity" and t.pair and args.pair_mode == "siamese":
+            low, high = t.own["score_range"]
+            if low < 0 or high > 5:
+                p.error(f"--pair_mode siamese scores a pair 2.5 (cos + 1), from 0 to 5, and "
+                        f"{t.files['train']}'s scores run from {low:g} to {high:g}; use "
+                        f"--pair_mode cross (or scale the scores to [0, 5])")
 
 
 def check_loss_flags(p, args):
@@ -248,8 +280,14 @@ def check_proxy_init(p, args, tasks):
                     f"examples are pairs of texts; use --proxy_init random")
         if not t.names:  # its labels are codes (minknn/tasks.py: Task.names)
             p.error(f"--proxy_init names: {t.name} has no readable class names (its labels "
-                    f"{', '.join(map(str, t.labels or []))} are codes, not words; minknn/tasks.py "
-                    f"gives a task its names); use --proxy_init random")
+                    f"{', '.join(map(str, t.labels or []))} are codes, not words; "
+                    f"{names_remedy(t)}); use --proxy_init random")
+
+
+def names_remedy(task):
+    """Where a task's readable class names come from: your files' --label_names, or the
+    registry."""
+    return "give them with --label_names" if task.own else "minknn/tasks.py gives a task its names"
 
 
 def metric_terms(args):
@@ -321,8 +359,7 @@ def check_whole_objective(p, args, tasks):
         if t.kind != "classify" or t.pair or not t.names:
             what = (f"a {t.kind} task" if t.kind != "classify" else "a task of pairs of texts"
                     if t.pair else f"a task without readable class names (its labels "
-                    f"{', '.join(map(str, t.labels))} are codes; minknn/tasks.py gives a task "
-                    f"its names)")
+                    f"{', '.join(map(str, t.labels))} are codes; {names_remedy(t)})")
             p.error(f"--loss {args.loss} anchors each class of a single-text classification "
                     f"task at a sentence stating its name; {t.name} is {what}")
     if need(args.loss, "trains_head") or args.lam is not None and args.lam < 1:
@@ -347,15 +384,19 @@ def resumed_args(p, args):
     # runs from before --save kept the best; runs from before --per_class, --steps, --head_init,
     # --proxy_init, --mlcon_reduction, --setfit_iterations, AncSetFit's flags and --tensorboard
     # had none (a random head and random proxies; mlcon's sum, which a None builds; no curves)
+    # (a run of registered tasks keeps none of the file flags: its run.json is as it was)
     saved = {"save": "best", "per_class": None, "steps": None, "head_init": "random",
              "proxy_init": "random", "mlcon_reduction": None, "setfit_iterations": None,
              "anc_iterations": None, "anc_margin": None, "tensorboard": False,
-             **saved_args(args.resume)}
+             **dict.fromkeys(FILE_FLAGS), **saved_args(args.resume)}
     missing = [a.dest for a in p._actions
                if a.dest not in saved and a.dest not in ("help", "resume")]
     if missing:
         p.error(f"--resume {args.resume}: run.json has no {', '.join(missing)}; it was not written "
                 f"by this version of train.py")
-    check_saved(p, os.path.join(args.resume, "run.json"), saved)
+    path = os.path.join(args.resume, "run.json")
+    check_saved(p, path, saved)
+    if saved.get("train_file") is not None:  # your files: each as the run recorded it
+        check_unchanged(read_json(path)["data"].get("files", {}), f"--resume {args.resume}")
     return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,
                                  "device": args.device})

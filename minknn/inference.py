@@ -21,17 +21,21 @@ encoding.
 """
 import os
 
+import torch
+
 from minknn import MinknnError
 from minknn.checkpoint import data_dir_of, rebuild
-from minknn.data import eval_subset, labelled, load_split
-from minknn.datastore import Datastore, knn_index, knn_settings, run_training_set
+from minknn.data import Example, eval_subset, labelled, load_split
+from minknn.datastore import (Datastore, knn_index, knn_settings, run_datastore,
+                              run_training_set)
 from minknn.engine import pick_device, predict
 from minknn.kinds import kind_of, overall, score
 from minknn.knn import KNN_DEFAULTS, SWEEP_KS, check_k, interpolate, settings
 from minknn.losses import PROXY_LOSSES
+from minknn.options import rule_settings
 from minknn.parts import require_written
 from minknn.probe import fit_logistic
-from minknn.proxy import has_proxies, proxy_logits
+from minknn.proxy import has_proxies, proxy_cosines, proxy_logits
 from minknn.runs import make_folder
 from minknn.status import run_checkpoint
 
@@ -149,28 +153,52 @@ def load_run(args, proxy, knn, out):
     ckpt = run_checkpoint(args.checkpoint)  # ckpt["file"]: the checkpoint file's path
     make_folder(os.path.dirname(out(ckpt)) or ".",  # before anything is encoded
                 "--out's folder" if args.out else "the run folder")
-    args.data_dir = data_dir_of(ckpt, args.data_dir)
-    model, losses, tokenizer = rebuild(ckpt)
-    model.bert.set_attention(args.attention)
-    model.to(device)
+    if not own_files_only(ckpt):  # a root for the registry's tasks; your files need none
+        args.data_dir = data_dir_of(ckpt, args.data_dir)
+    model, losses, tokenizer = rebuilt(ckpt, args.attention, device)
     tasks = list(model.tasks.values())
-    if proxy and not any(has_proxies(losses[t.name]) for t in tasks):
+    if proxy:
+        check_proxies(ckpt, losses, tasks)
+    return ckpt, model, losses, tokenizer, tasks, knn_tasks(args, model, tasks) if knn else [], \
+        device
+
+
+def own_files_only(ckpt):
+    """Whether every task of the checkpoint's run is one of your own files (minknn/own_task.py)."""
+    return all("own" in t for t in ckpt.get("tasks", {}).values())
+
+
+def rebuilt(ckpt, attention, device):
+    """(model, losses, tokenizer) of the checkpoint, the model on device with --attention's."""
+    model, losses, tokenizer = rebuild(ckpt)
+    model.bert.set_attention(attention)
+    return model.to(device), losses, tokenizer
+
+
+def check_proxies(ckpt, losses, tasks):
+    """--proxy: one task at least has proxies."""
+    if not any(has_proxies(losses[t.name]) for t in tasks):
         loss = ckpt["args"]["loss"]
         raise MinknnError(f"--proxy: this checkpoint was trained with --loss {loss}, which has no "
                           f"proxies; proxy inference needs one of: {', '.join(PROXY_LOSSES)}")
-    if knn and args.knn_key == "decoupled" and model.retrieval is None:
+
+
+def knn_tasks(args, model, tasks):
+    """The tasks --knn votes on (a classification or multi-label task of one vector an example),
+    the kNN flags checked against the run: one line where they cannot work."""
+    if args.knn_key == "decoupled" and model.retrieval is None:
         raise MinknnError("--knn_key decoupled: this checkpoint has no retrieval head (train it "
                           "with --decoupled)")
-    knn_tasks = [t for t in tasks if knn and t.kind in KNN_DEFAULTS and not model.siamese(t)]
-    if knn and not knn_tasks:
+    voting = [t for t in tasks if t.kind in KNN_DEFAULTS and not model.siamese(t)]
+    if not voting:
         raise MinknnError("--knn votes with the training set's labels: it needs a classification "
                           "or multi-label task with one vector per example (not a similarity task, "
                           "not --pair_mode siamese)")
     if args.temperature is not None and any(knn_settings(args, t).vote == "cosine"
-                                            for t in knn_tasks):
+                                            for t in voting):
         raise MinknnError("--temperature sets the distance and euclidean votes' T; the cosine vote "
                           "has none (add --vote distance or euclidean)")
-    return ckpt, model, losses, tokenizer, tasks, knn_tasks, device
+    return voting
 
 
 def read_task_data(args, ckpt, task, knn, n=None, flag="--max_eval"):
@@ -189,3 +217,173 @@ def read_task_data(args, ckpt, task, knn, n=None, flag="--max_eval"):
         check_k(knn_settings(args, task).k, len(train), excluding_self=args.split == "train")
     knn_index(args, len(train))  # --nlist beyond the training set stops here
     return examples, subset, train
+
+
+# ---------------------------------------------------------------------------------------------
+# a trained run asked about your own texts: the Python API, and predict's command over it
+# (minknn/predict.py)
+
+def load(run, **settings):
+    """A trained run, ready for your texts. run: a folder train.py wrote, or its checkpoint.pt.
+
+        from minknn.inference import load
+        run = load("runs/sst-proxyanchor")
+        run.predict(["a gripping film"])                  # ['positive']: the head's class
+        run.predict_proba(["a gripping film"], "proxy")   # (N, C): rule model, proxy, knn, knn-only
+        run.encode(["a gripping film"])                   # z, (N, H)
+        run.neighbours(["a gripping film"], k=3)          # the training examples kNN votes with
+
+    settings: evaluate.py's flags by name (device, batch_size, precision, attention, data_dir,
+    proxy_alpha, k, phi, vote, temperature, knn_key, datastore, index, nlist, ...), each at
+    evaluate.py's default where not given, so the answers are evaluate.py's. Only the run's
+    checkpoint is read here; kNN reads its training set and datastore when first asked."""
+    args = rule_settings(**settings)
+    require_written(["embeddings", "layer", "pooling"] + ["attention"] * (args.attention ==
+                                                                            "explicit"))
+    device = pick_device(args.device)
+    ckpt = run_checkpoint(run, "RUN", "predicting with")
+    return Trained(ckpt, *rebuilt(ckpt, args.attention, device), device, args)
+
+
+def texts_examples(texts, task):
+    """Examples of your texts: each a string, or for a pair task a pair of strings."""
+    if isinstance(texts, str):
+        raise MinknnError("give a list of texts, not one string (['a gripping film'])")
+    if not len(texts):
+        raise MinknnError("no texts to answer: give a list of one text at least")
+    examples = []
+    for i, text in enumerate(texts):
+        pair = isinstance(text, (tuple, list))
+        if pair != task.pair or (pair and len(text) != 2) or not all(
+                isinstance(t, str) and t.strip() for t in (text if pair else [text])):
+            want = "a pair of non-empty texts (a, b)" if task.pair else "a non-empty text"
+            raise MinknnError(f"text {i + 1}: {text!r} is not {want}, which {task.name} "
+                              f"takes")
+        a, b = text if pair else (text, None)
+        examples.append(Example(text=a.strip(), text_b=b and b.strip(), id=str(i + 1)))
+    return examples
+
+
+class Trained:
+    """A trained run loaded for your texts (load): every answer comes from this file's rules,
+    computed as evaluate.py computes them, and kNN from the same datastore."""
+
+    def __init__(self, ckpt, model, losses, tokenizer, device, args):
+        self.ckpt, self.model, self.losses, self.tokenizer = ckpt, model, losses, tokenizer
+        self.device, self.args = device, args
+        self.tasks = list(model.tasks.values())
+        self._root_read, self._train, self._datastores = False, {}, {}
+
+    def task(self, name=None):
+        """The run's task (name: one of a multi-task run's)."""
+        if name is None and len(self.tasks) == 1:
+            return self.tasks[0]
+        found = [t for t in self.tasks if t.name == name]
+        if not found:
+            raise MinknnError(f"this run has the tasks {', '.join(t.name for t in self.tasks)}"
+                              f"; name one (task=..., predict --task)")
+        return found[0]
+
+    def training_set(self, task):
+        """The examples the run trained on (kNN's datastore, the neighbours' texts), read once."""
+        if not self._root_read and not own_files_only(self.ckpt):  # a registered task's root
+            self.args.data_dir = data_dir_of(self.ckpt, self.args.data_dir)
+        self._root_read = True
+        if task.name not in self._train:
+            self._train[task.name] = run_training_set(self.args, self.ckpt, task)
+        return self._train[task.name]
+
+    def knn_settings(self, task):
+        """K, phi, the vote and its temperature for the task (evaluate.py's defaults)."""
+        return knn_settings(self.args, task)
+
+    def datastore(self, task):
+        """The run's kNN datastore of the task, as evaluate.py --knn builds (or loads) it."""
+        knn_tasks(self.args, self.model, [task])
+        if task.name not in self._datastores:
+            train = self.training_set(task)
+            knn_index(self.args, len(train))
+            self._datastores[task.name] = run_datastore(
+                self.args, self.ckpt, self.model, self.tokenizer, task, train,
+                self.model.knn_key(self.args.knn_key), self.device, len(self.tasks) > 1)[0]
+        return self._datastores[task.name]
+
+    @torch.inference_mode()
+    def answers(self, texts, rules=("model",), task=None, explain=0, progress=None):
+        """Each rule's probabilities (N, C) (a similarity task: scores (N,)) of your texts, from
+        one prediction pass, as evaluate.py's: "model", "proxy" (at proxy_alpha), "knn" (mixed
+        at phi) and "knn-only"; explain N: also "neighbours", each text's N nearest training
+        examples (the datastore kNN votes from) and "proxies", each class proxy's cosine."""
+        task = self.task(task)
+        examples = texts_examples(texts, task)
+        unknown = [r for r in rules if r not in RULES]
+        if unknown:
+            raise MinknnError(f"unknown rule '{unknown[0]}'; choose one of: {', '.join(RULES)}")
+        voting = any(r.startswith("knn") for r in rules)
+        knn = voting or explain > 0  # the queries in the datastore's representation
+        loss = self.losses[task.name]
+        if "proxy" in rules:
+            check_proxies(self.ckpt, self.losses, [task])
+        datastore = self.datastore(task) if knn else None
+        if voting:  # the vote's K (--explain shows its own N)
+            check_k(knn_settings(self.args, task).k, len(datastore))
+        key = self.model.knn_key(self.args.knn_key)
+        a = self.args
+        outputs, queries = predict(self.model, self.tokenizer, task, examples, a.batch_size,
+                                   self.device, progress, key=key if knn else None,
+                                   precision=a.precision)
+        found = {"model": rule_probabilities("model", task, outputs)}
+        z = queries if not knn or key == self.model.pooling else predict(
+            self.model, self.tokenizer, task, examples, a.batch_size, self.device, progress,
+            precision=a.precision)[1]
+        if "proxy" in rules:
+            found["proxy"] = rule_probabilities("proxy", task, outputs, z, loss, a.proxy_alpha)
+        if voting:
+            s = knn_settings(a, task)
+            vote = knn_probabilities(datastore, queries, s)
+            found["knn-only"] = vote
+            found["knn"] = rule_probabilities("knn", task, outputs, knn=vote, phi=s.phi)
+        answers = {rule: found[rule] for rule in rules}
+        if explain:
+            answers["neighbours"] = self.nearest(task, datastore, queries, explain)
+            if has_proxies(loss):
+                answers["proxies"] = proxy_cosines(loss, z)
+        return answers
+
+    def nearest(self, task, datastore, queries, n):
+        """Each query's n nearest training examples: [{"id", "text", "text_b", "label",
+        "score"}], the score a cosine similarity (the cosine vote) or a squared distance."""
+        vote = knn_settings(self.args, task).vote
+        scores, rows = datastore.search(queries, min(n, len(datastore)), vote)
+        train = {e.id: e for e in self.training_set(task)}
+        kind = kind_of(task)
+        return [[{"id": datastore.ids[r], "text": train[datastore.ids[r]].text,
+                  "text_b": train[datastore.ids[r]].text_b, "score": float(s),
+                  "label": kind.answer(task, kind.gold(task, [train[datastore.ids[r]]])[0])}
+                 for s, r in zip(row_scores.tolist(), row_rows.tolist())]
+                for row_scores, row_rows in zip(scores, rows)]
+
+    def predict_proba(self, texts, rule="model", task=None):
+        """(N, C) probabilities by the rule (a similarity task: (N,) scores), a numpy array."""
+        return self.answers(texts, (rule,), task)[rule].numpy()
+
+    def predict(self, texts, rule="model", task=None):
+        """Each text's answer by the rule: its class's name; a multi-label task's list of names;
+        a similarity task's score."""
+        task = self.task(task)
+        kind = kind_of(task)
+        decided = kind.decide(self.answers(texts, (rule,), task.name)[rule])
+        return [kind.answer(task, d) for d in decided]
+
+    def encode(self, texts, task=None):
+        """z, (N, H): the pooled representations the run's losses and kNN see, a numpy array."""
+        task = self.task(task)
+        if self.model.siamese(task):
+            raise MinknnError(f"{task.name} encodes each text of a pair alone (--pair_mode "
+                              f"siamese): it has no one vector a pair")
+        return predict(self.model, self.tokenizer, task, texts_examples(texts, task),
+                       self.args.batch_size, self.device, precision=self.args.precision)[1].numpy()
+
+    def neighbours(self, texts, k=5, task=None):
+        """Each text's k nearest training examples in the run's datastore (kNN's key and vote)."""
+        return self.answers(texts, ("model",), task, explain=k)["neighbours"]

@@ -48,6 +48,10 @@ class Classify:
     def decide(self, probabilities):
         return probabilities.argmax(-1).numpy()
 
+    def answer(self, task, decided):
+        """One example's answer as a user reads it (predict): its class's name."""
+        return task.labels[int(decided)]
+
     def gold(self, task, examples):
         return np.array([e.label for e in examples])
 
@@ -80,6 +84,10 @@ class Similarity:
 
     def decide(self, probabilities):
         return probabilities.numpy()
+
+    def answer(self, task, decided):
+        """The score."""
+        return float(decided)
 
     def gold(self, task, examples):
         return np.array([e.label for e in examples], dtype=np.float64)
@@ -121,6 +129,10 @@ class MultiLabel:
 
     def decide(self, probabilities):
         return (probabilities > 0.5).numpy()
+
+    def answer(self, task, decided):
+        """The names of the classes decided (a multi-hot row), in the classes' order."""
+        return [task.labels[c] for c in np.flatnonzero(decided)]
 
     def gold(self, task, examples):
         y = np.zeros((len(examples), len(task.labels)), dtype=bool)

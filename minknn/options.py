@@ -2,17 +2,26 @@
 and read (get_args), which holds them to minknn/checks.py's rules: the defaults that depend on
 the run's tasks and loss filled in, and what cannot work refused with one line, before any
 training data is read; with --resume, the run's own flags read back from its run.json.
-parts_run: the assignment's parts a run calls.
+parts_run: the assignment's parts a run calls. The inference rules' settings, which evaluate.py,
+predict and the attack share (add_run_flags, add_rule_flags, check_rule_flags, rule_settings),
+are at the end.
 """
+import math
+import os
+
+from minknn import MinknnError
 from minknn.bert import ATTENTION, ATTENTIONS
 from minknn.checks import DEFAULT_TASKS, check_args, resumed_args
-from minknn.cli import Parser
+from minknn.cli import Parser, below_one
 from minknn.engine import PRECISIONS, default_precision, pick_device
+from minknn.index import INDEX_FLAGS, INDEX_HELP, INDEXES
+from minknn.knn import VOTES
 from minknn.losses import LOSS_FLAGS, LOSSES, MEMORY_LOSSES, PROXY_LOSSES, need
 from minknn.losses.pairs import PAIR_LOSSES
 from minknn.losses.regression import STS_LOSSES
 from minknn.memory import QUEUE_SIZE
-from minknn.model import POOLINGS
+from minknn.model import KNN_KEYS, POOLINGS
+from minknn.own_task import FLAGS as FILE_FLAGS
 from minknn.parts import BY_NAME
 from minknn.tasks import TASKS
 
@@ -28,7 +37,24 @@ SHARED = {
     "attention": {"default": ATTENTION, "choices": ATTENTIONS, "help": "attention() as written "
                   "in minknn/bert.py; PyTorch's fused kernel over the padded batch; or, on a GPU, "
                   "PyTorch's kernels over the packed tokens (slower with MiniLM: RESULTS.md)"},
+    # your own files as a task (minknn/own_task.py): train.py's and the runner's
+    "train_file": {"help": "train on your own file: .csv, .tsv (a header row) or .jsonl; the "
+                           "task is named by --task (train.py) or --tasks (the runner), else by "
+                           "the file's name (default: none, a registered --task)"},
+    "dev_file": {"help": "your dev file (default: a fixed 10%% of --train_file)"},
+    "test_file": {"help": "your test file, labelled or not (default: none)"},
+    "text_column": {"help": "the text's column, or two comma-separated for pairs (default: "
+                            "text)"},
+    "label_column": {"help": "the labels' column (default: label)"},
+    "task_kind": {"choices": ["classify", "similarity", "multilabel"], "help": "classify: a "
+                  "class a row (names, or integers); similarity: a number; multilabel: a list "
+                  "(JSON Lines) or a string cut at --label_sep (default: classify)"},
+    "label_names": {"help": "integer labels 0..C-1: their class names, comma-separated "
+                            "(default: the integers)"},
+    "label_sep": {"help": "--task_kind multilabel in CSV and TSV: what separates a row's classes "
+                          "(default: ,)"},
 }
+assert set(SHARED) >= set(FILE_FLAGS), "every flag of your own files needs its declaration"
 
 
 def add_flags(parser, *names, **changes):
@@ -54,12 +80,15 @@ def get_args(argv=None):
 def make_parser():
     p = Parser(description="Fine-tune BERT on one task, or on several at once.")
     g = p.add_argument_group("data")
-    g.add_argument("--task", default="sst", help=f"one of: {', '.join(TASKS)}; or multitask")
+    g.add_argument("--task", help=f"one of: {', '.join(TASKS)}; or multitask; with --train_file, "
+                   f"your task's name (default: sst)")
     add_flags(g, "data_dir")
     g.add_argument("--max_train", type=int, help="train on N examples per task (classes kept) "
                    "(default: all)")
     g.add_argument("--per_class", type=int, help="train on N examples of each class (default: all)")
     add_flags(g, "max_eval")
+    g = p.add_argument_group("your own files (minknn/own_task.py)")
+    add_flags(g, *FILE_FLAGS)
     g = p.add_argument_group("model")
     g.add_argument("--model", default="minilm", help="minilm (the default weights), mpnet "
                    "(all-mpnet-base-v2, from its five optional packages), or a Hugging Face BERT, "
@@ -146,3 +175,106 @@ def parts_run(args):
     # a proxy loss at --lam 1 is scored by its proxies (minknn/inference.py dev_scores)
     parts += ["proxy-inference"] * (args.lam == 1 and args.loss in PROXY_LOSSES)
     return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# the inference rules' settings: evaluate.py's, predict's (minknn/predict.py, the Python API of
+# minknn/inference.py) and the attack's, declared once
+
+KNN_FLAGS = ("k", "phi", "vote", "temperature", "knn_key", "datastore", "index",
+             *INDEX_FLAGS["ivf"], *INDEX_FLAGS["hnsw"])
+
+
+def add_run_flags(p):
+    """How a trained run predicts: its batches, device, precision, attention, and the data root
+    its kNN datastore's training set is read from."""
+    add_flags(p, "batch_size", "device", "precision", "attention", "data_dir",
+              batch_size={"default": 64, "help": "examples per prediction batch"},
+              data_dir={"help": "dataset root (default: the run's own, if a folder here, else "
+                                "$MINKNN_DATA, else ./data)"})
+
+
+def add_rule_flags(p, rules=True, sweep=False):
+    """Proxy inference's and kNN's settings; rules: with --proxy and --knn, which ask for them;
+    sweep: evaluate.py's --sweep."""
+    g = p.add_argument_group("proxy inference")
+    if rules:
+        g.add_argument("--proxy", action="store_true", help="also score with proxy inference")
+    g.add_argument("--proxy_alpha", type=float, default=0.5, help="the proxies' weight against "
+                   "the linear head's")
+    g = p.add_argument_group("kNN")
+    if rules:
+        g.add_argument("--knn", action="store_true", help="also classify by kNN, alone and mixed")
+    g.add_argument("--k", type=int, help="neighbours per query (default: 64; multi-label 5)")
+    g.add_argument("--phi", type=float, help="s = (1 - phi) P(q) + phi KNN(q) "
+                   "(default: 0.25; multi-label 0.5)")
+    g.add_argument("--vote", choices=list(VOTES), help="cosine (KNN-BERT), distance (Liang et "
+                   "al.) or euclidean (Su et al.) (default: cosine; multi-label euclidean)")
+    g.add_argument("--temperature", type=float, help="T of the distance and euclidean votes "
+                   "(default: 10 and 1)")
+    g.add_argument("--knn_key", choices=KNN_KEYS, help="the representation stored and searched "
+                   "(default: the decoupled head's, else the run's --pooling)")
+    if sweep:
+        g.add_argument("--sweep", action="store_true", help="phi 0, 0.1, .., 1 and K 1, 2, 4, .., "
+                       "1024")
+    g.add_argument("--datastore", help="datastore file (default: <run>/datastore-<key>.pt, "
+                   "datastore-<key>-<index>.pt for ivf and hnsw)")
+    g.add_argument("--index", choices=INDEXES, help="faiss index: flat (exact), ivf or hnsw "
+                   "(approximate; minknn/index.py) (default: flat)")
+    for name, text in INDEX_HELP.items():  # minknn/index.py
+        g.add_argument(f"--{name}", type=int, help=text)
+
+
+def check_rule_flags(p, args, knn, counts=(), add_knn="add --knn"):
+    """The rules' settings refused in one line where they cannot work (knn: whether kNN runs, and
+    if not, add_knn says how; counts: more flags that must be at least 1)."""
+    for name in ("proxy_alpha", "phi"):
+        if getattr(args, name) is not None and not 0 <= getattr(args, name) <= 1:
+            p.error(f"--{name} must be in [0, 1], got {getattr(args, name)}")
+    for message in below_one(args, ["k", *counts, "batch_size", *INDEX_FLAGS["ivf"],
+                                    *INDEX_FLAGS["hnsw"]]):
+        p.error(message)
+    t = args.temperature
+    if t is not None and not (math.isfinite(t) and t > 0):
+        p.error(f"--temperature must be a finite number > 0, got {t}")
+    knn_only = [f"--{n}" for n in (*KNN_FLAGS, "sweep") if getattr(args, n, None) not in
+                (None, False)]
+    if knn_only and not knn:
+        what = "is a kNN option" if len(knn_only) == 1 else "are kNN options"
+        p.error(f"{', '.join(knn_only)} {what}; {add_knn}")
+    index = args.index or "flat"
+    for owner in ("ivf", "hnsw"):
+        other = [f"--{n}" for n in INDEX_FLAGS[owner] if getattr(args, n) is not None]
+        if other and index != owner:
+            p.error(f"{', '.join(other)} {'sets' if len(other) == 1 else 'set'} --index {owner}, "
+                    f"not --index {index}; add --index {owner}")
+    if getattr(args, "out", None) is not None and (not args.out or os.path.isdir(args.out)):
+        p.error(f"--out '{args.out}' names the predictions file (e.g. preds.csv), not a folder")
+
+
+class SettingsParser(Parser):
+    """The parser of rule_settings: its refusals raise MinknnError (a line for a script, an
+    exception for the Python API), never exit the interpreter."""
+
+    def error(self, message):
+        raise MinknnError(message)
+
+
+def rule_settings(**settings):
+    """The settings of add_run_flags and add_rule_flags (evaluate.py's, at its defaults), with
+    `settings` (by flag name, as Python values) in their place, checked as the flags are: the
+    Python API's (minknn/inference.py load)."""
+    p = SettingsParser()
+    add_run_flags(p)
+    add_rule_flags(p, rules=False)
+    args = p.parse_args([])
+    actions = {a.dest: a for a in p._actions if a.dest != "help"}
+    for name, value in settings.items():
+        if name not in actions:
+            raise MinknnError(f"unknown setting '{name}'; choose from: {', '.join(actions)}")
+        choices = actions[name].choices
+        if choices is not None and value is not None and value not in choices:
+            raise MinknnError(f"{name}={value!r}: choose one of: {', '.join(choices)}")
+        setattr(args, name, value)
+    check_rule_flags(p, args, knn=True)
+    return args

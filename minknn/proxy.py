@@ -78,3 +78,14 @@ def proxy_logits(objective, logits, z, alpha):
     # BEGIN part proxy-inference
     return (1 - alpha) * logits + alpha * objective.metric.class_logits(z)
     # END part proxy-inference
+
+
+def proxy_cosines(objective, z):
+    """Each class proxy's cosine with each z, (N, C), what predict --explain shows: cos(z, P_c);
+    for SoftTriple's K centres a class, its S_c (the centres' cosines, softmax-weighted: the
+    class similarity its loss and proxy inference use)."""
+    metric = objective.metric
+    with torch.no_grad():
+        if hasattr(metric, "proxies"):
+            return F.normalize(z.float(), dim=-1) @ F.normalize(metric.proxies.float(), dim=-1).T
+        return metric.similarity(z.float())

@@ -71,10 +71,10 @@ from minknn.model import Model
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, start_at_names
+from minknn.own_task import FLAGS as FILE_FLAGS, describe, files_record, tasks_of
 from minknn.resume import REWRITE, check_kept, read_last
 from minknn.runs import Diverged, check_same_data, summarise
 from minknn.step import Forward
-from minknn.tasks import get_task
 from minknn.tokenizer import Tokenizer
 from minknn.weights import resolve_model_path
 
@@ -120,9 +120,14 @@ def build(args, make_optimizer, examples=None, device=None):
     base = base_model(model_path) if args.option == "pretrain" and args.save == "best" else None
     if base and last:
         check_same_base(args, bert, last, model_path)
-    tasks = [get_task(name, args.data_dir) for name in args.tasks]
+    tasks = tasks_of(args)  # the registry's, and your own files' (minknn/own_task.py)
+    for t in tasks:
+        if t.own and is_main():  # where your files' task comes from, and that it has no test
+            print(describe(t))
     train, dev = examples or read_examples(args, tasks)  # minknn/data.py
     data = run_data(args.data_dir, train) if examples is None else None  # saved for evaluate.py
+    if data is not None and files_record(tasks):  # your files' paths and sha256s (--resume)
+        data["files"] = files_record(tasks)
 
     model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
     model.start_heads(train)
@@ -301,10 +306,17 @@ def save(trainer, epoch, best, records):
         write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
 
 
+def recorded_args(args):
+    """The arguments run.json and checkpoint.pt keep: all but --resume, and the file flags only
+    where they were given (a run of registered tasks keeps what it kept before them)."""
+    return {k: v for k, v in vars(args).items()
+            if k != "resume" and not (k in FILE_FLAGS and v is None)}
+
+
 def write_checkpoint(trainer, epoch, dev):
     """checkpoint.pt of the trainer's weights now, those of `epoch` with its dev scores."""
     save_checkpoint(os.path.join(trainer.args.out, "checkpoint.pt"), trainer.model, trainer.losses,
-                    trainer.tokenizer, vars(trainer.args), epoch, dev,
+                    trainer.tokenizer, recorded_args(trainer.args), epoch, dev,
                     trainer.moco.memory if trainer.moco else None, data=trainer.data,
                     base=trainer.base)
 
@@ -322,8 +334,7 @@ def begin(trainer, last, records):
         args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
         if is_main():
             write_json(os.path.join(args.out, "run.json"),
-                       {"args": {k: v for k, v in vars(args).items() if k != "resume"},
-                        "data": trainer.data})
+                       {"args": recorded_args(args), "data": trainer.data})
     if world() > 1:  # from here an error of this rank's is its own, which it says (says_errors)
         run_begun()
     if rank() > 0:  # its own dropout masks; rank 0 draws what one process would

@@ -385,7 +385,8 @@ def test_solve_run_from_an_edition_is_refused(edition, tmp_path):
 # compare (test_bert.py checks that the two kernels agree).
 END_TO_END = ("test_train.py", "lab/test_runner.py", "test_readme.py", "test_runs.py",
               "test_bad_inputs.py", "test_trainer.py", "lab/test_attack.py", "lab/test_bench.py",
-              "test_distributed.py", "test_ddp.py", "lab/test_slurm.py", "test_curves.py")
+              "test_distributed.py", "test_ddp.py", "lab/test_slurm.py", "test_curves.py",
+              "test_own_task.py", "test_predict.py")
 
 
 def test_a_finished_edition_passes_the_tests_a_kernel_can_change(edition, tmp_path):

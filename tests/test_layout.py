@@ -5,13 +5,14 @@ its layer here (LAYERS), which is where the README's file map groups it.
 
 The layers, from the bottom (a file may import from its own layer and those below it):
     base      minknn/__init__.py (the errors, signals, bars), parts.py (the assignment's parts)
-    tasks     what is read and scored: data, tasks, readers, kinds, metrics
+    tasks     what is read and scored: data, tasks, readers, own_files and own_task (your files),
+              kinds, metrics
     model     the encoder and its files: weights, packaged, packed, bert, backbones, tokenizer,
               model
     machine   running the model: engine (device, precision, batches, prediction), distributed
     methods   the ideas of the papers: losses/, memory, knn, proxy, pcgrad, probe
     run       a run and its files: options, checks, cli, trainer, step, resume, checkpoint, runs,
-              status, files, curves, index, datastore, inference, assignment, export
+              status, files, curves, index, datastore, inference, assignment, export, predict
     scripts   train.py, evaluate.py
     lab       minknn/lab/: the research tools, built on the scripts (the one layer that imports
               them)
@@ -24,7 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = {
     "base": ["minknn", "minknn.parts", "minknn.files"],
-    "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.kinds", "minknn.metrics"],
+    "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.own_files", "minknn.own_task",
+              "minknn.kinds", "minknn.metrics"],
     "model": ["minknn.weights", "minknn.packaged", "minknn.cache_record", "minknn.packed", "minknn.bert",
               "minknn.backbones", "minknn.tokenizer", "minknn.model"],
     "machine": ["minknn.engine", "minknn.distributed"],
@@ -32,7 +34,8 @@ LAYERS = {
                 "minknn.probe"],
     "run": ["minknn.options", "minknn.checks", "minknn.cli", "minknn.trainer", "minknn.step",
             "minknn.resume", "minknn.checkpoint", "minknn.runs", "minknn.status", "minknn.curves", "minknn.index",
-            "minknn.datastore", "minknn.inference", "minknn.assignment", "minknn.export"],
+            "minknn.datastore", "minknn.inference", "minknn.assignment", "minknn.export",
+            "minknn.predict"],
     "scripts": ["train", "evaluate"],
     "lab": ["minknn.lab"],
 }

@@ -11,6 +11,7 @@ is one of
     python -m minknn.lab.attack ...   attack.main
     python -m minknn.assignment ...   minknn.assignment.main
     python -m minknn.export ...       minknn.export.main
+    python -m minknn.predict ...      minknn.predict.main
     torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
                                      --nproc_per_node 2 train.py ..., 1 thread each (gloo)
 or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
@@ -33,6 +34,7 @@ checked:
                   --seeds 0 (one seed, one size: every task and method of the line still runs)
     assignment    nothing: writing an edition copies files, already quick
     export        nothing: the run it reads is already tiny
+    predict       --device cpu, and --k 4 with --knn
     bench         --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
 TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench knn encodes
 at length 128); where the page's own --model names a RoBERTa, DistilBERT or MPNet folder
@@ -49,7 +51,8 @@ things stand in for what would take long or reach outside:
   measured on (data/README.md names them: Quora's train and test-student, QNLI's train, AG News'
   train, AAPD), plus an IMDB archive and Reuters' 22 files built here. MINKNN_DATA points at it.
   minknn.data.download fails as it does offline, and http(s)_proxy names a closed local port, so
-  nothing here reaches the network.
+  nothing here reaches the network. The files of their own the pages name (my/reviews.csv,
+  mine.txt, ...: your_files) are written in the working folder, small, as a user's would be.
 """
 import glob
 import importlib.util
@@ -70,6 +73,7 @@ import minknn.lab.attack
 import minknn.data
 import minknn.export
 import minknn.lab.runner
+import minknn.predict
 import train
 from helpers import DATA, TINY, tiny_vocab
 from hf_folders import write_distilbert, write_mpnet, write_roberta
@@ -108,7 +112,8 @@ BENCH = {"model": ["--steps", "1", "--batch_size", "2", "--lengths", "16"],
          "grid": ["--sizes", "16", "--seeds", "0-1",
                   "--train_flags", "--epochs 1 --max_len 32 --batch_size 8 --max_eval 8"],
          "index": ["--sizes", "1000", "--dim", "16", "--queries", "10", "--k", "4"],
-         "profile": ["--steps", "1", "--batch_size", "4", "--max_len", "16"]}
+         "profile": ["--steps", "1", "--batch_size", "4", "--max_len", "16"],
+         "predict": ["--texts", "50", "--k", "4", "--max_len", "32"]}
 
 
 # ------------------------------------------------------------------------ reading the pages
@@ -153,7 +158,8 @@ def script(words, where):
                          (["python", "-m", "minknn.lab.bench"], "bench"), (["python", "-m", "minknn.lab.runner"], "runner"),
                          (["python", "-m", "minknn.lab.attack"], "attack"),
                          (["python", "-m", "minknn.assignment"], "assignment"),
-                         (["python", "-m", "minknn.export"], "export"), (["torchrun"], "torchrun")):
+                         (["python", "-m", "minknn.export"], "export"),
+                         (["python", "-m", "minknn.predict"], "predict"), (["torchrun"], "torchrun")):
         if words[:len(prefix)] == prefix:
             return name, words[len(prefix):]
     raise AssertionError(f"{where}: `{' '.join(words)}`: the test does not know this command; run it in "
@@ -177,6 +183,8 @@ def tiny_args(name, args, model, stopped):
             (["--k", "4"] if knn else [])
     if name == "evaluate":
         return args + ["--max_eval", "8", "--device", "cpu"] + (["--k", "4"] if "--knn" in args else [])
+    if name == "predict":
+        return args + ["--device", "cpu"] + (["--k", "4"] if "--knn" in args else [])
     if name == "runner" and "--table" in args:
         return args
     if name == "runner":
@@ -193,7 +201,7 @@ def tiny_args(name, args, model, stopped):
 
 MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.lab.runner.main,
          "attack": minknn.lab.attack.main,
-         "assignment": minknn.assignment.main, "export": minknn.export.main}
+         "assignment": minknn.assignment.main, "export": minknn.export.main, "predict": minknn.predict.main}
 
 
 # ------------------------------------------------------------------------ what a user has
@@ -224,6 +232,29 @@ def user_data(root):
         with open(os.path.join(root, "reuters21578", f"reut2-{i:03d}.sgm"), "w", encoding="latin-1") as f:
             f.write(re.sub(r'NEWID="1(\d{3})"', lambda m: f'NEWID="{i}{m.group(1)}"', sgml))
     return root
+
+
+def your_files(folder):
+    """The files of their own the pages' commands name (docs/tasks.md, docs/predict.md), as a user
+    would have them, in the working folder: my/*.csv, .tsv, .jsonl and mine.txt."""
+    words = ["a gripping film", "wonderful acting", "a moving story", "superb cast", "a dull film",
+             "terrible acting", "a tedious story", "weak cast"]
+    rows = [(t, "positive" if i < 4 else "negative") for i, t in enumerate(words)] * 6
+    os.makedirs(os.path.join(folder, "my"))
+
+    def write(name, text):
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    write("my/reviews.csv", "text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    write("my/reviews-test.csv", "text,label\n" + "".join(f"{t},{y}\n" for t, y in rows[:16]))
+    for name in ("my/nli-train.jsonl", "my/nli-dev.jsonl"):
+        write(name, "".join(json.dumps({"premise": t, "hypothesis": words[-1 - i % 8], "label":
+                                        ["entailment", "contradiction"][i % 2]}) + "\n"
+                            for i, (t, _) in enumerate(rows)))
+    write("my/tags.csv", "text,tags\n" + "".join(f"{t},{'cinema|acting' if 'act' in t else 'cinema'}\n"
+                                                 for t, _ in rows))
+    write("my/stars.tsv", "text\tlabel\n" + "".join(f"{t}\t{i % 5}\n" for i, (t, _) in enumerate(rows)))
+    write("mine.txt", "a gripping film\na dull one\n")
 
 
 def offline(url, path, blob=None, timeout=60):
@@ -264,6 +295,7 @@ def test_every_command_runs(page, user, tiny_models, tmp_path, monkeypatch, caps
     for name in ("train.py", "evaluate.py", "minknn"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     monkeypatch.chdir(tmp_path)
+    your_files(str(tmp_path))
     monkeypatch.setenv("MINKNN_DATA", data)
     for proxy in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.setenv(proxy, "http://127.0.0.1:9")

@@ -77,6 +77,7 @@ from minknn.inference import (RULES, knn_probabilities, load_run, read_task_data
                               rule_probabilities)
 from minknn.kinds import kind_of
 from minknn.model import pool
+from minknn.options import check_rule_flags
 from minknn.tokenizer import Tokenizer
 from minknn.weights import resolve_model_path
 
@@ -495,7 +496,7 @@ def get_args(argv=None):
                    "folder")
     args = p.parse_args(argv)
     args.knn, args.proxy = args.attack in ("knn", "knn-only"), args.attack == "proxy"
-    evaluate.check_rule_flags(p, args, args.knn, ["attack_n", "attack_queries"],
+    check_rule_flags(p, args, args.knn, ["attack_n", "attack_queries"],
                               "attack --attack knn or knn-only")
     if args.knn and args.split == "train":
         p.error("--attack knn on --split train: each example would find itself in the datastore; "

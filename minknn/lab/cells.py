@@ -29,6 +29,8 @@ from minknn.lab import setfit_package
 from minknn.lab.report import impossible_score
 from minknn.lab.grid import knn_grid, size_flags
 from minknn.model import Model
+from minknn import options
+from minknn.own_task import check_flags, file_argv, files_task
 from minknn.status import run_status
 from minknn.tasks import get_task
 
@@ -40,8 +42,8 @@ MAP_POINTS = 300                                   # test examples in the 2-D ma
 def train_argv(cell, ctx, folder):
     """train.py's flags for a cell: the pass-through ones, then the cell's own."""
     save = "last" if ctx.select == "none" else "best"  # none: the last epoch, chosen by nothing
-    argv = list(ctx.train_flags) + ["--task", cell.task, "--loss", cell.loss, "--seed",
-                                    str(cell.seed), "--out", folder, "--save", save]
+    argv = list(ctx.train_flags) + ctx.task_flags(cell.task) + [
+        "--loss", cell.loss, "--seed", str(cell.seed), "--out", folder, "--save", save]
     argv += size_flags(cell.size)
     for flag, value in cell.params:
         argv += [f"--{flag}", str(value)]
@@ -69,6 +71,8 @@ class Context:
         self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
         self.seeds, self.search = args.seed_list, args.search_grid
         self.kept = set()  # the cells an earlier --keep run kept (minknn/lab/kept.py: grid.json)
+        # your own files' task (minknn/own_task.py): its name, and the file flags its cells take
+        self.own, self.files = getattr(args, "own_name", None), file_argv(args)
         self._cache = {}
 
     def __getstate__(self):  # sent to a pool's process or a cluster's job: the flags; the data
@@ -80,7 +84,15 @@ class Context:
         return self._cache[key]
 
     def task(self, name):
+        if name == self.own:  # your files, read and checked once a process
+            files = options.make_parser().parse_args(self.files + ["--task", name])
+            check_flags(files)
+            return self.cached(("task", name), lambda: files_task(files, name))
         return self.cached(("task", name), lambda: get_task(name, self.data_dir))
+
+    def task_flags(self, name):
+        """train.py's flags that name a cell's task: --task, and your files' flags."""
+        return ["--task", name] + (self.files if name == self.own else [])
 
     def train_examples(self, cell):
         per_class = int(cell.size[:-2]) if cell.size.endswith("pc") else None

@@ -87,6 +87,8 @@ from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_ce
 from minknn.lab.kept import check_flags, drop_kept, kept_cells
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
+from minknn.own_task import FLAGS as FILE_FLAGS, file_argv, given, task_name
+from minknn.own_task import check_flags as check_file_flags
 from minknn.losses import PROXY_LOSSES
 from minknn.runs import lock_folder, make_folder
 from minknn.status import missing_checkpoint
@@ -124,6 +126,12 @@ def get_args(argv=None):
                    "or all dev; none: no dev labels, the last epoch and the values given")
     options.add_flags(p, "max_eval", "data_dir", max_eval={
         "help": "at most N test (and --select dev) examples"})
+    g = p.add_argument_group("your own files as a task (minknn/own_task.py), as train.py takes "
+                             "them")
+    options.add_flags(g, *FILE_FLAGS, train_file={
+        "help": "a task of your own file: .csv, .tsv or .jsonl; its name is the name of --tasks "
+                "that the registry does not hold (default: the file's name, and --tasks that "
+                "task alone)"})
     p.add_argument("--keep", action="store_true", help="keep each cell's checkpoint.pt (a "
                    "setfit-package cell: the body the package saved), so that a rule added later "
                    "is scored from it; kept for later runs too (grid.json records it)")
@@ -159,10 +167,11 @@ def get_args(argv=None):
                    "<!-- runner NAME --> and <!-- /runner NAME --> (NAME: --out's folder name)")
     args, rest = p.parse_known_args(argv)
     if args.table:
-        if args.tasks or rest:
+        if args.tasks or rest or given(args):
             p.error("--table redraws a finished grid's table; give only --metric, --baseline, "
                     "--test, --write with it")
         return args, []
+    check_own_flags(args)  # before --tasks: your files' task may be the grid's only one
     for name in ("tasks", "out"):
         if not getattr(args, name):
             p.error(f"--{name} is required (or --table OUT to redraw a table)")
@@ -189,7 +198,11 @@ def get_args(argv=None):
         p.error(f"{', '.join(owned)}: the runner sets {'it' if len(owned) == 1 else 'them'} "
                 f"for each cell (--tasks, --methods, --sizes, --seeds, --out, --max_eval)")
     args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    args.chosen_on = chosen_on(args.chosen_on)
+    if given(args):
+        args.own_name = task_name(args, args.task_list)
+        if args.own_name not in args.task_list:
+            args.task_list.append(args.own_name)
+    args.chosen_on = chosen_on(args.chosen_on, getattr(args, "own_name", None))
     if not args.task_list:  # `--tasks ,` would make a grid of no cells, and claim it done
         raise MinknnError(f"--tasks '{args.tasks}': names no task; give comma-separated task "
                           f"names, e.g. --tasks mr,cr")
@@ -218,12 +231,21 @@ def get_args(argv=None):
     return args, rest
 
 
-def chosen_on(text):
-    """--chosen_on: the development tasks, as a sorted list of registry names (None: not said)."""
+def check_own_flags(args):
+    """Your files' flags (minknn/own_task.py check_flags); with --train_file, --tasks defaults to
+    the task of your files alone."""
+    check_file_flags(args)
+    if given(args) and not args.tasks:
+        args.tasks = task_name(args, [])
+
+
+def chosen_on(text, own=None):
+    """--chosen_on: the development tasks, as a sorted list of registry names, or your files'
+    task's name (own) (None: not said)."""
     if text is None:
         return None
     tasks = sorted({t.strip() for t in text.split(",") if t.strip()})
-    unknown = [t for t in tasks if t not in TASKS]
+    unknown = [t for t in tasks if t not in TASKS and t != own]
     if not tasks or unknown:
         raise MinknnError(f"--chosen_on '{text}': "
                           + (f"no task '{unknown[0]}'; choose from: {', '.join(TASKS)}" if unknown
@@ -270,7 +292,7 @@ def search_applies(args, train_flags, method, flag):
         return False, "setfit-package trains with the package's own arguments"
     refused, tried = [], 0
     for task in args.task_list:
-        base = [*train_flags, "--task", task, "--loss", method.loss,
+        base = [*train_flags, *task_flags(args, task), "--loss", method.loss,
                 *size_flags(args.size_list[0]),
                 *(["--data_dir", args.data_dir] if args.data_dir else [])]
         base += [a for f, v in method.train_grid.items() for a in (f"--{f}", str(v[0]))]
@@ -285,6 +307,11 @@ def search_applies(args, train_flags, method, flag):
         value, why = refused[0]
         raise MinknnError(f"--search {flag}={value}: {why} (with --methods {method.name})")
     return not refused, refused[0][1] if refused else None
+
+
+def task_flags(args, task):
+    """train.py's flags naming a task of the grid: --task, and your files' flags for theirs."""
+    return ["--task", task] + (file_argv(args) if task == getattr(args, "own_name", None) else [])
 
 
 def train_refusal(argv):
@@ -384,11 +411,15 @@ def check_splits(ctx, task, n_train):
                           f"leave too few to score; use a smaller --sizes or --max_eval")
 
 
-def check_same_grid(args, shared, train_flags):
+def check_same_grid(args, shared, train_flags, ctx):
     """A grid folder's cells must all come from the same train.py flags and selection."""
     path = os.path.join(args.out, "grid.json")
     grid = {"train_args": shared, "select": args.select, "max_eval": args.max_eval,
             "search": search_text(args.search_grid) or None, "chosen_on": args.chosen_on}
+    if given(args):  # your files: the same paths and bytes, or another grid
+        own = ctx.task(ctx.own).own
+        grid["files"] = ", ".join(f"{s} {p} (sha256 {own['sha256'][s][:12]})"
+                                  for s, p in own["files"].items())
     if not os.path.exists(path):
         write_json(path, grid)
         return
@@ -401,8 +432,8 @@ def check_same_grid(args, shared, train_flags):
                if was.get(k) != shared.get(k)]
     changed += [f"--{k} {shown(saved.get(k))}"
                 for k in ("select", "max_eval", "search",  # a grid.json from before --search
-                          "chosen_on")                     # or --chosen_on has none: as none given
-                if saved.get(k) != grid[k]]
+                          "chosen_on", "files")            # or --chosen_on has none: as none given
+                if saved.get(k) != grid.get(k)]
     if changed:
         raise MinknnError(f"--out {args.out} holds a grid run with {', '.join(changed)}; use the "
                           f"same flags to go on with it, or another --out")
@@ -448,7 +479,7 @@ def main(argv=None):
     cells = cells_of(args.task_list, args.method_list, args.size_list, args.seed_list)
     ctx, shared = check_grid(args, train_flags, cells)
     with lock_grid(args.out):  # one runner per grid: a second would retrain the first's cells
-        check_same_grid(args, shared, train_flags)
+        check_same_grid(args, shared, train_flags, ctx)
         ctx.kept = kept_cells(args.out, cells, args.keep)  # --keep is sticky (minknn/lab/kept.py)
         check_resumable(cells, ctx)
         failed = run_cells(args, cells, ctx)

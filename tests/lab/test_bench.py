@@ -6,6 +6,7 @@ import torch
 
 from minknn.lab import bench
 from minknn.cli import run
+from helpers import DATA
 
 
 def test_best_of_rounds_alternates_and_keeps_each_ones_best():
@@ -137,3 +138,18 @@ def test_model_of_random_weights_at_the_sizes_asked(tiny_bert_dir, monkeypatch, 
     out = capsys.readouterr().out
     assert "bert, 2 layers 128 wide, random weights" in out, out
     assert len([line for line in out.splitlines() if line.startswith("| 8 |")]) == 2, out
+
+
+def test_predict_times_predict_against_evaluate_on_the_same_texts(tiny_bert_dir, capsys):
+    """`bench.py predict`: both commands answer the same texts, the head alone and with kNN, each row a time,
+    a throughput and their ratio (no time is asserted: the figures are measured, not tested)."""
+    run(lambda: bench.main(["predict", "--model", tiny_bert_dir, "--device", "cpu", "--data_dir", DATA,
+                            "--texts", "60", "--rounds", "1", "--max_len", "32", "--k", "4"]))
+    out = capsys.readouterr().out
+    assert "the same 60 sst sentences" in out, out
+    rows = [line for line in out.splitlines() if line.startswith("| the head")]
+    assert [r.split(" | ")[0] for r in rows] == ["| the head", "| the head and kNN (K 4)"], rows
+    for row in rows:
+        cells = row.strip("| ").split(" | ")
+        assert cells[1].endswith("texts/s)") and cells[2].endswith("texts/s)") and \
+            cells[3].endswith("x evaluate.py's throughput"), row
