@@ -286,9 +286,9 @@ class Trained:
 
     def training_set(self, task):
         """The examples the run trained on (kNN's datastore, the neighbours' texts), read once."""
-        if not self._root_read and not own_files_only(self.ckpt):  # a registered task's root
+        if not self._root_read and not task.own:  # a registered task's: from the run's root
             self.args.data_dir = data_dir_of(self.ckpt, self.args.data_dir)
-        self._root_read = True
+            self._root_read = True
         if task.name not in self._train:
             self._train[task.name] = run_training_set(self.args, self.ckpt, task)
         return self._train[task.name]
@@ -310,18 +310,23 @@ class Trained:
 
     @torch.inference_mode()
     def answers(self, texts, rules=("model",), task=None, explain=0, progress=None):
-        """Each rule's probabilities (N, C) (a similarity task: scores (N,)) of your texts, from
-        one prediction pass, as evaluate.py's: "model", "proxy" (at proxy_alpha), "knn" (mixed
-        at phi) and "knn-only"; explain N: also "neighbours", each text's N nearest training
-        examples (the datastore kNN votes from) and "proxies", each class proxy's cosine."""
+        """Each rule's probabilities (N, C) (a similarity task: scores (N,)) of your texts, as
+        evaluate.py computes them: "model", "proxy" (at proxy_alpha), "knn" (mixed at phi) and
+        "knn-only"; explain N: also "neighbours", each text's N nearest training examples (the
+        datastore kNN votes from) and "proxies", each class proxy's cosine. One prediction pass,
+        and a second for the proxies where kNN's key is not the pooled z (as evaluate.py)."""
         task = self.task(task)
         examples = texts_examples(texts, task)
         unknown = [r for r in rules if r not in RULES]
         if unknown:
             raise MinknnError(f"unknown rule '{unknown[0]}'; choose one of: {', '.join(RULES)}")
+        if not isinstance(explain, int) or isinstance(explain, bool) or explain < 0:
+            raise MinknnError(f"explain={explain!r}: the number of neighbours to show, 1 or more "
+                              f"(0: none)")
         voting = any(r.startswith("knn") for r in rules)
         knn = voting or explain > 0  # the queries in the datastore's representation
         loss = self.losses[task.name]
+        require_written(["proxy-inference"] * ("proxy" in rules) + ["knn"] * voting)
         if "proxy" in rules:
             check_proxies(self.ckpt, self.losses, [task])
         datastore = self.datastore(task) if knn else None
@@ -333,9 +338,10 @@ class Trained:
                                    self.device, progress, key=key if knn else None,
                                    precision=a.precision)
         found = {"model": rule_probabilities("model", task, outputs)}
-        z = queries if not knn or key == self.model.pooling else predict(
-            self.model, self.tokenizer, task, examples, a.batch_size, self.device, progress,
-            precision=a.precision)[1]
+        cosines = explain > 0 and has_proxies(loss)
+        z = queries if not knn or key == self.model.pooling or not ("proxy" in rules or cosines) \
+            else predict(self.model, self.tokenizer, task, examples, a.batch_size, self.device,
+                         progress, precision=a.precision)[1]  # the proxies compare the pooled z
         if "proxy" in rules:
             found["proxy"] = rule_probabilities("proxy", task, outputs, z, loss, a.proxy_alpha)
         if voting:
@@ -346,7 +352,7 @@ class Trained:
         answers = {rule: found[rule] for rule in rules}
         if explain:
             answers["neighbours"] = self.nearest(task, datastore, queries, explain)
-            if has_proxies(loss):
+            if cosines:
                 answers["proxies"] = proxy_cosines(loss, z)
         return answers
 
@@ -376,7 +382,8 @@ class Trained:
         return [kind.answer(task, d) for d in decided]
 
     def encode(self, texts, task=None):
-        """z, (N, H): the pooled representations the run's losses and kNN see, a numpy array."""
+        """z, (N, H): the pooled representations the run's losses and proxies see (kNN's too but
+        with --decoupled, whose datastore holds the retrieval head's r), a numpy array."""
         task = self.task(task)
         if self.model.siamese(task):
             raise MinknnError(f"{task.name} encodes each text of a pair alone (--pair_mode "
@@ -386,4 +393,6 @@ class Trained:
 
     def neighbours(self, texts, k=5, task=None):
         """Each text's k nearest training examples in the run's datastore (kNN's key and vote)."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise MinknnError(f"k={k!r}: the number of neighbours, 1 or more")
         return self.answers(texts, ("model",), task, explain=k)["neighbours"]

@@ -11,7 +11,7 @@ import os
 
 from minknn import MinknnError
 from minknn.bert import ATTENTION, ATTENTIONS
-from minknn.checks import DEFAULT_TASKS, check_args, resumed_args
+from minknn.checks import DEFAULT_TASKS, TYPE_NAMES, check_args, resumed_args
 from minknn.cli import Parser, below_one
 from minknn.engine import PRECISIONS, default_precision, pick_device
 from minknn.index import INDEX_FLAGS, INDEX_HELP, INDEXES
@@ -272,7 +272,10 @@ def rule_settings(**settings):
     for name, value in settings.items():
         if name not in actions:
             raise MinknnError(f"unknown setting '{name}'; choose from: {', '.join(actions)}")
-        choices = actions[name].choices
+        kind, choices = actions[name].type or str, actions[name].choices
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, (int, float) if kind is float else kind)):
+            raise MinknnError(f"{name}={value!r}: give {TYPE_NAMES[kind]}")
         if choices is not None and value is not None and value not in choices:
             raise MinknnError(f"{name}={value!r}: choose one of: {', '.join(choices)}")
         setattr(args, name, value)

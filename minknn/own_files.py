@@ -16,13 +16,18 @@ from minknn.data import DataError, read_lines
 from minknn.readers import csv_rows
 
 FORMATS = {".csv": ",", ".tsv": "\t", ".jsonl": None}  # extension -> CSV delimiter (None: JSON)
-SEPARATORS = {",": ("comma", ".csv"), "\t": ("tab", ".tsv")}
+SEPARATORS = {",": "comma", "\t": "tab", ";": "semicolon"}
+OTHER = {",": "\t", "\t": ","}
+EXTENSION = {",": ".csv", "\t": ".tsv"}
+ONE_LINE = ("; and a text may not hold a line break: minknn reads one row a line (your file's "
+            "texts with their line breaks replaced by spaces will do)")
 INTEGER = re.compile(r"[+-]?\d+")
 
 
 def table(path):
-    """[(line number, {column: value})] of a CSV, TSV or JSON Lines file, each row whole (every
-    field of the header), blank lines left out; and the columns (the header's; None for JSON)."""
+    """([(line number, {column: value})], the header's columns (None for JSON Lines), the header's
+    line) of a CSV, TSV or JSON Lines file, each row whole (every field of the header), blank
+    lines left out."""
     sep = FORMATS[os.path.splitext(path)[1].lower()]
     rows = []
     if sep is None:
@@ -31,25 +36,30 @@ def table(path):
                 continue
             try:
                 row = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{path}:{lineno}: not a JSON object ({e.msg}); a JSON Lines file "
+            except (ValueError, RecursionError) as e:
+                why = getattr(e, "msg", "nested too deep")
+                raise DataError(f"{path}:{lineno}: not a JSON object ({why}); a JSON Lines file "
                                 f"holds one object a line") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: a JSON {type(row).__name__}, not an object "
-                                f"({{\"text\": ..., \"label\": ...}}) ")
+                                f"({{\"text\": ..., \"label\": ...}})")
             rows.append((lineno, row))
         if not rows:
             raise DataError(f"{path}: no rows (the file is empty)")
-        return rows, None
-    lines = [(n, row) for n, row in enumerate(csv_rows(path, delimiter=sep), start=1) if row]
+        return rows, None, None
+    lines = [(n, row) for n, row in enumerate(csv_rows(path, ONE_LINE, delimiter=sep), start=1)
+             if row and (len(row) > 1 or row[0].strip())]  # not a blank line
     if not lines:
         raise DataError(f"{path}: the file is empty; it needs a header row, then one row a line")
     (first, header), body = lines[0], lines[1:]
     header = [h.strip() for h in header]
-    (ours, _), (theirs, named) = SEPARATORS[sep], SEPARATORS[{",": "\t", "\t": ","}[sep]]
-    if len(header) == 1 and {"comma": ",", "tab": "\t"}[theirs] in header[0]:
-        raise DataError(f"{path}:{first}: the header is one {ours}-separated field holding "
-                        f"{theirs}s: a {theirs}-separated file is read as {named} (rename it)")
+    for other in (OTHER[sep], ";"):  # a file of another separator: one field holding it
+        if len(header) == 1 and other in header[0]:
+            fix = (f"a {SEPARATORS[other]}-separated file is read as {EXTENSION[other]} (rename "
+                   f"it)" if other in EXTENSION else "minknn reads comma-separated .csv and "
+                   "tab-separated .tsv (save it as one)")
+            raise DataError(f"{path}:{first}: the header is one {SEPARATORS[sep]}-separated "
+                            f"field holding {SEPARATORS[other]}s: {fix}")
     twice = next((h for i, h in enumerate(header) if h and h in header[:i]), None)
     if twice:
         where = ", ".join(str(i + 1) for i, h in enumerate(header) if h == twice)
@@ -57,36 +67,41 @@ def table(path):
                         f"{where}); each column needs a name of its own")
     if not body:
         raise DataError(f"{path}: no rows below the header")
-    what = SEPARATORS[sep][0]
     for lineno, row in body:
         if len(row) != len(header):
             few = "too few" if len(row) < len(header) else "too many"
-            raise DataError(f"{path}:{lineno}: {few} fields: {len(row)} {what}-separated fields, "
-                            f"where the header has {len(header)} ({', '.join(header)})"
-                            + ("; a text with a comma must be quoted (\"..\")"
-                               if few == "too many" and sep == "," else ""))
+            raise DataError(f"{path}:{lineno}: {few} fields: {len(row)} {SEPARATORS[sep]}-"
+                            f"separated fields, where the header has {len(header)} "
+                            f"({', '.join(header)})" + ("; a text with a comma must be quoted "
+                                                        "(\"..\")" if few == "too many" and
+                                                        sep == "," else ""))
         rows.append((lineno, dict(zip(header, row))))
-    return rows, header
+    return rows, header, first
 
 
-def check_columns(path, rows, header, spec, source):
+def missing(path, line, column, header, what):
+    """The line of a column the header lacks; one of another case is named."""
+    near = next((h for h in header if h.lower() == column.lower()), None)
+    seen = f"; the header has '{near}' (names are matched exactly)" if near else \
+        f"; the header has: {', '.join(header)}"
+    return DataError(f"{path}:{line}: no column '{column}' ({what}){seen}")
+
+
+def check_columns(path, rows, header, line, spec, source):
     """The text columns and, but in a test file, the label column must be the file's; returns
     whether its rows have labels. A CSV whose first row names none of them has no header."""
     texts, label = spec["text_columns"], spec["label_column"]  # label None: texts only
-    defaults = " (--text_column's default)" if texts == ["text"] else ""
     named = texts + ([label] if label else [])
     if header is not None:
-        if label and not set(named) & set(header):
-            raise DataError(f"{path}:1: the first line ({', '.join(header)[:80]}) names none of "
-                            f"the columns {', '.join(named)}: the file needs a header row naming "
-                            f"its columns (or give --text_column and --label_column)")
+        if label and not {n.lower() for n in named} & {h.lower() for h in header}:
+            raise DataError(f"{path}:{line}: the first line ({', '.join(header)[:80]}) names none "
+                            f"of the columns {', '.join(named)}: the file needs a header row "
+                            f"naming its columns (or give --text_column and --label_column)")
         for column in texts:
             if column not in header:
-                raise DataError(f"{path}:1: no column '{column}'{defaults}; the header has: "
-                                f"{', '.join(header)} (give --text_column)")
+                raise missing(path, line, column, header, "--text_column")
         if label and label not in header and source != "test":
-            raise DataError(f"{path}:1: no column '{label}' (the labels, --label_column); the "
-                            f"header has: {', '.join(header)}")
+            raise missing(path, line, label, header, "the labels, --label_column")
         return bool(label) and label in header
     labelled = bool(label) and any(label in row for _, row in rows)
     for lineno, row in rows:
@@ -118,6 +133,8 @@ def class_value(raw, where, column):
         if not math.isfinite(number):
             return raw
         raw = number
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise DataError(f"{where}: column '{column}' holds {raw}, not a class")
     if isinstance(raw, float) and not raw.is_integer():
         raise DataError(f"{where}: column '{column}' holds {raw}, a number with a fraction, "
                         f"where a classification task wants a class (a name or an integer); "
@@ -128,8 +145,6 @@ def class_value(raw, where, column):
 def row_classes(raw, spec, where, column):
     """A row's classes as written: one (classify) or a list (multilabel)."""
     if spec["kind"] == "classify":
-        if isinstance(raw, str) and not raw.strip():
-            raise DataError(f"{where}: column '{column}' is empty (no label)")
         return [class_value(raw, where, column)]
     if isinstance(raw, str):
         raw = [part for part in raw.split(spec["label_sep"]) if part.strip()]
@@ -156,9 +171,11 @@ def similarity(raw, where, column):
 def parsed(path, spec, source):
     """[(line, texts, classes or a score or None)] of a file, every text and label checked
     against the kind (not yet against the classes)."""
-    rows, header = table(path)
-    labelled = check_columns(path, rows, header, spec, source)
+    rows, header, line = table(path)
+    labelled = check_columns(path, rows, header, line, spec, source)
     label = spec["label_column"]
+    if labelled and source == "test" and all(empty(row[label]) for _, row in rows):
+        labelled = False  # a test file's label column left empty (pandas' NaN): unlabelled
     out = []
     for lineno, row in rows:
         where = f"{path}:{lineno}"
@@ -170,17 +187,27 @@ def parsed(path, spec, source):
                                 f"text")
             if not text.strip():
                 raise DataError(f"{where}: column '{column}' is empty; every row needs its text")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate, which JSON's "\\ud83d" can write
+                raise DataError(f"{where}: column '{column}' holds a lone surrogate (a half of a "
+                                f"character, JSON's \\ud83d alone), which no text can hold"
+                                ) from None
             texts.append(text.strip())
         value = None
         if labelled:
             raw = row[label]
-            if raw is None or (spec["kind"] != "multilabel" and isinstance(raw, str)
-                               and not raw.strip()):
+            if raw is None or (spec["kind"] != "multilabel" and empty(raw)):
                 raise DataError(f"{where}: column '{label}' is empty (no label)")
             value = (similarity(raw, where, label) if spec["kind"] == "similarity"
                      else row_classes(raw, spec, where, label))
         out.append((lineno, texts, value))
     return out
+
+
+def empty(value):
+    """A label left empty: null, or a blank string."""
+    return value is None or isinstance(value, str) and not value.strip()
 
 
 def file_texts(path, columns):

@@ -41,13 +41,14 @@ Records. The run keeps each file's absolute path and sha256 (run.json's data, ch
 tasks): --resume, evaluate.py, predict and kNN's datastore refuse a file that changed since, in
 one line, and a run folder copied without the files still predicts (predict needs no data).
 """
+import functools
 import os
 import re
 
 import torch.nn as nn
 
 from minknn import MinknnError
-from minknn.data import DataError, Example, Task
+from minknn.data import DataError, Example, Task, check_every_class_present, load_split
 from minknn.files import file_sha256
 from minknn.own_files import FORMATS, label_type, parsed
 from minknn.tasks import TASKS, get_task
@@ -55,7 +56,9 @@ from minknn.tasks import TASKS, get_task
 SOURCES = ("train", "dev", "test")
 FLAGS = ("train_file", "dev_file", "test_file", "text_column", "label_column", "task_kind",
          "label_names", "label_sep")  # train.py's and the runner's (minknn/options.py SHARED)
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a task's name: folders, files, a head's key
+NAME = re.compile(r"[^\W_][\w-]*")  # a task's name: folders, files, a head's key (any script)
+# names a task cannot take: keys beside the tasks' in dev_scores and evaluate.py's metrics
+RESERVED = ("multitask", "overall", "checkpoint", "epoch", "split", "data_root", "max_eval")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +148,7 @@ def task_name(args, named):
     stem = os.path.splitext(os.path.basename(path))[0]
     if stem.lower() in GENERIC:
         stem = os.path.basename(os.path.dirname(path))
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-_")
+    name = re.sub(r"[^\w-]+", "-", stem).strip("-_")
     why = bad_name(name) if name else "it has no letter or digit"
     if why:
         raise MinknnError(f"--train_file {args.train_file}: it would name the task "
@@ -159,8 +162,10 @@ def bad_name(name):
     torch's ModuleDict, which a Module's own attributes, train or eval, cannot be)."""
     if not NAME.fullmatch(name):
         return "use letters, digits, '-' and '_' (it names the run's folder and files)"
-    if name in TASKS or name == "multitask":
+    if name in TASKS:
         return "a registered task's name"
+    if name in RESERVED:
+        return f"'{name}' is a name minknn keeps for itself (a run's {name} score or setting)"
     if hasattr(nn.ModuleDict(), name):
         return f"'{name}' is a name PyTorch's modules keep for themselves"
     return None
@@ -225,12 +230,24 @@ def read_own(paths, task, source):
     path, own = paths[0], task.own
     if not os.path.isfile(path):
         raise DataError(f"{path}: not found; the run read its {source} examples from it")
-    recorded = own.get("sha256", {}).get(source)
-    if recorded is not None and file_sha256(path) != recorded:
+    recorded, sha = own.get("sha256", {}).get(source), file_sha256(path)
+    if recorded is not None and sha != recorded:
         raise DataError(f"{path}: changed since the run read it (its sha256 is not the one "
                         f"recorded, {recorded[:12]}...); put the run's file back, or train a new "
                         f"run on this one")
-    return examples_of(path, parsed(path, own_spec(task), source), task, source)
+    return examples_of(path, rows_of(path, sha, own_spec(task), source), task, source)
+
+
+def rows_of(path, sha, spec, source):
+    """own_files.parsed(path, spec, source), parsed once a process for the file's content (sha):
+    train.py's checks, its build and its splits, and the runner's cells, read the same file."""
+    return _parsed(path, sha, tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                                           for k, v in spec.items())), source)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path, sha, spec, source):
+    return parsed(path, {k: list(v) if isinstance(v, tuple) else v for k, v in spec}, source)
 
 
 def examples_of(path, rows, task, source):
@@ -263,10 +280,9 @@ def files_task(args, name):
     names = [n.strip() for n in args.label_names.split(",")] if args.label_names else None
     spec = {"kind": args.task_kind, "text_columns": text_columns(args.text_column),
             "label_column": args.label_column, "label_sep": args.label_sep, "label_names": names}
-    rows = {s: parsed(path, spec, s) for s, path in files.items()}
-    if any(value is None for _, _, value in rows["train"]):  # never: train needs its labels
-        raise DataError(f"{files['train']}: rows without labels")
-    own = {**spec, "files": files, "sha256": {s: file_sha256(p) for s, p in files.items()}}
+    sha = {s: file_sha256(p) for s, p in files.items()}
+    rows = {s: rows_of(path, sha[s], spec, s) for s, path in files.items()}
+    own = {**spec, "files": files, "sha256": sha}
     labels, readable = [], None
     if args.task_kind == "similarity":
         scores = [value for _, _, value in rows["train"]]
@@ -279,6 +295,13 @@ def files_task(args, name):
     task = make_task(name, args.task_kind, labels, readable, own)
     for source, path in files.items():  # every class of dev and test is one train has
         examples_of(path, rows[source], task, source)
+    n = len(rows["train"])
+    if "dev" not in files and round(0.9 * n) == n:
+        raise DataError(f"{files['train']}: {n} rows, and a dev split of 10% of them would be "
+                        f"empty; give --dev_file, or more rows")
+    if task.kind == "classify":  # the 90% cut may leave a class out of train
+        check_every_class_present(load_split(task, "train"), task, f"{name}'s train split (of "
+                                  f"{files['train']})")
     return task
 
 

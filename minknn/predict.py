@@ -68,23 +68,19 @@ def get_args(argv=None):
     return args
 
 
-def read_texts(args, pair):
-    """[(id, text or (text, text))] from the arguments, --file or standard input."""
+def read_texts(args):
+    """(where they came from, [(id, what was read)]): the arguments' texts, a table's columns (a
+    tuple a row) or a file's or standard input's lines, read and checked before the run is
+    loaded (a bad file stops first)."""
     if args.texts:
-        if pair and len(args.texts) % 2:
-            raise MinknnError(f"a pair task takes its texts two by two (A1 B1 A2 B2 ...); "
-                              f"{len(args.texts)} were given")
-        step = 2 if pair else 1
-        return [(str(i // step + 1), tuple(args.texts[i:i + 2]) if pair else args.texts[i])
-                for i in range(0, len(args.texts), step)]
+        return "arguments", [(str(i + 1), t) for i, t in enumerate(args.texts)]
     path = args.file
     if path and os.path.splitext(path)[1].lower() in FORMATS:
         columns = text_columns(args.text_column)
-        if len(columns) != (2 if pair else 1):
-            raise MinknnError(f"--text_column {args.text_column}: the run's task takes "
-                              f"{'pairs: give two columns, a,b' if pair else 'one text a row'}")
+        if not 1 <= len(columns) <= 2:
+            raise MinknnError(f"--text_column {args.text_column}: one column, or two for pairs")
         name = os.path.basename(path)
-        return [(f"{name}:{n}", tuple(t) if pair else t[0]) for n, t in file_texts(path, columns)]
+        return "columns", [(f"{name}:{n}", tuple(t)) for n, t in file_texts(path, columns)]
     if path in (None, "-"):
         if path is None and sys.stdin.isatty():
             raise MinknnError("no texts: give them as arguments, with --file, or on standard "
@@ -92,18 +88,34 @@ def read_texts(args, pair):
         name, lines = "stdin", stdin_lines()
     else:
         name, lines = os.path.basename(path), read_lines(path)
-    texts = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        parts = line.split("\t")
-        if pair and len(parts) != 2:
-            raise MinknnError(f"{name}:{n}: a pair task takes a line 'first text<TAB>second "
-                              f"text'; this one has {len(parts)} tab-separated parts")
-        texts.append((f"{name}:{n}", tuple(parts) if pair else line))
-    if not texts:
+    found = [(f"{name}:{n}", line) for n, line in enumerate(lines, start=1) if line.strip()]
+    if not found:
         raise MinknnError(f"{path or 'standard input'}: no texts in it")
-    return texts
+    return "lines", found
+
+
+def as_texts(source, given, pair):
+    """The texts the run's task takes, from read_texts': each a string, or a pair of them."""
+    if source == "arguments" and pair:
+        if len(given) % 2:
+            raise MinknnError(f"a pair task takes its texts two by two (A1 B1 A2 B2 ...); "
+                              f"{len(given)} were given")
+        return [(str(i // 2 + 1), (given[i][1], given[i + 1][1]))
+                for i in range(0, len(given), 2)]
+    if source == "columns":
+        if len(given[0][1]) != (2 if pair else 1):
+            raise MinknnError(f"--text_column: the run's task takes "
+                              f"{'pairs: give two columns, a,b' if pair else 'one text a row'}")
+        return [(id, texts if pair else texts[0]) for id, texts in given]
+    if source == "lines" and pair:
+        for id, line in given:
+            parts = line.split("\t")
+            if len(parts) != 2 or not all(p.strip() for p in parts):
+                raise MinknnError(f"{id}: a pair task takes a line 'first text<TAB>second text', "
+                                  f"both not empty; this one has {len(parts)} tab-separated "
+                                  f"parts")
+        return [(id, tuple(line.split("\t"))) for id, line in given]
+    return given
 
 
 def stdin_lines():
@@ -220,13 +232,14 @@ def write_out(path, task, recs):
 
 def main(argv=None):
     args = get_args(argv)
+    source, given = read_texts(args)  # the texts first: a bad file stops before the run is read
     trained = load(args.run, **{k: getattr(args, k) for k in vars(rule_settings())})
     task = trained.task(args.task)
     if args.explain and task.kind not in ("classify", "multilabel") or \
             args.explain and trained.model.siamese(task):
         raise MinknnError(f"--explain shows kNN's neighbours, and {task.name} has no kNN (a "
                           f"similarity task, or pairs under --pair_mode siamese)")
-    given = read_texts(args, task.pair)  # the texts first: a bad file stops before any encoding
+    given = as_texts(source, given, task.pair)
     if args.out:
         make_folder(os.path.dirname(os.path.abspath(args.out)), "--out's folder")
     rules = ["model"] + ["proxy"] * args.proxy + ["knn", "knn-only"] * args.knn

@@ -63,12 +63,13 @@ def header_columns(header, path, required):
     return [header.index(column) for column in required]
 
 
-def csv_rows(path, **fmt):
+def csv_rows(path, hint="", **fmt):
     """The rows of a CSV (or tab-separated, CSV-quoted) file whose fields hold no line breaks
     (every such file minknn reads): one row per line, each line parsed alone. A field wrapped in
     quotes ("..", with "" for a quote mark inside) must close on its own line: read as one
     stream, a stray quote mark opening a field would swallow the lines up to the next quote mark
-    into one text and drop their rows without a word. Such a line is one line naming it."""
+    into one text and drop their rows without a word. Such a line is one line naming it (hint:
+    what that line adds)."""
     rows = []
     for lineno, line in enumerate(read_lines(path), start=1):
         try:
@@ -77,7 +78,7 @@ def csv_rows(path, **fmt):
             why = ("a field opens with a quote mark (\") that does not close on this line"
                    if "end of data" in str(e) else f"the CSV quoting is broken ({e})")
             raise DataError(f"{path}:{lineno}: {why}; a quoted field is \"..\", with \"\" for a "
-                            f"quote mark inside") from None
+                            f"quote mark inside{hint}") from None
     return rows
 
 

@@ -125,9 +125,11 @@ def build(args, make_optimizer, examples=None, device=None):
         if t.own and is_main():  # where your files' task comes from, and that it has no test
             print(describe(t))
     train, dev = examples or read_examples(args, tasks)  # minknn/data.py
-    data = run_data(args.data_dir, train) if examples is None else None  # saved for evaluate.py
-    if data is not None and files_record(tasks):  # your files' paths and sha256s (--resume)
-        data["files"] = files_record(tasks)
+    data = None
+    if examples is None:  # saved for evaluate.py; a run of your files alone needs no data root
+        data = run_data(None if all(t.own for t in tasks) else args.data_dir, train)
+        if files_record(tasks):  # your files' paths and sha256s (--resume)
+            data["files"] = files_record(tasks)
 
     model = Model(bert, tasks, args.pooling, args.pair_mode, args.option, args.decoupled)
     model.start_heads(train)
@@ -307,10 +309,9 @@ def save(trainer, epoch, best, records):
 
 
 def recorded_args(args):
-    """The arguments run.json and checkpoint.pt keep: all but --resume, and the file flags only
-    where they were given (a run of registered tasks keeps what it kept before them)."""
-    return {k: v for k, v in vars(args).items()
-            if k != "resume" and not (k in FILE_FLAGS and v is None)}
+    """The arguments checkpoint.pt keeps (run.json: all but --resume): the file flags only where
+    they were given (a run of registered tasks keeps what it kept before them)."""
+    return {k: v for k, v in vars(args).items() if not (k in FILE_FLAGS and v is None)}
 
 
 def write_checkpoint(trainer, epoch, dev):
@@ -331,10 +332,11 @@ def begin(trainer, last, records):
     if args.resume:
         check_same_data(args.out, trainer.data)
     else:  # from here on, a run to resume
-        args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
+        if not all(t.own for t in tasks):  # absolute: a resumed run reads the same files
+            args.data_dir = trainer.data["root"]
         if is_main():
-            write_json(os.path.join(args.out, "run.json"),
-                       {"args": recorded_args(args), "data": trainer.data})
+            saved = {k: v for k, v in recorded_args(args).items() if k != "resume"}
+            write_json(os.path.join(args.out, "run.json"), {"args": saved, "data": trainer.data})
     if world() > 1:  # from here an error of this rank's is its own, which it says (says_errors)
         run_begun()
     if rank() > 0:  # its own dropout masks; rank 0 draws what one process would

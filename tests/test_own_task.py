@@ -122,6 +122,11 @@ def test_dev_and_test_files_and_an_unlabelled_test(tmp_path):
     assert len(load_split(task, "train")) == 32 and len(load_split(task, "dev")) == 16
     assert [e.label for e in load_split(task, "test")] == [None] * 8, "a test file without labels: predictions only"
     assert args.train_file == os.path.abspath(train_path), "the run records absolute paths"
+    blank = write_jsonl(tmp_path / "blank.jsonl", [{"text": t, "label": None} for t in POSITIVE])
+    (task,), _ = tasks("--train_file", train_path, "--test_file", blank)
+    assert [e.label for e in load_split(task, "test")] == [None] * 8, "a test file's empty label column: unlabelled"
+    (task,), _ = tasks("--train_file", train_path, "--task", "критика")
+    assert task.name == "критика", "a name in any script's letters"
 
 
 # ------------------------------------------------------------------------ bad files, one line each
@@ -173,6 +178,28 @@ BAD_FILES = [
     bad("an integer beyond label_names", "text,label\na,0\nb,1\nc,2\n", "--label_names", "bad,good",
         says="t.csv:4: column 'label' holds 2, and --label_names has 2 names, for 0..1"),
     bad("an unknown extension", TWO, ext="txt", says="--train_file "),
+    bad("a text that holds a line break", TWO + '"a long\nfilm",positive\n',
+        says="t.csv:4: a field opens with a quote mark (\") that does not close on this line; a quoted field is "
+             "\"..\", with \"\" for a quote mark inside; and a text may not hold a line break"),
+    bad("a semicolon-separated file", "text;label\na;positive\n",
+        says="t.csv:1: the header is one comma-separated field holding semicolons"),
+    bad("a column named in another case", "Text,Label\na,positive\nb,negative\n",
+        says="t.csv:1: no column 'text' (--text_column); the header has 'Text' (names are matched exactly)"),
+    bad("a header after blank lines", "\n\nreview,label\na,positive\n",
+        says="t.csv:3: no column 'text' (--text_column); the header has: review, label"),
+    bad("a NaN label", '{"text": "a", "label": "x"}\n{"text": "b", "label": NaN}\n', ext="jsonl",
+        says="t.jsonl:2: column 'label' holds nan, not a class"),
+    bad("a lone surrogate", '{"text": "a", "label": "x"}\n{"text": "b \\ud83d", "label": "y"}\n', ext="jsonl",
+        says="t.jsonl:2: column 'text' holds a lone surrogate"),
+    bad("JSON nested too deep", '{"text": "a", "label": "x"}\n' + "[" * 100000 + "\n", ext="jsonl",
+        says="t.jsonl:2: not a JSON object (nested too deep)"),
+    bad("too few rows for a 10% dev split", "text,label\na,positive\nb,negative\nc,positive\n",
+        says="t.csv: 3 rows, and a dev split of 10% of them would be empty; give --dev_file, or more rows"),
+    # rows 0..9 shuffled by random.Random(0): row 6 is the one in dev (data.load_split)
+    bad("a class the 90% cut leaves out of train", "text,label\n" + "a,x\n" * 6 + "b,y\n" + "c,x\n" * 3,
+        says="t's train split (of "),
+    bad("a task named overall", TWO + "c,positive\nd,negative\ne,positive\n", "--task", "overall",
+        says="task name 'overall': 'overall' is a name minknn keeps for itself"),
     bad("a tab-separated file named .csv", "text\tlabel\na\tpositive\n",
         says="t.csv:1: the header is one comma-separated field holding tabs: a tab-separated file is read as .tsv"),
 ]
@@ -270,12 +297,18 @@ def test_a_run_on_your_files_trains_evaluates_and_records_them(tiny_bert_dir, tm
 
 
 def test_resume_refuses_a_file_that_changed_before_anything_is_read(tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    """Resumed in a folder with no data/ (your files need no data root), a run goes on; with its file changed,
+    --resume refuses it before the model is read."""
     from test_runs import stop_at
     path = write_csv(tmp_path / "reviews.csv", ["text", "label"], reviews(3))
-    with monkeypatch.context() as m:
-        stop_at(m, 2, KeyboardInterrupt)
-        with pytest.raises(SystemExit):
-            run(lambda: run_on(tiny_bert_dir, tmp_path / "run", "--train_file", path, "--steps_per_epoch", "2"))
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    for run_name in ("run", "again"):
+        with monkeypatch.context() as m:
+            stop_at(m, 2, KeyboardInterrupt)
+            with pytest.raises(SystemExit):
+                run(lambda: run_on(tiny_bert_dir, tmp_path / run_name, "--train_file", path, "--steps_per_epoch", "2"))
+    summary = train.main(["--resume", str(tmp_path / "again"), "--device", "cpu"])
+    assert summary["epochs"] == 2, "a run of your files resumes where no data/ folder is"
     with open(path, "a") as f:
         f.write("one more,positive\n")
     capsys.readouterr()
@@ -316,6 +349,7 @@ def test_a_registered_tasks_run_records_no_file_flags(tiny_bert_dir, data_dir, t
         extra = set(args) & set(options.FILE_FLAGS)
         assert not extra, f"{where} records the file flags {extra} for a registered task"
     assert "files" not in saved["data"] and "own" not in ckpt["tasks"]["sst"]
+    assert "resume" in ckpt["args"] and "resume" not in saved["args"], "checkpoint.pt keeps --resume, run.json not"
 
 
 def test_the_runner_grids_your_files_beside_a_registered_task_held_out(tiny_bert_dir, data_dir, tmp_path):

@@ -180,6 +180,9 @@ def test_out_writes_csv_and_json_lines_and_pairs_go_two_by_two(tiny_bert_dir, tm
     monkeypatch.setattr(sys, "stdin", io.StringIO("a gripping film\ta dull film\njust one\n"))
     with pytest.raises(MinknnError, match="stdin:2: a pair task takes a line 'first text<TAB>second text'"):
         predict([run_folder, "--device", "cpu"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\na gripping film\t \n"))
+    with pytest.raises(MinknnError, match="stdin:2: a pair task takes a line .*, both not empty"):
+        predict([run_folder, "--device", "cpu"])
 
 
 def test_the_python_api(tiny_bert_dir, tmp_path):
@@ -202,6 +205,24 @@ def test_the_python_api(tiny_bert_dir, tmp_path):
         load(run_folder, phi=2)
     with pytest.raises(MinknnError, match="unknown rule 'knnn'"):
         api.predict(texts, "knnn")
+    with pytest.raises(MinknnError, match="batch_size='64': give a whole number"):
+        load(run_folder, batch_size="64")
+    with pytest.raises(MinknnError, match="k=0: the number of neighbours, 1 or more"):
+        api.neighbours(texts, k=0)
+    with pytest.raises(MinknnError, match="no texts to answer"):
+        api.predict([])
+
+
+def test_a_bad_file_of_texts_stops_before_the_run_is_read(tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    run_folder = trained(tiny_bert_dir, tmp_path, "--train_file",
+                         write_csv(tmp_path / "reviews.csv", ["text", "label"], reviews(3)))
+    (tmp_path / "bad.csv").write_text("text\na gripping film\n\"unclosed\n")
+    monkeypatch.setattr("minknn.predict.load", lambda *a, **k: pytest.fail("the run was read before the file"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run(lambda: predict([run_folder, "--file", str(tmp_path / "bad.csv")]))
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path / 'bad.csv'}:3: a field opens with a quote mark") and "\n" not in err
 
 
 def test_a_run_copied_without_its_files_still_predicts_by_its_head(tiny_bert_dir, tmp_path, capsys):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from minknn.lab import bench
+from minknn import MinknnError
 from minknn.cli import run
 from helpers import DATA
 
@@ -153,3 +154,5 @@ def test_predict_times_predict_against_evaluate_on_the_same_texts(tiny_bert_dir,
         cells = row.strip("| ").split(" | ")
         assert cells[1].endswith("texts/s)") and cells[2].endswith("texts/s)") and \
             cells[3].endswith("x evaluate.py's throughput"), row
+    with pytest.raises(MinknnError, match="--task sts: predict's texts here are a classification task's single"):
+        bench.main(["predict", "--model", tiny_bert_dir, "--device", "cpu", "--data_dir", DATA, "--task", "sts"])

@@ -1,6 +1,6 @@
 """What asking a run about your texts costs. `predict`: `python -m minknn.predict` against
 `evaluate.py` on the same texts, in one process, alternating: both read a run of your own files
-(minknn/own_task.py) whose dev file holds the texts, evaluate.py scoring that split and predict
+(minknn/own_task.py) trained one step on 256 other sentences, whose dev file holds the texts, evaluate.py scoring that split and predict
 answering that file's column; the head alone, then with kNN over the run's datastore (built once,
 before the clock, then loaded by both). Each reads the file, tokenises, encodes in length-sorted
 batches and writes its answers: the whole command, less Python's start.
@@ -14,6 +14,7 @@ import time
 
 import evaluate
 import train as train_py
+from minknn import MinknnError
 from minknn.data import load_split
 from minknn.lab.bench.shared import Table, device_name, precision_of, times_itself
 from minknn.predict import main as predict
@@ -48,6 +49,10 @@ def quiet(fn):
 
 def bench_predict(args, device, timer, out):
     task = get_task(args.task, args.data_dir)
+    if task.kind != "classify" or task.pair:
+        raise MinknnError(f"--task {task.name}: predict's texts here are a classification task's "
+                          f"single sentences (sst, mr, ...), and {task.name} is "
+                          f"{'a task of pairs' if task.pair else 'a ' + task.kind + ' task'}")
     rows = texts_of(task, args.data_dir, args.texts + 256)
     with tempfile.TemporaryDirectory() as tmp:
         train_file = write_rows(os.path.join(tmp, "train.csv"), rows[args.texts:])
