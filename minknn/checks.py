@@ -15,16 +15,16 @@ import math
 import os
 
 from minknn import MinknnError, distributed
+from minknn.files import read_json
 from minknn.kinds import KINDS
 from minknn.losses import (BASE_LOSSES, LOSS_FLAGS, LOSSES, MEMORY_LOSSES, METRIC_LOSSES,
                            NAMED_PROXY_LOSSES, PROXY_LOSSES, check_loss_name, loss_kind,
                            need)
 from minknn.losses.decoupled import DecoupledTripletLoss
 from minknn.losses.pairs import PAIR_LOSSES
-from minknn.files import read_json
 from minknn.memory import MOMENTUM
-from minknn.own_task import FLAGS as FILE_FLAGS, check_flags, check_unchanged, given, task_name
-from minknn.own_task import tasks_of
+from minknn.own_task import (FLAGS as FILE_FLAGS, check_flags, check_unchanged, given, task_name,
+                             tasks_of)
 from minknn.runs import saved_args
 from minknn.tasks import TASKS
 

@@ -274,6 +274,11 @@ class Trained:
         self.tasks = list(model.tasks.values())
         self._root_read, self._train, self._datastores = False, {}, {}
 
+    @property
+    def labels(self):
+        """The class names of the run's task, in the order of predict_proba's columns."""
+        return list(self.task().labels)
+
     def task(self, name=None):
         """The run's task (name: one of a multi-task run's)."""
         if name is None and len(self.tasks) == 1:

@@ -47,7 +47,7 @@ import re
 
 import torch.nn as nn
 
-from minknn import MinknnError
+from minknn import MinknnError, warn
 from minknn.data import DataError, Example, Task, check_every_class_present, load_split
 from minknn.files import file_sha256
 from minknn.own_files import FORMATS, label_type, parsed
@@ -86,12 +86,13 @@ def check_flags(args):
         path = getattr(args, flag)
         if path is None:
             continue
+        if os.path.isdir(path):
+            raise MinknnError(f"--{flag} {path}: a folder; give a file")
         if os.path.splitext(path)[1].lower() not in FORMATS:
             raise MinknnError(f"--{flag} {path}: minknn reads .csv, .tsv and .jsonl (JSON Lines) "
                               f"files, by their extension")
         if not os.path.isfile(path):
-            what = "a folder" if os.path.isdir(path) else "not found"
-            raise MinknnError(f"--{flag} {path}: {what}; give a file")
+            raise MinknnError(f"--{flag} {path}: not found; give a file")
         setattr(args, flag, os.path.abspath(path))
     files = [(f, getattr(args, f)) for f in ("train_file", "dev_file", "test_file")
              if getattr(args, f)]
@@ -204,6 +205,15 @@ def classes_of(path, rows, spec):
     if len(seen) < 2 and spec["kind"] == "classify":
         raise DataError(f"{path}: column '{spec['label_column']}' holds one class only "
                         f"({seen[0]!r}); classification needs two at least")
+    folded = {}
+    for v in seen if kind is str else []:  # 'Positive' and 'positive': a slip, not two classes
+        twin = folded.setdefault(v.casefold(), v)
+        if twin != v:
+            (first, one), (then, other) = sorted(  # each spelling's first line, in file order
+                (next(n for n, _, values in rows if c in values), c) for c in (twin, v))
+            raise DataError(f"{path}:{then}: column '{spec['label_column']}' holds {other!r}, "
+                            f"where line {first} holds {one!r}: classes that differ only in case; "
+                            f"write each class one way")
     return [str(v) for v in seen], "name"
 
 
@@ -302,7 +312,15 @@ def files_task(args, name):
     if task.kind == "classify":  # the 90% cut may leave a class out of train
         check_every_class_present(load_split(task, "train"), task, f"{name}'s train split (of "
                                   f"{files['train']})")
+    dev = n - round(0.9 * n)
+    if "dev" not in files and dev < 10 and files["train"] not in _WARNED:
+        _WARNED.add(files["train"])  # once a process: the runner reads it for every cell
+        warn(f"{files['train']}: dev is 10% of its {n} rows, {dev} example{'s' * (dev > 1)}, "
+             f"which choose{'s' * (dev == 1)} the best epoch alone; give --dev_file for more")
     return task
+
+
+_WARNED = set()  # the training files whose small dev split this process has warned of
 
 
 def make_task(name, kind, labels, names, own):

@@ -41,8 +41,19 @@ from minknn.runs import make_folder
 RULE_NAMES = {"model": "model", "proxy": "proxy", "knn": "model + kNN", "knn-only": "kNN alone"}
 
 
+class PredictParser(Parser):
+    """argparse, but for RUN and TEXT missing: the texts are not required (--file and standard
+    input give them), the run is."""
+
+    def error(self, message):
+        if message.startswith("the following arguments are required"):
+            message = ("give the run first (RUN: a folder train.py wrote, or its checkpoint.pt), "
+                       "then the texts, or --file, or texts on standard input")
+        super().error(message)
+
+
 def get_args(argv=None):
-    p = Parser(description=__doc__.split("\n")[0])
+    p = PredictParser(prog="python -m minknn.predict", description=__doc__.split("\n")[0])
     p.add_argument("run", metavar="RUN", help="a run folder train.py wrote, or its checkpoint.pt")
     p.add_argument("texts", metavar="TEXT", nargs="*", help="texts to answer (a pair task: two "
                    "by two) (default: --file, else a text a line on standard input)")
@@ -58,6 +69,9 @@ def get_args(argv=None):
     add_run_flags(p)
     add_rule_flags(p, rules=True)
     args = p.parse_intermixed_args(argv)  # texts before and after the flags
+    if not os.path.exists(args.run):
+        p.error(f"RUN {args.run}: not found; the first argument is the run (a folder train.py "
+                f"wrote, or its checkpoint.pt), the texts come after it")
     if args.explain < 0:
         p.error(f"--explain must be at least 1 (or 0: none), got {args.explain}")
     check_rule_flags(p, args, args.knn or args.explain > 0, add_knn="add --knn or --explain")

@@ -1,5 +1,6 @@
 """The task registry: every task minknn trains on, one entry each. Adding a task is one entry here
-(and, for a new file format, one reader in minknn/readers.py).
+(and, for a new file format, one reader in minknn/readers.py); your own CSV, TSV or JSON Lines
+files need none (train.py --train_file: minknn/own_task.py).
 
 An entry says where the task's official files are (their folder under the data root and their
 names, by the source they hold), how to read them, its classes, its kind (minknn/kinds.py), how

@@ -68,10 +68,10 @@ from minknn.kinds import describe_run
 from minknn.losses import build_losses, loss_kind
 from minknn.memory import MoCo, new_memory
 from minknn.model import Model
+from minknn.own_task import FLAGS as FILE_FLAGS, describe, files_record, tasks_of
 from minknn.pcgrad import PCGrad
 from minknn.probe import fit_head
 from minknn.proxy import has_proxies, start_at_names
-from minknn.own_task import FLAGS as FILE_FLAGS, describe, files_record, tasks_of
 from minknn.resume import REWRITE, check_kept, read_last
 from minknn.runs import Diverged, check_same_data, summarise
 from minknn.step import Forward

@@ -123,7 +123,9 @@ def test_texts_from_arguments_a_file_a_column_or_standard_input(tiny_bert_dir, t
                        ([run_folder, "a", "--explain", "2", "--task", "x"], "this run has the tasks reviews"),
                        ([run_folder, "a", "--proxy"], "--proxy: this checkpoint was trained with --loss ce"),
                        ([run_folder, "a", "--k", "4"], "--k is a kNN option; add --knn or --explain"),
-                       ([run_folder, "a", "--out", str(tmp_path / "a.txt")], "write a .csv or a .jsonl file")):
+                       ([run_folder, "a", "--out", str(tmp_path / "a.txt")], "write a .csv or a .jsonl file"),
+                       (["a gripping film"], "RUN a gripping film: not found; the first argument is the run"),
+                       ([], "give the run first (RUN: a folder train.py wrote, or its checkpoint.pt)")):
         with pytest.raises(SystemExit) as exit_:
             run(lambda: predict(argv + ["--device", "cpu"]))
         err = capsys.readouterr().err.strip().splitlines()
@@ -190,6 +192,7 @@ def test_the_python_api(tiny_bert_dir, tmp_path):
                          write_csv(tmp_path / "reviews.csv", ["text", "label"], reviews(3)))
     api = load(run_folder, device="cpu", k=4)
     texts = ["a gripping film", "a dull film", "great fun"]
+    assert api.labels == ["negative", "positive"], "predict_proba's columns"
     for rule in ("model", "proxy", "knn", "knn-only"):
         p = api.predict_proba(texts, rule)
         assert p.shape == (3, 2) and abs(p.sum(1) - 1).max() < 1e-9, f"{rule}: {p}"

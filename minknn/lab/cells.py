@@ -16,7 +16,7 @@ import time
 import torch
 
 import train  # a cell is trained by train.py's own main, in this process
-from minknn import MinknnError, backbones
+from minknn import MinknnError, backbones, options
 from minknn.checkpoint import load_checkpoint, rebuild
 from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split, split_recipe,
                          training_examples)
@@ -29,7 +29,6 @@ from minknn.lab import setfit_package
 from minknn.lab.report import impossible_score
 from minknn.lab.grid import knn_grid, size_flags
 from minknn.model import Model
-from minknn import options
 from minknn.own_task import check_flags, file_argv, files_task
 from minknn.status import run_status
 from minknn.tasks import get_task

@@ -87,9 +87,9 @@ from minknn.lab.cells import (Context, has_labelled_test, missing_scores, run_ce
 from minknn.lab.kept import check_flags, drop_kept, kept_cells
 from minknn.lab.grid import (cells_of, parse_grid, parse_method, parse_seeds, parse_sizes,
                              search_text, size_flags, split_top, with_search)
+from minknn.losses import PROXY_LOSSES
 from minknn.own_task import FLAGS as FILE_FLAGS, file_argv, given, task_name
 from minknn.own_task import check_flags as check_file_flags
-from minknn.losses import PROXY_LOSSES
 from minknn.runs import lock_folder, make_folder
 from minknn.status import missing_checkpoint
 from minknn.tasks import TASKS
