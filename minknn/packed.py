@@ -31,11 +31,23 @@ Shapes in comments: B batch, T tokens, N real tokens, H hidden, nh heads, hs = H
 import torch
 import torch.nn.functional as F
 
-try:  # flash attention over packed sequences; torch.nn.attention.varlen is new (2.11 and 2.13
-    # have it, with these arguments) and runs on CUDA only, in fp16 and bf16, without dropout
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:
-    varlen_attn = None
+
+def varlen_kernel():
+    """Flash attention over packed sequences, torch.nn.attention.varlen's varlen_attn, or None
+    where this torch has none (2.11 and 2.13 have it, with these arguments); CUDA only, fp16 and
+    bf16, no dropout. Imported on first use, not with this file: the module imports
+    torch._dynamo, 2 s of every command's start on this project's CPU, where it never runs."""
+    if "fn" not in _VARLEN:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            varlen_attn = None
+        _VARLEN["fn"] = varlen_attn
+    return _VARLEN["fn"]
+
+
+_VARLEN = {}  # varlen_kernel's import, once
+
 # the devices on which "packed" attention runs over the packed tokens: on the CPU the padded call
 # always runs (tests monkeypatch this to run the packed kernels on the CPU)
 PACKED_DEVICES = ("cuda",)
@@ -115,9 +127,9 @@ def packed_kernel(kernel, qkv, dropout_p, packing):
     if (kernel != "packed" or not packing.padded or packing.bias is not None
             or qkv.device.type not in PACKED_DEVICES or packing.spans()[3] == 0):
         return None  # (a row with no real token at all: the padded call handles it)
-    if (varlen_attn is not None and dropout_p == 0 and qkv.device.type == "cuda"
+    if (dropout_p == 0 and qkv.device.type == "cuda"
             and qkv.dtype in (torch.float16, torch.bfloat16) and qkv.size(-1) % 8 == 0
-            and qkv.size(-1) <= 256):
+            and qkv.size(-1) <= 256 and varlen_kernel() is not None):
         return "varlen"
     return "nested"
 
@@ -130,7 +142,7 @@ def packed_attention(how, q, k, v, packing, dropout_p):
     offsets, cu, longest, _ = packing.spans()  # cu: flash attention's offsets are int32
     q, k, v = (x.contiguous() for x in (q, k, v))  # views into the one QKV matmul's output
     if how == "varlen":
-        return varlen_attn(q, k, v, cu, cu, longest, longest)
+        return varlen_kernel()(q, k, v, cu, cu, longest, longest)
 
     def rows(x):  # (N, nh, hs) -> (B, nh, jagged T, hs): SDPA's layout, a row per sequence
         return torch.nested.nested_tensor_from_jagged(x, offsets,

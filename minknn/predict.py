@@ -181,6 +181,7 @@ def shown(task, answer):
 
 
 def settings_note(trained, task, rule):
+    """What a rule's line adds: proxy inference's alpha, the mix's phi, the vote's K."""
     args = trained.args
     if rule == "proxy":
         return f"alpha {args.proxy_alpha}"
@@ -189,6 +190,7 @@ def settings_note(trained, task, rule):
 
 
 def print_answers(trained, task, recs):
+    """The answers on the screen, a block a text (docs/predict.md shows one)."""
     for r in recs:
         print(f"{r['id']}. {r['text']}" + (f"  |  {r['text_b']}" if task.pair else ""))
         for rule in RULE_NAMES:

@@ -1287,6 +1287,16 @@ def test_packed_kernel_is_chosen_only_where_it_applies(monkeypatch):
         assert got == want, f"packed_kernel for {case}: {got!r}, expected {want!r}"
     monkeypatch.setattr(packed, "PACKED_DEVICES", ("cuda",))
     assert packed.packed_kernel("packed", qkv, 0.0, ragged) is None, "the CPU is not a packing device here"
+    # on CUDA (a stand-in of qkv's device, dtype and head size): flash varlen in bf16 evaluation, where this
+    # torch has it (imported on first use: packed.varlen_kernel), nested tensors with dropout or in fp32
+    on_gpu = type("QKV", (), {"device": torch.device("cuda"), "size": lambda self, d: 16})
+    varlen = "varlen" if packed.varlen_kernel() is not None else "nested"
+    for dtype, dropout, want in ((torch.bfloat16, 0.0, varlen), (torch.bfloat16, 0.1, "nested"),
+                                 (torch.float32, 0.0, "nested")):
+        qkv_gpu = on_gpu()
+        qkv_gpu.dtype = dtype
+        got = packed.packed_kernel("packed", qkv_gpu, dropout, ragged)
+        assert got == want, f"packed_kernel on CUDA, {dtype}, dropout {dropout}: {got!r}, expected {want!r}"
 
 
 def test_fused_kernel_drops_the_weights_too():

@@ -187,7 +187,7 @@ def test_evaluation_in_bf16_runs_flash_varlen_and_matches_the_padded_call(kernel
         for how in ("fused", "packed"):
             with torch.autocast(GPU.type, dtype=torch.bfloat16):
                 got[how] = model.set_attention(how)(ids, mask)[real].float()
-    expected = "varlen" if packed.varlen_attn is not None and GPU.type == "cuda" else "nested"
+    expected = "varlen" if packed.varlen_kernel() is not None and GPU.type == "cuda" else "nested"
     assert kernels_run == [expected] * 2, (f"evaluation in bf16 ran the packed kernels {kernels_run}; "
                                            f"expected {expected!r} in each of 2 layers")
     err = {how: (g - want).abs().max().item() for how, g in got.items()}

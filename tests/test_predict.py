@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -258,3 +259,13 @@ def test_the_pages_python_api_block_runs_as_written(page, tiny_bert_dir, tmp_pat
     namespace = {}
     exec(compile(block, page, "exec"), namespace)
     assert namespace["run"].predict(["a gripping film"])[0] in ("negative", "positive")
+
+
+def test_importing_the_api_loads_nothing_slow():
+    """`from minknn.inference import load` imports torch and minknn's files, not torch._dynamo (2 s on this
+    project's CPU: torch.nn.attention.varlen's, which minknn/packed.py imports on its first CUDA use only), nor a
+    model or data (load does that)."""
+    code = "import sys; import minknn.inference; print(sorted(m for m in ('torch._dynamo', 'transformers') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-500:])

@@ -1,8 +1,8 @@
 """What asking a run about your texts costs. `predict`: `python -m minknn.predict` against
 `evaluate.py` on the same texts, in one process, alternating: both read a run of your own files
-(minknn/own_task.py) trained one step on 256 other sentences, whose dev file holds the texts, evaluate.py scoring that split and predict
-answering that file's column; the head alone, then with kNN over the run's datastore (built once,
-before the clock, then loaded by both). Each reads the file, tokenises, encodes in length-sorted
+(minknn/own_task.py) trained one step on 256 other sentences, whose dev file holds the texts,
+evaluate.py scoring that split and predict answering that file's column; the head alone, then
+with kNN over the run's datastore (built once, before the clock, then loaded by both). Each reads the file, tokenises, encodes in length-sorted
 batches and writes its answers: the whole command, less Python's start.
 """
 import contextlib
