@@ -17,16 +17,13 @@ load_run, read_task_data). The files and the data root: docs/runs.md; kNN and it
 docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
 """
 import os
-import time
 
 from minknn.cli import Parser, run
 from minknn.data import data_root, labelled
 from minknn.datastore import knn_settings, run_datastore
-from minknn.engine import predict
 from minknn.files import write_csv, write_json
 from minknn.index import INDEX_FLAGS
-from minknn.inference import (KnnSweep, knn_probabilities, load_run, read_task_data,
-                              rule_probabilities, scores_of)
+from minknn.inference import KnnSweep, load_run, read_task_data, rule_answers, scores_of
 from minknn.kinds import describe, kind_of, overall, task_metrics
 from minknn.knn import SWEEP_PHIS
 from minknn.options import add_flags, add_rule_flags, add_run_flags, check_rule_flags
@@ -104,41 +101,32 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if knn:  # the datastore first: its errors come before the slow encoding of the split
         datastore, build_seconds, index_seconds = run_datastore(args, ckpt, model, tokenizer, task,
                                                                 train, key, device, several)
-    # one pass gives the outputs and the pooled z, or with --knn the queries in the datastore's
-    # representation (the key's)
-    start = time.time()
-    outputs, queries = predict(model, tokenizer, task, examples, args.batch_size, device,
-                            progress=f"{task.name} {args.split}", key=key if knn else None,
-                            precision=args.precision)
-    encode_seconds = time.time() - start
-    probabilities = rule_probabilities("model", task, outputs)
+    # minknn/inference.py: one pass gives the outputs and the pooled z, or with --knn the queries
+    # in the datastore's representation (the key's); a second gives z for --proxy where they differ
+    proxy = args.proxy and has_proxies(losses[task.name])
+    wanted = ["model"] + ["proxy"] * proxy + ["knn-only", "knn"] * knn
+    # the queries are training examples: leave each one's own entry out of its neighbours
+    exclude = datastore.rows_of([e.id for e in examples]) if knn and args.split == "train" else None
+    found, queries, _, seconds = rule_answers(
+        model, tokenizer, task, examples, args, device, losses[task.name], wanted,
+        datastore if knn else None, exclude, progress=f"{task.name} {args.split}")
+    probabilities = found["model"]
     rules = [("model", "", probabilities, f"{base}.csv")]  # (name, prefix, probabilities, file)
     result = {"n": len(examples), "predictions": f"{base}.csv"}
-    if args.proxy and has_proxies(losses[task.name]):
-        # proxies compare the pooled z: a --knn_key other than the run's pooling needs its own pass
-        z = queries if not knn or key == model.pooling else \
-            predict(model, tokenizer, task, examples, args.batch_size, device,
-                    progress=f"{task.name} {args.split} z", precision=args.precision)[1]
-        rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", rule_probabilities(
-            "proxy", task, outputs, z, losses[task.name], args.proxy_alpha),
-            f"{base}-{named(args, 'proxy')}.csv"))
+    if proxy:
+        rules.append((f"proxy inference (alpha {args.proxy_alpha})", "proxy_", found["proxy"],
+                      f"{base}-{named(args, 'proxy')}.csv"))
         result["proxy_alpha"] = args.proxy_alpha
     if knn:
         s = knn_settings(args, task)
         result["knn"] = {**s._asdict(), "key": key, "index": datastore.settings}
-        # the queries are training examples: leave each one's own entry out of its neighbours
-        exclude = datastore.rows_of([e.id for e in examples]) if args.split == "train" else None
-        start = time.time()
-        knn_probs = knn_probabilities(datastore, queries, s, exclude)
-        knn_seconds = time.time() - start
         how = f"K {s.k}, --vote {s.vote}{f', T {s.temperature}' if s.vote != 'cosine' else ''}"
-        rules += [(f"kNN alone ({how}, key {key})", "knn_", knn_probs,
+        rules += [(f"kNN alone ({how}, key {key})", "knn_", found["knn-only"],
                    f"{base}-{named(args, 'knn-only', leave_out=['phi'])}.csv"),
-                  (f"model + kNN (phi {s.phi})", "mix_", rule_probabilities(
-                      "knn", task, outputs, knn=knn_probs, phi=s.phi),
+                  (f"model + kNN (phi {s.phi})", "mix_", found["knn"],
                    f"{base}-{named(args, 'knn')}.csv")]
-        result["timing"] = {"encode_ms_per_query": 1000 * encode_seconds / len(examples),
-                            "knn_ms_per_query": 1000 * knn_seconds / len(examples),
+        result["timing"] = {"encode_ms_per_query": 1000 * seconds["encode"] / len(examples),
+                            "knn_ms_per_query": 1000 * seconds["knn"] / len(examples),
                             "datastore_build_seconds": build_seconds,
                             "index_build_seconds": index_seconds,
                             "datastore_size": len(datastore)}

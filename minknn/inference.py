@@ -20,6 +20,7 @@ checked against it) and read_task_data (each task's examples and kNN training se
 encoding.
 """
 import os
+import time
 
 import torch
 
@@ -56,6 +57,37 @@ def rule_probabilities(rule, task, outputs, z=None, loss=None, alpha=None, knn=N
     if rule == "knn":
         return interpolate(kind.probabilities(outputs), knn, phi)
     raise ValueError(f"unknown rule '{rule}'; choose one of: {', '.join(RULES)}")
+
+
+def rule_answers(model, tokenizer, task, examples, args, device, loss, rules, datastore=None,
+                 exclude=None, z_too=False, progress=None):
+    """Each rule of `rules` (RULES) on the examples, as evaluate.py scores them and predict prints
+    them (one computation for both): ({rule: probabilities (N, C), or a similarity task's scores
+    (N,)}, the queries, z, {"encode": seconds, "knn": seconds}). One prediction pass gives the
+    head's outputs and the pooled z, or, with a datastore, the queries in its key's
+    representation; a second gives z where the proxies need it (the proxy rule, or z_too: their
+    cosines) and kNN's key is not the pooling (z is None where nothing needs it). args: the
+    settings (batch_size, precision, knn_key, proxy_alpha, k, phi, vote, temperature). exclude:
+    (N,) each query's own datastore row, left out (queries from the training set)."""
+    key = model.knn_key(args.knn_key) if datastore is not None else None
+    start = time.time()
+    outputs, queries = predict(model, tokenizer, task, examples, args.batch_size, device,
+                               progress=progress, key=key, precision=args.precision)
+    seconds = {"encode": time.time() - start}
+    z = queries if key in (None, model.pooling) else None
+    if z is None and ("proxy" in rules or z_too):  # the proxies compare the pooled z
+        z = predict(model, tokenizer, task, examples, args.batch_size, device,
+                    progress=progress and f"{progress} z", precision=args.precision)[1]
+    found = {"model": rule_probabilities("model", task, outputs)}
+    if "proxy" in rules:
+        found["proxy"] = rule_probabilities("proxy", task, outputs, z, loss, args.proxy_alpha)
+    if "knn" in rules or "knn-only" in rules:
+        s = knn_settings(args, task)
+        start = time.time()
+        found["knn-only"] = knn_probabilities(datastore, queries, s, exclude)
+        seconds["knn"] = time.time() - start
+        found["knn"] = rule_probabilities("knn", task, outputs, knn=found["knn-only"], phi=s.phi)
+    return {rule: found[rule] for rule in rules}, queries, z, seconds
 
 
 def knn_probabilities(datastore, queries, settings, exclude=None):
@@ -318,8 +350,8 @@ class Trained:
         """Each rule's probabilities (N, C) (a similarity task: scores (N,)) of your texts, as
         evaluate.py computes them: "model", "proxy" (at proxy_alpha), "knn" (mixed at phi) and
         "knn-only"; explain N: also "neighbours", each text's N nearest training examples (the
-        datastore kNN votes from) and "proxies", each class proxy's cosine. One prediction pass,
-        and a second for the proxies where kNN's key is not the pooled z (as evaluate.py)."""
+        datastore kNN votes from) and "proxies", each class proxy's cosine. Computed by
+        rule_answers, as evaluate.py computes them."""
         task = self.task(task)
         examples = texts_examples(texts, task)
         unknown = [r for r in rules if r not in RULES]
@@ -329,32 +361,17 @@ class Trained:
             raise MinknnError(f"explain={explain!r}: the number of neighbours to show, 1 or more "
                               f"(0: none)")
         voting = any(r.startswith("knn") for r in rules)
-        knn = voting or explain > 0  # the queries in the datastore's representation
         loss = self.losses[task.name]
         require_written(["proxy-inference"] * ("proxy" in rules) + ["knn"] * voting)
         if "proxy" in rules:
             check_proxies(self.ckpt, self.losses, [task])
-        datastore = self.datastore(task) if knn else None
+        datastore = self.datastore(task) if voting or explain else None
         if voting:  # the vote's K (--explain shows its own N)
             check_k(knn_settings(self.args, task).k, len(datastore))
-        key = self.model.knn_key(self.args.knn_key)
-        a = self.args
-        outputs, queries = predict(self.model, self.tokenizer, task, examples, a.batch_size,
-                                   self.device, progress, key=key if knn else None,
-                                   precision=a.precision)
-        found = {"model": rule_probabilities("model", task, outputs)}
         cosines = explain > 0 and has_proxies(loss)
-        z = queries if not knn or key == self.model.pooling or not ("proxy" in rules or cosines) \
-            else predict(self.model, self.tokenizer, task, examples, a.batch_size, self.device,
-                         progress, precision=a.precision)[1]  # the proxies compare the pooled z
-        if "proxy" in rules:
-            found["proxy"] = rule_probabilities("proxy", task, outputs, z, loss, a.proxy_alpha)
-        if voting:
-            s = knn_settings(a, task)
-            vote = knn_probabilities(datastore, queries, s)
-            found["knn-only"] = vote
-            found["knn"] = rule_probabilities("knn", task, outputs, knn=vote, phi=s.phi)
-        answers = {rule: found[rule] for rule in rules}
+        answers, queries, z, _ = rule_answers(self.model, self.tokenizer, task, examples,
+                                              self.args, self.device, loss, rules, datastore,
+                                              z_too=cosines, progress=progress)
         if explain:
             answers["neighbours"] = self.nearest(task, datastore, queries, explain)
             if cosines:

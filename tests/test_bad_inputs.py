@@ -23,6 +23,7 @@ import evaluate
 import minknn.checkpoint
 import minknn.datastore
 import minknn.files
+import minknn.inference
 import minknn.memory
 import minknn.packaged
 import train
@@ -726,7 +727,7 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
         argv, env = argv
         for variable, value in env.items():
             monkeypatch.setenv(variable, value)
-    for module, function in ((train, "train_step"), (evaluate, "predict"), (minknn.datastore, "predict"),
+    for module, function in ((train, "train_step"), (minknn.inference, "predict"), (minknn.datastore, "predict"),
                              (minknn.memory, "predict")):
         monkeypatch.setattr(module, function, no_slow_work)
     main = {"train": train.main, "evaluate": evaluate.main, "runner": runner.main}[script]

@@ -698,11 +698,12 @@ def test_evaluate_says_a_run_is_still_training_and_scores_its_best_epoch_so_far(
 def test_ctrl_c_in_evaluate_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     """Ctrl-C outside train.py's own handler (here in evaluate.py's prediction pass): `interrupted`, status 130."""
     import evaluate
+    import minknn.inference
     train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(tmp_path / "run")])
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(evaluate, "predict", interrupted)
+    monkeypatch.setattr(minknn.inference, "predict", interrupted)  # evaluate.py's pass
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         run(lambda: evaluate.main(["--checkpoint", str(tmp_path / "run")]))

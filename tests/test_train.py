@@ -13,6 +13,7 @@ import torch
 
 import evaluate
 import minknn.datastore
+import minknn.inference
 import train
 from minknn import MinknnError, options
 from minknn.bert import BertModel
@@ -385,7 +386,7 @@ def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tin
     def refused(extra, message):
         """evaluate.py with these flags stops with one line, before encoding anything."""
         with monkeypatch.context() as m:
-            for module in (evaluate, minknn.datastore):
+            for module in (minknn.inference, minknn.datastore):  # evaluate.py's pass, the datastore's
                 m.setattr(module, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
             with pytest.raises(MinknnError, match=message) as e:
                 evaluate.main(common + extra)
@@ -398,8 +399,8 @@ def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tin
     flat_bytes = path.read_bytes()
 
     passes = []
-    predict = evaluate.predict
-    for module in (evaluate, minknn.datastore):  # the split's pass, the datastore's
+    predict = minknn.inference.predict
+    for module in (minknn.inference, minknn.datastore):  # the split's pass, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
     capsys.readouterr()
     hnsw = evaluate.main(common + ["--index", "hnsw", "--ef_search", "16"])["sst"]
@@ -448,8 +449,8 @@ def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_pat
     assert 0 <= result["knn_acc"] <= 1 and os.path.exists(tmp_path / "run" / "datastore-decoupled.pt")
     # with the datastore saved, the split is encoded once: the logits and the queries r in one pass
     passes = []
-    predict = evaluate.predict
-    for module in (evaluate, minknn.datastore):  # the split's pass, the datastore's
+    predict = minknn.inference.predict
+    for module in (minknn.inference, minknn.datastore):  # the split's pass, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k.get("key")), predict(*a, **k))[1])
     assert evaluate.main(common)["sst"]["knn_acc"] == result["knn_acc"] and passes == ["decoupled"]
     monkeypatch.undo()
@@ -721,8 +722,8 @@ def test_a_bf16_training_step_on_the_cpu(tiny_bert_dir, data_dir, tmp_path, monk
 def test_evaluate_predicts_in_its_precision(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "10", "--loss", "proxyanchor")
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["args"]["precision"] == "fp32"  # the CPU's
-    seen, predict = [], evaluate.predict
-    for module in (evaluate, minknn.datastore):  # the split's passes, the datastore's
+    seen, predict = [], minknn.inference.predict
+    for module in (minknn.inference, minknn.datastore):  # the split's passes, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
     evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--precision", "bf16", "--proxy",
                    "--knn", "--k", "4", "--knn_key", "cls"])

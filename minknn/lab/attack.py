@@ -71,10 +71,8 @@ from minknn import MinknnError, backbones, progress_bar
 from minknn.cli import run
 from minknn.data import Example, labelled
 from minknn.datastore import knn_settings, run_datastore
-from minknn.engine import predict
 from minknn.files import atomic_save, file_sha256, read_json, write_json
-from minknn.inference import (RULES, knn_probabilities, load_run, read_task_data,
-                              rule_probabilities)
+from minknn.inference import RULES, load_run, read_task_data, rule_answers
 from minknn.kinds import kind_of
 from minknn.model import pool
 from minknn.options import check_rule_flags
@@ -504,20 +502,13 @@ def get_args(argv=None):
     return args
 
 
-def rule_classifier(args, model, losses, tokenizer, task, device, datastore, key):
+def rule_classifier(args, model, losses, tokenizer, task, device, datastore):
     """The attacked classifier, a black box: texts -> (N, C) probabilities of --attack's rule
-    (minknn/inference.py, as evaluate.py scores it)."""
-    s = knn_settings(args, task)
-
+    (minknn/inference.py rule_answers, as evaluate.py scores it)."""
     def classify(texts):
         examples = [Example(text=t) for t in texts]
-        # the pooled z, or for a kNN rule the queries in the datastore's representation
-        outputs, queries = predict(model, tokenizer, task, examples, args.batch_size, device,
-                                key=key if datastore is not None else None,
-                                precision=args.precision)
-        knn = knn_probabilities(datastore, queries, s) if datastore is not None else None
-        return rule_probabilities(args.attack, task, outputs, queries, losses[task.name],
-                                  args.proxy_alpha, knn, s.phi)
+        return rule_answers(model, tokenizer, task, examples, args, device, losses[task.name],
+                            [args.attack], datastore)[0][args.attack]
     return classify
 
 
@@ -614,7 +605,7 @@ def main(argv=None):
     examples = [dataclasses.replace(e, text=cut_to_fit(e.text, fits), id=e.id or str(i))
                 for i, e in enumerate(examples)]
     labels = kind_of(task).gold(task, examples).tolist()
-    classify = rule_classifier(args, model, losses, tokenizer, task, device, datastore, key)
+    classify = rule_classifier(args, model, losses, tokenizer, task, device, datastore)
     start = time.time()
     summary = run_attack(examples, labels, classify, neighbours, encode, settings, path,
                          task.labels, antonyms)
