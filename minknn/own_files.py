@@ -1,5 +1,5 @@
 """Your files' rows (minknn/own_task.py makes a task of them; predict --file reads their texts):
-CSV, TSV and JSON Lines, by the name's extension, each read a line at a time (data.read_lines:
+CSV, TSV and JSON Lines, by the name's extension, each read a line at a time (lines.read_lines:
 UTF-8, a byte-order mark and \r\n taken; readers.csv_rows: CSV quoting, a quoted field closed on
 its own line), blank lines left out. CSV and TSV need a header row naming the columns; JSON Lines
 hold an object a line, the columns its keys. Each row's texts and label are checked against the
@@ -12,7 +12,8 @@ import math
 import os
 import re
 
-from minknn.data import DataError, read_lines
+from minknn.data import DataError
+from minknn.lines import read_lines
 from minknn.readers import csv_rows
 
 FORMATS = {".csv": ",", ".tsv": "\t", ".jsonl": None}  # extension -> CSV delimiter (None: JSON)

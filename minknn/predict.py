@@ -29,7 +29,7 @@ import sys
 
 from minknn import MinknnError
 from minknn.cli import Parser, run
-from minknn.data import BOM, read_lines, split_lines
+from minknn.lines import BOM, read_lines, split_lines
 from minknn.files import write_csv, write_jsonl
 from minknn.inference import load
 from minknn.kinds import kind_of

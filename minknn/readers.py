@@ -2,7 +2,7 @@
 paths are the source's files (Task.files), source the official split they hold ("train",
 "dev", "test", "all"); most readers need only the paths. A row that cannot be read stops the
 run with one line naming the file and line (DataError), before any training. Files are read as
-UTF-8 line by line (data.read_lines: a byte-order mark dropped, \r\n line ends as \n), where a
+UTF-8 line by line (minknn/lines.py read_lines: a byte-order mark dropped, \r\n line ends as \n), where a
 byte that is not UTF-8 is such a line; in SentEval's and Reuters' files (latin-1, as SentEval
 reads them) a line that is not UTF-8 is read as latin-1, that line alone, with a note.
 
@@ -16,7 +16,8 @@ import os
 import re
 import tarfile
 
-from minknn.data import DataError, Example, read_lines
+from minknn.data import DataError, Example
+from minknn.lines import read_lines
 
 
 def parse_class(value, task, where):

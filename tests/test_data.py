@@ -11,8 +11,9 @@ import pytest
 
 from minknn import MinknnError
 from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset,
-                         examples_fingerprint, git_blob_id, load_split, per_class_sample, read_lines, run_data,
+                         examples_fingerprint, git_blob_id, load_split, per_class_sample, run_data,
                          stratified_sample, training_examples)
+from minknn.lines import read_lines
 from minknn.kinds import kind_of
 from minknn.tasks import TASKS, get_task
 

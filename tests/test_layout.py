@@ -5,7 +5,7 @@ its layer here (LAYERS), which is where the README's file map groups it.
 
 The layers, from the bottom (a file may import from its own layer and those below it):
     base      minknn/__init__.py (the errors, signals, bars), parts.py (the assignment's parts)
-    tasks     what is read and scored: data, tasks, readers, own_files and own_task (your files),
+    tasks     what is read and scored: data, lines, tasks, readers, own_files and own_task (your files),
               kinds, metrics
     model     the encoder and its files: weights, packaged, packed, bert, backbones, tokenizer,
               model
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = {
     "base": ["minknn", "minknn.parts", "minknn.files"],
-    "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.own_files", "minknn.own_task",
+    "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.lines", "minknn.own_files", "minknn.own_task",
               "minknn.kinds", "minknn.metrics"],
     "model": ["minknn.weights", "minknn.packaged", "minknn.cache_record", "minknn.packed", "minknn.bert",
               "minknn.backbones", "minknn.tokenizer", "minknn.model"],
