@@ -332,8 +332,7 @@ def begin(trainer, last, records):
     if args.resume:
         check_same_data(args.out, trainer.data)
     else:  # from here on, a run to resume
-        if not all(t.own for t in tasks):  # absolute: a resumed run reads the same files
-            args.data_dir = trainer.data["root"]
+        args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
         if is_main():
             saved = {k: v for k, v in recorded_args(args).items() if k != "resume"}
             write_json(os.path.join(args.out, "run.json"), {"args": saved, "data": trainer.data})

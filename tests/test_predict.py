@@ -178,6 +178,11 @@ def test_out_writes_csv_and_json_lines_and_pairs_go_two_by_two(tiny_bert_dir, tm
     assert [r["model"] for r in rows] == [r["model"]["answer"] for r in recs]
     assert float(rows[0]["model_probability"]) == pytest.approx(max(recs[0]["model"]["probabilities"].values()),
                                                                 abs=1e-6)
+    (tmp_path / "pairs.txt").write_text("a gripping film\ta dull film\n\ngreat fun\tweak cast\n")
+    by_lines = predict([run_folder, "--file", str(tmp_path / "pairs.txt"), "--device", "cpu"])
+    assert [(r["id"], r["text"], r["text_b"]) for r in by_lines] == [
+        ("pairs.txt:1", "a gripping film", "a dull film"), ("pairs.txt:3", "great fun", "weak cast")]
+    assert [r["model"] for r in by_lines] == [r["model"] for r in recs], "a pair line answers as two arguments do"
     with pytest.raises(MinknnError, match="a pair task takes its texts two by two"):
         predict([run_folder, "a", "b", "c", "--device", "cpu"])
     monkeypatch.setattr(sys, "stdin", io.StringIO("a gripping film\ta dull film\njust one\n"))
