@@ -285,10 +285,11 @@ class BertModel(nn.Module):
         if isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None, pooled=False):
+    def forward(self, input_ids, attention_mask, token_type_ids=None, pooled=False, pack=True):
         """input_ids, attention_mask, token_type_ids: (B, T) integer tensors; attention_mask is
         1 for real tokens and 0 for padding. Returns the last hidden states (B, T, H), and with
-        pooled=True also the pooler's output (B, H)."""
+        pooled=True also the pooler's output (B, H). pack=False runs the padding through the
+        layers too (Packing's pack, for the ONNX export): the same on every real token."""
         if input_ids.size(1) > self.config.max_tokens:
             raise MinknnError(f"sequence of {input_ids.size(1)} tokens is longer than the model's "
                               f"{self.config.max_tokens} positions; lower --max_len")
@@ -297,7 +298,7 @@ class BertModel(nn.Module):
                               f"(--pooling)")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        packing = Packing(attention_mask)  # the layers see the real tokens only (packed.py)
+        packing = Packing(attention_mask, pack)  # the layers see the real tokens only (packed.py)
         h = self.encoder(self.embeddings(input_ids, token_type_ids, packing), packing)
         h = packing.unpack(h)  # (B, T, H), zeros at the padding
         return (h, self.pooler(h)) if pooled else h

@@ -58,12 +58,16 @@ class Packing:
     the padded layout (B, T, ...) and the packed one (N, ...) in the order of the rows. With no
     padding both are views of the same memory and nothing is copied."""
 
-    def __init__(self, attention_mask):
+    def __init__(self, attention_mask, pack=True):
         self.B, self.T = attention_mask.shape
         self.attention_mask = attention_mask
-        self.padded = not attention_mask.all()
+        # pack=False (the ONNX export, minknn/onnx_export.py): every position goes through the
+        # layers and the padding keys are masked, with no shape that depends on the mask's
+        # values (an exported graph takes any mask), and no test of them
+        self.padded = not attention_mask.all() if pack else True
         # the real tokens' places in the flattened (B T) positions, (N,)
-        self.index = attention_mask.flatten().nonzero().squeeze(1) if self.padded else None
+        self.index = attention_mask.flatten().nonzero().squeeze(1) if pack and self.padded \
+            else None
         # (1, nh, T, T) or None: a term every layer adds to its attention scores, beside the
         # padding's mask. BERT has none; MPNet's encoder puts its relative-position bias here.
         self.bias = None
@@ -103,11 +107,11 @@ class Packing:
     def pack(self, x):
         """(B, T, ...) -> (N, ...): the real tokens only."""
         x = x.flatten(0, 1)
-        return x[self.index] if self.padded else x
+        return x if self.index is None else x[self.index]
 
     def unpack(self, x):
-        """(N, ...) -> (B, T, ...), zeros at the padding."""
-        if self.padded:
+        """(N, ...) -> (B, T, ...), zeros at the padding (unpacked: whatever the layers left)."""
+        if self.index is not None:
             x = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy(0, self.index, x)
         return x.view(self.B, self.T, *x.shape[1:])
 
@@ -124,7 +128,7 @@ def packed_kernel(kernel, qkv, dropout_p, packing):
     Neither takes an additive term, so MPNet's relative bias keeps the padded call; so do
     --attention explicit and fused, and a batch with no padding, where the padded call already
     computes nothing wasted."""
-    if (kernel != "packed" or not packing.padded or packing.bias is not None
+    if (kernel != "packed" or packing.index is None or packing.bias is not None
             or qkv.device.type not in PACKED_DEVICES or packing.spans()[3] == 0):
         return None  # (a row with no real token at all: the padded call handles it)
     if (dropout_p == 0 and qkv.device.type == "cuda"

@@ -76,10 +76,11 @@ def load_safetensors(path):
     return tensors
 
 
-def save_safetensors(tensors, path):
-    """Writes {name: tensor} in the same format (used by the tests to make tiny models)."""
+def save_safetensors(tensors, path, metadata=None):
+    """Writes {name: tensor} in the same format (the export; the tests' tiny models). metadata:
+    {str: str}, the header's __metadata__."""
     names = {v: k for k, v in DTYPES.items()}
-    header, chunks, offset = {}, [], 0
+    header, chunks, offset = ({"__metadata__": metadata} if metadata else {}), [], 0
     for name, t in tensors.items():
         raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),

@@ -2,8 +2,10 @@
 transformers' AutoModel gives the run's last hidden states and sentence-transformers the z it
 pools, within 1e-5, on each backbone (BERT, RoBERTa, DistilBERT, MPNet: tiny random folders,
 tests/conftest.py), with the tokenizer copied from the base folder or written from the checkpoint,
-an old run's checkpoint and the real all-MiniLM-L6-v2 too; the heads are not written, and the
-export says why in one line; bad input is one line and leaves nothing behind.
+an old run's checkpoint and the real all-MiniLM-L6-v2 too; the heads are in head.safetensors and
+the labels in config.json, and the export says in one line that transformers' classifiers do not
+read them; bad input is one line and leaves nothing behind. (The card, its snippets and the ONNX
+graphs: tests/test_onnx.py.)
 
 A run here is a checkpoint.pt saved as train.py saves it (save_checkpoint) from a model whose
 weights were all moved off the base folder's, as training moves them: an export that read the
@@ -33,7 +35,7 @@ from minknn.losses import build_losses  # noqa: E402
 from minknn.model import Model  # noqa: E402
 from minknn.tasks import TASKS  # noqa: E402
 from minknn.tokenizer import Tokenizer  # noqa: E402
-from minknn.weights import resolve_model_path  # noqa: E402
+from minknn.weights import load_safetensors, resolve_model_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-5
@@ -130,10 +132,6 @@ CASES = [("bert", "copied", "mean"), ("bert", "written", "cls"),
          ("distilbert", "copied", "max"), ("distilbert", "written", "mean"),
          ("distilbert", "frozen", "cls"),
          ("mpnet", "copied", "mean"), ("mpnet", "written", "max")]
-HEAD_CLASSES = {"bert": "BertForSequenceClassification",
-                "roberta": "RobertaForSequenceClassification",
-                "distilbert": "DistilBertForSequenceClassification",
-                "mpnet": "MPNetForSequenceClassification"}
 
 
 @pytest.mark.parametrize("kind,tokenizer_from,pooling", CASES)
@@ -150,21 +148,39 @@ def test_transformers_and_sentence_transformers_read_the_run_as_minknn(kind, tok
     assert written == (tokenizer_from == "written"), f"{kind}: {said[0]}"
     read_back(kind, tmp_path / "out", model, tokenizer)
     config = json.load(open(tmp_path / "out" / "config.json"))
-    assert "id2label" not in config and "num_labels" not in config, \
-        f"{kind}: config.json names labels of a head it does not hold"
+    labels = list(TASKS["sst"].labels)
+    assert config.get("id2label") == {str(i): c for i, c in enumerate(labels)} and \
+        config.get("label2id") == {c: i for i, c in enumerate(labels)}, \
+        f"{kind}: config.json's labels {config.get('id2label')}, {config.get('label2id')}; the run's {labels}"
+    head = load_safetensors(str(tmp_path / "out" / "head.safetensors"))
+    assert sorted(head) == ["bias", "weight"], f"{kind}: head.safetensors holds {sorted(head)}"
+    for name in head:
+        assert torch.equal(head[name], getattr(model.heads["sst"], name)), \
+            f"{kind}: head.safetensors' {name} is not the run's head's"
     # the last line (before it, a frozen run's rebuild notes the base folder's unused tensors)
-    assert said[-1].startswith("note: not written: the sst head") and HEAD_CLASSES[kind] in said[-1], \
+    assert said[-1].startswith("note: transformers' pipeline(\"text-classification\") and "
+                               "AutoModelForSequenceClassification do not read head.safetensors"), \
         f"{kind}: the head's line: {said[1:]}"
 
 
-@pytest.mark.parametrize("tasks,pair_mode,says", [
-    (("sst", "sts"), "cross", "the heads of sst, sts: AutoModelForSequenceClassification holds one"),
-    (("quora",), "siamese", "the quora head, on [u, v, |u - v|]")])
-def test_a_multitask_or_siamese_runs_heads_are_not_written_saying_why(tasks, pair_mode, says,
-                                                                      tiny_bert_dir, tmp_path, capsys):
-    fabricated_run(tiny_bert_dir, tmp_path / "run", "mean", tasks=tasks, pair_mode=pair_mode)
+@pytest.mark.parametrize("tasks,pair_mode,shapes", [
+    (("sst", "sts"), "cross", {"sst.weight": (5, 32), "sst.bias": (5,), "sts.weight": (1, 32),
+                               "sts.bias": (1,)}),
+    (("quora",), "siamese", {"weight": (2, 96), "bias": (2,)})])
+def test_a_multitask_or_siamese_runs_heads_are_written_and_the_card_says_encode_cannot_feed_them(
+        tasks, pair_mode, shapes, tiny_bert_dir, tmp_path, capsys):
+    """Several heads go into head.safetensors after their task's name; a siamese pair's reads
+    [u, v, |u - v|] (3H). Neither has a sentence-transformers snippet (encode gives one text's z),
+    and config.json names no labels where there is not one classifier."""
+    model, _ = fabricated_run(tiny_bert_dir, tmp_path / "run", "mean", tasks=tasks, pair_mode=pair_mode)
     said = export(tmp_path / "run", tmp_path / "out", capsys)
-    assert len(said) == 2 and said[1].startswith(f"note: not written: {says}"), said
+    assert len(said) == 3 and "head.safetensors" in said[1], said
+    head = load_safetensors(str(tmp_path / "out" / "head.safetensors"))
+    assert {k: tuple(v.shape) for k, v in head.items()} == shapes, {k: tuple(v.shape) for k, v in head.items()}
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "```python" not in card and "does not read one text's z" in card, card
+    config = json.load(open(tmp_path / "out" / "config.json"))
+    assert ("id2label" in config) == (len(tasks) == 1), config
 
 
 def test_an_old_run_exports_into_an_empty_folder(tmp_path, capsys):

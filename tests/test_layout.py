@@ -12,7 +12,8 @@ The layers, from the bottom (a file may import from its own layer and those belo
     machine   running the model: engine (device, precision, batches, prediction), distributed
     methods   the ideas of the papers: losses/, memory, knn, proxy, pcgrad, probe
     run       a run and its files: options, checks, cli, trainer, step, resume, checkpoint, runs,
-              status, files, curves, index, datastore, inference, assignment, export, predict
+              status, files, curves, index, datastore, inference, assignment, export (card,
+              onnx_export), predict
     scripts   train.py, evaluate.py
     lab       minknn/lab/: the research tools, built on the scripts (the one layer that imports
               them)
@@ -35,7 +36,7 @@ LAYERS = {
     "run": ["minknn.options", "minknn.checks", "minknn.cli", "minknn.trainer", "minknn.step",
             "minknn.resume", "minknn.checkpoint", "minknn.runs", "minknn.status", "minknn.curves", "minknn.index",
             "minknn.datastore", "minknn.inference", "minknn.assignment", "minknn.export",
-            "minknn.predict"],
+            "minknn.card", "minknn.onnx_export", "minknn.predict"],
     "scripts": ["train", "evaluate"],
     "lab": ["minknn.lab"],
 }
