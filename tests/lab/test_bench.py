@@ -156,3 +156,19 @@ def test_predict_times_predict_against_evaluate_on_the_same_texts(tiny_bert_dir,
             cells[3].endswith("x evaluate.py's throughput"), row
     with pytest.raises(MinknnError, match="--task sts: predict's texts here are a classification task's single"):
         bench.main(["predict", "--model", tiny_bert_dir, "--device", "cpu", "--data_dir", DATA, "--task", "sts"])
+
+
+def test_onnx_times_onnxruntime_against_minknn_on_the_same_texts(tiny_bert_dir, capsys):
+    """`bench.py onnx`: onnxruntime on the exported classifier.onnx and minknn's own prediction pass
+    answer the same texts, and agree (the line says within what); one row, two throughputs and their
+    ratio (no time is asserted)."""
+    run(lambda: bench.main(["onnx", "--model", tiny_bert_dir, "--device", "cpu", "--data_dir", DATA,
+                            "--texts", "40", "--rounds", "1", "--max_len", "32"]))
+    out = capsys.readouterr().out
+    said = next(line for line in out.splitlines() if line.startswith("`python -m minknn.lab.bench onnx`"))
+    gap = float(said.rsplit("agree within ", 1)[1].split()[0])
+    assert "the same 40 sst sentences" in said and gap < 1e-5, said
+    row = next(line for line in out.splitlines() if line.startswith("| 40 texts"))
+    cells = row.strip("| ").split(" | ")
+    assert cells[1].endswith("texts/s)") and cells[2].endswith("texts/s)") and \
+        cells[3].endswith("x minknn's throughput"), row

@@ -10,6 +10,7 @@ one run.
     python -m minknn.lab.bench index      # faiss flat, IVF and HNSW datastores up to 1M keys
     python -m minknn.lab.bench profile    # where a step of train.py goes: launches, syncs, kernels
     python -m minknn.lab.bench predict    # predict against evaluate.py on the same 10,000 texts
+    python -m minknn.lab.bench onnx       # onnxruntime on the exported classifier against minknn
     python -m minknn.lab.bench epoch --write RESULTS.md   # the table into RESULTS.md too
 
 All but `model` read real data ($MINKNN_DATA or --data_dir; data/README.md). Each prints one line
@@ -22,7 +23,7 @@ those comparisons are skipped.
 
 The files: shared.py the scaffolding (Timer, Table, the peak matmul, train.py's run and step);
 model.py `model`; epoch.py `epoch`, `ddp` and `grid`; knn.py `knn` and `index`; multitask.py
-`multitask`; profile.py `profile`; predict.py `predict`; here the flags (make_parser) and main,
+`multitask`; profile.py `profile`; predict.py `predict`; onnx.py `onnx`; here the flags (make_parser) and main,
 and every name of the others. The scaffolding is not here so that the subcommands' files need
 not import this package, which imports them (tests/test_layout.py: no circle of imports).
 """
@@ -36,6 +37,7 @@ from minknn.lab.bench.epoch import bench_ddp, bench_epoch, bench_grid
 from minknn.lab.bench.knn import NOISE, bench_index, bench_knn, clustered_keys
 from minknn.lab.bench.model import Reference, bench_model
 from minknn.lab.bench.multitask import bench_multitask
+from minknn.lab.bench.onnx import bench_onnx
 from minknn.lab.bench.predict import bench_predict
 from minknn.lab.bench.profile import bench_profile
 from minknn.lab.bench.shared import (Table, Timer, built, check_transformers, device_name,
@@ -47,7 +49,8 @@ from minknn.options import add_flags
 
 __all__ = ["make_parser", "main", "whole_numbers",
            "bench_model", "bench_epoch", "bench_ddp", "bench_grid", "bench_knn",
-           "bench_multitask", "bench_index", "bench_profile", "bench_predict", "Reference", "NOISE",
+           "bench_multitask", "bench_index", "bench_profile", "bench_predict", "bench_onnx", "Reference",
+           "NOISE",
            "clustered_keys",
            "Timer", "times_itself", "Table", "device_name", "precision_of", "peak_matmul_flops",
            "flops_per_token", "check_transformers", "built", "step", "fixed_batches",
@@ -58,7 +61,7 @@ def make_parser():
     # prog: the name --help's usage line gave when this was bench.py (python -m runs __main__.py)
     p = Parser(prog="bench.py", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{model,epoch,ddp,grid,knn,multitask,index,profile,predict}")
+                           metavar="{model,epoch,ddp,grid,knn,multitask,index,profile,predict,onnx}")
 
     def command(name, help, rounds, **steps):
         c = sub.add_parser(name, help=help, description=help)  # a Parser too: one-line errors
@@ -152,6 +155,12 @@ def make_parser():
     c.add_argument("--batch_size", type=int, default=64, help="both commands' --batch_size")
     c.add_argument("--max_len", type=int, default=128, help="the run's train.py --max_len")
     c.add_argument("--k", type=int, default=64, help="--knn's neighbours per query")
+    c = command("onnx", "onnxruntime on the exported classifier against minknn, the same texts", 2)
+    c.add_argument("--task", default="sst", help="whose train and dev sentences are the texts")
+    c.add_argument("--texts", type=int, default=2000, help="texts answered (cycled where the "
+                   "task has fewer)")
+    c.add_argument("--batch_size", type=int, default=64, help="texts a batch, for both")
+    c.add_argument("--max_len", type=int, default=128, help="tokens a text at most")
     return p
 
 
@@ -199,7 +208,7 @@ def main(argv=None):
     # the one called; model and epoch get its peak_matmul_flops and check_transformers too
     bench = {"model": bench_model, "epoch": bench_epoch, "ddp": bench_ddp, "grid": bench_grid,
              "knn": bench_knn, "multitask": bench_multitask, "index": bench_index,
-             "profile": bench_profile, "predict": bench_predict}[args.command]
+             "profile": bench_profile, "predict": bench_predict, "onnx": bench_onnx}[args.command]
     measures = {"peak_matmul_flops": peak_matmul_flops, "check_transformers": check_transformers}
     bench(args, device, Timer(device, args.rounds), out,
           **(measures if args.command in ("model", "epoch") else {}))
