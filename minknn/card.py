@@ -21,6 +21,11 @@ from minknn.files import read_json
 from minknn.kinds import kind_of
 from minknn.proxy import has_proxies
 
+# what each proxy loss's class logits are (its class_logits, minknn/proxy.py), its scale s put in
+PROXY_LOGITS = {"ProxyAnchorLoss": "{s:g} cos(z, P_c)",
+                "ProxyNCALoss": "-{s:g} (2 - 2 cos(z, P_c))",
+                "SoftTripleLoss": "{s:g} S_c(z), the cosines to class c's centres weighted by a "
+                                  "softmax at gamma {gamma:g}"}
 # --model's names for the packaged weights -> their names on the Hub (minknn/weights.py)
 HUB_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
              "mpnet": "sentence-transformers/all-mpnet-base-v2"}
@@ -169,9 +174,13 @@ def card(ckpt, model, losses, out, files, max_len, onnx_inputs=None, knn=None):
         lines.append(f"  - test: {describe(test)}" if test else
                      "  - test: not scored (evaluate.py --split test before exporting adds it)")
         if has_proxies(losses[t.name]):
-            lines.append("  - proxies: `head.safetensors` holds them (`proxies`); proxy "
-                         "inference mixes softmax((1 - alpha) F(z) + alpha s cos(z, P_c)) "
-                         "(minknn/proxy.py)")
+            metric = losses[t.name].metric
+            logits = PROXY_LOGITS[type(metric).__name__].format(
+                s=metric.scale, gamma=getattr(metric, "gamma", 0))
+            lines.append(f"  - proxies: in `head.safetensors`; proxy inference is "
+                         f"softmax((1 - alpha) F(z) + alpha L(z)), F the head's logits, "
+                         f"L_c(z) = {logits} (minknn/proxy.py; alpha 0.5 in "
+                         f"classifier.onnx's proxy_probabilities)")
     lines.append("")
     code = snippet(one, out, [str(x) for x in one.labels], knn) if one and one.name in \
         model.heads else None

@@ -203,6 +203,31 @@ def test_a_multilabel_runs_snippets_give_each_label_above_half(tiny_bert_dir, tm
                  multilabel=True)
 
 
+@pytest.mark.parametrize("loss", ["proxynca", "softtriple"])
+def test_classifier_onnx_runs_each_proxy_losss_inference(loss, tiny_bert_dir, tmp_path):
+    """ProxyNCA's class logits (-s d(z, P_c)) and SoftTriple's (its centres' S_c), traced into
+    classifier.onnx: proxy_probabilities within 1e-5 of minknn's proxy rule (inference.py)."""
+    from minknn import backbones
+    from minknn.inference import rule_probabilities
+    from minknn.losses import build_losses
+    from minknn.model import Model
+    from minknn.onnx_export import PROXY_ALPHA, write_onnx
+    from minknn.tasks import TASKS
+    from minknn.tokenizer import Tokenizer
+    torch.manual_seed(0)
+    model = Model(backbones.from_pretrained(tiny_bert_dir), [TASKS["mr"]], "max").eval()
+    losses = build_losses(model, {"loss": loss, "sts_loss": "mse", "lam": 0.5, "task": "mr",
+                                  "tasks": ["mr"], "decoupled": False})
+    write_onnx(model, losses, 16, str(tmp_path))
+    batch = Tokenizer.from_folder(tiny_bert_dir, max_len=16)(TEXTS)
+    theirs = onnx_session(str(tmp_path)).run(None, {k: v.numpy() for k, v in batch.items()})[1]
+    with torch.inference_mode():
+        out = model("mr", **batch)
+        ours = rule_probabilities("proxy", TASKS["mr"], out.logits, out.z, losses["mr"],
+                                  PROXY_ALPHA)
+    same_answers(f"{loss}: classifier.onnx's proxy_probabilities", theirs, ours)
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def refused(argv, capsys):
