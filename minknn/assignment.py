@@ -43,8 +43,8 @@ NOT_COPIED = ("tests/mutations.py", "tests/mutate.py", "tests/test_assignment.py
 # What an edition copies (the module docstring says why): the project's own top-level entries,
 # the folders where git's untracked files count, and the folders never copied (environments,
 # caches, outputs; any folder holding pyvenv.cfg too)
-PROJECT = (".ci", ".gitignore", "LICENSE", "README.md", "RESULTS.md", "data/README.md",
-           "docs", "evaluate.py", "minknn", "pyproject.toml", "tests",
+PROJECT = (".ci", ".gitignore", "LICENSE", "README.md", "RESULTS.md", "constraints.txt",
+           "data/README.md", "docs", "evaluate.py", "minknn", "pyproject.toml", "tests",
            "train.py")
 OWN_FOLDERS = ("minknn", "tests", "docs")
 SKIPPED = {".git", ".venv", "venv", "env", ".env", ".tox", ".conda", "node_modules", "__pycache__",
