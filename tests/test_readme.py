@@ -33,7 +33,7 @@ checked:
     runner        --model TINY --epochs 1 --max_len 32 --batch_size 8 --device cpu --sizes 16
                   --seeds 0 (one seed, one size: every task and method of the line still runs)
     assignment    nothing: writing an edition copies files, already quick
-    export        nothing: the run it reads is already tiny
+    export        --k 4 with --knn (the run it reads is already tiny)
     predict       --device cpu, and --k 4 with --knn
     bench         --model TINY --device cpu --rounds 1 and the subcommand's smallest sizes (BENCH)
 TINY is a random 2-layer BERT 32 wide (tests/helpers.py's, with 128 positions: bench knn encodes
@@ -113,7 +113,8 @@ BENCH = {"model": ["--steps", "1", "--batch_size", "2", "--lengths", "16"],
                   "--train_flags", "--epochs 1 --max_len 32 --batch_size 8 --max_eval 8"],
          "index": ["--sizes", "1000", "--dim", "16", "--queries", "10", "--k", "4"],
          "profile": ["--steps", "1", "--batch_size", "4", "--max_len", "16"],
-         "predict": ["--texts", "50", "--k", "4", "--max_len", "32"]}
+         "predict": ["--texts", "50", "--k", "4", "--max_len", "32"],
+         "onnx": ["--texts", "40", "--max_len", "32"]}
 
 
 # ------------------------------------------------------------------------ reading the pages
@@ -185,6 +186,8 @@ def tiny_args(name, args, model, stopped):
         return args + ["--max_eval", "8", "--device", "cpu"] + (["--k", "4"] if "--knn" in args else [])
     if name == "predict":
         return args + ["--device", "cpu"] + (["--k", "4"] if "--knn" in args else [])
+    if name == "export":
+        return args + (["--k", "4"] if "--knn" in args else [])
     if name == "runner" and "--table" in args:
         return args
     if name == "runner":
