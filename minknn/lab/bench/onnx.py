@@ -77,8 +77,7 @@ def bench_onnx(args, device, timer, out):
         gap = np.abs(ours() - ort_probabilities(session, tokenizer, texts, args.batch_size,
                                                 inputs)).max()
         lengths = [len(ids) for ids, _ in tokenizer.encode(texts)]
-        out.append(f"`python -m minknn.lab.bench onnx`: {device_name(device)}, "
-                   f"{torch.get_num_threads()} torch threads, onnxruntime "
+        out.append(f"`python -m minknn.lab.bench onnx`: {device_name(device)}, onnxruntime "
                    f"{onnxruntime.__version__} (its default threads); {args.model} with a new "
                    f"{task.name} head, --max_len {args.max_len}, batches of {args.batch_size}; "
                    f"the same {args.texts:,} {task.name} sentences ({np.mean(lengths):.0f} tokens "
