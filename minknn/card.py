@@ -191,7 +191,8 @@ def card(ckpt, model, losses, out, files, max_len, onnx_inputs=None, knn=None):
     else:
         lines += ["This run's head does not read one text's z (a pair task, several tasks, or no "
                   "head): sentence-transformers' `encode` gives z for one text only. "
-                  + ("`onnx/classifier.onnx` takes the token ids." if onnx_inputs and one else
+                  + ("`onnx/classifier.onnx` takes the token ids (below)."
+                     if "onnx/classifier.onnx" in files else
                      "minknn's `python -m minknn.predict` answers from the run folder."), ""]
     if onnx_inputs and one and "onnx/classifier.onnx" in files:
         lines += ["With onnxruntime alone, the whole classifier (ids to probabilities):", "",

@@ -228,6 +228,17 @@ def test_classifier_onnx_runs_each_proxy_losss_inference(loss, tiny_bert_dir, tm
     same_answers(f"{loss}: classifier.onnx's proxy_probabilities", theirs, ours)
 
 
+def test_a_siamese_run_gets_the_encoder_graph_and_a_card_that_promises_no_classifier(
+        tiny_bert_dir, tmp_path):
+    """A siamese pair task's head reads [u, v, |u - v|] of two texts encoded alone: no
+    classifier.onnx, and the card sends the reader to minknn's predict, not to a missing file."""
+    fabricated_run(tiny_bert_dir, tmp_path / "run", "mean", tasks=("quora",), pair_mode="siamese")
+    out = exported(tmp_path / "run", tmp_path / "out", "--onnx")
+    assert sorted(os.listdir(os.path.join(out, "onnx"))) == ["model.onnx"], os.listdir(out)
+    card = open(os.path.join(out, "README.md")).read()
+    assert "classifier.onnx" not in card and "python -m minknn.predict` answers" in card, card
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def refused(argv, capsys):
