@@ -35,10 +35,9 @@ sentence_transformers = required("sentence_transformers")
 
 import evaluate  # noqa: E402
 import minknn.export  # noqa: E402
-from minknn.cli import run  # noqa: E402
 from minknn.inference import load  # noqa: E402
 from minknn.weights import load_safetensors  # noqa: E402
-from test_export import TEXTS, differs, fabricated_run, offline  # noqa: E402,F401 (offline: autouse)
+from test_export import TEXTS, differs, fabricated_run, offline, refused  # noqa: E402,F401 (offline: autouse)
 from test_own_task import reviews, write_csv, write_jsonl  # noqa: E402
 from test_predict import DEV, trained  # noqa: E402
 
@@ -240,14 +239,6 @@ def test_a_siamese_run_gets_the_encoder_graph_and_a_card_that_promises_no_classi
 
 
 # ---------------------------------------------------------------------------- bad input
-
-def refused(argv, capsys):
-    with pytest.raises(SystemExit) as stop:
-        run(lambda: minknn.export.main([str(a) for a in argv]))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(err) == 1, f"exit {stop.value.code}, said {err}"
-    return err[0]
-
 
 def test_onnx_without_its_packages_is_one_line_before_anything_is_read(tmp_path, capsys,
                                                                        monkeypatch):
