@@ -102,7 +102,8 @@ def snippet(task, out, labels, knn=None):
             "from safetensors.torch import load_file",
             "from sentence_transformers import SentenceTransformer",
             "",
-            f"folder = {json.dumps(out)}",
+            f"folder = {json.dumps(out)}  # this folder, from where the export ran: "
+            "the path to it where you use it",
             "encoder = SentenceTransformer(folder, device=\"cpu\")",
             "head = load_file(f\"{folder}/head.safetensors\")",
             f"labels = {json.dumps(labels)}",
@@ -118,7 +119,8 @@ def onnx_snippet(out, max_len, inputs, task):
     return ["import onnxruntime",
             "from transformers import AutoTokenizer",
             "",
-            f"folder = {json.dumps(out)}",
+            f"folder = {json.dumps(out)}  # this folder, from where the export ran: "
+            "the path to it where you use it",
             "tokenizer = AutoTokenizer.from_pretrained(folder)",
             "session = onnxruntime.InferenceSession(f\"{folder}/onnx/classifier.onnx\")",
             f"texts = {json.dumps(texts)}",
