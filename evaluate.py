@@ -8,31 +8,31 @@
     python evaluate.py --checkpoint RUN --knn --index hnsw   # an approximate faiss index
 
 Each task of the run is predicted by the model and, with --proxy and --knn, by those rules too,
-side by side (minknn/inference.py); a multi-label run's --knn is Su et al.'s vote. Each rule's
+side by side (minknn/tools/inference.py); a multi-label run's --knn is Su et al.'s vote. Each rule's
 predictions go to a CSV beside the run, the scores to predictions-<split>-metrics.json, each name
 with the flags that change what is scored (predictions-dev-knn-k16-metrics.json: NAMED); --knn's
 datastore of the run's own training examples is saved beside it and reused (minknn/datastore.py).
-The run is loaded and every task's data read and checked before any encoding (minknn/inference.py
-load_run, read_task_data). The files and the data root: docs/runs.md; kNN and its flags:
-docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
+The run is loaded and every task's data read and checked before any encoding
+(minknn/tools/inference.py load_run, read_task_data). The files and the data root: docs/runs.md; kNN
+and its flags: docs/knn.md. The word-substitution attack: minknn/lab/attack.py.
 """
 import os
 
-from minknn.cli import Parser, run
-from minknn.data import data_root, labelled
 from minknn.datastore import knn_settings, run_datastore
-from minknn.files import write_csv, write_json
 from minknn.index import INDEX_FLAGS
-from minknn.inference import KnnSweep, load_run, read_task_data, rule_answers, scores_of
 from minknn.kinds import describe, kind_of, overall, task_metrics
 from minknn.knn import SWEEP_PHIS
-from minknn.options import add_flags, add_rule_flags, add_run_flags, check_rule_flags
 from minknn.proxy import has_proxies
+from minknn.tasks.data import data_root, labelled
+from minknn.tools.cli import Parser, run
+from minknn.tools.files import write_csv, write_json
+from minknn.tools.inference import KnnSweep, load_run, read_task_data, rule_answers, scores_of
+from minknn.tools.options import add_flags, add_rule_flags, add_run_flags, check_rule_flags
 
 def make_parser(description=__doc__.split("\n")[0], rules=True):
     """The flags of a run's checkpoint, its data and the inference rules' settings (the attack's
     too); rules: with the choice of rules, --proxy, --knn and --sweep (evaluate.py's). The
-    settings and the flags predict shares are minknn/options.py's (add_run_flags,
+    settings and the flags predict shares are minknn/tools/options.py's (add_run_flags,
     add_rule_flags)."""
     p = Parser(description=description)
     p.add_argument("--checkpoint", required=True, help="a run folder, or its checkpoint.pt")
@@ -101,8 +101,9 @@ def evaluate_task(args, ckpt, model, losses, tokenizer, task, device, examples, 
     if knn:  # the datastore first: its errors come before the slow encoding of the split
         datastore, build_seconds, index_seconds = run_datastore(args, ckpt, model, tokenizer, task,
                                                                 train, key, device, several)
-    # minknn/inference.py: one pass gives the outputs and the pooled z, or with --knn the queries
-    # in the datastore's representation (the key's); a second gives z for --proxy where they differ
+    # minknn/tools/inference.py: one pass gives the outputs and the pooled z, or with --knn the
+    # queries in the datastore's representation (the key's); a second gives z for --proxy where they
+    # differ
     proxy = args.proxy and has_proxies(losses[task.name])
     wanted = ["model"] + ["proxy"] * proxy + ["knn-only", "knn"] * knn
     # the queries are training examples: leave each one's own entry out of its neighbours
@@ -186,7 +187,7 @@ def sweep(task, knn, probabilities, gold, s):
 
 def main(argv=None):
     args = get_args(argv)
-    # minknn/inference.py: the parts it runs written (a student edition), the checkpoint's run
+    # minknn/tools/inference.py: the parts it runs written (a student edition), the checkpoint's run
     # rebuilt, the rules asked for checked against it
     ckpt, model, losses, tokenizer, tasks, knn_tasks, device = load_run(
         args, args.proxy, args.knn, lambda ckpt: predictions_base(args, ckpt))

@@ -10,24 +10,26 @@
 Each step takes one batch of every task of the run; their losses are summed (with --pcgrad their
 gradients are combined by gradient surgery) and AdamW takes one step. After each epoch the dev set
 is scored and the run folder (--out) gets the epoch's files: checkpoint.pt holds the best epoch.
-Every flag: python train.py --help (minknn/options.py). What a run is made of, built once from the
-flags: minknn/trainer.py. The loop's defaults, the run folder, resuming and torchrun: docs/runs.md.
+Every flag: python train.py --help (minknn/tools/options.py). What a run is made of, built once from
+the flags: minknn/tools/trainer.py. The loop's defaults, the run folder, resuming and torchrun:
+docs/runs.md.
 """
 import time
 
 import torch
 
-from minknn import distributed, progress_bar
-from minknn.cli import run
-from minknn.engine import autocast, pick_device
-from minknn.inference import dev_scores
+from minknn import progress_bar
+from minknn.assignment.parts import require_written
 from minknn.kinds import describe_run
-from minknn.options import get_args, parts_run
-from minknn.parts import require_written
 from minknn.probe import fit_head
-from minknn.runs import Diverged, run_folder
-from minknn.step import batch, forward
-from minknn.trainer import begin, build, check_epoch_finite, finish, restore, save
+from minknn.tools import distributed
+from minknn.tools.cli import run
+from minknn.tools.engine import autocast, pick_device
+from minknn.tools.inference import dev_scores
+from minknn.tools.options import get_args, parts_run
+from minknn.tools.run import Diverged, run_folder
+from minknn.tools.step import batch, forward
+from minknn.tools.trainer import begin, build, check_epoch_finite, finish, restore, save
 
 
 def make_optimizer(model_params, loss_params, args, total_steps):
@@ -65,11 +67,11 @@ def make_optimizer(model_params, loss_params, args, total_steps):
 
 def train_step(trainer, batches):
     """One optimiser step on one batch of each task (batches: task -> (inputs, targets, rows);
-    trainer: the run's model, losses, optimiser and the rest, minknn/trainer.py's Trainer).
+    trainer: the run's model, losses, optimiser and the rest, minknn/tools/trainer.py's Trainer).
     Returns each task's loss and its terms (CE and the metric term), and with --pcgrad how many
     task pairs' gradients conflicted. The forward and the losses run under --precision
     (engine.autocast); the weights and gradients stay fp32."""
-    outputs, keys = forward(trainer, batches)  # minknn/step.py: under torchrun, gathered
+    outputs, keys = forward(trainer, batches)  # minknn/tools/step.py: under torchrun, gathered
     task_losses, terms = {}, {}
     for name, (_, targets, rows) in batches.items():
         # a memory loss also sees the batch's keys, the memory, and the rows that name each
@@ -146,7 +148,7 @@ def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
             fit_head(trainer.model, trainer.tokenizer, t, trainer.train[t.name],
                      2 * args.batch_size, trainer.device, args.precision)
     dev = dev_scores(trainer.model, trainer.losses, trainer.tokenizer, tasks, trainer.dev, args,
-                     trainer.device)  # minknn/inference.py
+                     trainer.device)  # minknn/tools/inference.py
     check_epoch_finite(epoch, trainer.model, trainer.losses, dev)
     record = {"epoch": epoch, "train_loss": train_loss, "epoch_seconds": round(seconds, 1),
               "dev": dev}
@@ -168,7 +170,7 @@ def end_epoch(trainer, epoch, train_loss, conflicts, seconds, best, records):
 def run_training(args, device=None):
     """The run: its parts built (or restored from last.pt), then one epoch after another; rank 0
     alone scores and saves each. Returns the run's summary (None on the other ranks)."""
-    trainer, last = build(args, make_optimizer, device=device)  # minknn/trainer.py
+    trainer, last = build(args, make_optimizer, device=device)  # minknn/tools/trainer.py
     best, records = restore(trainer, last) if last else (None, [])
     begin(trainer, last, records)  # run.json, each rank's dropout, what the run is (printed)
     for epoch in range(len(records) + 1, args.epochs + 1):
@@ -187,7 +189,7 @@ def run_training(args, device=None):
 
 
 def main(argv=None):
-    args = get_args(argv)  # minknn/options.py, checked by checks.py before anything is read
+    args = get_args(argv)  # minknn/tools/options.py, checked by checks.py before anything is read
     require_written(parts_run(args))  # a student edition: the parts this run calls are written
     # torchrun: this process is a rank; the run folder held, Ctrl-C and SIGTERM, divergence
     with distributed.processes(pick_device(args.device)) as device, run_folder(args):

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 class MinknnError(Exception):
     """A problem with the user's input (a file, a flag, a value). Scripts run through
-    `minknn.cli.run` print its message as one line and exit with status 2, not a traceback."""
+    `minknn.tools.cli.run` print its message as one line and exit with status 2, not a traceback."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -43,7 +43,7 @@ def says_errors():
     """Whether this process prints an error: not under torchrun, its rank 0, or another rank once
     its run has begun. Before that every rank reads the same flags and files and finds the same
     fault, which rank 0 says once; after it, an error of a rank's is its own, which it alone says
-    (the other ranks only lose a peer: minknn/runs.py)."""
+    (the other ranks only lose a peer: minknn/tools/run.py)."""
     return first_process() or _RUN_BEGUN[0]
 
 
@@ -78,12 +78,12 @@ def stop_noted():
 
 def stopping():
     """Whether a stop is on its way up in this thread: a KeyboardInterrupt (Ctrl-C, Terminated),
-    or a collective's error that lost another rank (minknn/distributed.py: lost_peer), being
+    or a collective's error that lost another rank (minknn/tools/distributed.py: lost_peer), being
     handled (an `except`, a `finally` or a `with` block's exit runs for it)."""
     error = sys.exc_info()[1]
     if isinstance(error, KeyboardInterrupt):
         return True
-    distributed = sys.modules.get("minknn.distributed")  # not imported: no process group
+    distributed = sys.modules.get("minknn.tools.distributed")  # not imported: no process group
     return bool(distributed and distributed.lost_peer(error))
 
 
@@ -135,6 +135,22 @@ def signals_held(signums=(signal.SIGINT, signal.SIGTERM)):
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
         for s in dict.fromkeys(arrived):  # each signal once, in the order they came; its
             signal.raise_signal(s)          # KeyboardInterrupt wins over an error of the block
+
+
+def signals_ignored():
+    """Ctrl-C and SIGTERM ignored from here on; returns the handlers they had (restore_signals).
+    A run that is stopping says how (summary.json, one line) to the end: a second Ctrl-C, or
+    the SIGTERM torchrun sends every rank left as soon as one fails, would cut that short (it
+    came while rank 0 read last.pt, which left no summary.json and a bare `terminated`). Only the
+    main thread can set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_signals(handlers):
+    for s, handler in handlers.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def progress_bar(*args, **kwargs):

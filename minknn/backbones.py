@@ -41,8 +41,8 @@ import torch.nn as nn
 
 from minknn import MinknnError
 from minknn.bert import HEADS, BertConfig, BertEmbeddings, BertEncoder, BertModel
-from minknn.files import read_json
-from minknn.weights import ARCHITECTURES, FOLDER_NEEDS, read_weights, resolve_model_path
+from minknn.tools.files import read_json
+from minknn.tools.weights import ARCHITECTURES, FOLDER_NEEDS, read_weights, resolve_model_path
 
 
 class RobertaPositions(nn.Embedding):

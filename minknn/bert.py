@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minknn import MinknnError
-from minknn.files import read_json
-from minknn.packaged import notes_left_out
 from minknn.packed import Packing, packed_attention, packed_kernel
-from minknn.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits, check_sizes,
-                            read_weights, resolve_model_path)
+from minknn.tools.files import read_json
+from minknn.tools.packaged import notes_left_out
+from minknn.tools.weights import (FOLDER_NEEDS, check_config, check_finite, check_fits, check_sizes,
+                                  read_weights, resolve_model_path)
 
 
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in BERT checkpoints
@@ -43,7 +43,7 @@ HEADS = ("cls.", "classifier.", "qa_outputs.")  # pre-training and task heads in
 # checks they agree, dropout included), over the padded (B, T) layout; "packed" runs PyTorch's
 # kernels over the packed tokens where packed_kernel() finds a way (on a GPU; minknn/packed.py),
 # else as "fused".
-# The student edition (minknn/assignment.py) writes "explicit" here, so that the attention a
+# The student edition (minknn/assignment/edition.py) writes "explicit" here, so that the attention a
 # student writes is the one that trains.
 ATTENTIONS = ("explicit", "fused", "packed")
 ATTENTION = "fused"
@@ -83,7 +83,7 @@ class BertConfig:
     @classmethod
     def from_dict(cls, d, source="config.json"):
         """Reads the keys above from a Hugging Face config.json (source: its path, for errors),
-        refuses NOT_IMPLEMENTED options and values the encoder cannot run (minknn/weights.py
+        refuses NOT_IMPLEMENTED options and values the encoder cannot run (minknn/tools/weights.py
         check_config) and ignores the rest (dropout of a task head, use_cache,
         chunk_size_feed_forward: none changes the encoder's output)."""
         check_config(d, fields(cls), source)

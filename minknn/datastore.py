@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.data import (data_root, examples_fingerprint, source_paths, split_recipe,
-                         training_examples)
-from minknn.engine import predict
-from minknn.files import atomic_save, hash_file, load_tagged, sealed
 from minknn.index import (INDEX_FLAGS, INDEXES, build_index, built_with, describe_index,
                           index_settings, metric_of, search_parameters)
 from minknn.kinds import kind_of
 from minknn.knn import check_k, knn_vote, settings
+from minknn.tasks.data import (data_root, examples_fingerprint, source_paths, split_recipe,
+                               training_examples)
+from minknn.tools.engine import predict
+from minknn.tools.files import atomic_save, hash_file, load_tagged, sealed
 
 FORMAT = "minknn-datastore-2"  # -2: the index's settings and the built approximate indexes
 FORMAT_1 = "minknn-datastore-1"  # flat indexes only, built on loading: still read, as flat

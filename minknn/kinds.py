@@ -1,6 +1,6 @@
-"""The kinds of task. A task's kind (Task.kind, minknn/tasks.py) says, here and nowhere else, what
-its head outputs, what its loss compares them with, how outputs become predictions and how
-predictions are scored:
+"""The kinds of task. A task's kind (Task.kind, minknn/tasks/registry.py) says, here and nowhere
+else, what its head outputs, what its loss compares them with, how outputs become predictions and
+how predictions are scored:
 
     kind        head output     loss (minknn/losses)               prediction      scores
     classify    C class logits  CE, or (1 - lam) CE + lam --loss   argmax          acc, macro-F1
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from minknn.data import labelled
 from minknn.metrics import METRICS, MULTILABEL
+from minknn.tasks.data import labelled
 
 
 class Classify:

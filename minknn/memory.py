@@ -24,8 +24,8 @@ about 0.995 to its fresh key, and the losses leave it out (losses/moco.py, losse
 Their tensors are registered buffers, saved with the checkpoint.
 MoCo's shuffle-BN is not needed here: it fights BatchNorm's batch statistics, and BERT has only
 LayerNorm, which normalises each example on its own.
-Under DDP (minknn/distributed.py) every rank holds the same memory as one process would: the key
-encoder encodes the rank's slice of the batch, and the keys of all ranks are gathered (without
+Under DDP (minknn/tools/distributed.py) every rank holds the same memory as one process would: the
+key encoder encodes the rank's slice of the batch, and the keys of all ranks are gathered (without
 gradient, MoCo's concat_all_gather) before the loss and the enqueue, with the whole batch's labels
 and rows; a memory bank moves towards the gathered queries. The fill is sharded: each rank encodes
 its share of the examples, and the keys are gathered in their order. The key encoders stay equal,
@@ -38,8 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.distributed import gather_keys, is_main, rank, sizes, slice_of, world
-from minknn.engine import predict
+from minknn.tools.distributed import gather_keys, is_main, rank, sizes, slice_of, world
+from minknn.tools.engine import predict
 
 MOMENTUM, BANK_MOMENTUM, QUEUE_SIZE = 0.999, 0.5, 32000
 

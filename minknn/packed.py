@@ -61,7 +61,7 @@ class Packing:
     def __init__(self, attention_mask, pack=True):
         self.B, self.T = attention_mask.shape
         self.attention_mask = attention_mask
-        # pack=False (the ONNX export, minknn/onnx_export.py): every position goes through the
+        # pack=False (the ONNX export, minknn/tools/onnx_export.py): every position goes through the
         # layers and the padding keys are masked, with no shape that depends on the mask's
         # values (an exported graph takes any mask), and no test of them
         self.padded = not attention_mask.all() if pack else True

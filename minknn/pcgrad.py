@@ -40,13 +40,13 @@ gradients live in one buffer kept from step to step:
 a fresh 270 MB buffer per step (22.7M parameters, 3 tasks) cost more than the surgery, because the
 operating system zeroes every new page.
 
-Under DDP (minknn/distributed.py) the surgery runs on the global gradients, never on each rank's:
-PCGrad(shared, reduce=all_reduce_mean, heads=...) averages each task's g_k over the ranks as soon
-as it is taken (one all-reduce per task), so every rank builds the same Gram matrix and the same
-g^PC (with the same rng: the run's, seeded alike on every rank by trainer.build). Projecting per
-rank would not be PCGrad: the projection is not linear in g_k, so the mean of per-rank surgeries is
-not the surgery of the means. trainer.forward runs a PCGrad step's forward outside DDP's hooks (on
-the wrapped module, as no_sync() would), so that DDP's own all-reduce does not average the
+Under DDP (minknn/tools/distributed.py) the surgery runs on the global gradients, never on each
+rank's: PCGrad(shared, reduce=all_reduce_mean, heads=...) averages each task's g_k over the ranks as
+soon as it is taken (one all-reduce per task), so every rank builds the same Gram matrix and the
+same g^PC (with the same rng: the run's, seeded alike on every rank by trainer.build). Projecting
+per rank would not be PCGrad: the projection is not linear in g_k, so the mean of per-rank surgeries
+is not the surgery of the means. trainer.forward runs a PCGrad step's forward outside DDP's hooks
+(on the wrapped module, as no_sync() would), so that DDP's own all-reduce does not average the
 gradients a second time; the model's other trainable parameters (`heads`, each its own task's) are
 then averaged here in one all-reduce, as DDP would have. A loss's proxies need nothing: every rank
 computes the same loss, so their gradient is the same on every rank.
@@ -55,7 +55,7 @@ import random
 
 import torch
 
-from minknn.distributed import all_reduce_grads
+from minknn.tools.distributed import all_reduce_grads
 
 
 def pcgrad_coefficients(gram, rng=random):

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from minknn import MinknnError
-from minknn.engine import predict
 from minknn.kinds import kind_of
+from minknn.tools.engine import predict
 
 C_DEFAULT = 1.0   # scikit-learn's default inverse regularisation strength
 

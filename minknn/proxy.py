@@ -8,9 +8,9 @@ here the names only give the proxies their start, and the proxy loss trains them
 
     P_c = sqrt(H) z(name_c) / ||z(name_c)||        z(name_c): the encoder's z of class c's name
 
-name_c is the task's readable name of class c (minknn/tasks.py, Task.names: its label where that
-is a word, 'very negative', ..., 'very positive' for SST-5; the dataset's documented meaning where
-the label is a code, 'human being' for TREC's HUM), encoded as the task's texts are (the same
+name_c is the task's readable name of class c (minknn/tasks/registry.py, Task.names: its label where
+that is a word, 'very negative', ..., 'very positive' for SST-5; the dataset's documented meaning
+where the label is a code, 'human being' for TREC's HUM), encoded as the task's texts are (the same
 tokenizer, --max_len and --pooling), by the encoder as loaded, before the first step, with
 dropout off (predict: eval mode, inference mode). The losses read only a proxy's direction
 (both normalise it). The length sqrt(H) is that of the random proxy it replaces
@@ -47,8 +47,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from minknn.data import Example
-from minknn.engine import predict
+from minknn.tasks.data import Example
+from minknn.tools.engine import predict
 
 
 def has_proxies(loss):

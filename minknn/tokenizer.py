@@ -34,7 +34,7 @@ from tokenizers import models, pre_tokenizers, processors
 
 from minknn import MinknnError
 from minknn.backbones import read_config
-from minknn.files import read_json
+from minknn.tools.files import read_json
 
 # tokenizer_config.json key -> (our option, default, the values it may take)
 OPTIONS = {"do_lower_case": ("lowercase", True, (True, False)),

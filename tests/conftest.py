@@ -4,7 +4,7 @@ What they are made with, and the helpers tests import (DATA, TINY, tiny_vocab, w
 dev_falling), is in tests/helpers.py and tests/hf_folders.py; tests/losses/conftest.py adds the
 losses' own fixture.
 
-Hooks for the assignment's test commands (minknn/parts.py, PARTS), whose failures a student
+Hooks for the assignment's test commands (minknn/assignment/parts.py, PARTS), whose failures a student
 reads: each distinct failure once (its traceback for the first test that fails with it, one line
 for the others), and at the end each distinct failure's first line in full, with the count of
 the tests that share it, in place of pytest's short summary (which cuts each message to the
@@ -187,10 +187,11 @@ def tiny_mpnet_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def mpnet_dir(tmp_path_factory):
-    """The real all-mpnet-base-v2, assembled from its five PyPI parts (minknn/packaged.py) into a
+    """The real all-mpnet-base-v2, assembled from its five PyPI parts (minknn/tools/packaged.py) into a
     cache of this session's own; the test is skipped, saying why, where they are not installed
     (CI installs them: .ci/run)."""
-    from minknn import MinknnError, packaged
+    from minknn import MinknnError
+    from minknn.tools import packaged
     try:
         packaged.part_paths(packaged.PARTS, packaged.NAME)
     except MinknnError as e:

@@ -29,7 +29,7 @@ import torch
 
 from grading import GENERIC, check
 from elsewhere import DeviceSlip
-from minknn.parts import label
+from minknn.assignment.parts import label
 
 ATOL, RTOL = 1e-6, 1e-5
 VALUE_ONLY = f"{GENERIC}the formula's"  # how describe() words a difference it reads no more in

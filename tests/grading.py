@@ -1,4 +1,4 @@
-"""The autograder's helpers: every failure names the part (minknn/parts.py, PARTS) and what
+"""The autograder's helpers: every failure names the part (minknn/assignment/parts.py, PARTS) and what
 is off, never only a tensor dump.
 
     close("attention", actual, expected, "the output for an unpadded batch")
@@ -21,7 +21,7 @@ mutations caught with it as caught generically.
 
 Stored references: tests/fixtures/references/<part>.pt, a dict of named tensors the solution
 computed on fixed inputs (as minBERT's sanity_check.py). After a deliberate change to what a part
-computes, rewrite them by running the part's test command (minknn/parts.py) with
+computes, rewrite them by running the part's test command (minknn/assignment/parts.py) with
     MINKNN_WRITE_REFERENCES=1 python -m pytest -q tests/test_<file>.py
 (a loss's: tests/losses/test_<loss>.py; the training part's: tests/test_training_step.py) and say
 why in the commit.
@@ -31,7 +31,7 @@ import os
 import torch
 
 from elsewhere import DeviceSlip
-from minknn.parts import label
+from minknn.assignment.parts import label
 
 REFERENCES = os.path.join(os.path.dirname(__file__), "fixtures", "references")
 GENERIC = " differs from "  # in a value check's message only (the property checks say more)

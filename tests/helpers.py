@@ -18,7 +18,7 @@ import torch
 
 from minknn.bert import BertConfig, BertModel
 from minknn.lab import report, runner
-from minknn.weights import save_safetensors
+from minknn.tools.weights import save_safetensors
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 DATA = os.path.join(FIXTURES, "data")

@@ -31,7 +31,7 @@ import os
 import torch
 
 from helpers import FIXTURES, tiny_vocab
-from minknn.weights import save_safetensors
+from minknn.tools.weights import save_safetensors
 
 BPE = os.path.join(FIXTURES, "bpe")  # a byte-level BPE trained on fixtures/data (make_backbones.py)
 

@@ -1,5 +1,5 @@
 """Mutation testing: plant each mistake of tests/mutations.py in a copy of the repository and run
-the part's own test command (minknn/parts.py, PARTS). A mutation is caught when that command
+the part's own test command (minknn/assignment/parts.py, PARTS). A mutation is caught when that command
 fails with a message naming the part (`part 2 attention: ...`) within the time limit; one that
 passes is a missing test. A caught mistake is caught generically when that first failure is a
 value check's, which says only that a number differs from a reference ("the loss on the 'mixed'
@@ -34,8 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from grading import GENERIC  # noqa: E402
-from minknn.assignment import repository_files  # noqa: E402
-from minknn.parts import BY_NAME, command_argv, find_blocks, label, read_lines  # noqa: E402
+from minknn.assignment.edition import repository_files  # noqa: E402
+from minknn.assignment.parts import BY_NAME, command_argv, find_blocks, label, read_lines  # noqa: E402
 from mutations import MUTATIONS as LISTED  # noqa: E402
 
 LIMIT = 10.0  # seconds: a part's test command must catch a mistake within this

@@ -1,4 +1,4 @@
-"""The student edition (minknn/assignment.py) and the mutation list (tests/mutations.py): every part
+"""The student edition (minknn/assignment/edition.py) and the mutation list (tests/mutations.py): every part
 has its solution block, the edition fails part by part with the part's name, putting the
 solution back gives this repository byte for byte, and the mutation list is well formed. The
 edition copies the project's own files only (with or without .git), its runs name the first part
@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import minknn
-from minknn import options
-from minknn import assignment
-from minknn import parts
-from minknn.assignment import choose, repository_files, solve, write_edition
-from minknn.parts import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, command_argv,
-                          find_blocks, is_stub, label, read_lines, stub)
+from minknn.assignment import edition as assignment
+from minknn.assignment import parts
+from minknn.assignment.edition import choose, repository_files, solve, write_edition
+from minknn.assignment.parts import (BY_NAME, NEEDS, NUMBER, PARTS, AssignmentError, command_argv,
+                                     find_blocks, is_stub, label, read_lines, stub)
+from minknn.tools import options
 
 from mutate import check_list  # tests/ is on sys.path, as for conftest
 from mutations import MUTATIONS
@@ -33,18 +33,18 @@ def test_every_part_has_a_solution_block_in_its_file():
         lines = read_lines(os.path.join(ROOT, part.file))
         names = [name for name, _, _ in find_blocks(lines, part.file)]
         assert part.name in names, (f"{label(part.name)}: no '# BEGIN part {part.name}' block in "
-                                    f"{part.file} (PARTS in minknn/parts.py names that file)")
+                                    f"{part.file} (PARTS in minknn/assignment/parts.py names that file)")
 
 
 def test_no_markers_outside_the_parts_files():
     """A marker in a file PARTS does not name would stay in the edition with its solution."""
     files = set(assignment.PART_FILES)
     for f in repository_files():
-        if f.endswith(".py") and f not in files and f != "minknn/parts.py":
+        if f.endswith(".py") and f not in files and f != "minknn/assignment/parts.py":
             marked = [i + 1 for i, line in enumerate(read_lines(os.path.join(ROOT, f)))
                       if parts.MARKER.match(line)]
             assert not marked, (f"{f}:{marked[:1]} has a solution block's marker, but no part in "
-                                f"PARTS (minknn/parts.py) lives in that file")
+                                f"PARTS (minknn/assignment/parts.py) lives in that file")
 
 
 @pytest.mark.parametrize("lines, error", [
@@ -130,7 +130,7 @@ def test_the_editions_readme_and_handout_are_the_students(edition):
     opening = readme.split("\n\n")[:2]
     assert opening[0] == "# minknn: the student edition" and "[HANDOUT.md](HANDOUT.md)" in opening[1], \
         f"the edition's README must open with the assignment, HANDOUT.md: {opening}"
-    for instructor in ("--solve", "minknn.assignment", "minknn/assignment.py", "docs/assignment.md",
+    for instructor in ("--solve", "minknn.assignment", "minknn/assignment/edition.py", "docs/assignment.md",
                        "its own solution"):
         assert instructor not in readme, f"the edition's README says `{instructor}`, the instructor's"
     ours = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -182,7 +182,7 @@ def test_an_edition_without_git_holds_what_the_clones_holds(edition, tmp_path):
     found = repository_files(plain)
     lost = sorted(set(repository_files()) - set(found))
     assert not lost, (f"an edition from a copy without .git leaves out {len(lost)} files, e.g. "
-                      f"{lost[:3]}: add their top-level entry to PROJECT (minknn/assignment.py) or "
+                      f"{lost[:3]}: add their top-level entry to PROJECT (minknn/assignment/edition.py) or "
                       f"stop the walk skipping their folder (SKIPPED)")
     assert found == repository_files(), "the walk finds files git does not list"
     hw = str(tmp_path / "hw")
@@ -315,7 +315,7 @@ def test_a_stub_raised_in_a_run_is_one_line(capsys):
         exec(stub("pooling", "")[0])
 
     with pytest.raises(SystemExit) as e:
-        minknn.cli.run(stubbed)
+        minknn.tools.cli.run(stubbed)
     err = capsys.readouterr().err
     assert (e.value.code, err) == (2, "error: part 4 pooling is not written yet (minknn/model.py); "
                                       "test it with: python -m pytest -q tests/test_model.py\n")
@@ -323,7 +323,7 @@ def test_a_stub_raised_in_a_run_is_one_line(capsys):
     def bug():
         raise NotImplementedError("partial support for sparse tensors")
     with pytest.raises(NotImplementedError, match="sparse"):
-        minknn.cli.run(bug)
+        minknn.tools.cli.run(bug)
 
 
 def test_a_block_is_a_stub_when_it_holds_only_the_raise_line():
@@ -494,7 +494,7 @@ def test_each_part_passes_with_only_the_parts_it_needs(tmp_path):
         stubs = sorted(set(re.findall(r"NotImplementedError: (part \d+ [a-z-]+)", out)))
         assert rc == 0, (f"{label(part.name)}: `{part.test}` fails with only it and "
                          f"{NEEDS.get(part.name, 'no other part')} written; it ran {stubs}: add "
-                         f"them to NEEDS in minknn/parts.py if they come earlier, else grade "
+                         f"them to NEEDS in minknn/assignment/parts.py if they come earlier, else grade "
                          f"the part on a stand-in:\n{out[-800:]}")
 
 

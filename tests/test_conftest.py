@@ -13,7 +13,7 @@ ROOT = os.path.dirname(TESTS)
 
 PROBE = '''
 import os
-from minknn.data import data_root
+from minknn.tasks.data import data_root
 
 def test_the_session_sees_no_minknn_variable():
     assert sorted(n for n in os.environ if n.startswith("MINKNN_")) == ["MINKNN_WRITE_REFERENCES"]

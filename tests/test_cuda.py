@@ -37,19 +37,20 @@ import torch
 import evaluate
 import train
 from helpers import DATA
-from minknn import bert, options, packed
+from minknn import bert, packed
 from minknn.bert import BertConfig, BertModel
-from minknn.checkpoint import load_checkpoint, rebuild
-from minknn.data import load_split
 from minknn.datastore import Datastore
-from minknn.engine import predict
 from minknn.knn import VOTES, settings
 from minknn.model import Model
 from minknn.pcgrad import PCGrad
-from minknn.step import batch
-from minknn.tasks import TASKS
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import TASKS
 from minknn.tokenizer import Tokenizer
-from minknn.trainer import build, fill_memory
+from minknn.tools import options
+from minknn.tools.checkpoint import load_checkpoint, rebuild
+from minknn.tools.engine import predict
+from minknn.tools.step import batch
+from minknn.tools.trainer import build, fill_memory
 from test_ddp import bert_dir, torchrun  # noqa: F401 (bert_dir: a fixture, the tiny BERT without dropout)
 from test_pcgrad import algorithm_1, conflicting
 
@@ -243,10 +244,10 @@ def test_training_in_bf16_with_attention_dropout_runs_nested_tensors(kernels_run
 
 
 # ---------------------------------------------------------------------------------------------
-# runs built as train.py builds them (minknn/trainer.py), stepped by train.py's own train_step
+# runs built as train.py builds them (minknn/tools/trainer.py), stepped by train.py's own train_step
 
 def built(bert_dir, device, *flags):
-    """A run of sst on the fixture data built by minknn/trainer.py's build, its memory filled as
+    """A run of sst on the fixture data built by minknn/tools/trainer.py's build, its memory filled as
     train.py's begin() fills it, the model in training mode (dropout: none in bert_dir)."""
     args = options.get_args(["--task", "sst", "--model", bert_dir, "--data_dir", DATA,
                              "--device", str(device), "--batch_size", "8", "--max_len", "32",
@@ -529,9 +530,9 @@ def test_a_checkpoint_trained_on_cuda_predicts_the_same_classes_on_a_cpu_only_ma
 
 # train.py, saying which backend its process group took (distributed.setup wrapped)
 BACKEND_SAYING_TRAIN = '''import torch.distributed as dist
-import minknn.distributed as distributed
+import minknn.tools.distributed as distributed
 import train
-from minknn.cli import run
+from minknn.tools.cli import run
 
 setup = distributed.setup
 

@@ -1,4 +1,4 @@
-"""minknn/curves.py and train.py --tensorboard: the event files minknn writes by hand, read back by
+"""minknn/tools/curves.py and train.py --tensorboard: the event files minknn writes by hand, read back by
 TensorBoard's own reader and protos (tensorboard is a test dependency; minknn never imports it).
 The CRC against published vectors; an event against TensorBoard's Event, field by field; a run's
 curves against the figures the run itself computed (each step's losses and lr, metrics.jsonl's
@@ -11,10 +11,10 @@ import struct
 import pytest
 import torch
 
-import minknn.trainer
+import minknn.tools.trainer
 import train
 from helpers import DATA
-from minknn import curves
+from minknn.tools import curves
 from test_runs import stop_at
 from test_training_step import factor  # the schedule, part 5's
 
@@ -234,13 +234,13 @@ def alone(tiny_bert_dir, tmp_path_factory):
 def stop_between_the_events_and_last_pt(monkeypatch):
     """As a kill -9 just after epoch 2's events were written, before its last.pt: the resumed run trains epoch 2
     again, and its events are in the first file already."""
-    real = minknn.trainer.save_last
+    real = minknn.tools.trainer.save_last
 
     def save_last(out, **state):
         if state["epoch"] == 2:
             raise KeyboardInterrupt
         real(out, **state)
-    monkeypatch.setattr(minknn.trainer, "save_last", save_last)
+    monkeypatch.setattr(minknn.tools.trainer, "save_last", save_last)
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c in epoch 2", "killed between epoch 2's events and its last.pt"])

@@ -10,12 +10,12 @@ from collections import Counter
 import pytest
 
 from minknn import MinknnError
-from minknn.data import (DataError, Example, Task, check_every_class_present, download, eval_subset,
-                         examples_fingerprint, git_blob_id, load_split, per_class_sample, run_data,
-                         stratified_sample, training_examples)
-from minknn.lines import read_lines
 from minknn.kinds import kind_of
-from minknn.tasks import TASKS, get_task
+from minknn.tasks.data import (DataError, Example, Task, check_every_class_present, download,
+                               eval_subset, examples_fingerprint, git_blob_id, load_split,
+                               per_class_sample, run_data, stratified_sample, training_examples)
+from minknn.tasks.lines import read_lines
+from minknn.tasks.registry import TASKS, get_task
 
 
 def test_sst_reader(data_dir):

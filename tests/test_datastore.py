@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minknn.files
-import minknn.datastore
 from minknn import MinknnError
-from minknn.index import INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k, search_parameters
+import minknn.datastore
 from minknn.datastore import Datastore
+from minknn.index import (INDEX_DEFAULTS, built_with, default_nlist, index_settings, recall_at_k,
+                          search_parameters)
+import minknn.tools.files
 
 
 
@@ -130,7 +131,7 @@ def test_a_damaged_or_misshapen_datastore_is_one_line(tmp_path, edit, sealed, sa
     saved = torch.load(path, weights_only=True)
     edit(saved)
     if sealed:
-        saved = minknn.files.sealed({k: v for k, v in saved.items() if k != minknn.files.CHECKSUM})
+        saved = minknn.tools.files.sealed({k: v for k, v in saved.items() if k != minknn.tools.files.CHECKSUM})
     torch.save(saved, path)
     with pytest.raises(MinknnError) as e:
         Datastore.load(path, "abc", n=10, dim=16, num_classes=4)
@@ -141,7 +142,7 @@ def test_a_damaged_or_misshapen_datastore_is_one_line(tmp_path, edit, sealed, sa
 def test_the_datastore_fingerprint_covers_checkpoint_key_and_every_field_of_the_examples(tmp_path):
     """A datastore is rebuilt when the checkpoint, the key, or any training example's id, text, second text or
     label changes: each edit below must change the fingerprint."""
-    from minknn.data import Example
+    from minknn.tasks.data import Example
     from minknn.datastore import fingerprint
     (tmp_path / "a.pt").write_bytes(b"checkpoint a")
     (tmp_path / "b.pt").write_bytes(b"checkpoint b")

@@ -1,5 +1,5 @@
 """`torchrun --nproc_per_node 2 train.py ...` end to end: 2 gloo processes on the CPU train the run
-one process trains. The rule (minknn/distributed.py): --batch_size is the global batch, each rank
+one process trains. The rule (minknn/tools/distributed.py): --batch_size is the global batch, each rank
 encodes its slice of it, and every rank computes one process's loss on the gathered batch; so the
 steps, the schedule and the examples do not change with the number of processes, and with dropout
 0 the weights, proxies, memory, key encoder and records of a run are one process's, to float
@@ -41,12 +41,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import minknn.distributed as distributed
 import minknn.model
+import minknn.tools.distributed as distributed
 import train
-from minknn.distributed import sizes
-from minknn.checkpoint import load_last
-from minknn.runs import close_run_folder, lock_folder, rank_0_gone
+from minknn.tools.checkpoint import load_last
+from minknn.tools.distributed import sizes
+from minknn.tools.files import lock_folder, rank_0_gone
+from minknn.tools.run import close_run_folder
 from helpers import DATA
 from tests.test_runs import keep_last, stop_at
 
@@ -60,7 +61,7 @@ CASES = {"ce": ["--task", "sst"],
          "knnbert": ["--task", "sst", "--loss", "knnbert"],  # the queue, the key encoder
          "multitask pcgrad": ["--task", "multitask", "--tasks", "sst,mrpc,sts", "--pcgrad"],
          "mlcon": ["--task", "goemotions", "--loss", "mlcon"],  # multi-label: multi-hot targets
-         # the head fit on every rank before DDP copies rank 0's (minknn/trainer.py fit_probes);
+         # the head fit on every rank before DDP copies rank 0's (minknn/tools/trainer.py fit_probes);
          # 2 epochs of 5 steps, not of a pass's 6
          "probe head, --steps": ["--task", "sst", "--head_init", "probe", "--steps", "10"],
          # 29 examples: each pass ends in a batch of 1, which leaves rank 1 no rows (it encodes a
@@ -96,10 +97,11 @@ import time
 import torch
 
 import minknn.model
-import minknn.runs
+import minknn.tools.run
 import train
-from minknn import MinknnError, distributed
-from minknn.cli import run
+from minknn import MinknnError
+from minknn.tools import distributed
+from minknn.tools.cli import run
 
 HOOKS, RANK = json.loads(os.environ["DDP_TEST_HOOKS"]), int(os.environ.get("RANK", 0))
 built, encoded, norms, written = [], [], [], []
@@ -150,12 +152,12 @@ if "kill" in HOOKS:
                     signal.raise_signal(signal.SIGTERM)
         return step(*args, **kwargs)
     train.train_step = killing_step
-    load_last = minknn.runs.load_last
+    load_last = minknn.tools.run.load_last
 
     def sigterm_then_load(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return load_last(*args, **kwargs)
-    minknn.runs.load_last = sigterm_then_load
+    minknn.tools.run.load_last = sigterm_then_load
 
 if "runs" not in HOOKS:
     run(train.main)
@@ -720,7 +722,7 @@ def test_a_quiet_rank_waits_for_rank_0_to_say_the_fault():
     0 has said it: torchrun stops every rank once one has exited, so a quiet rank out first could
     cut rank 0 short (seen once in CI: `--lr -1` under torchrun, no error line at all). It waits
     until torchrun's SIGTERM, and ends without a word."""
-    code = "from minknn.cli import Parser; Parser().error('bad flag')"
+    code = "from minknn.tools.cli import Parser; Parser().error('bad flag')"
     env = {**os.environ, "PYTHONPATH": ROOT, "RANK": "1"}
     process = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
     try:

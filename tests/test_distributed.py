@@ -1,4 +1,4 @@
-"""Data-parallel training (minknn/distributed.py) on 2 gloo processes on the CPU. The rule: every
+"""Data-parallel training (minknn/tools/distributed.py) on 2 gloo processes on the CPU. The rule: every
 rank computes what one process computes on the whole batch. Each check below runs twice: in a
 pool of 2 ranks, each rank encoding its slice of the global batch, and here, in this process
 without a process group, on the whole batch (the reference); the tests compare the two.
@@ -38,19 +38,19 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.testing import assert_close
 
-import minknn
-import minknn.distributed as distributed
 from minknn import Terminated, sigterm_raises, stop_noted
+import minknn
 from minknn.bert import BertModel
-from minknn.data import load_split
-from minknn.distributed import (all_reduce_grads, all_reduce_mean, broadcast, gather,
-                                gather_output, is_main, rank, sizes, slice_of, world)
 from minknn.losses import Objective
-from minknn.model import Model, Output
 from minknn.memory import MoCo
+from minknn.model import Model, Output
 from minknn.pcgrad import PCGrad
-from minknn.tasks import get_task
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
 from minknn.tokenizer import Tokenizer
+import minknn.tools.distributed as distributed
+from minknn.tools.distributed import (all_reduce_grads, all_reduce_mean, broadcast, gather,
+                                      gather_output, is_main, rank, sizes, slice_of, world)
 
 from helpers import DATA
 

@@ -1,4 +1,4 @@
-"""minknn/engine.py: pair encodings, the endless shuffled batches, prediction in length order, and
+"""minknn/tools/engine.py: pair encodings, the endless shuffled batches, prediction in length order, and
 --precision."""
 import random
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from minknn.bert import BertModel
-from minknn.data import Example, load_split
-from minknn.engine import TrainBatches, autocast, default_precision, encode_batch, predict
 from minknn.model import Model
-from minknn.tasks import TASKS
+from minknn.tasks.data import Example, load_split
+from minknn.tasks.registry import TASKS
 from minknn.tokenizer import Tokenizer
+from minknn.tools.engine import TrainBatches, autocast, default_precision, encode_batch, predict
 
 PAIR = [Example("the cat eats an apple.", "a dog likes the house.", 1, "p0")]
 

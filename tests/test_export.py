@@ -1,4 +1,4 @@
-"""python -m minknn.export (minknn/export.py), held against the libraries it writes for:
+"""python -m minknn.tools.export (minknn/tools/export.py), held against the libraries it writes for:
 transformers' AutoModel gives the run's last hidden states and sentence-transformers the z it
 pools, within 1e-5, on each backbone (BERT, RoBERTa, DistilBERT, MPNet: tiny random folders,
 tests/conftest.py), with the tokenizer copied from the base folder or written from the checkpoint,
@@ -26,16 +26,16 @@ transformers = required("transformers")
 sentence_transformers = required("sentence_transformers")
 import huggingface_hub.constants  # noqa: E402 (installed with transformers)
 
-import minknn.export  # noqa: E402
 from minknn import backbones  # noqa: E402
-from minknn.checkpoint import base_model, load_checkpoint, rebuild, save_checkpoint  # noqa: E402
-from minknn.cli import run  # noqa: E402
-from minknn.data import load_split  # noqa: E402
 from minknn.losses import build_losses  # noqa: E402
 from minknn.model import Model  # noqa: E402
-from minknn.tasks import TASKS  # noqa: E402
+from minknn.tasks.data import load_split  # noqa: E402
+from minknn.tasks.registry import TASKS  # noqa: E402
 from minknn.tokenizer import Tokenizer  # noqa: E402
-from minknn.weights import load_safetensors, resolve_model_path  # noqa: E402
+from minknn.tools.checkpoint import base_model, load_checkpoint, rebuild, save_checkpoint  # noqa: E402
+from minknn.tools.cli import run  # noqa: E402
+import minknn.tools.export  # noqa: E402
+from minknn.tools.weights import load_safetensors, resolve_model_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-5
@@ -84,7 +84,7 @@ def fabricated_run(folder, run, pooling, model_arg=None, tasks=("sst",), pair_mo
 def export(run, out, capsys):
     """Exports run to out; returns the lines it printed."""
     capsys.readouterr()  # what came before (the base folder's load notes) is not the export's
-    minknn.export.main([str(run), str(out)])
+    minknn.tools.export.main([str(run), str(out)])
     return capsys.readouterr().out.splitlines()
 
 
@@ -185,7 +185,7 @@ def test_a_multitask_or_siamese_runs_heads_are_written_and_the_card_says_encode_
 
 def test_an_old_run_exports_into_an_empty_folder(tmp_path, capsys):
     """tests/fixtures/old's run (minknn at 8dc0bf9; its base folder long gone), read through
-    minknn/checkpoint.py's loaders; OUT an empty folder, which the export fills."""
+    minknn/tools/checkpoint.py's loaders; OUT an empty folder, which the export fills."""
     (tmp_path / "out").mkdir()
     model, _, tokenizer = rebuild(load_checkpoint(os.path.join(FIXTURES, "old", "run")))
     said = export(os.path.join(FIXTURES, "old", "run"), tmp_path / "out", capsys)
@@ -205,9 +205,9 @@ def test_the_real_minilm_with_its_tokenizer_json(tmp_path, capsys):
 # ---------------------------------------------------------------------------- bad input
 
 def refused(argv, capsys):
-    """The one line a refused export prints, through minknn.cli.run as `python -m` runs it."""
+    """The one line a refused export prints, through minknn.tools.cli.run as `python -m` runs it."""
     with pytest.raises(SystemExit) as stop:
-        run(lambda: minknn.export.main([str(a) for a in argv]))
+        run(lambda: minknn.tools.export.main([str(a) for a in argv]))
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1, f"exit {stop.value.code}, said {err}"
     return err[0]
@@ -223,9 +223,9 @@ def test_an_out_that_holds_anything_is_refused_and_left_as_it_was(tiny_bert_dir,
 
 
 def test_a_run_without_checkpoint_pt_is_one_line(tmp_path):
-    """As a user types it, python -m minknn.export: status 2, one line, no OUT."""
+    """As a user types it, python -m minknn.tools.export: status 2, one line, no OUT."""
     (tmp_path / "run").mkdir()
-    done = subprocess.run([sys.executable, "-m", "minknn.export", str(tmp_path / "run"),
+    done = subprocess.run([sys.executable, "-m", "minknn.tools.export", str(tmp_path / "run"),
                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(err) == 1 and \
@@ -238,7 +238,7 @@ def test_a_failed_write_leaves_no_out_and_no_temporary_folder(tiny_bert_dir, tmp
 
     def full(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(minknn.export, "save_safetensors", full)
+    monkeypatch.setattr(minknn.tools.export, "save_safetensors", full)
     line = refused([tmp_path / "run", tmp_path / "out"], capsys)
     assert line == f"error: OUT {tmp_path / 'out'}: cannot be written ({os.strerror(errno.ENOSPC)})", line
     assert os.listdir(tmp_path) == ["run"], f"left behind: {os.listdir(tmp_path)}"

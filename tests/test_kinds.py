@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from minknn.data import Example
 from minknn.kinds import kind_of, overall, score, selection_score
-from minknn.tasks import TASKS
+from minknn.tasks.data import Example
+from minknn.tasks.registry import TASKS
 
 
 def test_targets_by_kind():

@@ -1,4 +1,4 @@
-"""The kNN vote, part knn (minknn/parts.py): each voting rule and the mix by hand. Its sanity
+"""The kNN vote, part knn (minknn/assignment/parts.py): each voting rule and the mix by hand. Its sanity
 check is test_sanity_check_the_votes_and_the_mix; the tests after it diagnose each vote and the
 mix. The search the vote reads (faiss, the datastore's files, the indexes): tests/test_datastore.py.
 No second-device test (tests/elsewhere.py) here: the part runs on the CPU by design, on faiss's

@@ -1,19 +1,23 @@
 """The house's plan, held against the code's own imports: every file of minknn/ and the two
 scripts in one layer, each file importing only from its own layer or the ones below, no circle
 of imports, and no file of the library importing a script or the lab. A new file must be given
-its layer here (LAYERS), which is where the README's file map groups it.
+its layer here (LAYERS). The folders say what a file is (README, "File map"): the course
+at minknn/, its tasks in minknn/tasks/, the machinery in minknn/tools/, the assignment's files in
+minknn/assignment/, the lab in minknn/lab/; the layers say what it may import.
 
 The layers, from the bottom (a file may import from its own layer and those below it):
-    base      minknn/__init__.py (the errors, signals, bars), parts.py (the assignment's parts)
-    tasks     what is read and scored: data, lines, tasks, readers, own_files and own_task (your files),
-              kinds, metrics
-    model     the encoder and its files: weights, packaged, packed, bert, backbones, tokenizer,
-              model
-    machine   running the model: engine (device, precision, batches, prediction), distributed
+    base      minknn/__init__.py (the errors, signals, bars), assignment/parts.py (the parts),
+              tools/files.py (files written whole, checksums, locks)
+    tasks     what is read and scored: tasks/ (registry, data, readers, lines, own_files,
+              own_task), kinds, metrics
+    model     the encoder and its files: bert, backbones, tokenizer, packed, model, and the base
+              weights' cache (tools/weights, packaged, cache_record)
+    machine   running the model: tools/engine (device, precision, batches, prediction),
+              tools/distributed (torchrun)
     methods   the ideas of the papers: losses/, memory, knn, proxy, pcgrad, probe
-    run       a run and its files: options, checks, cli, trainer, step, resume, checkpoint, runs,
-              status, files, curves, index, datastore, inference, assignment, export (card,
-              onnx_export), predict
+    run       a run and what uses one: index, datastore, the rest of tools/ (options, checks,
+              cli, trainer, step, run, checkpoint, curves, inference, predict, export, card,
+              onnx_export), assignment/ (the student edition)
     scripts   train.py, evaluate.py
     lab       minknn/lab/: the research tools, built on the scripts (the one layer that imports
               them)
@@ -25,18 +29,15 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = {
-    "base": ["minknn", "minknn.parts", "minknn.files"],
-    "tasks": ["minknn.data", "minknn.tasks", "minknn.readers", "minknn.lines", "minknn.own_files", "minknn.own_task",
-              "minknn.kinds", "minknn.metrics"],
-    "model": ["minknn.weights", "minknn.packaged", "minknn.cache_record", "minknn.packed", "minknn.bert",
-              "minknn.backbones", "minknn.tokenizer", "minknn.model"],
-    "machine": ["minknn.engine", "minknn.distributed"],
+    "base": ["minknn", "minknn.assignment.parts", "minknn.tools.files"],
+    "tasks": ["minknn.tasks", "minknn.kinds", "minknn.metrics"],
+    "model": ["minknn.tools.weights", "minknn.tools.packaged", "minknn.tools.cache_record",
+              "minknn.packed", "minknn.bert", "minknn.backbones", "minknn.tokenizer",
+              "minknn.model"],
+    "machine": ["minknn.tools.engine", "minknn.tools.distributed"],
     "methods": ["minknn.losses", "minknn.memory", "minknn.knn", "minknn.proxy", "minknn.pcgrad",
                 "minknn.probe"],
-    "run": ["minknn.options", "minknn.checks", "minknn.cli", "minknn.trainer", "minknn.step",
-            "minknn.resume", "minknn.checkpoint", "minknn.runs", "minknn.status", "minknn.curves", "minknn.index",
-            "minknn.datastore", "minknn.inference", "minknn.assignment", "minknn.export",
-            "minknn.card", "minknn.onnx_export", "minknn.predict"],
+    "run": ["minknn.index", "minknn.datastore", "minknn.tools", "minknn.assignment"],
     "scripts": ["train", "evaluate"],
     "lab": ["minknn.lab"],
 }
@@ -77,7 +78,7 @@ def imports(path, known):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from minknn import options` imports minknn.options; `from minknn.x import f`, x
+            # `from minknn import options` imports minknn.tools.options; `from minknn.x import f`, x
             names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
                      else node.module for a in node.names]
         for name in names:
@@ -145,6 +146,36 @@ def test_no_circle_of_imports():
 def test_the_layers_are_what_the_plan_says():
     """A planted upward import is caught: the check is not vacuous."""
     assert layer_of("minknn.losses.ce") == "methods" and layer_of("minknn.lab.runner") == "lab"
-    assert ORDER.index(layer_of("minknn.checkpoint")) > ORDER.index(layer_of("minknn.knn"))
+    assert ORDER.index(layer_of("minknn.tools.checkpoint")) > ORDER.index(layer_of("minknn.knn"))
     _, edges = graph()
     assert "minknn.knn" in edges["minknn.datastore"] and "train" in edges["minknn.lab.cells"]
+
+
+COURSE_FOLDERS = ("losses", "tasks", "tools", "assignment", "lab")  # the folders minknn/ shows
+MOST_ENTRIES, MOST_LINES = 20, 430  # README, "File map"; the house's "files around 400 lines"
+
+
+def test_minknn_shows_the_course_and_puts_the_machinery_behind_folders():
+    """`ls minknn/` is where a student finds the course: the model and the methods as files, the
+    rest behind a handful of folders that say what they hold."""
+    entries = sorted(e for e in os.listdir(os.path.join(ROOT, "minknn"))
+                     if not e.startswith((".", "__pycache__")) and not e.endswith(".egg-info"))
+    folders = [e for e in entries if os.path.isdir(os.path.join(ROOT, "minknn", e))]
+    assert sorted(folders) == sorted(COURSE_FOLDERS), (
+        f"minknn/ holds the folders {folders}, not {list(COURSE_FOLDERS)}: a new folder needs its "
+        f"place in the README's file map and here")
+    assert len(entries) <= MOST_ENTRIES, (
+        f"minknn/ shows {len(entries)} entries (at most {MOST_ENTRIES}): {', '.join(entries)}; "
+        f"machinery goes under minknn/tools/, a task's files under minknn/tasks/")
+
+
+def test_no_file_of_minknn_grows_past_the_house_size():
+    known = modules()
+    long = []
+    for m, path in known.items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > MOST_LINES and path.startswith("minknn"):
+            long.append(f"{path} ({n} lines)")
+    assert not long, (f"files past {MOST_LINES} lines: {', '.join(long)}; give the new idea a file "
+                      f"of its own (README, File map)")

@@ -1,7 +1,7 @@
 """The MoCo memory: the queue's pointer, labels and example ids, the momentum update, the key
 encoder's isolation from gradients, the memory bank's update, the fill before the first step, and
 a training step that leaves each query's own older key out of the loss. Part memory
-(minknn/assignment.py): its sanity check is test_sanity_check_the_memory; the tests after it
+(minknn/assignment/edition.py): its sanity check is test_sanity_check_the_memory; the tests after it
 diagnose each piece on a stand-in model (a linear map), then on the tiny BERT."""
 import copy
 import random
@@ -13,14 +13,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train
-from minknn.parts import label
-from minknn.data import load_split
-from minknn.engine import encode_batch
+from minknn.assignment.parts import label
 from minknn.losses import Objective
-from minknn.model import Model
 from minknn.memory import KeyEncoder, MemoryBank, MoCo, Queue
-from minknn.tasks import get_task
+from minknn.model import Model
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
 from minknn.tokenizer import Tokenizer
+from minknn.tools.engine import encode_batch
 
 from elsewhere import check_on_second_device
 from grading import as_formula, as_mix, check, close, graded, matches_reference

@@ -1,4 +1,4 @@
-"""Tests of minknn/model.py. Part 4 pooling (minknn/assignment.py, PARTS) comes first: pool() on
+"""Tests of minknn/model.py. Part 4 pooling (minknn/assignment/edition.py, PARTS) comes first: pool() on
 fixed hidden states, the usual mistakes named, then each example against its formula, then the
 stored reference outputs (tests/fixtures/references/pooling.pt, tests/grading.py)."""
 import math
@@ -11,7 +11,7 @@ from elsewhere import check_on_second_device
 from formula import fixed_cotangent, readings_that_fit, run, same_as_formula
 from grading import check, close, graded, matches_reference
 from minknn.model import POOLINGS, Model, pool
-from minknn.tasks import TASKS
+from minknn.tasks.registry import TASKS
 
 
 def wave(*shape, phase=0.0):

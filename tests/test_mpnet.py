@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minknn.bert
 from minknn import MinknnError, backbones
+import minknn.bert
 from minknn.model import pool
 from minknn.packed import Packing
 from minknn.tokenizer import MPNetTokenizer, Tokenizer

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from helpers import DATA
-from minknn.assignment import repository_files
+from minknn.assignment.edition import repository_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

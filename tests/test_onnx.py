@@ -1,6 +1,6 @@
-"""What a receiver of an exported folder runs (python -m minknn.export RUN OUT --onnx --knn:
-minknn/export.py, minknn/card.py, minknn/onnx_export.py), held against minknn's own answers
-(minknn/inference.py load, the Python API predict uses):
+"""What a receiver of an exported folder runs (python -m minknn.tools.export RUN OUT --onnx --knn:
+minknn/tools/export.py, minknn/tools/card.py, minknn/tools/onnx_export.py), held against minknn's own answers
+(minknn/tools/inference.py load, the Python API predict uses):
 
     the card's snippets   README.md's ```python blocks, run as written (only their `texts = `
                           line swapped for the test's texts): the head on sentence-transformers'
@@ -34,16 +34,16 @@ transformers = required("transformers")
 sentence_transformers = required("sentence_transformers")
 
 import evaluate  # noqa: E402
-import minknn.export  # noqa: E402
-from minknn.inference import load  # noqa: E402
-from minknn.weights import load_safetensors  # noqa: E402
+import minknn.tools.export  # noqa: E402
+from minknn.tools.inference import load  # noqa: E402
+from minknn.tools.weights import load_safetensors  # noqa: E402
 from test_export import TEXTS, differs, fabricated_run, offline, refused  # noqa: E402,F401 (offline: autouse)
 from test_own_task import reviews, write_csv, write_jsonl  # noqa: E402
 from test_predict import DEV, trained  # noqa: E402
 
 
 def exported(run_folder, out, *flags):
-    minknn.export.main([str(run_folder), str(out), *flags])
+    minknn.tools.export.main([str(run_folder), str(out), *flags])
     return str(out)
 
 
@@ -207,11 +207,11 @@ def test_classifier_onnx_runs_each_proxy_losss_inference(loss, tiny_bert_dir, tm
     """ProxyNCA's class logits (-s d(z, P_c)) and SoftTriple's (its centres' S_c), traced into
     classifier.onnx: proxy_probabilities within 1e-5 of minknn's proxy rule (inference.py)."""
     from minknn import backbones
-    from minknn.inference import rule_probabilities
+    from minknn.tools.inference import rule_probabilities
     from minknn.losses import build_losses
     from minknn.model import Model
-    from minknn.onnx_export import PROXY_ALPHA, write_onnx
-    from minknn.tasks import TASKS
+    from minknn.tools.onnx_export import PROXY_ALPHA, write_onnx
+    from minknn.tasks.registry import TASKS
     from minknn.tokenizer import Tokenizer
     torch.manual_seed(0)
     model = Model(backbones.from_pretrained(tiny_bert_dir), [TASKS["mr"]], "max").eval()
@@ -235,7 +235,7 @@ def test_a_siamese_run_gets_the_encoder_graph_and_a_card_that_promises_no_classi
     out = exported(tmp_path / "run", tmp_path / "out", "--onnx")
     assert sorted(os.listdir(os.path.join(out, "onnx"))) == ["model.onnx"], os.listdir(out)
     card = open(os.path.join(out, "README.md")).read()
-    assert "classifier.onnx" not in card and "python -m minknn.predict` answers" in card, card
+    assert "classifier.onnx" not in card and "python -m minknn.tools.predict` answers" in card, card
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -1,4 +1,4 @@
-"""minknn/options.py and minknn/checks.py, through train.py's get_args: the defaults that depend on
+"""minknn/tools/options.py and minknn/tools/checks.py, through train.py's get_args: the defaults that depend on
 other flags, and each combination that cannot work refused with one line naming the flag
 (test_train.py runs a few of them as a user would, in a subprocess)."""
 import pytest
@@ -8,8 +8,10 @@ import torch.nn.functional as F
 
 from minknn.lab import bench
 import evaluate
-from minknn import MinknnError, checks, cli, options
+from minknn import MinknnError
 from minknn.lab import runner
+from minknn.lab import flags as runner_flags
+from minknn.tools import checks, cli, options
 from helpers import DATA
 from minknn.losses import BASE_LOSSES, LOSSES, loss_kind, need
 from minknn.losses.decoupled import DecoupledTripletLoss
@@ -20,7 +22,7 @@ def refused(capsys, *flags):
     """The one-line error train.py's flags give (argparse's exit status 2)."""
     with pytest.raises(SystemExit) as exit:
         options.get_args(list(flags))
-        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/checks.py check_args)")
+        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/tools/checks.py check_args)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: "), err
     return err[len("error: "):]
@@ -50,7 +52,7 @@ def test_head_init_probe_is_pretrains_default_where_a_head_can_be_fit():
                        "--task goemotions --option pretrain": "probe", "--task sts --option pretrain": "random",
                        "--task quora --pair_mode siamese --option pretrain": "random",
                        "--task multitask --option pretrain": "probe"}, \
-        f"--head_init's defaults (minknn/checks.py check_head_init): {default}"
+        f"--head_init's defaults (minknn/tools/checks.py check_head_init): {default}"
     assert options.get_args(["--option", "pretrain", "--head_init", "random"]).head_init == "random", \
         "--head_init random under --option pretrain must be kept"
 
@@ -214,14 +216,15 @@ def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, 
     subcommand says what it does, and each of train.py's says its default (argparse's, which --help shows, or
     "(default: ...)" in the text; a switch is off)."""
     helps = {}
-    for module in (options, evaluate, runner, bench):
+    for module in (options, evaluate, runner_flags, bench):
         parsers = parsers_of(module, monkeypatch, capsys)
-        assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.cli.Parser?)"
+        assert parsers, f"{module.__name__}: no Parser was built (does it still use minknn.tools.cli.Parser?)"
         for p in parsers:
             for a in p._actions:
                 if a.dest in ("help", "command"):  # argparse's own, bench.py's subcommand
                     continue
-                script = "train.py" if module is options else f"{module.__name__.split('.')[-1]}.py"
+                script = ("train.py" if module is options else "runner.py" if module is runner_flags
+                          else f"{module.__name__.split('.')[-1]}.py")
                 flag = " ".join([script, *p.prog.split()[1:], a.option_strings[0]])  # and bench.py's subcommand
                 helps[flag] = a.help
                 assert a.help and a.help.strip(), f"{flag} has no help text"

@@ -1,4 +1,4 @@
-"""Your own files as a task (minknn/own_task.py): each format and kind read as its rows say, each bad
+"""Your own files as a task (minknn/tasks/own_task.py): each format and kind read as its rows say, each bad
 file refused in one line naming the file, the line and the column before any model is read, and a
 run on such a task trained, evaluated, resumed, exported and put through the runner as a registered
 task's is. The files are written here, in each test's folder; the words tokenise into the tiny
@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import evaluate
-import minknn.export
+import minknn.tools.export
 import train
-from minknn import MinknnError, options
-from minknn.cli import run
-from minknn.data import load_split, training_examples
+from minknn import MinknnError
 from minknn.lab import runner
 from minknn.losses import LOSSES, loss_kind
-from minknn.own_task import tasks_of
+from minknn.tasks.data import load_split, training_examples
+from minknn.tasks.own_task import tasks_of
+from minknn.tools import options
+from minknn.tools.cli import run
 
 POSITIVE = ["a gripping film", "wonderful acting", "i loved it", "great fun", "a moving story",
             "brilliant and warm", "superb cast", "a joy to watch"]
@@ -47,7 +48,7 @@ def reviews(n=2):
 
 
 def tasks(*argv):
-    """The run's Tasks as train.py reads the flags (checked: minknn/checks.py), and its args."""
+    """The run's Tasks as train.py reads the flags (checked: minknn/tools/checks.py), and its args."""
     args = options.get_args(["--model", "unread", *argv])
     return tasks_of(args), args
 
@@ -296,7 +297,7 @@ def test_a_run_on_your_files_trains_evaluates_and_records_them(tiny_bert_dir, tm
     assert err.startswith(f"error: {test}: changed since the run read it") and "\n" not in err, err
 
     # the export: the encoder of a run of your files, as of any run
-    minknn.export.main([str(tmp_path / "run"), str(tmp_path / "exported")])
+    minknn.tools.export.main([str(tmp_path / "run"), str(tmp_path / "exported")])
     assert os.path.exists(tmp_path / "exported" / "model.safetensors")
 
 

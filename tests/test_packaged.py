@@ -1,4 +1,4 @@
-"""minknn/packaged.py: a model folder assembled from a zip split over five PyPI packages.
+"""minknn/tools/packaged.py: a model folder assembled from a zip split over five PyPI packages.
 
 Most tests build their own tiny packages: a zip of a few files under fake-model/, split in five,
 each slice installed into a site folder of tmp_path as pip would (a .dist-info whose RECORD names
@@ -22,10 +22,11 @@ import zipfile
 
 import pytest
 
-from minknn import MinknnError, cache_record, packaged
-from minknn.cache_record import RECORD
-from minknn.files import file_sha256
-from minknn.weights import resolve_model_path
+from minknn import MinknnError
+from minknn.tools import cache_record, packaged
+from minknn.tools.cache_record import RECORD
+from minknn.tools.files import file_sha256
+from minknn.tools.weights import resolve_model_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "fake-model"
@@ -151,7 +152,7 @@ def test_an_assembled_folder_is_returned_with_no_work(tmp_path, monkeypatch):
     assert assemble(tmp_path, parts) == folder
 
 
-# The cache checked as it is loaded (minknn/cache_record.py): each file's stamps (size, mtime, ctime)
+# The cache checked as it is loaded (minknn/tools/cache_record.py): each file's stamps (size, mtime, ctime)
 # against the record written at assembly, and its sha256 only where they differ.
 
 def hashes(monkeypatch):
@@ -409,7 +410,7 @@ def test_a_stop_during_the_join_leaves_no_folder(tmp_path, monkeypatch):
 # (a marker file says when)
 SLOW = """
 import glob, json, sys, time
-from minknn import packaged
+from minknn.tools import packaged
 parts, files, cache, marker = json.loads(sys.argv[1])
 real = packaged.Joined.readinto
 
@@ -478,7 +479,7 @@ def test_a_live_process_temporary_folder_is_left_alone(tmp_path, monkeypatch):
 # others are asking for the folder while it joins
 JOINING = """
 import json, os, sys, time
-from minknn import packaged
+from minknn.tools import packaged
 parts, files, cache, joins, arrived = json.loads(sys.argv[1])
 real = packaged.Joined.readinto
 
@@ -531,7 +532,7 @@ def test_two_processes_at_once_end_with_one_folder(tmp_path, monkeypatch):
 
     def other_process_first(self, buffer):
         if not (cache / NAME).exists():
-            subprocess.run([sys.executable, "-c", "import json, sys; from minknn import packaged; "
+            subprocess.run([sys.executable, "-c", "import json, sys; from minknn.tools import packaged; "
                             "p, f, c = json.loads(sys.argv[1]); "
                             "packaged.assembled([tuple(x) for x in p], f, 'fake-model', c)",
                             json.dumps([parts, FILES, str(cache)])], env=env, check=True)

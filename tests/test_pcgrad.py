@@ -1,6 +1,6 @@
 """PCGrad (minknn/pcgrad.py) on hand-made gradients, against the paper's Algorithm 1 and the
 two-task closed form, and on a small shared-encoder model with one head per task. Part pcgrad
-(minknn/parts.py): its sanity check is test_sanity_check_the_projections; the tests after it
+(minknn/assignment/parts.py): its sanity check is test_sanity_check_the_projections; the tests after it
 diagnose the projections, read off pcgrad_coefficients' C as the adjusted gradients C g. No
 second-device test (tests/elsewhere.py): the part runs on the K x K Gram matrix, which
 PCGrad.surgery moves to the CPU first (a GPU would wait on each `if dot < 0`)."""

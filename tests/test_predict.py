@@ -1,4 +1,4 @@
-"""predict (minknn/predict.py) and the Python API under it (minknn/inference.py load): the answers are
+"""predict (minknn/tools/predict.py) and the Python API under it (minknn/tools/inference.py load): the answers are
 evaluate.py's, bit for bit, on the same texts (the head, proxy inference and kNN, on a run of each
 kind), from texts given as arguments, in a file or on standard input; --explain's neighbours are the
 datastore's nearest keys and its proxies' cosines the proxies'; --out writes them all."""
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 import evaluate
 import train
 from minknn import MinknnError
-from minknn.cli import run
-from minknn.inference import load
-from minknn.predict import main as predict
+from minknn.tools.cli import run
+from minknn.tools.inference import load
+from minknn.tools.predict import main as predict
 from test_own_task import NEGATIVE, POSITIVE, reviews, write_csv, write_jsonl
 
 DEV = ["a gripping story", "i hated the cast", "great and warm", "a tedious mess", "wonderful film",
@@ -226,7 +226,7 @@ def test_a_bad_file_of_texts_stops_before_the_run_is_read(tiny_bert_dir, tmp_pat
     run_folder = trained(tiny_bert_dir, tmp_path, "--train_file",
                          write_csv(tmp_path / "reviews.csv", ["text", "label"], reviews(3)))
     (tmp_path / "bad.csv").write_text("text\na gripping film\n\"unclosed\n")
-    monkeypatch.setattr("minknn.predict.load", lambda *a, **k: pytest.fail("the run was read before the file"))
+    monkeypatch.setattr("minknn.tools.predict.load", lambda *a, **k: pytest.fail("the run was read before the file"))
     capsys.readouterr()
     with pytest.raises(SystemExit):
         run(lambda: predict([run_folder, "--file", str(tmp_path / "bad.csv")]))
@@ -267,10 +267,10 @@ def test_the_pages_python_api_block_runs_as_written(page, tiny_bert_dir, tmp_pat
 
 
 def test_importing_the_api_loads_nothing_slow():
-    """`from minknn.inference import load` imports torch and minknn's files, not torch._dynamo (2 s on this
+    """`from minknn.tools.inference import load` imports torch and minknn's files, not torch._dynamo (2 s on this
     project's CPU: torch.nn.attention.varlen's, which minknn/packed.py imports on its first CUDA use only), nor a
     model or data (load does that)."""
-    code = "import sys; import minknn.inference; print(sorted(m for m in ('torch._dynamo', 'transformers') if m in sys.modules))"
+    code = "import sys; import minknn.tools.inference; print(sorted(m for m in ('torch._dynamo', 'transformers') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr[-500:])

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from minknn.bert import BertModel
-from minknn.data import load_split
-from minknn.engine import predict
 from minknn.model import Model
 from minknn.probe import fit_head, fit_logistic
-from minknn.tasks import TASKS
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import TASKS
 from minknn.tokenizer import Tokenizer
+from minknn.tools.engine import predict
 
 
 def objective(W, b, z, y, C, kind):

@@ -1,5 +1,5 @@
 """Proxy inference (minknn/proxy.py): alpha = 0 is the linear head, alpha = 1 the nearest proxy.
-Part proxy-inference (minknn/assignment.py): its sanity check is test_sanity_check_the_mix; the
+Part proxy-inference (minknn/assignment/edition.py): its sanity check is test_sanity_check_the_mix; the
 tests after it diagnose the mix, first with a stand-in for the proxy loss (its class_logits a
 known scaled cosine), then with the proxy losses themselves."""
 from types import SimpleNamespace

@@ -11,19 +11,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minknn.trainer
+import minknn.tools.trainer
 import train
-from minknn import MinknnError, options
+from minknn import MinknnError
 from minknn.bert import BertModel
 from minknn.lab import cells, runner
-from minknn.tasks import TASKS, get_task
+from minknn.tasks.registry import TASKS, get_task
 from minknn.tokenizer import Tokenizer
-from minknn.weights import resolve_model_path
+from minknn.tools import options
+from minknn.tools.weights import resolve_model_path
 
 from helpers import DATA
 
 MAX_LEN = 32
-REAL_STEP, REAL_START = train.train_step, minknn.trainer.start_at_names
+REAL_STEP, REAL_START = train.train_step, minknn.tools.trainer.start_at_names
 
 
 def run(tiny_bert_dir, out, *extra):
@@ -47,7 +48,7 @@ def watching(monkeypatch, stop_at=None):
         return REAL_STEP(trainer, batches)
     monkeypatch.setattr(train, "train_step", step)
     named = []
-    monkeypatch.setattr(minknn.trainer, "start_at_names",
+    monkeypatch.setattr(minknn.tools.trainer, "start_at_names",
                         lambda *a, **k: named.append(a[2].name) or REAL_START(*a, **k))
     return seen, named
 
@@ -97,12 +98,12 @@ def test_each_proxy_starts_at_its_class_names_z(tiny_bert_dir, tmp_path, monkeyp
 
 def test_names_change_the_proxies_only(tiny_bert_dir, tmp_path, monkeypatch):
     """The default (random) never calls start_at_names, and its proxies are torch.randn(C, H), drawn at the losses'
-    turn in build() (minknn/trainer.py), as before the flag. A run with names is, at its first step, the random
+    turn in build() (minknn/tools/trainer.py), as before the flag. A run with names is, at its first step, the random
     run of the same seed but for the proxies: the same weights, batch and torch random state (the random proxies
     drawn all the same, the names drawing nothing, dropout off)."""
     flags = ("--loss", "proxyanchor", "--epochs", "1", "--steps_per_epoch", "1")
-    states, build_losses = [], minknn.trainer.build_losses
-    monkeypatch.setattr(minknn.trainer, "build_losses",
+    states, build_losses = [], minknn.tools.trainer.build_losses
+    monkeypatch.setattr(minknn.tools.trainer, "build_losses",
                         lambda *a, **k: states.append(torch.get_rng_state()) or build_losses(*a, **k))
     seen, named = watching(monkeypatch)
     run(tiny_bert_dir, tmp_path / "random", *flags)
@@ -160,7 +161,7 @@ def test_a_resumed_run_keeps_its_trained_proxies(tiny_bert_dir, tmp_path, monkey
 def test_names_are_refused_where_they_cannot_start_proxies(capsys, flags, says):
     with pytest.raises(SystemExit) as exit:
         options.get_args(flags)
-        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/checks.py check_proxy_init)")
+        pytest.fail(f"train.py {' '.join(flags)} was accepted (minknn/tools/checks.py check_proxy_init)")
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and "\n" not in err and err.startswith("error: --proxy_init names"), err
     assert says in err, f"train.py {' '.join(flags)}: {err!r} does not say {says!r}"
@@ -187,7 +188,7 @@ def test_every_single_text_classification_task_has_names_of_whole_words():
         if t.kind != "classify" or t.pair:
             continue
         assert t.names and len(t.names) == len(t.labels), \
-            f"{t.name}: {len(t.names or [])} names for its {len(t.labels)} classes (minknn/tasks.py names=)"
+            f"{t.name}: {len(t.names or [])} names for its {len(t.labels)} classes (minknn/tasks/registry.py names=)"
         for name in t.names:
             pieces = tokenizer.tok.encode(name, add_special_tokens=False).tokens
             bad = [p for p in pieces if p.startswith("##") or p == tokenizer.UNK or p not in vocab]

@@ -1,4 +1,4 @@
-"""Tests of minknn/readers.py: every reader in the task registry (minknn/tasks.py), each on a tiny
+"""Tests of minknn/tasks/readers.py: every reader in the task registry (minknn/tasks/registry.py), each on a tiny
 fixture written in its dataset's official format (tests/fixtures/data, laid out like the real data
 root), read through data.load_split.
 
@@ -25,8 +25,8 @@ import tarfile
 
 import pytest
 
-from minknn.data import DataError, Example, load_split, read_source, source_paths
-from minknn.tasks import TASKS, get_task
+from minknn.tasks.data import DataError, Example, load_split, read_source, source_paths
+from minknn.tasks.registry import TASKS, get_task
 
 TESTED_IN_TEST_DATA = {"sst", "cfimdb", "quora", "sts", "mrpc"}
 REUTERS_FIXTURES = ("reut2-000.sgm", "reut2-001.sgm")
@@ -105,7 +105,7 @@ BUILT_FIXTURES = {"imdb": "imdb_root"}
 
 
 def test_every_registered_task_reads_its_fixture(request, data_dir):
-    """Every task of the registry (minknn/tasks.py), whatever its reader: each of its splits loads
+    """Every task of the registry (minknn/tasks/registry.py), whatever its reader: each of its splits loads
     from the task's fixture, as examples whose texts and labels fit the task. The list is the
     registry itself, so a task added without a fixture fails here, named."""
     for name, registered in TASKS.items():
@@ -118,7 +118,7 @@ def test_every_registered_task_reads_its_fixture(request, data_dir):
         missing = [os.path.join("tests", "fixtures", "data", os.path.relpath(path, root))
                    for source in files for path in source_paths(where, source, root)
                    if not os.path.isfile(path)]
-        assert not missing, (f"task '{name}' (minknn/tasks.py) has no test fixture: "
+        assert not missing, (f"task '{name}' (minknn/tasks/registry.py) has no test fixture: "
                              f"{', '.join(missing)}; write a few lines of each official file "
                              f"there, in its format (or, for a binary, a fixture that writes it "
                              f"in tmp_path: BUILT_FIXTURES in tests/test_readers.py)")
@@ -754,8 +754,8 @@ def test_carved_dev_splits_are_the_same_in_a_fresh_process(data_dir):
     cuts the same dev splits."""
     script = f"""
 import dataclasses, json, random, sys
-from minknn.data import load_split
-from minknn.tasks import TASKS
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import TASKS
 random.seed(99)
 tasks = {{n: TASKS[n] for n in {CARVED!r}}}
 files = {REUTERS_FIXTURES!r}

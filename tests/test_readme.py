@@ -4,14 +4,14 @@ docs/ name exists. A README line that stops working fails here, naming the file 
 Which commands: every line of every ```bash block of README.md and docs/*.md, in order (a line
 ending in a backslash goes on to the next; `a && b` is two commands; `#` starts a comment). Each
 is one of
-    python train.py ...               train.main      in-process, through minknn.cli.run as the
+    python train.py ...               train.main      in-process, through minknn.tools.cli.run as the
     python evaluate.py ...            evaluate.main   scripts' __main__ does: a MinknnError is
     python -m minknn.lab.bench ...    bench.main      `error: ...` and exit status 2
     python -m minknn.lab.runner ...   runner.main
     python -m minknn.lab.attack ...   attack.main
-    python -m minknn.assignment ...   minknn.assignment.main
-    python -m minknn.export ...       minknn.export.main
-    python -m minknn.predict ...      minknn.predict.main
+    python -m minknn.assignment ...   minknn.assignment.edition.main
+    python -m minknn.tools.export ...       minknn.tools.export.main
+    python -m minknn.tools.predict ...      minknn.tools.predict.main
     torchrun ... train.py ...        a subprocess: python -m torch.distributed.run --standalone
                                      --nproc_per_node 2 train.py ..., 1 thread each (gloo)
 or a set-up or test command that is not run here (NOT_RUN says why: it makes the virtual
@@ -50,7 +50,7 @@ things stand in for what would take long or reach outside:
   fixture datasets (tests/fixtures/data) less the files that are not in the copy `RESULTS.md` was
   measured on (data/README.md names them: Quora's train and test-student, QNLI's train, AG News'
   train, AAPD), plus an IMDB archive and Reuters' 22 files built here. MINKNN_DATA points at it.
-  minknn.data.download fails as it does offline, and http(s)_proxy names a closed local port, so
+  minknn.tasks.data.download fails as it does offline, and http(s)_proxy names a closed local port, so
   nothing here reaches the network. The files of their own the pages name (my/reviews.csv,
   mine.txt, ...: your_files) are written in the working folder, small, as a user's would be.
 """
@@ -68,19 +68,19 @@ import pytest
 
 from minknn.lab import bench
 import evaluate
-import minknn.assignment
+import minknn.assignment.edition
 import minknn.lab.attack
-import minknn.data
-import minknn.export
 import minknn.lab.runner
-import minknn.predict
+import minknn.tasks.data
+import minknn.tools.export
+import minknn.tools.predict
 import train
 from helpers import DATA, TINY, tiny_vocab
 from hf_folders import write_distilbert, write_mpnet, write_roberta
-from minknn.cli import run
 from minknn.bert import BertConfig, BertModel
-from minknn.data import DataError
-from minknn.weights import save_safetensors
+from minknn.tasks.data import DataError
+from minknn.tools.cli import run
+from minknn.tools.weights import save_safetensors
 from test_readers import imdb_reviews, write_imdb
 from test_runs import stop_at
 
@@ -159,8 +159,8 @@ def script(words, where):
                          (["python", "-m", "minknn.lab.bench"], "bench"), (["python", "-m", "minknn.lab.runner"], "runner"),
                          (["python", "-m", "minknn.lab.attack"], "attack"),
                          (["python", "-m", "minknn.assignment"], "assignment"),
-                         (["python", "-m", "minknn.export"], "export"),
-                         (["python", "-m", "minknn.predict"], "predict"), (["torchrun"], "torchrun")):
+                         (["python", "-m", "minknn.tools.export"], "export"),
+                         (["python", "-m", "minknn.tools.predict"], "predict"), (["torchrun"], "torchrun")):
         if words[:len(prefix)] == prefix:
             return name, words[len(prefix):]
     raise AssertionError(f"{where}: `{' '.join(words)}`: the test does not know this command; run it in "
@@ -204,7 +204,7 @@ def tiny_args(name, args, model, stopped):
 
 MAINS = {"train": train.main, "evaluate": evaluate.main, "bench": bench.main, "runner": minknn.lab.runner.main,
          "attack": minknn.lab.attack.main,
-         "assignment": minknn.assignment.main, "export": minknn.export.main, "predict": minknn.predict.main}
+         "assignment": minknn.assignment.edition.main, "export": minknn.tools.export.main, "predict": minknn.tools.predict.main}
 
 
 # ------------------------------------------------------------------------ what a user has
@@ -304,7 +304,7 @@ def test_every_command_runs(page, user, tiny_models, tmp_path, monkeypatch, caps
         monkeypatch.setenv(proxy, "http://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.setattr(minknn.data, "download", offline)
+    monkeypatch.setattr(minknn.tasks.data, "download", offline)
     monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
     monkeypatch.delattr(minknn, "plots", raising=False)  # imported by an earlier test, or not
     monkeypatch.setitem(sys.modules, "minknn.lab.plots", None)
@@ -374,7 +374,7 @@ def test_multitask_without_quora_names_the_file_and_what_runs_instead(user, tmp_
     """`--task multitask` alone trains minBERT's sst,quora,sts; where quora-train.csv cannot be had,
     the one line names it and the README's alternative, --tasks sst,mrpc,sts."""
     model, data = user
-    monkeypatch.setattr(minknn.data, "download", offline)
+    monkeypatch.setattr(minknn.tasks.data, "download", offline)
     status = run_main(train.main, ["--task", "multitask", "--data_dir", data, "--out", str(tmp_path / "run"),
                                    "--model", model] + SMALL, "train.py --task multitask")
     lines = capsys.readouterr().err.strip().splitlines()
@@ -431,7 +431,7 @@ def test_every_path_and_link_names_a_file_that_exists(page):
             continue
         found = glob.glob(os.path.join(ROOT, name)) if "*" in name else os.path.exists(os.path.join(ROOT, name))
         edition = os.path.exists(os.path.join(ROOT, "HANDOUT.md"))  # a student edition leaves some out
-        if not found and not (edition and name in minknn.assignment.NOT_COPIED):
+        if not found and not (edition and name in minknn.assignment.edition.NOT_COPIED):
             faults.append(f"{page}:{line}: `{name}` names no file of the repository")
     assert not faults, "\n".join(faults)
 

@@ -1,4 +1,4 @@
-"""minknn/runs.py through train.py: a stopped run resumes exactly, no run is overwritten or shared,
+"""minknn/tools/run.py through train.py: a stopped run resumes exactly, no run is overwritten or shared,
 divergence and a full disk stop a run with one line and leave the last good files in place.
 (The bad flags and folders are rows of test_bad_inputs.py.)"""
 import errno
@@ -16,16 +16,17 @@ import time
 import pytest
 import torch
 
-import minknn.checkpoint
-import minknn.data
-import minknn.files
-import minknn.runs
-import minknn.trainer
+import minknn.tasks.data
+import minknn.tools.checkpoint
+import minknn.tools.files
+import minknn.tools.run
+import minknn.tools.trainer
 import train
-from minknn import MinknnError, runs
-from minknn.cli import run
-from minknn.checkpoint import LAST_ENTRIES, load_last, save_last
-from minknn.runs import close_run_folder, lock_folder, new_run_folder
+from minknn import MinknnError
+from minknn.tools.checkpoint import LAST_ENTRIES, load_last, save_last
+from minknn.tools.cli import run
+from minknn.tools.files import lock_folder
+from minknn.tools.run import close_run_folder, new_run_folder
 from helpers import DATA, dev_falling, write_tiny_bert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +133,7 @@ def signal_in(monkeypatch, signum, where, nth):
             return result
         monkeypatch.setattr(train, "train_step", step)
         return
-    real_save = minknn.files.atomic_save
+    real_save = minknn.tools.files.atomic_save
 
     def save(obj, path, writer=torch.save):
         if os.path.basename(path) == where:
@@ -141,7 +142,7 @@ def signal_in(monkeypatch, signum, where, nth):
                 at = 100 if where.endswith(".jsonl") else 20000
                 return real_save(obj, path, lambda o, f: writer(o, SignalsAt(f, at, signum)))
         return real_save(obj, path, writer)
-    for module in (minknn.checkpoint, minknn.files):  # save_checkpoint's and save_last's; write_jsonl's
+    for module in (minknn.tools.checkpoint, minknn.tools.files):  # save_checkpoint's and save_last's; write_jsonl's
         monkeypatch.setattr(module, "atomic_save", save)
 
 
@@ -288,7 +289,7 @@ def test_a_last_pt_without_an_entry_is_refused_naming_it(entry, tmp_path):
     save_last(str(tmp_path), **state)
     with pytest.raises(MinknnError) as e:
         load_last(str(tmp_path), needs=("memory",))
-        pytest.fail(f"a last.pt without {entry} was loaded (runs.load_last must check LAST_ENTRIES and `needs`)")
+        pytest.fail(f"a last.pt without {entry} was loaded (checkpoint.load_last must check LAST_ENTRIES and `needs`)")
     assert str(e.value).startswith(f"{tmp_path / 'last.pt'}: has no {entry}; it is not a whole run state"), \
         str(e.value)
 
@@ -453,7 +454,7 @@ def test_a_second_writer_stops_with_one_line(tiny_bert_dir, data_dir, tmp_path, 
     try:
         with pytest.raises(SystemExit):
             run(lambda: train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")]))
-            pytest.fail("a second run trained in a folder whose run.lock another process holds (runs.lock_folder)")
+            pytest.fail("a second run trained in a folder whose run.lock another process holds (files.lock_folder)")
         err = capsys.readouterr().err.strip()
         assert err == f"error: {tmp_path / 'run'} is in use by another training process (pid {os.getpid()}); " \
                       f"wait for it to finish, or choose another --out", err
@@ -468,23 +469,23 @@ def test_a_lock_on_a_removed_run_lock_does_not_count(tmp_path, monkeypatch):
     path and try again, to find C's lock: else B and C both train in the folder. Played in one process: B's
     flock call lets A end and C start first."""
     folder = str(tmp_path)
-    a = runs.lock_folder(folder)
+    a = minknn.tools.files.lock_folder(folder)
     real_flock, calls, held = fcntl.flock, [], []
 
     def a_ends_and_c_starts(f, how):
         calls.append(1)
         if len(calls) == 1:  # B's first flock, on the file A still holds
-            runs.close_run_folder(folder, a, [])
+            close_run_folder(folder, a, [])
             assert not os.path.exists(tmp_path / "run.lock"), "close_run_folder left run.lock"
-            held.append(runs.lock_folder(folder))  # C: a new run.lock
+            held.append(minknn.tools.files.lock_folder(folder))  # C: a new run.lock
         return real_flock(f, how)
     monkeypatch.setattr(fcntl, "flock", a_ends_and_c_starts)
     try:
         with pytest.raises(MinknnError, match="is in use by another training process"):
-            b = runs.lock_folder(folder)
+            b = minknn.tools.files.lock_folder(folder)
             b.close()
             pytest.fail("B locked the run.lock A had removed while C held the new one: two writers in one "
-                        "folder (runs.lock_folder must compare the locked file with the one at the path)")
+                        "folder (files.lock_folder must compare the locked file with the one at the path)")
     finally:
         for lock in held:
             lock.close()
@@ -493,23 +494,23 @@ def test_a_lock_on_a_removed_run_lock_does_not_count(tmp_path, monkeypatch):
 def test_a_lock_on_a_removed_run_lock_tries_again(tmp_path, monkeypatch):
     """As above, but no third process: B's retry creates the new run.lock and holds it, so a later run is refused."""
     folder = str(tmp_path)
-    a = runs.lock_folder(folder)
+    a = minknn.tools.files.lock_folder(folder)
     real_flock, calls = fcntl.flock, []
 
     def a_ends(f, how):
         calls.append(1)
         if len(calls) == 1:
-            runs.close_run_folder(folder, a, [])
+            close_run_folder(folder, a, [])
         return real_flock(f, how)
     monkeypatch.setattr(fcntl, "flock", a_ends)
-    b = runs.lock_folder(folder)
+    b = minknn.tools.files.lock_folder(folder)
     try:
         lock_file = tmp_path / "run.lock"
         assert lock_file.exists() and os.fstat(b.fileno()).st_ino == os.stat(lock_file).st_ino, \
-            "B's lock is on a removed run.lock, not on the file at the path (runs.lock_folder must try again)"
+            "B's lock is on a removed run.lock, not on the file at the path (files.lock_folder must try again)"
         monkeypatch.setattr(fcntl, "flock", real_flock)
         with pytest.raises(MinknnError, match="is in use by another training process"):
-            runs.lock_folder(folder).close()
+            minknn.tools.files.lock_folder(folder).close()
     finally:
         b.close()
 
@@ -536,7 +537,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(save, tiny_
     assert exit_.value.code == 2 and err.startswith("error: epoch 2, step 1: the sst loss became nan"), err
     summary = json.load(open(out / "summary.json"))
     assert summary["stopped"].startswith("diverged: epoch 2, step 1") and summary["best_epoch"] == 1, summary
-    assert not os.path.exists(out / "run.lock"), "a diverged run left its run.lock (runs.close_run_folder)"
+    assert not os.path.exists(out / "run.lock"), "a diverged run left its run.lock (run.close_run_folder)"
     if save == "none":
         assert f"the best epoch so far (1) is in {out / 'summary.json'} (--save none: no checkpoint)" in err, err
         assert not os.path.exists(out / "checkpoint.pt")
@@ -645,7 +646,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_nothing(tiny_bert_dir, da
 def test_ctrl_c_before_the_first_step(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(minknn.data, "training_examples", interrupted)  # read_examples reads the data
+    monkeypatch.setattr(minknn.tasks.data, "training_examples", interrupted)  # read_examples reads the data
     with pytest.raises(SystemExit):
         train.main([*flags(tiny_bert_dir, data_dir), "--out", str(tmp_path / "run")])
     assert capsys.readouterr().err.strip() == "interrupted before the first step; nothing was saved"
@@ -698,12 +699,12 @@ def test_evaluate_says_a_run_is_still_training_and_scores_its_best_epoch_so_far(
 def test_ctrl_c_in_evaluate_is_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     """Ctrl-C outside train.py's own handler (here in evaluate.py's prediction pass): `interrupted`, status 130."""
     import evaluate
-    import minknn.inference
+    import minknn.tools.inference
     train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(tmp_path / "run")])
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(minknn.inference, "predict", interrupted)  # evaluate.py's pass
+    monkeypatch.setattr(minknn.tools.inference, "predict", interrupted)  # evaluate.py's pass
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         run(lambda: evaluate.main(["--checkpoint", str(tmp_path / "run")]))
@@ -768,7 +769,7 @@ def test_a_damaged_checkpoint_is_written_again_from_last_pt_when_it_holds_that_e
     notes = [line for line in said.splitlines() if "checkpoint.pt" in line and "last.pt" in line]
     assert len(notes) == 1 and "damaged" in notes[0] and "written again from" in notes[0], \
         f"{damage}: one line says checkpoint.pt was damaged and is written again from last.pt: {said[:1500]}"
-    ckpt = minknn.checkpoint.load_checkpoint(str(out))  # whole: its checksum holds
+    ckpt = minknn.tools.checkpoint.load_checkpoint(str(out))  # whole: its checksum holds
     assert ckpt["epoch"] == 1 and ckpt["dev"] == last["best"]["dev"], (ckpt["epoch"], ckpt["dev"])
     for name, tensor in last["model"].items():
         assert torch.equal(ckpt["model"][name], tensor), f"{damage}: checkpoint.pt's {name} is not epoch 1's"
@@ -825,9 +826,9 @@ def test_a_whole_checkpoint_of_another_run_is_never_overwritten(tiny_bert_dir, d
     out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
     path = out / "checkpoint.pt"
     other = torch.load(path, weights_only=True)
-    other.pop(minknn.files.CHECKSUM)
+    other.pop(minknn.tools.files.CHECKSUM)
     other.update(epoch=3, dev={**other["dev"], "overall": 0.123})
-    torch.save(minknn.files.sealed(other), path)
+    torch.save(minknn.tools.files.sealed(other), path)
     before = path.read_bytes()
     err = resume_refused(out, capsys, monkeypatch)
     assert f"{path}" in err and "not this run's" in err and "epoch 3" in err, err
@@ -908,14 +909,14 @@ def test_a_last_pt_from_before_the_record_still_resumes_by_its_learning_rate(edi
     shutil.copytree(left_alone, out)
     (out / "summary.json").unlink()
     state = torch.load(out / "last.pt", weights_only=True)
-    state.pop(minknn.files.CHECKSUM)
+    state.pop(minknn.tools.files.CHECKSUM)
     state.pop("epochs", None)
-    torch.save(minknn.files.sealed(state), out / "last.pt")
+    torch.save(minknn.tools.files.sealed(state), out / "last.pt")
     if not edited:
         assert "stopped" not in train.main(["--resume", str(out)])
         return
     state["optimizer"]["param_groups"][0]["lr"] = 1e-5  # a schedule with further to go
-    torch.save(minknn.files.sealed(state), out / "last.pt")
+    torch.save(minknn.tools.files.sealed(state), out / "last.pt")
     err = resume_refused(out, capsys, monkeypatch)
     assert "run.json's epochs is 3, and the run has done 3 (last.pt); was the file edited?" in err, err
 
@@ -967,7 +968,7 @@ def test_every_command_that_opens_a_run_removes_a_killed_saves_temporary_files(t
     them when they open the run, as train.py --resume does; a temporary file a live writer holds (another
     evaluate.py saving its datastore) stays."""
     import evaluate
-    from minknn import export
+    from minknn.tools import export
     out = tmp_path / "run"
     train.main([*flags(tiny_bert_dir, data_dir, "--epochs", "1"), "--out", str(out)])
     for command in ("evaluate", "export"):
@@ -1005,7 +1006,7 @@ def test_a_checkpoint_outside_its_run_folder_leaves_the_other_files_beside_it(ti
 def test_a_save_whose_temporary_file_is_removed_before_it_is_locked_still_writes(tmp_path, monkeypatch):
     """atomic_save locks its temporary file right after creating it; a cleaner that removed the file in between
     (it was not locked yet) must not make the save fail: it writes a new one."""
-    real = minknn.files.tempfile.mkstemp
+    real = minknn.tools.files.tempfile.mkstemp
     calls = []
     (tmp_path / "run.json").write_text("{}")  # a run's folder, which remove_leftovers cleans
 
@@ -1013,9 +1014,9 @@ def test_a_save_whose_temporary_file_is_removed_before_it_is_locked_still_writes
         fd, path = real(*args, **kwargs)
         calls.append(path)
         if len(calls) == 1:
-            minknn.files.remove_leftovers(str(tmp_path))
+            minknn.tools.files.remove_leftovers(str(tmp_path))
         return fd, path
-    monkeypatch.setattr(minknn.files.tempfile, "mkstemp", mkstemp_then_cleaned)
-    minknn.files.write_json(str(tmp_path / "x.json"), {"a": 1})
+    monkeypatch.setattr(minknn.tools.files.tempfile, "mkstemp", mkstemp_then_cleaned)
+    minknn.tools.files.write_json(str(tmp_path / "x.json"), {"a": 1})
     assert json.load(open(tmp_path / "x.json")) == {"a": 1} and len(calls) == 2
     assert not glob.glob(str(tmp_path / "*.tmp"))

@@ -8,8 +8,8 @@ import tokenizers
 import torch
 
 from minknn import MinknnError
-from minknn.weights import resolve_model_path
 from minknn.tokenizer import RobertaTokenizer, Tokenizer
+from minknn.tools.weights import resolve_model_path
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_golden.pt")
 

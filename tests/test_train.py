@@ -13,17 +13,18 @@ import torch
 
 import evaluate
 import minknn.datastore
-import minknn.inference
+import minknn.tools.inference
 import train
-from minknn import MinknnError, options
+from minknn import MinknnError
 from minknn.bert import BertModel
-from minknn.data import examples_fingerprint, training_examples
 from minknn.datastore import Datastore
-from minknn.files import CHECKSUM, sealed
 from minknn.losses import LOSSES, MEMORY_LOSSES, METRIC_LOSSES, loss_kind
 from minknn.losses import PROXY_LOSSES
 from minknn.pcgrad import PCGrad
-from minknn.tasks import TASKS
+from minknn.tasks.data import examples_fingerprint, training_examples
+from minknn.tasks.registry import TASKS
+from minknn.tools import options
+from minknn.tools.files import CHECKSUM, sealed
 from test_training_step import factor  # the schedule, part 5's
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,8 +145,8 @@ def test_setfit_trains_the_encoder_on_pairs_and_saves_the_logistic_head(tiny_ber
     """--loss setfit: an epoch is a pass over R x 2 x N pairs (3 x 2 x 15 = 90, 12 batches of 8), the encoder
     trains, and the best checkpoint's head is the logistic regression (C = 1) on that encoder's z of the training
     examples, fit after the epoch (SetFit's LogisticRegression), not a head that trained."""
-    from minknn.checkpoint import load_checkpoint, rebuild
-    from minknn.engine import predict
+    from minknn.tools.checkpoint import load_checkpoint, rebuild
+    from minknn.tools.engine import predict
     from minknn.probe import fit_logistic
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--loss", "setfit", "--epochs", "2", "--lr",
                         "1e-3", "--per_class", "3", "--setfit_iterations", "3", "--seed", "2")
@@ -174,14 +175,14 @@ def test_ancsetfit_encodes_each_classs_statement_in_its_anchors_place(tiny_bert_
     """--loss ancsetfit: an epoch is a pass over R x N triplets (2 x 15 = 30, 4 batches of 8); each batch's first
     third is the statements of its texts' classes (sst: AncSetFit's "The movie is terrible" ... "great"), the
     second the training texts, the third texts of other classes; the encoder trains, and the head is fit after."""
-    import minknn.step
-    from minknn.data import class_statements
-    seen, real = [], minknn.step.encode_batch
+    import minknn.tools.step
+    from minknn.tasks.data import class_statements
+    seen, real = [], minknn.tools.step.encode_batch
 
     def encode(tokenizer, examples, siamese=False):
         seen.append([(e.text, e.label) for e in examples])
         return real(tokenizer, examples, siamese)
-    monkeypatch.setattr(minknn.step, "encode_batch", encode)
+    monkeypatch.setattr(minknn.tools.step, "encode_batch", encode)
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--loss", "ancsetfit", "--epochs", "1", "--lr",
                         "1e-3", "--per_class", "3", "--anc_iterations", "2", "--seed", "2")
     assert summary["steps_per_epoch"] == 4, (f"--loss ancsetfit: {summary['steps_per_epoch']} steps an epoch; a "
@@ -206,8 +207,8 @@ def test_setfit_below_lam_1_trains_its_head_from_the_probe_and_does_not_refit_it
     the probe (at lr 1e-12 nothing moves, so the saved head is the base encoder's probe) and trains by cross-entropy
     beside the pair loss (at lr 1e-3 the saved head is that trained head, not the logistic regression refit on the
     trained encoder's z)."""
-    from minknn.checkpoint import load_checkpoint, rebuild
-    from minknn.engine import predict
+    from minknn.tools.checkpoint import load_checkpoint, rebuild
+    from minknn.tools.engine import predict
     from minknn.probe import fit_logistic
 
     def head_and_probe(lr):
@@ -386,7 +387,7 @@ def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tin
     def refused(extra, message):
         """evaluate.py with these flags stops with one line, before encoding anything."""
         with monkeypatch.context() as m:
-            for module in (minknn.inference, minknn.datastore):  # evaluate.py's pass, the datastore's
+            for module in (minknn.tools.inference, minknn.datastore):  # evaluate.py's pass, the datastore's
                 m.setattr(module, "predict", lambda *a, **k: pytest.fail("refused after a prediction pass"))
             with pytest.raises(MinknnError, match=message) as e:
                 evaluate.main(common + extra)
@@ -399,8 +400,8 @@ def test_evaluate_saves_each_faiss_index_in_its_own_file_over_the_saved_keys(tin
     flat_bytes = path.read_bytes()
 
     passes = []
-    predict = minknn.inference.predict
-    for module in (minknn.inference, minknn.datastore):  # the split's pass, the datastore's
+    predict = minknn.tools.inference.predict
+    for module in (minknn.tools.inference, minknn.datastore):  # the split's pass, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k["progress"]), predict(*a, **k))[1])
     capsys.readouterr()
     hnsw = evaluate.main(common + ["--index", "hnsw", "--ef_search", "16"])["sst"]
@@ -449,8 +450,8 @@ def test_decoupled_trains_and_knn_uses_its_head(tiny_bert_dir, data_dir, tmp_pat
     assert 0 <= result["knn_acc"] <= 1 and os.path.exists(tmp_path / "run" / "datastore-decoupled.pt")
     # with the datastore saved, the split is encoded once: the logits and the queries r in one pass
     passes = []
-    predict = minknn.inference.predict
-    for module in (minknn.inference, minknn.datastore):  # the split's pass, the datastore's
+    predict = minknn.tools.inference.predict
+    for module in (minknn.tools.inference, minknn.datastore):  # the split's pass, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: (passes.append(k.get("key")), predict(*a, **k))[1])
     assert evaluate.main(common)["sst"]["knn_acc"] == result["knn_acc"] and passes == ["decoupled"]
     monkeypatch.undo()
@@ -496,7 +497,7 @@ def test_steps_trains_n_optimiser_steps_whatever_the_data(tiny_bert_dir, data_di
     seen = recording_steps(monkeypatch)
     summary = run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--steps", "12", "--epochs", "3", "--max_train",
                         "10", "--warmup", "0.25", "--lr", "1e-3")
-    assert len(seen) == 12, f"--steps 12: the optimiser took {len(seen)} steps (minknn/trainer.py build(): steps)"
+    assert len(seen) == 12, f"--steps 12: the optimiser took {len(seen)} steps (minknn/tools/trainer.py build(): steps)"
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["epoch"] for r in records] == [1, 2, 3] and summary["steps_per_epoch"] == 4, \
         f"--steps 12 --epochs 3: {len(records)} dev scorings, {summary['steps_per_epoch']} steps each, not 3 of 4"
@@ -517,9 +518,9 @@ def test_a_steps_run_with_a_probe_head_resumes_to_the_run_left_alone(tiny_bert_d
     is 2); the resumed run does not fit the probe again
     (last.pt holds the heads as trained; a refit would overwrite nothing, but is the fit's time, and wrong if it
     came after the restore)."""
-    import minknn.trainer
-    fits, fit_head = [], minknn.trainer.fit_head
-    monkeypatch.setattr(minknn.trainer, "fit_head", lambda *a, **k: fits.append(a[2].name) or fit_head(*a, **k))
+    import minknn.tools.trainer
+    fits, fit_head = [], minknn.tools.trainer.fit_head
+    monkeypatch.setattr(minknn.tools.trainer, "fit_head", lambda *a, **k: fits.append(a[2].name) or fit_head(*a, **k))
     flags = ("--steps", "9", "--epochs", "3", "--max_train", "10", "--head_init", "probe", "--lr", "1e-3")
     run_train(tiny_bert_dir, data_dir, tmp_path / "alone", *flags)
     assert fits == ["sst"], f"--head_init probe: fit_head ran for {fits}, not once for sst"
@@ -531,7 +532,7 @@ def test_a_steps_run_with_a_probe_head_resumes_to_the_run_left_alone(tiny_bert_d
     monkeypatch.setattr(train, "train_step", original)
     seen = recording_steps(monkeypatch)
     train.main(["--resume", str(tmp_path / "stopped")])
-    assert fits == [], f"--resume refit the probe ({fits}): last.pt holds the heads (minknn/trainer.py build)"
+    assert fits == [], f"--resume refit the probe ({fits}): last.pt holds the heads (minknn/tools/trainer.py build)"
     assert len(seen) == 6 and seen[-1][1].last_epoch == 9, \
         f"--resume after epoch 1 of a --steps 9 run: {len(seen)} steps, the schedule at {seen[-1][1].last_epoch}"
     alone, resumed = ([{k: r[k] for k in ("epoch", "train_loss", "dev")}
@@ -547,7 +548,7 @@ def test_the_probe_head_is_the_logistic_regression_before_the_first_step(tiny_be
     """--head_init probe (LP-FT): at the first step the model's outputs on its training examples are
     fit_logistic's on the same z (the encoder as loaded, no dropout): softmax's logits for a class task, one sigmoid
     per label for a multi-label one (after Model.start_heads' priors, which it replaces)."""
-    from minknn.engine import predict
+    from minknn.tools.engine import predict
     from minknn.kinds import kind_of
     from minknn.probe import fit_logistic
     first = []
@@ -567,7 +568,7 @@ def test_the_probe_head_is_the_logistic_regression_before_the_first_step(tiny_be
     W, b = fit_logistic(z, y, len(t.labels), multilabel=t.kind == "multilabel")
     torch.testing.assert_close(outputs, z @ W.T + b, msg=lambda m: f"{task} {' '.join(flags)}: the head's outputs "
                                f"at the first step are not fit_logistic's on the loaded encoder's z "
-                               f"(minknn/trainer.py fit_probes): {m}")
+                               f"(minknn/tools/trainer.py fit_probes): {m}")
 
 
 def run_multitask(tiny_bert_dir, data_dir, out, *extra):
@@ -722,8 +723,8 @@ def test_a_bf16_training_step_on_the_cpu(tiny_bert_dir, data_dir, tmp_path, monk
 def test_evaluate_predicts_in_its_precision(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
     run_train(tiny_bert_dir, data_dir, tmp_path / "run", "--epochs", "1", "--max_train", "10", "--loss", "proxyanchor")
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["args"]["precision"] == "fp32"  # the CPU's
-    seen, predict = [], minknn.inference.predict
-    for module in (minknn.inference, minknn.datastore):  # the split's passes, the datastore's
+    seen, predict = [], minknn.tools.inference.predict
+    for module in (minknn.tools.inference, minknn.datastore):  # the split's passes, the datastore's
         monkeypatch.setattr(module, "predict", lambda *a, **k: seen.append(k.get("precision")) or predict(*a, **k))
     evaluate.main(["--checkpoint", str(tmp_path / "run"), "--data_dir", data_dir, "--precision", "bf16", "--proxy",
                    "--knn", "--k", "4", "--knn_key", "cls"])

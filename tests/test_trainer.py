@@ -1,4 +1,4 @@
-"""minknn/trainer.py: the parts of a run are built in one place. train.py trains them, and bench.py
+"""minknn/tools/trainer.py: the parts of a run are built in one place. train.py trains them, and bench.py
 times them: a run that bench.py builds from already loaded examples and steps with train.py's
 train_step must take train.py's first step exactly, or bench.py times another run than the one
 that trains. (That a run restored from last.pt goes on exactly is tests/test_runs.py.)"""
@@ -9,9 +9,9 @@ import torch
 
 from minknn.lab import bench
 import train
-from minknn.data import load_split
-from minknn.step import batch
-from minknn.tasks import get_task
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
+from minknn.tools.step import batch
 
 CASES = {"ce": ["--task", "sst"],
          "knnbert": ["--task", "sst", "--loss", "knnbert"],  # the memory fill, the key encoder
@@ -23,7 +23,7 @@ CASES = {"ce": ["--task", "sst"],
 def test_bench_builds_and_steps_train_py_first_step(case, tiny_bert_dir, data_dir, tmp_path,
                                                     monkeypatch):
     """The first step of `python train.py` and of bench.py's path (built() on examples it read
-    itself, minknn/step.py's batch() of bench.fixed_batches' first rows, bench.step()): the same
+    itself, minknn/tools/step.py's batch() of bench.fixed_batches' first rows, bench.step()): the same
     losses and the same weights after it, to the bit (the same random draws in the same order:
     the init, the heads, the memory fill, dropout, the batches; the same optimiser and schedule)."""
     flags = CASES[case] + ["--batch_size", "8", "--max_len", "32", "--lr", "3e-3", "--epochs", "1"]

@@ -1,4 +1,4 @@
-"""Part 5 training (train.py, minknn/parts.py): make_optimizer and train_step, the optimiser and
+"""Part 5 training (train.py, minknn/assignment/parts.py): make_optimizer and train_step, the optimiser and
 the step. Fast checks on a model small enough to follow every number; the oracle writes the step
 out (the clipped gradient of the summed losses, then AdamW), and the sanity check compares with
 the stored reference outputs (tests/fixtures/references/training.pt). The part's command:
@@ -18,10 +18,10 @@ import torch.nn.functional as F
 import train
 from elsewhere import check_on_second_device
 from grading import as_formula, as_mix, check, close, graded, matches_reference
-from minknn import options
+from minknn.assignment.parts import label
 from minknn.bert import BertConfig, BertModel
-from minknn.parts import label
-from minknn.runs import Diverged
+from minknn.tools import options
+from minknn.tools.run import Diverged
 
 PART = "training"
 TOTAL, WARMUP = 8, 0.25  # the step tests' schedule: 2 warm-up steps of 8, so each step's lr differs
@@ -118,7 +118,7 @@ def tiny_run(total=TOTAL, warmup=WARMUP):
 
 
 def tiny_trainer(model, losses, optimizer, scheduler, params, pcgrad=None, rng=None):
-    """What train_step reads of a run's parts (minknn/trainer.py's Trainer): the tiny model, its
+    """What train_step reads of a run's parts (minknn/tools/trainer.py's Trainer): the tiny model, its
     losses, the optimiser and scheduler, what trains, PCGrad and its rng; no memory, one process."""
     return SimpleNamespace(model=model, losses=losses, optimizer=optimizer, scheduler=scheduler,
                            params=params, pcgrad=pcgrad, rng=rng or random.Random(0), moco=None,

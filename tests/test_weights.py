@@ -4,7 +4,7 @@ import struct
 import pytest
 import torch
 
-from minknn.weights import WeightsError, load_safetensors, save_safetensors
+from minknn.tools.weights import WeightsError, load_safetensors, save_safetensors
 
 
 def test_round_trip(tmp_path):

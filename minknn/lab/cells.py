@@ -1,6 +1,6 @@
 """A grid's cells (minknn/lab/runner.py): each trained by train.py (or resumed), then every
 inference rule its methods ask for scored on it from one prediction pass per split
-(minknn/inference.py): the linear head, proxy inference at each alpha, kNN mixed and alone at
+(minknn/tools/inference.py): the linear head, proxy inference at each alpha, kNN mixed and alone at
 each (K, phi), and the probe (a logistic regression, minknn/probe.py, fit on the training set's
 z); the result lines written to the cell's cell.json (record).
 Each method's result line holds, for every value of its inference grid, the scores on the
@@ -16,22 +16,23 @@ import time
 import torch
 
 import train  # a cell is trained by train.py's own main, in this process
-from minknn import MinknnError, backbones, options
-from minknn.checkpoint import load_checkpoint, rebuild
-from minknn.data import (eval_subset, examples_fingerprint, labelled, load_split, split_recipe,
-                         training_examples)
-from minknn.engine import pick_device, predict
-from minknn.files import read_json, read_jsonl, remove_leftovers, write_json
-from minknn.inference import knn_scores, probe_probabilities, rule_probabilities, scores_of
+from minknn import MinknnError, backbones
 from minknn.kinds import kind_of
 from minknn.knn import SWEEP_KS, SWEEP_PHIS
 from minknn.lab import setfit_package
-from minknn.lab.report import impossible_score
 from minknn.lab.grid import knn_grid, size_flags
+from minknn.lab.report import impossible_score
 from minknn.model import Model
-from minknn.own_task import check_flags, file_argv, files_task
-from minknn.status import run_status
-from minknn.tasks import get_task
+from minknn.tasks.data import (eval_subset, examples_fingerprint, labelled, load_split,
+                               split_recipe, training_examples)
+from minknn.tasks.own_task import check_flags, file_argv, files_task
+from minknn.tasks.registry import get_task
+from minknn.tools import options
+from minknn.tools.checkpoint import load_checkpoint, rebuild
+from minknn.tools.engine import pick_device, predict
+from minknn.tools.files import read_json, read_jsonl, remove_leftovers, write_json
+from minknn.tools.inference import knn_scores, probe_probabilities, rule_probabilities, scores_of
+from minknn.tools.run import run_status
 
 MAP_POINTS = 300                                   # test examples in the 2-D map of a cell
 
@@ -70,7 +71,8 @@ class Context:
         self.keep, self.data_dir, self.train_flags = args.keep, args.data_dir, train_flags
         self.seeds, self.search = args.seed_list, args.search_grid
         self.kept = set()  # the cells an earlier --keep run kept (minknn/lab/kept.py: grid.json)
-        # your own files' task (minknn/own_task.py): its name, and the file flags its cells take
+        # your own files' task (minknn/tasks/own_task.py): its name, and the file flags its cells
+        # take
         self.own, self.files = getattr(args, "own_name", None), file_argv(args)
         self._cache = {}
 

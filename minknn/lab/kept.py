@@ -15,9 +15,9 @@ import os
 import shutil
 
 from minknn import MinknnError
-from minknn.files import read_json, write_json
 from minknn.lab.cells import saved_lines
-from minknn.packaged import megabytes
+from minknn.tools.files import read_json, write_json
+from minknn.tools.packaged import megabytes
 
 KEPT = "kept"  # grid.json's entry: the names of the cells kept
 

@@ -33,10 +33,10 @@ matplotlib.use("Agg")  # files only, no display; an ImportError here means no ma
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
-from minknn.files import atomic_save  # noqa: E402
 from minknn.lab.report import choose  # noqa: E402
 from minknn.lab.stats import mean_std  # noqa: E402
 from minknn.metrics import METRICS  # noqa: E402
+from minknn.tools.files import atomic_save  # noqa: E402
 
 DPI = 120
 SWEEP_K, SWEEP_PHI = 64, 0.25  # KNN-BERT's defaults: each panel's fixed value when none was chosen

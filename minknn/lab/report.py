@@ -20,11 +20,11 @@ import os
 import re
 
 from minknn import MinknnError
-from minknn.files import atomic_save, read_json, read_jsonl
 from minknn.lab.grid import search_text
 from minknn.lab.stats import (MAX_SIGN_FLIP, mean_std, paired_t, sign_flip, sign_flip_floor,
-                          t_undefined)
+                              t_undefined)
 from minknn.metrics import METRICS, RANGES
+from minknn.tools.files import atomic_save, read_json, read_jsonl
 
 LOWER_IS_BETTER = {"hamming"}
 TESTS = {"t": "paired t-test", "signflip": "exact sign-flip test"}

@@ -1,7 +1,7 @@
 """The real SetFit beside minknn's own (minknn/losses/setfit.py): the runner's method
 `setfit-package`, whose cell does not run train.py but trains the `setfit` package (Tunstall et
-al. 2022; `pip install -e '.[setfit]'`, an optional dependency imported only here, as matplotlib is for
-the plots) on exactly the training examples the runner drew for the cell, and scores the same
+al. 2022; `pip install -e '.[setfit]'`, an optional dependency imported only here, as matplotlib is
+for the plots) on exactly the training examples the runner drew for the cell, and scores the same
 selection and test examples. Its result line is the other methods' (the linear rule, a grid of
 one entry with params {}), written into the cell's cell.json, so that results.jsonl, the table
 and the paired p-values cover it.
@@ -86,12 +86,12 @@ import numpy as np
 import torch
 
 from minknn import MinknnError
-from minknn.inference import knn_scores
 from minknn.kinds import kind_of, score
 from minknn.knn import settings
 from minknn.lab.grid import knn_grid
-from minknn.options import make_parser
-from minknn.weights import resolve_model_path
+from minknn.tools.inference import knn_scores
+from minknn.tools.options import make_parser
+from minknn.tools.weights import resolve_model_path
 
 METHOD = "setfit-package"
 PAPER = {"num_iterations": 20, "num_epochs": 1, "batch_size": 16, "body_learning_rate": 2e-5,

@@ -31,8 +31,8 @@ import sys
 import time
 
 from minknn import MinknnError
-from minknn.files import read_json, write_json
 from minknn.lab.cells import run_cell
+from minknn.tools.files import read_json, write_json
 
 POLL_S = {"slurm": 15, "local": 0.5}  # between two looks at the jobs (sacct is rate-limited too)
 

@@ -25,7 +25,7 @@ losses (KNN-BERT's weight for its contrastive term, eq. 6) and mlcon (Su et al.'
 loss alone, and train.py refuses it (--loss ce is that); --lam 1 trains a classification metric
 loss alone, and the untrained linear head's predictions are then meaningless (use proxy
 inference, evaluate.py --proxy, for the proxy losses). What each term trains (its `trains`)
-decides which flags would leave it nothing to do: minknn/checks.py check_terms.
+decides which flags would leave it nothing to do: minknn/tools/checks.py check_terms.
 SetFit's pair loss (setfit.py) is by default the whole objective (its lam is 1) and trains no
 head (its `trains_head` is False): train.py fits the head by logistic regression after each
 epoch, and feeds it pair batches (the B first texts, then the B second ones). With --lam below 1
@@ -38,11 +38,11 @@ The memory losses (knnbert, moco) also see the MoCo memory (minknn/memory.py): t
 loss(z, labels, batch_keys, memory_keys, memory_labels, rows, memory_rows), batch_keys being the
 key encoder's encoding of the same batch, rows the batch's training-set rows and memory_rows the
 rows of the keys' examples (a query's own older keys are left out). A loss built with train.py
-flags lists them in its `flags` attribute.
-Every metric loss runs outside autocast, in fp32: a bf16 q.k / 0.07 would be off by a few percent.
-Under torchrun (DDP) every loss sees the global batch, as one process would: the ranks' outputs
-are gathered with their gradients before the loss (minknn/distributed.py says why that gives one
-process's gradients); the memory losses see the keys of every rank too (minknn/memory.py).
+flags lists them in its `flags` attribute. Every metric loss runs outside autocast, in fp32: a bf16
+q.k / 0.07 would be off by a few percent. Under torchrun (DDP) every loss sees the global batch, as
+one process would: the ranks' outputs are gathered with their gradients before the loss
+(minknn/tools/distributed.py says why that gives one process's gradients); the memory losses see the
+keys of every rank too (minknn/memory.py).
 """
 import torch
 import torch.nn as nn
@@ -91,7 +91,7 @@ LOSSES = {**BASE_LOSSES, **METRIC_LOSSES}
 NEEDS = {
     "kind": "classify",   # the tasks it trains: classify, or multilabel (bce, mlcon)
     "lam": 0.0,           # its weight against the base loss, unless --lam says otherwise
-    "part": None,         # the assignment's part that writes it (minknn/parts.py)
+    "part": None,         # the assignment's part that writes it (minknn/assignment/parts.py)
     "uses_memory": False,  # a MoCo queue or memory bank (minknn/memory.py): one classification
                            # task, the memory's flags, called with the batch's keys and the memory
     "pairs": False,       # trained on pairs of examples it draws itself (its draw_pairs(labels,
@@ -101,16 +101,17 @@ NEEDS = {
                           # minknn/losses/ancsetfit.py), which needs the task's readable names
     "trains": ("encoder",),  # what its own term's gradient reaches: the encoder (through z), the
                              # proxies it owns (the proxy losses), the head (ce, bce, through the
-                             # logits); minknn/checks.py check_terms refuses --option pretrain,
-                             # which freezes the encoder, for a term that reaches nothing else
+                             # logits); minknn/tools/checks.py check_terms refuses --option
+                             # pretrain, which freezes the encoder, for a term that reaches nothing
+                             # else
     "trains_head": True,  # False: the loss is the whole objective at its lam of 1; the head is
                           # fit by logistic regression after each epoch, in one process
                           # (minknn/probe.py); --lam below 1 trains it by CE
     "one_proxy": False,   # one proxy a class, its `proxies` (C, dim): --proxy_init names can
                           # start each at its class's name (minknn/proxy.py start_at_names)
     "flags": {},          # its own train.py flags: name -> {"type" or "choices", "default",
-                          # "help"}; minknn/options.py adds them, minknn/checks.py refuses them
-                          # with other losses
+                          # "help"}; minknn/tools/options.py adds them, minknn/tools/checks.py
+                          # refuses them with other losses
 }
 # A loss with a class_logits method has proxies: --proxy_lr trains them, and proxy inference
 # (minknn/proxy.py, evaluate.py --proxy) reads their logits.

@@ -8,11 +8,11 @@ whose anchor is that statement:
 
 over a batch of B triplets: s_{y_i} the encoder's z of the statement of x_i's class, x_i the
 training text, n_i a training text of another class; margin 0.25. The statement is the task's
-template filled with the class's description (minknn/tasks.py: "The movie is terrible" for SST-5's
-class 0, as AncSetFit's templates.py writes it), encoded by the same encoder as the texts, in the
-same batch, so the anchors move with it. Then, as SetFit, a logistic regression on the trained
-encoder's z of the training texts classifies (trains_head False: minknn/probe.py fit_head after
-each epoch).
+template filled with the class's description (minknn/tasks/registry.py: "The movie is terrible" for
+SST-5's class 0, as AncSetFit's templates.py writes it), encoded by the same encoder as the texts,
+in the same batch, so the anchors move with it. Then, as SetFit, a logistic regression on the
+trained encoder's z of the training texts classifies (trains_head False: minknn/probe.py fit_head
+after each epoch).
 
 Where each choice comes from: the authors' code (github.com/AmaliePauli/AncSetfit,
 run_fewshot_ancsetfit.py; its README gives the paper's command). Their triplets
@@ -25,9 +25,9 @@ The paper's command trains with this loss alone: SetFit's pair loss is its basel
 (--loss CosineSimilarityLoss, R = 20), not a term beside it. Runner method (the paper's setting,
 RESULTS.md): ancsetfit[epochs=1;lr=2e-5;warmup=0.1] with --batch_size 16.
 
-A batch holds the B anchors, then the B texts, then the B negatives (minknn/engine.py
+A batch holds the B anchors, then the B texts, then the B negatives (minknn/tools/engine.py
 PairBatches: z (3B, dim)); an anchor's row is below 0, -1 - c for class c's statement
-(minknn/step.py batch() encodes it). The labels are the texts' classes; the loss reads only
+(minknn/tools/step.py batch() encodes it). The labels are the texts' classes; the loss reads only
 the triplets' places in the batch.
 """
 import math
@@ -62,7 +62,7 @@ class AncSetFitLoss(nn.Module):
     lam = 1.0            # the triplet loss alone: no cross-entropy term
     trains_head = False  # a logistic regression after each epoch, as SetFit
     pairs = True         # called on tuples it draws (draw_pairs): z (3B, dim)
-    anchored = True      # its tuples begin with a class's statement (minknn/tasks.py names)
+    anchored = True      # its tuples begin with a class's statement (tasks/registry.py names)
     flags = {"anc_iterations": {"type": int, "default": ITERATIONS, "min": 1,
                                 "help": "R, rounds of one triplet per example (AncSetFit's 40)"},
              "anc_margin": {"type": float, "default": MARGIN, "min": 0.0,
@@ -70,7 +70,7 @@ class AncSetFitLoss(nn.Module):
 
     @staticmethod
     def refuse(anc_iterations, anc_margin):
-        """train.py's one line for a margin no triplet loss can take (minknn/checks.py)."""
+        """train.py's one line for a margin no triplet loss can take (minknn/tools/checks.py)."""
         if not math.isfinite(anc_margin):
             return f"--anc_margin must be a finite number >= 0, got {anc_margin}"
         return None

@@ -32,7 +32,7 @@ def contrastive(d, dissimilar, margin):
 
 class ContrastiveLoss(nn.Module):
     lam = 0.1
-    part = "contrastive"  # the assignment's (minknn/parts.py)
+    part = "contrastive"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes=None, dim=None, margin=0.5):
         super().__init__()

@@ -108,7 +108,7 @@ M_MOST, M_LEAST = 50, 100  # the defaults of --m_most and --m_least
 
 class KNNBertLoss(nn.Module):
     lam = 0.1
-    part = "knnbert"               # the assignment's (minknn/parts.py)
+    part = "knnbert"               # the assignment's (minknn/assignment/parts.py)
     uses_memory = True             # called with the batch's keys and the memory (Objective.forward)
     flags = {"m_most": {"type": int, "default": M_MOST, "min": 0,  # train.py's flags for it
                         "help": "most similar positives"},

@@ -89,7 +89,7 @@ REDUCTIONS = ("sum", "mean")  # --mlcon_reduction: the docstring says what each 
 class MultiLabelContrastiveLoss(nn.Module):
     lam = 0.1                       # gamma
     kind = "multilabel"             # L = BCE + lam L_con (Objective)
-    part = "mlcon"                  # the assignment's (minknn/parts.py)
+    part = "mlcon"                  # the assignment's (minknn/assignment/parts.py)
     flags = {"mlcon_reduction": {   # train.py's flag for it
         "choices": REDUCTIONS, "default": "sum",
         "help": "L_con summed over the batch as Su et al. write it, or its mean over the examples "

@@ -40,7 +40,7 @@ def mnrl_pairs(anchors, positives, scale=20.0):
 
 class MNRLoss(nn.Module):
     lam = 0.1
-    part = "mnrl"  # the assignment's (minknn/parts.py)
+    part = "mnrl"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes=None, dim=None, scale=20.0):
         super().__init__()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 class MoCoLoss(nn.Module):
     lam = 0.1
-    part = "moco-loss"  # the assignment's (minknn/parts.py)
+    part = "moco-loss"  # the assignment's (minknn/assignment/parts.py)
     uses_memory = True  # called with the batch's keys and the memory (Objective.forward)
 
     def __init__(self, num_classes=None, dim=None, temperature=0.07):

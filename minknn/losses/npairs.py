@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 class NPairsLoss(nn.Module):
     lam = 0.1
-    part = "npairs"  # the assignment's (minknn/parts.py)
+    part = "npairs"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes=None, dim=None, l2_reg=0.002):
         super().__init__()

@@ -35,7 +35,7 @@ class ProxyAnchorLoss(nn.Module):
     lam = 0.5
     trains = ("encoder", "proxies")  # a frozen encoder leaves the proxies to train
     one_proxy = True  # --proxy_init names can start it at the class names (minknn/proxy.py)
-    part = "proxyanchor"  # the assignment's (minknn/parts.py)
+    part = "proxyanchor"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes, dim, scale=32.0, delta=0.1):
         super().__init__()

@@ -36,7 +36,7 @@ class ProxyNCALoss(nn.Module):
     lam = 0.5
     trains = ("encoder", "proxies")  # a frozen encoder leaves the proxies to train
     one_proxy = True  # --proxy_init names can start it at the class names (minknn/proxy.py)
-    part = "proxynca"  # the assignment's (minknn/parts.py)
+    part = "proxynca"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes, dim, scale=9.0):
         super().__init__()

@@ -6,7 +6,7 @@ sentence-transformers CosineSimilarityLoss, SetFit's default):
     L = 1/B sum_i (cos(u_i, v_i) - t_i)^2,     t_i = 1 if y(u_i) = y(v_i), else 0
 
 over a batch of B pairs, u_i and v_i the pooled z of the pair's two texts. The batch holds the B
-first texts, then the B second ones (as a siamese pair batch does, minknn/engine.py
+first texts, then the B second ones (as a siamese pair batch does, minknn/tools/engine.py
 encode_batch): z is (2B, dim), labels (2B,) the texts' classes, and a pair's target is whether
 its two classes are equal.
 
@@ -15,8 +15,8 @@ SetFitTrainer.train calls num_iterations times): R iterations (--setfit_iteratio
 paper's), each giving every training example one positive partner, drawn uniformly from its class
 (itself included: SetFit's np.random.choice over the class's rows), and one negative, drawn
 uniformly from the other classes. R x 2 x N pairs, shuffled into batches of --batch_size pairs each
-epoch (minknn/engine.py PairBatches). Left out: v0.x's multi-label and distillation pairs and its
-other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
+epoch (minknn/tools/engine.py PairBatches). Left out: v0.x's multi-label and distillation pairs and
+its other losses (batch-hard triplet, SupCon). SetFit v1 (the `setfit` package >= 1.0,
 ContrastiveDataset) draws otherwise by default: every unordered pair once, itself included, the
 rarer kind (positive or negative) repeated to as many as the other ("oversampling"); it draws
 R x 2 x N pairs only when given num_iterations. minknn/lab/setfit_package.py runs that package.
@@ -73,7 +73,7 @@ def draw_pairs(labels, rng, setfit_iterations=ITERATIONS):
 
 class SetFitLoss(nn.Module):
     lam = 1.0            # the pair loss alone: no cross-entropy term
-    part = "setfit"      # the assignment's (minknn/parts.py)
+    part = "setfit"      # the assignment's (minknn/assignment/parts.py)
     trains_head = False  # minknn/losses/__init__.py Objective leaves the head out
     pairs = True         # called on pair batches: z (2B, dim), the first texts then the second
     flags = {"setfit_iterations": {"type": int, "default": ITERATIONS, "min": 1,  # train.py's

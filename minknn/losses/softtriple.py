@@ -28,7 +28,7 @@ import torch.nn.functional as F
 class SoftTripleLoss(nn.Module):
     lam = 0.5
     trains = ("encoder", "proxies")  # its centres: a frozen encoder leaves them to train
-    part = "softtriple"  # the assignment's (minknn/parts.py)
+    part = "softtriple"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes, dim, centres=10, scale=20.0, gamma=0.1, delta=0.01,
                  reg_weight=0.2):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 class TripletLoss(nn.Module):
     lam = 0.1
-    part = "triplet"  # the assignment's (minknn/parts.py)
+    part = "triplet"  # the assignment's (minknn/assignment/parts.py)
 
     def __init__(self, num_classes=None, dim=None, margin=0.2):
         super().__init__()

@@ -13,12 +13,13 @@ import train
 from helpers import DATA
 from minknn import MinknnError, backbones
 from minknn.lab.attack import main as attack_main
-from minknn.lab.attack import (COLUMNS, STOPWORDS, Neighbours, Oracle, Settings, Text,
-                           angular_similarity, attack, cut_to_fit, ranked, read_done, run_attack,
-                           Synonyms, summary, read_wordnet, sentence_encoder, write_rows)
-from minknn.data import Example, load_split
+from minknn.lab.attack import COLUMNS, read_done, run_attack, sentence_encoder, write_rows
+from minknn.lab.wordswap import (STOPWORDS, Neighbours, Oracle, Settings, Synonyms, Text,
+                                 angular_similarity, attack, cut_to_fit, ranked, read_wordnet,
+                                 summary)
 from minknn.model import pool
-from minknn.tasks import TASKS
+from minknn.tasks.data import Example, load_split
+from minknn.tasks.registry import TASKS
 from minknn.tokenizer import Tokenizer
 
 POSITIVE = "great"  # the word the hand-made classifiers key on

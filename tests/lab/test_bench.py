@@ -4,9 +4,9 @@ commands to run, not tests."""
 import pytest
 import torch
 
-from minknn.lab import bench
 from minknn import MinknnError
-from minknn.cli import run
+from minknn.lab import bench
+from minknn.tools.cli import run
 from helpers import DATA
 
 

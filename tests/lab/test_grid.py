@@ -35,7 +35,7 @@ def test_cells_are_shared_by_the_methods_of_one_training():
 def test_search_adds_the_values_that_apply_and_a_methods_own_win():
     search = grid.parse_grid("lr=1e-5,3e-5;lam=0.1,0.5", "lr=1e-5,3e-5;lam=0.1,0.5", flag="--search")
     assert search == {"lr": [1e-5, 3e-5], "lam": [0.1, 0.5]}
-    takes_lam = {"supcon", "proxyanchor"}  # train.py's answer, as runner.search_applies asks it
+    takes_lam = {"supcon", "proxyanchor"}  # train.py's answer, as flags.search_applies asks it
 
     def expanded(text):
         m = grid.parse_method(text)

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 import evaluate
-import minknn.trainer
+import minknn.tools.trainer
 import train
 from minknn import MinknnError, Terminated
 from minknn.lab import cells, grid, report, runner
-from minknn.runs import Diverged
+from minknn.lab import flags as runner_flags
+from minknn.tools.run import Diverged
 
 from helpers import DATA, METHODS, dev_falling, lines_of, run_grid
 
@@ -188,19 +189,19 @@ def test_a_cell_stopped_while_its_last_epoch_saves_is_finished_by_the_rerun(tiny
     trains the other cell, as the grid left alone does."""
     reference = tmp_path / "reference"
     run_grid(tiny_bert_dir, reference, tasks="mr", methods="ce")
-    real_save, saves = minknn.trainer.save_last, []
+    real_save, saves = minknn.tools.trainer.save_last, []
 
     def save_then_ctrl_c(folder, **state):  # save() holds the signal until the epoch's files are written
         real_save(folder, **state)
         saves.append(state["epoch"])
         if len(saves) == 2:
             os.kill(os.getpid(), signal.SIGINT)
-    monkeypatch.setattr(minknn.trainer, "save_last", save_then_ctrl_c)
+    monkeypatch.setattr(minknn.tools.trainer, "save_last", save_then_ctrl_c)
     out = tmp_path / "g"
     with pytest.raises(SystemExit) as stop:
         run_grid(tiny_bert_dir, out, tasks="mr", methods="ce")
     assert stop.value.code == 130 and saves == [1, 2], f"exit {stop.value.code} after saving epochs {saves}"
-    monkeypatch.setattr(minknn.trainer, "save_last", real_save)
+    monkeypatch.setattr(minknn.tools.trainer, "save_last", real_save)
     calls, real_main, real_step = [], train.main, train.train_step
     monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or real_main(argv))
     monkeypatch.setattr(train, "train_step", lambda *a, **k: calls.append("step") or real_step(*a, **k))
@@ -309,7 +310,7 @@ def test_search_trains_each_method_at_the_values_that_apply(tiny_bert_dir, tmp_p
     want = {("ce", lr, None) for lr in lrs} | {("supcon", lr, lam) for lr in lrs for lam in (0.1, 0.5)} | \
         {("proxyanchor", lr, 0.9) for lr in lrs}
     assert {s[:3] for s in seen} == want and len(seen) == len(want), \
-        f"runner.search_methods: the cells trained {sorted(seen, key=str)}, not {sorted(want, key=str)}"
+        f"runner_flags.search_methods: the cells trained {sorted(seen, key=str)}, not {sorted(want, key=str)}"
     lines = lines_of(tmp_path / "clean")
     assert sorted(len([ln for ln in lines if ln["method"] == m]) for m in grid.split_top(methods, ",")) == \
         [2, 2, 2, 4], "one result line per method and training"
@@ -447,15 +448,15 @@ def test_a_task_without_test_labels_is_scored_on_the_rest_of_dev(tiny_bert_dir, 
     the examples scored are disjoint parts of dev."""
     args, flags = runner.get_args(["--tasks", "sst", "--sizes", "6", "--out", str(tmp_path / "g"),
                                    "--data_dir", DATA])
-    ctx = runner.Context(args, flags)
-    dev = runner.load_split(ctx.task("sst"), "dev", DATA)
+    ctx = cells.Context(args, flags)
+    dev = runner_flags.load_split(ctx.task("sst"), "dev", DATA)
     selection, test, name = ctx.splits("sst", 6)
     assert len(selection) == 6, "--select sample: a dev sample as large as the training set"
     assert not {e.id for e in selection} & {e.id for e in test}, \
         "runner: the examples scored must not include the ones that chose"
     assert len(test) == len(dev) - 6 and name == "dev less the selection sample"
     with pytest.raises(MinknnError, match="sst has no labelled test split: .* leave too few"):
-        runner.check_splits(ctx, ctx.task("sst"), 10)
+        runner_flags.check_splits(ctx, ctx.task("sst"), 10)
 
 
 def test_a_diverged_cell_is_recorded_and_left_out(tiny_bert_dir, tmp_path, monkeypatch):
@@ -629,10 +630,10 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
     """ce+probe: the cell's head replaced by fit_logistic on the trained encoder's z of the cell's
     own training draw (the vectors it is fit on are recorded); its test scores are that
     regression's predictions, recomputed here from the kept checkpoint."""
-    from minknn import inference
-    from minknn.checkpoint import load_checkpoint, rebuild
-    from minknn.data import load_split
-    from minknn.engine import predict
+    from minknn.tools import inference
+    from minknn.tools.checkpoint import load_checkpoint, rebuild
+    from minknn.tasks.data import load_split
+    from minknn.tools.engine import predict
     from minknn.metrics import accuracy
     from minknn.probe import fit_logistic
     fitted = []
@@ -644,7 +645,7 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
     cell = out / "runs" / lines["ce"]["cell"]
     model, _, tokenizer = rebuild(load_checkpoint(str(cell / "checkpoint.pt")))
     task, cpu = model.tasks["sst2"], torch.device("cpu")
-    ctx = runner.Context(runner.get_args(["--tasks", "sst2", "--out", str(out), "--data_dir", DATA,
+    ctx = cells.Context(runner.get_args(["--tasks", "sst2", "--out", str(out), "--data_dir", DATA,
                                           "--seeds", "0"])[0], [])
     train_set = ctx.train_examples(grid.Cell("sst2", "6", 0, "ce", ()))
     test = load_split(task, "test", DATA)
@@ -658,7 +659,7 @@ def test_the_probe_rule_is_a_regression_on_the_trained_encoders_training_vectors
     assert lines["ce+probe"]["grid"][0]["test"]["acc"] == pytest.approx(expected), (
         "inference.py probe: the test accuracy is not a logistic regression's on the trained encoder's "
         "training vectors")
-    from minknn.inference import probe_probabilities  # the probabilities themselves, not one score
+    from minknn.tools.inference import probe_probabilities  # the probabilities themselves, not one score
     got = probe_probabilities(task, train_set, z_train, {"test": z_test})
     torch.testing.assert_close(got["test"], torch.softmax((z_test @ W.T + b).double(), -1),
                                atol=1e-4, rtol=1e-3, msg="inference.py probe_probabilities: not the "

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from minknn import MinknnError
-from minknn.lab import report, runner
-from minknn.data import eval_subset, load_split, training_examples
 from minknn.kinds import score
-from minknn.tasks import get_task
+from minknn.lab import report, runner
+from minknn.tasks.data import eval_subset, load_split, training_examples
+from minknn.tasks.registry import get_task
 
 from helpers import DATA
 

@@ -15,6 +15,7 @@ import torch
 submitit = pytest.importorskip("submitit")  # the slurm extra; the test extra (CI's) installs it
 
 import train
+from minknn import MinknnError
 from minknn.lab import runner, slurm
 
 from helpers import DATA
@@ -224,7 +225,7 @@ def test_a_preempted_job_is_requeued_and_resumes_its_cell(reference, tiny_bert_d
 def test_without_submitit_the_launcher_says_how_to_install_it(tiny_bert_dir, tmp_path,
                                                               monkeypatch):
     monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit: ImportError
-    with pytest.raises(runner.MinknnError, match=r"^--launcher slurm needs submitit: pip install -e "
+    with pytest.raises(MinknnError, match=r"^--launcher slurm needs submitit: pip install -e "
                                                  r"'.\[slurm\]' \(in the clone; it installs submitit 1.5.4\)$"):
         on_slurm(tiny_bert_dir, tmp_path / "g")
     assert not (tmp_path / "g").exists(), "nothing is written before the grid is checked"
@@ -253,7 +254,7 @@ def test_the_flags_reach_sbatch(tmp_path, monkeypatch):
                  "#SBATCH --array=0-2%2", "#SBATCH --cpus-per-task=6", "#SBATCH --qos=high",
                  "#SBATCH --signal=USR2@90", "#SBATCH --job-name=minknn-g"):
         assert line in script.splitlines(), f"slurm.make_executor: no `{line}` in\n{script}"
-    with pytest.raises(runner.MinknnError, match="--slurm_param: .*'slurm_qos_level'"):
+    with pytest.raises(MinknnError, match="--slurm_param: .*'slurm_qos_level'"):
         args.slurm_params = {"slurm_qos_level": "high"}
         slurm.make_executor(args)
 
@@ -268,10 +269,10 @@ def test_bad_slurm_flags_stop_in_one_line(tiny_bert_dir, tmp_path, monkeypatch, 
             on_slurm(tiny_bert_dir, out, *flags)
         assert says in capsys.readouterr().err, f"{flags}: the error should say `{says}`"
     assert not out.exists(), "nothing is written before the flags are checked"
-    with pytest.raises(runner.MinknnError, match=r"^--slurm_param: Unknown argument 'qos_level'"):
+    with pytest.raises(MinknnError, match=r"^--slurm_param: Unknown argument 'qos_level'"):
         on_slurm(tiny_bert_dir, out, "--slurm_param", "slurm_qos_level=high")
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun: not a SLURM cluster
-    with pytest.raises(runner.MinknnError, match=r'^--launcher slurm: Could not detect "srun".* '
+    with pytest.raises(MinknnError, match=r'^--launcher slurm: Could not detect "srun".* '
                                                  r"\(--slurm_cluster local runs the jobs"):
         run_grid(tiny_bert_dir, out, "--launcher", "slurm")
     assert not (out / "runs").exists(), "no cell may start when the jobs cannot be submitted"

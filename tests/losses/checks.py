@@ -1,6 +1,6 @@
 """The checks every metric-learning loss goes through, and what the losses' tests are built of.
 
-Each loss's own file, tests/losses/test_<loss>.py (its part's command, minknn/parts.py), runs them
+Each loss's own file, tests/losses/test_<loss>.py (its part's command, minknn/assignment/parts.py), runs them
 for its loss, in this order: check_normalises_what_its_formula_normalises, its property tests,
 check_matches_its_oracle (tests/losses/oracles.py), check_degenerate_inputs_are_finite,
 check_gradcheck, check_invariant_to_batch_order and check_falls_as_classes_separate (the losses
@@ -30,10 +30,10 @@ import torch.nn.functional as F
 import formula
 from elsewhere import DeviceSlip, check_on_second_device
 from grading import FLOAT64, GENERIC, check, differs, matches_reference
+from minknn.assignment.parts import BY_NAME, PARTS, label
 from minknn.losses import METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.model import Output
-from minknn.parts import BY_NAME, PARTS, label
-from minknn.tasks import TASKS
+from minknn.tasks.registry import TASKS
 from oracles import IN_BATCH, READINGS, WITH_ORACLE, oracle_of, table_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,7 +1,7 @@
 """minknn/losses/ancsetfit.py, AncSetFit's triplet loss (Pauli et al. 2023): each text pulled to its
 class's statement and pushed from a text of another class, max(0, d(s, x) - d(s, n) + margin) with
 d = 1 - cos, the mean over the triplets; its triplets (draw_pairs) and their batches, and the
-statements train.py encodes in the anchors' place (minknn/step.py batch). No part of the
+statements train.py encodes in the anchors' place (minknn/tools/step.py batch). No part of the
 assignment: a failure names the loss's file. Its checks, in the order tests/losses/checks.py says:
 
     python -m pytest -q tests/losses/test_ancsetfit.py
@@ -17,10 +17,10 @@ from checks import (at_angle, check_degenerate_inputs_are_finite, check_gradchec
                     check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
                     check_stays_finite_on_large_inputs, e, make, value, worked)
 from minknn import MinknnError
-from minknn.data import class_statements
-from minknn.engine import PairBatches
 from minknn.losses.ancsetfit import MARGIN, draw_pairs, statement_row
-from minknn.tasks import TASKS
+from minknn.tasks.data import class_statements
+from minknn.tasks.registry import TASKS
+from minknn.tools.engine import PairBatches
 
 N = "ancsetfit"
 
@@ -87,7 +87,7 @@ def test_ancsetfit_refuses_a_batch_that_is_not_triplets():
         make(N)(torch.randn(4, 8, dtype=torch.float64), torch.tensor([0, 1, 0, 1]))
 
 
-# ---- its triplets (draw_pairs) and their batches (minknn/engine.py PairBatches) ----
+# ---- its triplets (draw_pairs) and their batches (minknn/tools/engine.py PairBatches) ----
 
 LABELS = [0, 1, 2, 0, 1, 0, 0, 2]
 

@@ -5,12 +5,12 @@ import copy
 import pytest
 import torch
 
-from minknn.data import load_split
 from minknn.losses.decoupled import DecoupledTripletLoss, decoupled_triplet, sample_triplets
-from minknn.engine import predict
 from minknn.model import Model
-from minknn.tasks import get_task
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
 from minknn.tokenizer import Tokenizer
+from minknn.tools.engine import predict
 
 
 @pytest.mark.parametrize("labels", [[0, 0, 1, 1, 1, 2, 3, 3], [0, 1, 2], [2, 2, 2, 2], [1]])

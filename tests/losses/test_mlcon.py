@@ -20,7 +20,7 @@ from checks import (D, apart, check_degenerate_inputs_are_finite, check_gradchec
                     randn, run, worked)
 from minknn.losses import task_loss
 from minknn.losses.mlcon import mlcon
-from minknn.tasks import TASKS
+from minknn.tasks.registry import TASKS
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----

@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from checks import C, D, MULTI_HOT, checks_of, near, ok, part_of, source_file
+from minknn.assignment.parts import BY_NAME
 from minknn.losses import LOSSES, METRIC_LOSSES, Objective, task_loss
 from minknn.losses.contrastive import contrastive
 from minknn.losses.mlcon import mlcon
 from minknn.losses.mnrl import mnrl_pairs
 from minknn.memory import Queue
 from minknn.model import Output
-from minknn.parts import BY_NAME
-from minknn.tasks import TASKS
+from minknn.tasks.registry import TASKS
 from oracles import TABLES, knnbert_oracle, oracle_of, setfit_oracle, table_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,7 +57,7 @@ def test_every_registered_loss_has_its_test_file():
         part = part_of(name)
         if part and BY_NAME[part].test != f"python -m pytest -q tests/losses/test_{name}.py":
             problems.append(f"part {part}'s command is `{BY_NAME[part].test}`, not its loss's "
-                            f"test file tests/losses/test_{name}.py (PARTS in minknn/parts.py)")
+                            f"test file tests/losses/test_{name}.py (PARTS in minknn/assignment/parts.py)")
     assert not problems, "\n".join(problems)
 
 

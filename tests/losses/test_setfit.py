@@ -8,7 +8,7 @@ the loss, and no other:
 In this order (tests/losses/checks.py says why it matters): its normalisation, the properties that
 tell its common mistakes apart, its oracle (setfit_oracle, tests/losses/oracles.py), degenerate
 inputs, gradcheck, the sanity check against tests/fixtures/references/setfit.pt, fp32 under
-autocast, then SetFit's pairs: draw_pairs and minknn/engine.py's PairBatches. A failure names the
+autocast, then SetFit's pairs: draw_pairs and minknn/tools/engine.py's PairBatches. A failure names the
 part.
 """
 import math
@@ -24,8 +24,8 @@ from checks import (at_angle, check_degenerate_inputs_are_finite, check_gradchec
                     check_sanity_check, check_stays_finite_on_large_inputs, e, make, near, ok,
                     value, worked)
 from minknn import MinknnError
-from minknn.engine import PairBatches
 from minknn.losses.setfit import draw_pairs
+from minknn.tools.engine import PairBatches
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -105,7 +105,7 @@ def test_setfit_runs_in_fp32_under_autocast():
     check_runs_in_fp32_under_autocast("setfit")
 
 
-# ---- SetFit's pairs (minknn/losses/setfit.py draw_pairs, minknn/engine.py PairBatches) ----
+# ---- SetFit's pairs (minknn/losses/setfit.py draw_pairs, minknn/tools/engine.py PairBatches) ----
 
 SETFIT_LABELS = [0, 1, 2, 0, 1, 0, 0, 2]   # class 0 of 4 rows, 1 and 2 of 2
 

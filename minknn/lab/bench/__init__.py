@@ -23,16 +23,15 @@ those comparisons are skipped.
 
 The files: shared.py the scaffolding (Timer, Table, the peak matmul, train.py's run and step);
 model.py `model`; epoch.py `epoch`, `ddp` and `grid`; knn.py `knn` and `index`; multitask.py
-`multitask`; profile.py `profile`; predict.py `predict`; onnx.py `onnx`; here the flags (make_parser) and main,
-and every name of the others. The scaffolding is not here so that the subcommands' files need
-not import this package, which imports them (tests/test_layout.py: no circle of imports).
+`multitask`; profile.py `profile`; predict.py `predict`; onnx.py `onnx`; here the flags
+(make_parser) and main, and every name of the others. The scaffolding is not here so that the
+subcommands' files need not import this package, which imports them (tests/test_layout.py: no circle
+of imports).
 """
 import argparse
 import os
 
 from minknn import backbones
-from minknn.cli import Parser, below_one
-from minknn.engine import pick_device
 from minknn.lab.bench.epoch import bench_ddp, bench_epoch, bench_grid
 from minknn.lab.bench.knn import NOISE, bench_index, bench_knn, clustered_keys
 from minknn.lab.bench.model import Reference, bench_model
@@ -45,7 +44,9 @@ from minknn.lab.bench.shared import (Table, Timer, built, check_transformers, de
                                      precision_of, step, times_itself)
 from minknn.lab.grid import parse_seeds, parse_sizes
 from minknn.lab.report import write_block
-from minknn.options import add_flags
+from minknn.tools.cli import Parser, below_one
+from minknn.tools.engine import pick_device
+from minknn.tools.options import add_flags
 
 __all__ = ["make_parser", "main", "whole_numbers",
            "bench_model", "bench_epoch", "bench_ddp", "bench_grid", "bench_knn",

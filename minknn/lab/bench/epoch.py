@@ -16,15 +16,15 @@ import torch
 
 from minknn import MinknnError
 from minknn import backbones
-from minknn.data import training_examples
-from minknn.engine import TrainBatches, autocast
 from minknn.kinds import kind_of
 from minknn.lab.bench.shared import (Table, check_transformers, device_name, flops_per_token,
                                      peak_matmul_flops, precision_of, times_itself)
 from minknn.lab.grid import parse_seeds
-from minknn.tasks import get_task
+from minknn.tasks.data import training_examples
+from minknn.tasks.registry import get_task
 from minknn.tokenizer import Tokenizer
-from minknn.weights import resolve_model_path
+from minknn.tools.engine import TrainBatches, autocast
+from minknn.tools.weights import resolve_model_path
 
 
 # ---------------------------------------------------------------------------------------------

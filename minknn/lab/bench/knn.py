@@ -10,15 +10,14 @@ import time
 import torch
 
 from minknn import backbones
-from minknn.data import load_split
-from minknn.engine import autocast, predict
-from minknn.lab.bench.shared import (Table, built, device_name, fixed_batches, precision_of,
-                                     step)
+from minknn.lab.bench.shared import Table, built, device_name, fixed_batches, precision_of, step
 from minknn.model import Model
-from minknn.step import batch
-from minknn.tasks import get_task
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
 from minknn.tokenizer import Tokenizer
-from minknn.weights import resolve_model_path
+from minknn.tools.engine import autocast, predict
+from minknn.tools.step import batch
+from minknn.tools.weights import resolve_model_path
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ from minknn import MinknnError
 from minknn import backbones
 from minknn.backbones import read_config
 from minknn.bert import BertConfig, BertModel
-from minknn.engine import autocast, to_device
 from minknn.lab.bench.shared import (Table, check_transformers, device_name, flops_per_token,
                                      peak_matmul_flops, precision_of)
 from minknn.model import Model
-from minknn.tasks import TASKS
-from minknn.weights import resolve_model_path, save_safetensors
+from minknn.tasks.registry import TASKS
+from minknn.tools.engine import autocast, to_device
+from minknn.tools.weights import resolve_model_path, save_safetensors
 
 
 class Reference(nn.Module):

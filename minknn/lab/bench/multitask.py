@@ -7,12 +7,11 @@ import random
 
 import torch
 
-from minknn.data import load_split
-from minknn.engine import autocast
-from minknn.lab.bench.shared import (Table, built, device_name, fixed_batches, precision_of,
-                                     step)
-from minknn.step import batch
-from minknn.tasks import get_task
+from minknn.lab.bench.shared import Table, built, device_name, fixed_batches, precision_of, step
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
+from minknn.tools.engine import autocast
+from minknn.tools.step import batch
 
 
 def bench_multitask(args, device, timer, out):

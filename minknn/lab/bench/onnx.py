@@ -1,7 +1,7 @@
 """What the exported classifier costs to run elsewhere. `onnx`: onnxruntime on the export's
-onnx/classifier.onnx (python -m minknn.export RUN OUT --onnx, minknn/onnx_export.py) against
-minknn's own prediction pass (engine.predict, the head rule, as evaluate.py and predict run it),
-on the same texts, in one process, alternating. Both take the ids of the same tokenizer, in the
+onnx/classifier.onnx (python -m minknn.tools.export RUN OUT --onnx, minknn/tools/onnx_export.py)
+against minknn's own prediction pass (engine.predict, the head rule, as evaluate.py and predict run
+it), on the same texts, in one process, alternating. Both take the ids of the same tokenizer, in the
 same batches (sorted by length, then cut), and give the head's probabilities; minknn skips the
 padding inside its layers (minknn/packed.py), the traced graph cannot. Tokenising is in both
 timings; the export itself is timed once, apart. The model is --model with a new head on z: what
@@ -15,17 +15,17 @@ import numpy as np
 import torch
 
 from minknn import MinknnError, backbones
-from minknn.data import Example
-from minknn.engine import batches_by_length, predict
 from minknn.kinds import kind_of
 from minknn.lab.bench.predict import texts_of
 from minknn.lab.bench.shared import Table, device_name
 from minknn.losses import build_losses
 from minknn.model import Model
-from minknn.onnx_export import check_onnx, onnx_inputs, write_onnx
-from minknn.tasks import get_task
+from minknn.tasks.data import Example
+from minknn.tasks.registry import get_task
 from minknn.tokenizer import Tokenizer
-from minknn.weights import resolve_model_path
+from minknn.tools.engine import batches_by_length, predict
+from minknn.tools.onnx_export import check_onnx, onnx_inputs, write_onnx
+from minknn.tools.weights import resolve_model_path
 
 
 def ort_probabilities(session, tokenizer, texts, batch_size, inputs):

@@ -1,9 +1,10 @@
-"""What asking a run about your texts costs. `predict`: `python -m minknn.predict` against
+"""What asking a run about your texts costs. `predict`: `python -m minknn.tools.predict` against
 `evaluate.py` on the same texts, in one process, alternating: both read a run of your own files
-(minknn/own_task.py) trained one step on 256 other sentences, whose dev file holds the texts,
+(minknn/tasks/own_task.py) trained one step on 256 other sentences, whose dev file holds the texts,
 evaluate.py scoring that split and predict answering that file's column; the head alone, then
-with kNN over the run's datastore (built once, before the clock, then loaded by both). Each reads the file, tokenises, encodes in length-sorted
-batches and writes its answers: the whole command, less Python's start.
+with kNN over the run's datastore (built once, before the clock, then loaded by both). Each reads
+the file, tokenises, encodes in length-sorted batches and writes its answers: the whole command,
+less Python's start.
 """
 import contextlib
 import csv
@@ -15,10 +16,10 @@ import time
 import evaluate
 import train as train_py
 from minknn import MinknnError
-from minknn.data import load_split
 from minknn.lab.bench.shared import Table, device_name, precision_of, times_itself
-from minknn.predict import main as predict
-from minknn.tasks import get_task
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
+from minknn.tools.predict import main as predict
 
 
 def texts_of(task, data_dir, n):

@@ -11,10 +11,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minknn.data import load_split
 from minknn.lab.bench.shared import Table, built, device_name, fixed_batches, precision_of, step
-from minknn.step import batch
-from minknn.tasks import get_task
+from minknn.tasks.data import load_split
+from minknn.tasks.registry import get_task
+from minknn.tools.step import batch
 
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

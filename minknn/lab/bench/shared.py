@@ -6,8 +6,8 @@ How things are timed (Timer): the contestants of a comparison alternate over --r
 each keeps its best round. On a shared 2-core machine one round can move by 10-20%, and a slow
 moment then hits one round, not one contestant. On CUDA the clock waits for the GPU
 (torch.cuda.synchronize) before it reads the time. CUDA runs bf16 autocast, as train.py does, the
-CPU fp32. `knn` and `multitask` build their runs as train.py does (minknn/trainer.py's build) and
-step them with train.py's own train_step, so the code timed is the code that trains, not a copy.
+CPU fp32. `knn` and `multitask` build their runs as train.py does (minknn/tools/trainer.py's build)
+and step them with train.py's own train_step, so the code timed is the code that trains, not a copy.
 """
 import os
 import random
@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from minknn import options
-from minknn.engine import TrainBatches
-from minknn.trainer import build, fill_memory
+from minknn.tools import options
+from minknn.tools.engine import TrainBatches
+from minknn.tools.trainer import build, fill_memory
 import train as train_py  # the code that trains, timed as it is
 
 
@@ -112,7 +112,8 @@ class Table:
 
 def check_transformers():
     """Hugging Face transformers, the reference of `model` and `epoch`, or None: it is not a
-    dependency (the bench extra: pip install -e '.[bench]'), and those comparisons are skipped without it."""
+    dependency (the bench extra: pip install -e '.[bench]'), and those comparisons are skipped
+    without it."""
     try:
         import transformers
     except ImportError:
@@ -126,7 +127,7 @@ def check_transformers():
 # train.py's run and step, as train.py builds and takes them (knn, multitask)
 
 def built(args, argv, train, device):
-    """The parts of train.py's run with the flags argv (a minknn/trainer.py Trainer), built as
+    """The parts of train.py's run with the flags argv (a minknn/tools/trainer.py Trainer), built as
     train.py builds them, on training examples already read (train: task name -> examples)."""
     argv = argv + ["--model", args.model, "--device", str(device)]
     argv += ["--data_dir", args.data_dir] if args.data_dir else []
@@ -137,7 +138,7 @@ def built(args, argv, train, device):
 
 
 def step(trainer, batches):
-    """One step of train.py's own train_step (batches: minknn/step.py's batch()); returns what
+    """One step of train.py's own train_step (batches: minknn/tools/step.py's batch()); returns what
     it returns (each task's loss, ...)."""
     return train_py.train_step(trainer, batches)
 
