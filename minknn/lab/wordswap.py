@@ -2,12 +2,11 @@
 Robust?"), written out and offline: KNN-BERT's robustness test (Li et al., sec. 4.6, Table 4).
 python -m minknn.lab.attack (minknn/lab/attack.py) runs it on a trained run.
 
-
 The attacked classifier is a black box: classify(texts) -> (N, C) probabilities, any inference
 rule of a trained run (minknn/tools/inference.py; --attack model, proxy, knn or knn-only; main()
 in attack.py builds it from evaluate.py's flags, read as evaluate.py reads them). The goal is
-untargeted: any class but the gold one. For one correctly classified text of n words (TextAttack's recipe
-textfooler_jin_2019, its GreedyWordSwapWIR with wir_method "delete"):
+untargeted: any class but the gold one. For one correctly classified text of n words
+(TextAttack's recipe textfooler_jin_2019, its GreedyWordSwapWIR with wir_method "delete"):
 
   1. importance of word i = p(y | x) - p(y | x without word i)            (n queries)
   2. for each word, most important first: its candidate substitutes that pass the constraints;

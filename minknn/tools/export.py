@@ -239,9 +239,9 @@ def export(ckpt, out, name, onnx=False, knn=False, run=None, k=None):
         tensors, metadata = datastore_tensors(run, k)
         knn_about = metadata
         save_safetensors(tensors, os.path.join(out, "datastore.safetensors"), metadata)
-        files["datastore.safetensors"] = (f"kNN's datastore: the training set's {len(tensors['keys'])} "
-                                          f"keys ({metadata['key']}) and labels; K {metadata['k']}, "
-                                          f"phi {metadata['phi']}, the {metadata['vote']} vote")
+        files["datastore.safetensors"] = (
+            f"kNN's datastore: the training set's {len(tensors['keys'])} keys ({metadata['key']}) "
+            f"and labels; K {metadata['k']}, phi {metadata['phi']}, the {metadata['vote']} vote")
     if onnx:
         for file in write_onnx(model, losses, tokenizer.max_len, out):
             files[file] = ("the encoder, ids to last_hidden_state" if file.endswith("model.onnx")

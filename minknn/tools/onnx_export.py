@@ -99,7 +99,8 @@ def check_onnx():
 def write_graph(module, path, inputs, outputs, max_len):
     """Traces module on a padded batch of two and writes it to path, batch and sequence dynamic."""
     T = min(8, max_len)
-    example = {"input_ids": torch.full((2, T), 5), "attention_mask": torch.ones(2, T, dtype=torch.long),
+    example = {"input_ids": torch.full((2, T), 5),
+               "attention_mask": torch.ones(2, T, dtype=torch.long),
                "token_type_ids": torch.zeros(2, T, dtype=torch.long)}
     example["attention_mask"][1, T // 2:] = 0  # the second row padded
     batch = torch.export.Dim("batch")
