@@ -292,7 +292,7 @@ FLAG_CASES = [
      "run.json: head_init is null; it must be a string"),
     ("resume no data", "train", resume_edited(lambda saved: saved.pop("data")), 'run.json: no "data" object'),
     ("resume epochs below those done", "train", resume_edited(with_arg("epochs", 1)),  # stopped in epoch 2
-     "run.json's epochs is 1, and the run has done 1 (last.pt); was the file edited?"),
+     "run.json's epochs is 1, and the run trained with 2 (last.pt); was the file edited?"),
     ("resume a last.pt whose bits rotted", "train",
      resume_damaged(lambda s: s["model"].update({WORDS: flip_exponents(s["model"][WORDS])}), reseal=False),
      "last.pt: its contents do not match the checksum saved with it (the file was damaged after it was written); "

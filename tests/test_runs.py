@@ -835,6 +835,94 @@ def test_a_whole_checkpoint_of_another_run_is_never_overwritten(tiny_bert_dir, d
     assert path.read_bytes() == before and (out / "last.pt").exists()
 
 
+def other_run(tmp_path, tiny_bert_dir, data_dir, epochs):
+    """tmp/other: another run of the same task (seed 1, --save last), `epochs` epochs of 3 steps, its last.pt kept."""
+    other = tmp_path / "other"
+    with pytest.MonkeyPatch.context() as mp:
+        keep_last(mp)
+        train.main([*flags(tiny_bert_dir, data_dir, "--epochs", str(epochs), "--steps_per_epoch", "3", "--seed", "1",
+                            "--save", "last"), "--out", str(other)])
+    return other
+
+
+def run_id(folder):
+    return json.load(open(folder / "run.json"))["id"]
+
+
+@pytest.mark.parametrize("epoch", [1, 2], ids=["the-kept-epoch", "the-epoch-after-last-pts"])
+def test_another_runs_checkpoint_is_refused_by_the_runs_id_whatever_epoch_it_holds(epoch, tiny_bert_dir, data_dir,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """A run of 2 epochs stopped in epoch 2 (last.pt and checkpoint.pt hold epoch 1), its checkpoint.pt replaced by
+    another run's whole one. Of epoch 2, last.pt's epoch + 1, it passed as a kill between that epoch's two saves:
+    the finished run's best model was the other run's, and last.pt was deleted. The id run.json gives the run and
+    each checkpoint records tells them apart at any epoch: one line naming both runs, every file kept."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
+    other = other_run(tmp_path, tiny_bert_dir, data_dir, epoch)
+    shutil.copy(other / "checkpoint.pt", out / "checkpoint.pt")
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["epoch"] == epoch, "the premise: its epoch"
+    before = {name: (out / name).read_bytes() for name in ("checkpoint.pt", "last.pt", "run.json")}
+    err = resume_refused(out, capsys, monkeypatch)
+    assert err.startswith(f"error: --resume {out}: {out / 'checkpoint.pt'} is a whole checkpoint, but not this "
+                          f"run's"), err
+    assert f"saved by the run {run_id(other)}" in err and f"run.json names the run {run_id(out)}" in err, err
+    assert {name: (out / name).read_bytes() for name in before} == before, "a refused --resume changed a file"
+
+
+def test_another_runs_last_pt_is_named_as_the_file_that_is_not_the_runs(tiny_bert_dir, data_dir, tmp_path,
+                                                                      monkeypatch, capsys):
+    """last.pt replaced by another run's (its checkpoint.pt the run's own): the line names last.pt, not
+    checkpoint.pt, and the two runs."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
+    other = other_run(tmp_path, tiny_bert_dir, data_dir, 1)
+    shutil.copy(other / "last.pt", out / "last.pt")
+    err = resume_refused(out, capsys, monkeypatch)
+    assert err.startswith(f"error: --resume {out}: {out / 'last.pt'} is not this run's"), err
+    assert f"saved by the run {run_id(other)}" in err and f"run.json names the run {run_id(out)}" in err, err
+
+
+@pytest.mark.parametrize("key, value, trained", [("loss", "supcon", "ce"), ("lr", 0.1, 0.003), ("seed", 7, 0)])
+def test_run_json_edited_since_last_pt_is_refused_naming_the_value(key, value, trained, tiny_bert_dir, data_dir,
+                                                                   tmp_path, monkeypatch, capsys):
+    """run.json's arguments changed by hand after the run stopped, each within its type and bounds: CE's weights
+    would go on under SupCon in a run called SupCon, an lr the optimiser in last.pt ignores would be recorded as the
+    run's. last.pt records run.json's arguments: one line naming the key, its value and the one trained with."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 4)
+    saved = json.load(open(out / "run.json"))
+    assert saved["args"][key] == trained, f"the premise: the run trained with {key} {trained}"
+    saved["args"][key] = value
+    json.dump(saved, open(out / "run.json", "w"))
+    err = resume_refused(out, capsys, monkeypatch)
+    assert f"run.json's {key} is {json.dumps(value)}, and the run trained with {json.dumps(trained)} (last.pt)" \
+        in err and "was the file edited?" in err, err
+
+
+@pytest.mark.parametrize("epochs_done", [0, 1], ids=["no-epoch-done", "one-epoch-done"])
+def test_the_flag_rule_holds_at_resume(epochs_done, tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """run.json edited to loss supcon with lam 0, which the command line refuses (the term would weigh nothing):
+    --resume holds run.json to the same rule, whether the run restarts (no epoch done) or goes on."""
+    out = stopped_in(tmp_path, tiny_bert_dir, data_dir, monkeypatch, 2, 2 if epochs_done == 0 else 4)
+    assert (out / "last.pt").exists() == bool(epochs_done), "the premise: last.pt iff an epoch finished"
+    saved = json.load(open(out / "run.json"))
+    saved["args"].update(loss="supcon", lam=0.0)
+    json.dump(saved, open(out / "run.json", "w"))
+    err = resume_refused(out, capsys, monkeypatch)
+    assert err.startswith(f"error: {out / 'run.json'}: as a command line its flags would be refused: --lam 0"), err
+    assert err.endswith("(was the file edited?)"), err
+
+
+def test_a_last_pt_resealed_past_its_own_plan_is_refused(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """A run of 2 epochs stopped after its last save: last.pt's epoch set to 5, its checksum made again. It was
+    resumed "after its last epoch (5)", trained epoch 2 again and exited 0: the plan was compared with run.json
+    only, not with the epoch last.pt says it holds."""
+    out = stopped_after_last_save(tmp_path, tiny_bert_dir, data_dir, monkeypatch)
+    state = torch.load(out / "last.pt", weights_only=True)
+    state.pop(minknn.tools.files.CHECKSUM)
+    state["epoch"] = 5
+    torch.save(minknn.tools.files.sealed(state), out / "last.pt")
+    err = resume_refused(out, capsys, monkeypatch)
+    assert f"{out / 'last.pt'} says it holds epoch 5, with 2 epochs' records, of the 2 it planned" in err, err
+
+
 def test_a_damaged_datastore_stops_resume_in_one_line(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     """A stopped run evaluated with --knn keeps datastore-mean.pt beside its checkpoint; bits rotted in it are one
     line at --resume, before any step, as last.pt's and checkpoint.pt's are."""
@@ -887,7 +975,7 @@ def test_last_pt_records_the_epochs_it_planned_and_resume_finishes_whatever_the_
     assert "stopped" not in summary and summary["epochs"] == 2 and not (out / "last.pt").exists(), summary
 
 
-@pytest.mark.parametrize("epochs, done_says", [(1, "the run has done 2"), (3, "the run planned 2")])
+@pytest.mark.parametrize("epochs, done_says", [(1, "the run trained with 2"), (3, "the run trained with 2")])
 def test_epochs_edited_in_run_json_are_refused_by_last_pts_record(epochs, done_says, tiny_bert_dir, data_dir,
                                                                   tmp_path, monkeypatch, capsys):
     """run.json's epochs changed by hand after the run stopped (lowered below those done, or raised, which would

@@ -1,5 +1,5 @@
 """Checkpoints that rebuild a run on another machine, written so a crash never corrupts one;
-last.pt, the state a stopped run resumes from; and what --resume checks of both (at the end).
+last.pt, the state a stopped run resumes from (what --resume checks of both: minknn/tools/resume.py).
 
 A checkpoint is one torch.save'd dict:
     format       "minknn-checkpoint-2"
@@ -22,6 +22,8 @@ A checkpoint is one torch.save'd dict:
     memory       the MoCo queue (keys, labels, the rows of the keys' examples, pointer) or memory
                  bank, for the memory losses only
     epoch, dev   the epoch it was saved after and its dev scores
+    run          the id of the run that saved it (its run.json's "id"), which --resume holds it
+                 to; none in a checkpoint from before the id
     data         {"root", "train_fingerprint": {task: sha256}}: the data root the run read and its
                  training examples' fingerprints (data.run_data), for evaluate.py
     contents_sha256   the checksum of every entry above (content_sha256), checked on loading
@@ -29,32 +31,29 @@ It is written whole, with a checksum of its contents, and refused in one line wh
 (minknn/tools/files.py: atomic_save, sealed, check_contents).
 """
 import dataclasses
-import glob
 import os
 
 import torch
 
 from minknn import MinknnError
 from minknn.bert import BertConfig
-from minknn.datastore import AGAIN, read_file as read_datastore
 from minknn.losses import build_losses
 from minknn.model import Model
 from minknn.tasks.data import data_root
 from minknn.tasks.own_task import from_record
 from minknn.tasks.registry import TASKS, get_task
 from minknn.tokenizer import MPNetTokenizer, RobertaTokenizer, Tokenizer
-from minknn.tools.distributed import is_main
-from minknn.tools.files import (CHECKSUM, atomic_save, check_contents, content_sha256, file_sha256,
-                                load_tagged, sealed)
+from minknn.tools.files import (atomic_save, check_contents, file_sha256, load_tagged,
+                                sealed)
 from minknn.tools.weights import check_finite, check_fits, read_weights, weights_file
 
 FORMAT = "minknn-checkpoint-2"
 
 
 def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=None, data=None,
-                    base=None):
+                    base=None, run=None):
     """base: for a frozen encoder, base_model() of the folder it was loaded from; the encoder's
-    weights are then left out, as that folder holds them."""
+    weights are then left out, as that folder holds them. run: the run's id (run.json)."""
     if base is not None and any(p.requires_grad for p in model.bert.parameters()):
         raise ValueError("save_checkpoint: `base` leaves out the encoder, but this one trains")
     state = model.state_dict() if base is None else without_encoder(model.state_dict())
@@ -71,6 +70,7 @@ def save_checkpoint(path, model, losses, tokenizer, args, epoch, dev, memory=Non
         **({"memory": memory.state_dict()} if memory is not None else {}),
         **({"data": data} if data is not None else {}),
         **({"base_model": base} if base is not None else {}),
+        **({"run": run} if run is not None else {}),
     }), path)
 
 
@@ -218,10 +218,6 @@ def checkpoint_tasks(ckpt):
 LAST_FORMAT = "minknn-last-1"
 
 
-
-
-
-
 def save_last(folder, **state):
     """last.pt: the state, its format tag and its checksum (files.sealed)."""
     atomic_save(sealed({"format": LAST_FORMAT, **state}), os.path.join(folder, "last.pt"))
@@ -274,152 +270,3 @@ def check_last_fits(state, folder, modules, streams):
     if missing:
         raise MinknnError(f"{path}: has no batch stream of {', '.join(missing)}; it is not the "
                           f"state of this run's tasks")
-
-
-# ---------------------------------------------------------------------------------------------
-# What --resume checks before it trains: every file of the stopped run that it goes on from or
-# keeps, before the model and the data are read (minknn/tools/trainer.py calls read_last first).
-#     last.pt         whole (load_last), and planned for run.json's epochs: it records
-#                     the epochs it was saved under (a last.pt from before that record: its
-#                     learning rate, 0 only after the schedule's last step, tells instead)
-#     checkpoint.pt   whole (readable, its format tag, its checksum) and this run's: the epoch
-#                     --save kept so far (last.pt's records say which, with its dev scores)
-#     datastore-*.pt  whole: the kNN datastores evaluate.py --knn saved beside it
-# A finishing run deletes last.pt, so a damaged checkpoint.pt would be its best model, and the last
-# good copy of that epoch's weights gone. When last.pt holds the very epoch checkpoint.pt held
-# (--save best: last.pt's epoch is the best so far; --save last: always), the checkpoint is written
-# again from it once the run is restored (trainer.restore: the rebuilt run's parts and last.pt's
-# weights), with a note; else --resume stops in one line, both files left as they are. A whole
-# checkpoint that is not this run's (another run's file in its place) is never overwritten: one
-# line too.
-
-REWRITE = "rewrite_checkpoint"  # in last.pt's state as read_last returns it: checkpoint.pt's damage
-
-
-def read_last(args):
-    """--resume: last.pt's state (None if no epoch finished), checked against run.json, and the
-    run's checkpoint.pt and datastores checked; then the run's first line, where it goes on (rank
-    0), before the model's and the data's lines. A checkpoint.pt to write again from last.pt is
-    noted in the state (REWRITE) and said after that line."""
-    # a memory loss's last.pt also holds its memory, and a queue's its key encoder
-    needs = {"queue": ("memory", "key_encoder"), "bank": ("memory",)}.get(args.memory, ())
-    last = load_last(args.out, needs)
-    if last:
-        check_planned(args, last)
-    damage = check_checkpoint(args, last)
-    check_datastores(args.out)
-    done = last["epoch"] if last else 0
-    if is_main():
-        where = (f"from epoch {done + 1} of {args.epochs}" if done < args.epochs
-                 else f"after its last epoch ({done}): the run only finishes")
-        print(f"resuming {args.out} {where}")
-    if damage:
-        last[REWRITE] = damage
-        if is_main():
-            print(f"note: {os.path.join(args.out, 'checkpoint.pt')} was damaged ({damage}); "
-                  f"written again from last.pt, which holds its epoch ({last['epoch']})")
-    return last
-
-
-def check_planned(args, last):
-    """run.json's epochs must be those last.pt was saved under: fewer would stop a run that had
-    further to go (or has done more), more would stretch a schedule half done. A last.pt of the
-    last epoch is a run stopped after its last save (Ctrl-C, SIGTERM, kill -9) but before it
-    finished, which --resume finishes without training."""
-    planned, done = last.get("epochs"), last["epoch"]
-    if planned is None:  # a last.pt from before the record: its schedule tells
-        edited = done > args.epochs or done == args.epochs and not schedule_ended(last)
-    else:
-        edited = planned != args.epochs
-    if edited:
-        said = f"has done {done}" if done >= args.epochs else f"planned {planned}"
-        raise MinknnError(f"--resume {args.out}: run.json's epochs is {args.epochs}, and the run "
-                          f"{said} (last.pt); was the file edited?")
-
-
-def schedule_ended(last):
-    """Whether last.pt (its state) was saved after the run's last step: train.py's schedule
-    (make_optimizer) brings every group's lr down to exactly 0 there, and nowhere before. Only
-    for a last.pt without its epochs: a student's schedule may end elsewhere."""
-    return all(group["lr"] == 0 for group in last["optimizer"]["param_groups"])
-
-
-def check_checkpoint(args, last):
-    """Why the run's checkpoint.pt is damaged, in words, when last.pt holds its epoch (the file
-    can be written again from there); None when it is whole, or the run has none to keep. Refused
-    in one line: a damaged one whose epoch last.pt no longer holds, and a whole one that is not
-    this run's."""
-    path = os.path.join(args.out, "checkpoint.pt")
-    if last is None or args.save == "none" or not os.path.exists(path):
-        return None  # no epoch done (the run starts over), or none kept (run.open_run_folder)
-    kept = last["epoch"] if args.save == "last" else last["best"]["epoch"]
-    ckpt, damage = read_whole(path)
-    if damage is None:
-        other = not_this_runs(ckpt, last, kept)
-        if other:
-            raise MinknnError(f"--resume {args.out}: {path} is a whole checkpoint, but not this "
-                              f"run's: {other}; put the run's own back (this file and last.pt are "
-                              f"left as they are)")
-        return None
-    if kept != last["epoch"]:
-        raise MinknnError(f"--resume {args.out}: {path}, the {args.save} epoch so far ({kept}), is "
-                          f"damaged ({damage}), and last.pt holds epoch {last['epoch']}, not that "
-                          f"one: epoch {kept}'s weights are lost. Both files are left as they are; "
-                          f"put back a good copy of checkpoint.pt, or train the run again")
-    return damage
-
-
-def check_kept(args):
-    """Before a finishing run deletes last.pt: its checkpoint.pt must still be whole (damaged
-    since --resume checked it, or while this run trained), else one line, last.pt left in place."""
-    path = os.path.join(args.out, "checkpoint.pt")
-    if args.save == "none" or not os.path.exists(path):
-        return
-    damage = read_whole(path)[1]
-    if damage:
-        raise MinknnError(f"{path} is damaged ({damage}); last.pt, the last epoch's state, is left "
-                          f"in {args.out}: put back a good copy of checkpoint.pt, or train the run "
-                          f"again")
-
-
-def read_whole(path):
-    """(the checkpoint at path, None), or (None, why it is damaged, in words): unreadable (cut
-    short, not a zip), without a format tag, or its contents off their checksum. A checkpoint of
-    another format is whole: (it, None), for not_this_runs to refuse."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        return None, f"it cannot be read: {type(e).__name__}"
-    if not isinstance(ckpt, dict) or "format" not in ckpt:
-        return None, "it is not a minknn checkpoint: no format tag"
-    saved = ckpt.pop(CHECKSUM, None)
-    if saved is not None and content_sha256(ckpt) != saved:
-        return None, "its contents do not match the checksum saved with it"
-    return ckpt, None
-
-
-def not_this_runs(ckpt, last, kept):
-    """Why a whole checkpoint is not the run's kept epoch, in words, or None. kept: the epoch
-    last.pt says it holds, with the dev scores last.pt's records give that epoch; or the epoch
-    after last.pt's (a kill between that epoch's checkpoint.pt and its last.pt)."""
-    epoch = ckpt.get("epoch")
-    if ckpt["format"] != FORMAT:
-        return f"its format is {ckpt['format']!r}, not {FORMAT!r}"
-    if epoch == last["epoch"] + 1:
-        return None
-    dev = {r["epoch"]: r["dev"] for r in last["records"]}.get(kept)
-    if epoch != kept or ckpt.get("dev") != dev:
-        return (f"it holds epoch {epoch}{' with other dev scores' if epoch == kept else ''}, "
-                f"where last.pt says the epoch kept so far is {kept}")
-    return None
-
-
-def check_datastores(folder):
-    """The kNN datastores evaluate.py --knn saved in the run folder must be whole (their format
-    tag and checksum): one line naming a damaged one, with what to do."""
-    for path in sorted(glob.glob(os.path.join(folder, "datastore-*.pt"))):
-        try:
-            read_datastore(path)
-        except MinknnError as e:
-            then = "" if AGAIN in str(e) else f"; {AGAIN}"
-            raise MinknnError(f"--resume {folder}: {e}{then}") from None

@@ -10,6 +10,7 @@ resumed_args reads a run's own flags back from its run.json, and check_saved hol
 its flag's type and to the same bounds, since a hand-edited file may hold anything.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -175,6 +176,25 @@ def check_saved(p, path, saved):
             refuse(name, f"one of: {', '.join(choices)}")
     for name, must in bad_values(argparse.Namespace(**saved)):
         refuse(name, must)
+
+
+def check_rules(p, path, saved):
+    """--resume: the rules check_args holds a command line to, held to run.json's flags too (a
+    hand-edited file may break one: --loss supcon with --lam 0). Checked on a copy, as the command
+    line of those flags (--tasks as given; --proxy_lr, filled for every loss, and a memory bank's
+    --queue_size, filled with its size, as left unset); one line naming the file."""
+    def refuse(message):
+        raise MinknnError(f"{path}: as a command line its flags would be refused: {message} (was "
+                          f"the file edited?)")
+    rules = copy.copy(p)
+    rules.error = refuse
+    line = argparse.Namespace(**saved)
+    line.tasks = ",".join(saved["tasks"]) if saved["task"] == "multitask" else None
+    if saved["loss"] not in PROXY_LOSSES:
+        line.proxy_lr = None
+    if saved.get("memory") == "bank":  # a bank's size, filled in when it was made (trainer.py)
+        line.queue_size = None
+    check_args(rules, line)
 
 
 def check_tasks(p, args):
@@ -397,6 +417,7 @@ def resumed_args(p, args):
                 f"by this version of train.py")
     path = os.path.join(args.resume, "run.json")
     check_saved(p, path, saved)
+    check_rules(p, path, saved)
     if saved.get("train_file") is not None:  # your files: each as the run recorded it
         check_unchanged(read_json(path)["data"].get("files", {}), f"--resume {args.resume}")
     return argparse.Namespace(**{**saved, "out": args.resume, "resume": args.resume,

@@ -7,8 +7,9 @@ train.py, top to bottom:
     run_folder(args)            the block that trains: the folder opened and locked (open_folder),
                                 how a run that does not finish ends (Ctrl-C, SIGTERM, Diverged, a
                                 lost torchrun process: summary.json and one line), the lock let go
-    checkpoint.read_last(args)  --resume: last.pt and every file the run keeps, checked before the
-                                model is built (minknn/tools/checkpoint.py, the files' formats)
+    resume.read_last(args)      --resume: last.pt and every file the run keeps, checked before the
+                                model is built (minknn/tools/resume.py; their formats:
+                                minknn/tools/checkpoint.py)
     check_same_data             a resumed run reads the training examples it started with
     summarise(args, state)      summary.json, when the run finishes (trainer.finish) or stops
 Read from outside (evaluate.py, the export, predict, the runner's cells):
@@ -23,8 +24,9 @@ A run folder (train.py --out) holds:
     run.lock        held (flock) by the process training in it; the OS releases it when the
                     process ends, even by kill -9, so a lock is never stale. Removed when the
                     run ends (finished, stopped or diverged); a kill -9 leaves it, unheld
-    run.json        the run's arguments and data (root, fingerprints), written just before the
-                    first step, once every input has been checked (--resume reads them)
+    run.json        the run's id (random), arguments and data (root, fingerprints), written just
+                    before the first step, once every input has been checked (--resume reads
+                    them, and holds last.pt and checkpoint.pt to the id)
     last.pt         the state after the last completed epoch: model, losses (proxies), optimiser
                     and schedule, every random generator, the batch streams' places in their
                     passes, the memory and key encoder of a memory loss, the epochs' records
@@ -159,10 +161,6 @@ def another_rank_stops(args, status):
     sys.exit(2)
 
 
-
-
-
-
 def new_run_folder(out, default):
     """Creates and locks the folder of a new run: `out`, which must not hold a run already, or
     with out None a fresh folder named `default` (plus -2, -3, .. if taken, created exclusively,
@@ -244,12 +242,6 @@ def open_run_folder(folder, save="best"):
                           f"it again)")
     remove_leftovers(folder)
     return lock
-
-
-
-
-
-
 
 
 def check_same_data(folder, data):

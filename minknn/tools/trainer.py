@@ -3,7 +3,7 @@ and saved after each epoch. train.py's loop steps them; the lab's bench times th
 
     trainer, last = build(args, make_optimizer)   # last: last.pt's state, or None
     best, records = restore(trainer, last) if last else (None, [])  # (and a damaged checkpoint.pt
-                                                   # written again: minknn/tools/checkpoint.py)
+                                                   # written again: minknn/tools/resume.py)
     begin(trainer, last, records)                  # run.json, each rank's dropout, its lines
     save(trainer, epoch, best, records)            # checkpoint.pt, last.pt, metrics.jsonl
     finish(trainer, best, records)                 # metrics.jsonl, summary.json, the last line;
@@ -35,9 +35,10 @@ A Trainer is no framework, only what a run holds (the loop is train.py's):
     args                  the run's arguments (build fills in --queue_size)
     ddp                   under torchrun: DistributedDataParallel of step.Forward(model), which
                           averages the gradients over the ranks (None in one process)
-    curves                --tensorboard: the run's TensorBoard events (minknn/tools/curves.py), made
-    by
-                          begin() on rank 0 and written by save() (None without)
+    curves                --tensorboard: the run's TensorBoard events (minknn/tools/curves.py),
+                          made by begin() on rank 0 and written by save() (None without)
+    run                   run.json's id and arguments (resume.run_identity; a new run's on rank
+                          0, once begin() wrote it), which last.pt and checkpoint.pt record
 
 build() makes them in the order of their random draws: seed_everything(--seed), BERT, the heads
 (a probe fit draws nothing), the losses' parameters (drawn even where --proxy_init names then
@@ -53,6 +54,7 @@ import dataclasses
 import math
 import os
 import random
+import secrets
 import time
 
 import torch
@@ -69,13 +71,13 @@ from minknn.proxy import has_proxies, start_at_names
 from minknn.tasks.data import read_examples, run_data
 from minknn.tasks.own_task import FLAGS as FILE_FLAGS, describe, files_record, tasks_of
 from minknn.tokenizer import Tokenizer
-from minknn.tools.checkpoint import (REWRITE, base_model, check_kept, check_last_fits, read_last,
-                                     save_checkpoint, save_last)
+from minknn.tools.checkpoint import base_model, check_last_fits, save_checkpoint, save_last
 from minknn.tools.curves import Curves
 from minknn.tools.distributed import all_reduce_mean, broadcast, is_main, rank, world
 from minknn.tools.engine import (PairBatches, TrainBatches, pick_device, random_states,
                                  seed_everything, set_random_states)
 from minknn.tools.files import write_json, write_jsonl
+from minknn.tools.resume import REWRITE, check_kept, read_last, run_identity
 from minknn.tools.run import Diverged, check_same_data, summarise
 from minknn.tools.step import Forward
 from minknn.tools.weights import resolve_model_path
@@ -104,6 +106,7 @@ class Trainer:  # the fields the module docstring describes; None where a run ha
     pcgrad: PCGrad
     ddp: DistributedDataParallel = None
     curves: Curves = None
+    run: dict = None
 
 
 def build(args, make_optimizer, examples=None, device=None):
@@ -167,7 +170,8 @@ def build(args, make_optimizer, examples=None, device=None):
                    train=train, dev=dev, data=data, model=model, losses=losses, moco=moco,
                    fill_seconds=fill_seconds, params=model_params + loss_params,
                    optimizer=optimizer, scheduler=scheduler, steps=steps, rng=rng,
-                   streams=streams, pcgrad=pcgrad, ddp=ddp), last
+                   streams=streams, pcgrad=pcgrad, ddp=ddp,
+                   run=run_identity(args.out) if args.resume else None), last
 
 
 def fit_probes(args, model, tokenizer, tasks, train, device):
@@ -280,9 +284,11 @@ def restore(trainer, last):
 
 def state(trainer):
     """What last.pt keeps of the trainer (with the epoch, best and records: save_last); epochs:
-    those the run planned, which --resume holds run.json's to (checkpoint.check_planned)."""
+    those the run planned, and run: the run's id and arguments, to which --resume holds run.json
+    (resume.check_planned, check_same_run)."""
     held = modules(trainer)  # in last.pt's order: model, loss, ..., then memory, key_encoder
-    return {"epochs": trainer.args.epochs, "model": held.pop("model").state_dict(),
+    return {"epochs": trainer.args.epochs, "run": trainer.run,
+            "model": held.pop("model").state_dict(),
             "loss": held.pop("loss").state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
             "scheduler": trainer.scheduler.state_dict(),
@@ -321,7 +327,7 @@ def write_checkpoint(trainer, epoch, dev):
     save_checkpoint(os.path.join(trainer.args.out, "checkpoint.pt"), trainer.model, trainer.losses,
                     trainer.tokenizer, recorded_args(trainer.args), epoch, dev,
                     trainer.moco.memory if trainer.moco else None, data=trainer.data,
-                    base=trainer.base)
+                    base=trainer.base, run=trainer.run["id"])
 
 
 def begin(trainer, last, records):
@@ -337,7 +343,9 @@ def begin(trainer, last, records):
         args.data_dir = trainer.data["root"]  # absolute: a resumed run reads the same files
         if is_main():
             saved = {k: v for k, v in recorded_args(args).items() if k != "resume"}
-            write_json(os.path.join(args.out, "run.json"), {"args": saved, "data": trainer.data})
+            write_json(os.path.join(args.out, "run.json"), {"id": secrets.token_hex(8),
+                                                            "args": saved, "data": trainer.data})
+            trainer.run = run_identity(args.out)  # what identifies it (minknn/tools/resume.py)
     if world() > 1:  # from here an error of this rank's is its own, which it says (says_errors)
         run_begun()
     if rank() > 0:  # its own dropout masks; rank 0 draws what one process would
