@@ -16,110 +16,22 @@ inputs, then backpropagates one fixed random cotangent through both, and compare
      Otherwise the failure says what is observed (describe()): which quantity, where, and how
      it is off, never why.
 
-describe() reads the difference as a whole before falling back to its largest element: a shape,
-values that are not finite, zeros, a constant factor or offset, a transposition, a difference
-confined to named regions ("only at padding positions") or to some indices of an axis ("only at
-example 1"). What it can say of no such pattern is a value check, worded with tests/grading.py's
-GENERIC phrase (the mutation score counts it as such), with the largest difference: where, what
-it got, what the formula gives.
+describe() (tests/grading.py, the one describer every value check uses) reads the difference as a
+whole before falling back to its elements: a shape or dtype, values that are not finite, zeros, a
+constant factor (the sign) or offset, a transposition, a shift by one position, a difference
+confined to the diagonal, to named regions ("only at padding positions") or to some indices of an
+axis ("only at example 1"). What it can say of no such pattern is a value check, worded with
+tests/grading.py's GENERIC phrase (the mutation score counts it as such), with how many elements
+differ, the first and the largest.
 """
-import math
-
 import torch
 
-from grading import GENERIC, check
+from grading import GENERIC, _close, check, describe  # noqa: F401 (describe: formula.describe)
 from elsewhere import DeviceSlip
 from minknn.assignment.parts import label
 
 ATOL, RTOL = 1e-6, 1e-5
 VALUE_ONLY = f"{GENERIC}the formula's"  # how describe() words a difference it reads no more in
-
-
-def _f64(x):
-    return x.detach().double().cpu()
-
-
-def _close(a, b, atol=ATOL, rtol=RTOL):
-    return a.shape == b.shape and torch.allclose(_f64(a), _f64(b), atol=atol, rtol=rtol,
-                                                 equal_nan=False)
-
-
-def _at(index, axes):
-    if axes and len(axes) == len(index):
-        return ", ".join(f"{a} {i}" for a, i in zip(axes, index))
-    return f"index {tuple(index)}"
-
-
-def _numbers(values, limit=6):
-    values = sorted(set(values))
-    shown = ", ".join(str(v) for v in values[:limit])
-    return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")
-
-
-def describe(got, want, what, axes=None, regions=None, atol=ATOL, rtol=RTOL):
-    """None when got equals want (the formula's value); else one line saying how `what` is off:
-    an observation, never a cause. axes names the dimensions ("example", "key", ...); regions
-    maps a name ("the padding positions") to a boolean mask (broadcast to want's shape) of where
-    it lies."""
-    if not isinstance(got, torch.Tensor):
-        return f"{what} is a {type(got).__name__}, not a tensor of shape {tuple(want.shape)}"
-    if got.shape != want.shape:
-        out = f"{what} has shape {tuple(got.shape)}; the formula's has shape {tuple(want.shape)}"
-        if got.dim() >= 2 and got.transpose(-2, -1).shape == want.shape and _close(
-                got.transpose(-2, -1), want, atol, rtol):
-            out += ", and its values are the formula's with the last two dimensions swapped"
-        return out
-    a, b = _f64(got), _f64(want)
-    if torch.allclose(a, b, atol=atol, rtol=rtol):
-        return None
-    bad = ~torch.isclose(a, b, atol=atol, rtol=rtol)
-    n, total = int(bad.sum()), bad.numel()
-    first = tuple(int(i) for i in bad.nonzero()[0])
-    if not torch.isfinite(a).all() and torch.isfinite(b).all():
-        wrong = ~torch.isfinite(a)
-        at = tuple(int(i) for i in wrong.nonzero()[0])
-        return (f"{what} is not finite at {int(wrong.sum())} of its {total} elements (first "
-                f"{a[at].item()} at {_at(at, axes)}); the formula's is finite everywhere")
-    if (a == 0).all():
-        return (f"{what} is 0 everywhere; the formula's is not (up to {b.abs().max().item():.3g}"
-                f" in size)")
-    if b.abs().max() > 0 and b.numel() > 1:
-        scale = (a * b).sum() / (b * b).sum()
-        if abs(scale - 1) > 1e-3 and torch.allclose(a, scale * b, atol=atol, rtol=rtol):
-            return (f"{what} is {scale.item():.6g} times the formula's, everywhere (its shape "
-                    f"is right, its size is not)")
-        shift = (a - b).mean()
-        if torch.allclose(a, b + shift, atol=atol, rtol=rtol):
-            return f"{what} is the formula's plus {shift.item():.6g}, everywhere"
-    if a.dim() >= 2 and a.shape[-1] == a.shape[-2] and torch.allclose(
-            a, b.transpose(-2, -1), atol=atol, rtol=rtol):
-        return f"{what} is the formula's with its last two dimensions swapped (transposed)"
-    where = ""
-    for region, mask in (regions or {}).items():
-        mask = mask.expand(bad.shape) if mask.shape != bad.shape else mask
-        if (bad & ~mask).sum() == 0:
-            where = f", only {region}"
-            break
-        if (bad & mask).sum() == 0:
-            where = f", only outside {region}"
-            break
-    if not where and axes and len(axes) == a.dim():
-        for d, axis in enumerate(axes):
-            rows = sorted({int(i) for i in bad.nonzero()[:, d]})
-            if len(rows) < a.shape[d] and a.shape[d] > 1:
-                where = f", only at {axis} {_numbers(rows)} (of 0 to {a.shape[d] - 1})"
-                break
-    gap = (a - b).abs().nan_to_num(math.inf)
-    worst = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
-    detail = (f" at {n} of its {total} elements{where}, by up to {gap.max().item():.3g} (at "
-              f"{_at(worst, axes)} got {a[worst].item():.6g}, expected {b[worst].item():.6g})")
-    if (a[bad] == 0).all():
-        return (f"{what} is 0 at {n} of its {total} elements where the formula's is not"
-                f"{where} (first at {_at(first, axes)}, where the formula gives "
-                f"{b[first].item():.6g})")
-    if where:  # a difference confined somewhere is an observation, not only a value
-        return f"{what} is off{detail}"
-    return f"{what}{VALUE_ONLY}{detail}"
 
 
 def _call(part, what, fn, inputs):

@@ -570,7 +570,8 @@ def test_mutate_tells_a_diagnosis_from_a_value_check():
     import torch
     messages = {}
     for name, fail in (
-            ("close", lambda: grading.close("supcon", torch.zeros(2), torch.ones(2), "the loss")),
+            ("close", lambda: grading.close("supcon", torch.tensor([0.0, 1.0, 5.0]),  # no pattern
+                                            torch.tensor([1.0, 3.0, 2.0]), "the loss")),
             ("differs", lambda: grading.differs("supcon", "the loss", "the oracle's", ": 1 vs 2")),
             ("check", lambda: grading.check("supcon", False, "the anchor must not be its own "
                                             "positive"))):

@@ -20,6 +20,7 @@ ok, agrees, run), the losses built in float64 (make), the batches they are compa
 oracles on (cases, degenerate_cases, fixed_inputs), and the vectors the property tests are built
 of (e, at_angle, apart, triangle).
 """
+import copy
 import inspect
 import math
 import os
@@ -29,12 +30,14 @@ import torch.nn.functional as F
 
 import formula
 from elsewhere import DeviceSlip, check_on_second_device
-from grading import FLOAT64, GENERIC, check, differs, matches_reference
+from grading import (FLOAT64, GENERIC, InPlace, argument_names, changed_in_place, check, describe,
+                     differs, in_place_message, kept, matches_reference, simple_factor)
 from minknn.assignment.parts import BY_NAME, PARTS, label
 from minknn.losses import METRIC_LOSSES, Objective, loss_kind, task_loss
+from minknn.losses.pairs import PAIR_LOSSES, PairLoss
 from minknn.model import Output
 from minknn.tasks.registry import TASKS
-from oracles import IN_BATCH, READINGS, WITH_ORACLE, oracle_of, table_of
+from oracles import IN_BATCH, PAIR_LOSS_ORACLES, READINGS, WITH_ORACLE, oracle_of, table_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 C, D = 4, 8
@@ -84,9 +87,14 @@ def agrees(name, condition, what, reference, detail):
 
 
 def run(name, loss, *args):
-    """loss(*args); an error raised inside the loss is reported naming its part."""
+    """loss(*args); an error raised inside the loss is reported naming its part, and so is a
+    loss that changed one of its inputs or its parameters in place (grading.InPlace), before any
+    value read from them afterwards (the oracle's on the same inputs) could name another cause."""
+    params = loss.named_parameters() if isinstance(loss, torch.nn.Module) else ()
+    copies = kept([*zip(argument_names(loss, len(args)), args),
+                   *((f"the loss's parameter {n}", p) for n, p in params)])
     try:
-        return loss(*args)
+        value = loss(*args)
     except (NotImplementedError, DeviceSlip):  # the stub names its part; a slip is said whole
         raise
     except Exception as e:
@@ -94,6 +102,12 @@ def run(name, loss, *args):
         # the first line naming the part would be that local, not what failed
         raise AssertionError((label(part_of(name)) if part_of(name) else f"loss '{name}'")
                              + f": the loss raised {type(e).__name__}: {e}") from e
+    changed = changed_in_place(copies)
+    if changed:
+        said = in_place_message("the loss", changed)
+        raise InPlace(f"{label(part_of(name))}: {said}" if part_of(name) else
+                      f"loss '{name}' ({source_file(name)}): {said}")
+    return value
 
 
 def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6, readings=True):
@@ -128,7 +142,19 @@ def worked(name, got, want, case, mistakes=None, atol=1e-6, rtol=1e-6, readings=
     gap = max(abs(u - v) for u, v in zip(g, w))
     if not all(math.isfinite(u) for u in g) and all(math.isfinite(v) for v in w):
         fail(name, f"{said}: the loss is not finite where the formula's is")
-    fail(name, f"{said} (off by up to {gap:.3g}){negative(g)}{ratio(g, w)}")
+    fail(name, f"{said} (off by up to {gap:.3g}){negative(g)}{ratio(g, w)}{where_off(name, got, w)}")
+
+
+def where_off(name, got, want):
+    """'; its gradient in z is 0 everywhere ...' for the first value of `got` (a Value, value()'s)
+    that is off its expected one, where the loss has an oracle: the examples whose gradient is
+    off; '' where none can be said."""
+    for g, w in zip(got if isinstance(got, (list, tuple)) else [got], want):
+        if isinstance(g, Value) and g.name == name and oracle_of(name) and not math.isclose(
+                g, w, abs_tol=1e-9, rel_tol=1e-9):
+            off = gradient_off(name, g.loss, g.args)
+            return f"; {off}" if off else ""
+    return ""
 
 
 def ratio(got, want):
@@ -167,7 +193,9 @@ def readings_that_fit(name):
     for _, args in cases(name) + degenerate_cases(name):
         try:
             with torch.no_grad():
-                got = loss(*args)
+                got = run(name, loss, *args)  # an input changed in place: that, not a reading
+        except InPlace:
+            raise
         except Exception:
             return []
         differs_somewhere |= not near(got, oracle(*args, loss), atol=1e-6, rtol=1e-9)
@@ -382,8 +410,16 @@ def triangle(r=0.1):
 OPPOSITE = (torch.stack([e(0), e(0), -e(0)]), torch.tensor([0, 0, 1]))
 
 
+class Value(float):
+    """A loss's value, a float that keeps the loss (a copy) and the inputs it was computed on:
+    a case worked by hand whose value is off then says at which examples the loss's gradient is
+    off too (gradient_off), not only by how much the value is."""
+
+
 def value(name, loss, *args):
-    return run(name, loss, *args).item()
+    got = Value(run(name, loss, *args).item())
+    got.name, got.loss, got.args = name, copy.deepcopy(loss), args
+    return got
 
 
 def falls_with_tau(name, loss, attribute, args, taus=(1.0, 0.5, 0.1)):
@@ -447,9 +483,36 @@ def check_matches_its_oracle(name):
             ok(name, got.item() >= -1e-9, f"the loss on {what} is {got.item():.8g}"
                f"{negative([got.item()]).removeprefix(';')} (the formula gives "
                f"{want.item():.8g})")
-        agrees(name, near(got, want, atol=1e-6, rtol=1e-9), f"the loss on {what}",
-               f"the literal transcription of {source(name)} ({oracle.__name__} in "
-               f"tests/losses/oracles.py)", f": got {got.item():.8g}, it gives {want.item():.8g}")
+        if near(got, want, atol=1e-6, rtol=1e-9):
+            continue
+        factor = simple_factor(got.item() / want.item()) if want.item() else None
+        said = f"; it is {factor} the formula's" if factor else ""
+        grad = gradient_off(name, loss, args)  # where: the examples whose gradient is off
+        if grad == "":
+            grad = (f"its gradient in z is the formula's: the difference, "
+                    f"{got.item() - want.item():+.6g}, does not move with z here")
+        if grad and formula.VALUE_ONLY not in grad:
+            fail(name, f"the loss on {what} is {got.item():.8g}, where the formula gives "
+                 f"{want.item():.8g}{said}; {grad}")
+        agrees(name, False, f"the loss on {what}", f"the literal transcription of {source(name)} "
+               f"({oracle.__name__} in tests/losses/oracles.py)", f": got {got.item():.8g}, it "
+               f"gives {want.item():.8g}{said}{'; ' + grad if grad else ''}")
+
+
+def gradient_off(name, loss, args):
+    """How the loss's gradient in z is off its oracle's on the same batch (describe(): at
+    which examples, of which pattern): where a loss value is off, which examples it is off for.
+    "" where it is the oracle's; None where it cannot be computed."""
+    try:
+        _, got = formula.run(lambda h: loss(h, *args[1:]), {"h": args[0]}, {},
+                             formula.fixed_cotangent())
+        _, want = formula.run(lambda h: oracle_of(name)(h, *args[1:], loss), {"h": args[0]}, {},
+                              formula.fixed_cotangent())
+    except Exception:
+        return None
+    w = want["h"] if want["h"] is not None else torch.zeros_like(args[0])
+    g = got["h"] if got["h"] is not None else torch.zeros_like(w)
+    return describe(g, w, "its gradient in z", ("example", "feature"), atol=1e-7, rtol=1e-6) or ""
 
 
 def check_degenerate_inputs_are_finite(name):
@@ -520,6 +583,52 @@ def check_gradcheck(name):
     ok(name, passed, f"on {len(args[0])} fixed examples, the gradient autograd computes (in z"
        f"{' and the parameters' if list(loss.parameters()) else ''}) is not the numerical "
        "one, the loss's change under small steps of its inputs (torch.autograd.gradcheck)")
+
+
+def check_every_input(name):
+    """The loss's value has its inputs' dtype: float32 in (z, the loss's parameters and float
+    labels, as a run trains), float32 out; float64 in, float64 out. As a --pair_loss of a
+    sentence-pair task (PAIR_LOSSES, minknn/losses/pairs.py), its value and its gradient in each
+    pair's first text (the anchor, u) and second (the positive, v) are the formula's
+    (PAIR_LOSS_ORACLES). Its gradient in z and in its parameters is check_gradcheck's. The
+    memory's keys are held to no gradient: a run passes them without one (the key encoder's,
+    made under no_grad, or the bank's detached z), so whether the loss detaches them changes
+    nothing a run computes."""
+    what, args = cases(name)[0]
+    for dtype in (torch.float32, torch.float64):
+        loss = make(name).to(dtype)
+        out = run(name, loss, *(a.to(dtype) if a.is_floating_point() else a for a in args))
+        params = ", the parameters" if list(loss.parameters()) else ""
+        ok(name, out.dtype == dtype, f"on {what}, with z{params} and every float input in "
+           f"{dtype}, the loss's value is {out.dtype}: a tensor of another dtype entered its computation, so the value (and "
+           f"the backward) are computed in {out.dtype}")
+    if name in PAIR_LOSSES:
+        check_as_a_pair_loss(name)
+
+
+def check_as_a_pair_loss(name):
+    """--pair_loss NAME on 5 sentence pairs, 3 of them matching (label 1, the positive class)."""
+    B = 5
+    z = randn(2 * B, D, seed=3)  # MNRL's loss about 12: far from saturated, every gradient large
+    labels, what = torch.tensor([1, 0, 1, 1, 0]), f"--pair_loss {name} on 5 sentence pairs (the " \
+        f"pairs 0, 2 and 3 matching)"
+    objective = PairLoss(name, positive=1).double()
+    cot = formula.fixed_cotangent()
+    got, grads = formula.run(lambda z: run(name, objective, z, labels), {"z": z}, {}, cot)
+    want, wants = formula.run(lambda z: PAIR_LOSS_ORACLES[name](z, labels, 1, objective.loss),
+                              {"z": z}, {}, cot)
+    off = formula.describe(got, want, f"{what}: the loss")
+    if off is not None:
+        fail(name, off)
+    g = grads["z"] if grads["z"] is not None else torch.zeros_like(wants["z"])
+    for half, rows, role in (("u", slice(0, B), "the first texts (the anchors)"),
+                             ("v", slice(B, 2 * B), "the second texts (the positives)")):
+        off = formula.describe(g[rows], wants["z"][rows], f"{what}: the gradient of {half}, "
+                               f"{role},", ("pair", "feature"), atol=1e-7, rtol=1e-6)
+        if off is not None:
+            fail(name, off)
+    out = run(name, PairLoss(name, positive=1), z.float(), labels)
+    ok(name, out.dtype == torch.float32, f"{what}, z in float32: the loss's value is {out.dtype}")
 
 
 def check_invariant_to_batch_order(name):
@@ -609,6 +718,7 @@ def checks_of(name):
         (check_matches_its_oracle, name in WITH_ORACLE),
         (check_degenerate_inputs_are_finite, name in WITH_ORACLE),
         (check_gradcheck, True),
+        (check_every_input, name in WITH_ORACLE),
         (check_invariant_to_batch_order, name in IN_BATCH),
         (check_falls_as_classes_separate, name in IN_BATCH),
         (check_sanity_check, part_of(name) is not None),

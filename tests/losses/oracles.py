@@ -348,6 +348,37 @@ def ancsetfit_oracle(h, y, loss, *, roles="thirds", distance="cosine", swapped=F
 
 
 TRIPLET_ORACLES = {"ancsetfit": ancsetfit_oracle}
+# ---- the sentence-pair losses (--pair_loss, minknn/losses/pairs.py): z holds the B first texts'
+# vectors u, then the B second texts' v; a pair matches when its label is the task's positive ----
+
+def pair_contrastive_oracle(z, labels, positive, loss):
+    """1/B sum_i [1/2 (1 - y_i) d_i^2 + 1/2 y_i max(0, m - d_i)^2], d_i = ||u_i/|u_i| - v_i/|v_i|||,
+    y_i = 1 for a pair that does not match (Hadsell et al.)."""
+    B, m = len(z) // 2, loss.margin
+    terms = []
+    for i in range(B):
+        d = (unit(z[i]) - unit(z[B + i])).norm()
+        y = 0.0 if labels[i] == positive else 1.0
+        terms.append(0.5 * (1 - y) * d ** 2 + 0.5 * y * torch.clamp(m - d, min=0) ** 2)
+    return mean(terms)
+
+
+def pair_mnrl_oracle(z, labels, positive, loss):
+    """Over the K matching pairs (a_k, p_k): -1/K sum_k log(exp(S_kk) / sum_j exp(S_kj)), S_kj =
+    scale cos(a_k, p_j): each anchor against every matching pair's second text (Henderson et
+    al.); no matching pair gives 0."""
+    B = len(z) // 2
+    pairs = [(z[i], z[B + i]) for i in range(B) if labels[i] == positive]
+    terms = []
+    for a, p in pairs:
+        S = [loss.scale * unit(a) @ unit(q) for _, q in pairs]
+        right = loss.scale * unit(a) @ unit(p)
+        terms.append(-torch.log(torch.exp(right) / sum(torch.exp(x) for x in S)))
+    return mean(terms)
+
+
+PAIR_LOSS_ORACLES = {"contrastive": pair_contrastive_oracle, "mnrl": pair_mnrl_oracle}
+
 TABLES = {"ORACLES": ORACLES, "MEMORY_ORACLES": MEMORY_ORACLES,
           "MULTILABEL_ORACLES": MULTILABEL_ORACLES, "PAIR_ORACLES": PAIR_ORACLES,
           "TRIPLET_ORACLES": TRIPLET_ORACLES}

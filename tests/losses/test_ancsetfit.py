@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from checks import (at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
+from checks import (at_angle, check_degenerate_inputs_are_finite, check_every_input, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
                     check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
                     check_stays_finite_on_large_inputs, e, make, value, worked)
@@ -68,6 +68,10 @@ def test_ancsetfit_degenerate_inputs_are_finite():
 
 def test_ancsetfit_gradcheck():
     check_gradcheck(N)
+
+
+def test_ancsetfit_every_input():
+    check_every_input(N)
 
 
 def test_ancsetfit_runs_in_fp32_under_autocast():

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import (D, agrees, apart, check_degenerate_inputs_are_finite,
-                    check_falls_as_classes_separate, check_gradcheck,
+                    check_falls_as_classes_separate, check_every_input, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
                     check_runs_on_the_inputs_device, check_sanity_check,
@@ -114,6 +114,10 @@ def test_contrastive_degenerate_inputs_are_finite():
 
 def test_contrastive_gradcheck():
     check_gradcheck("contrastive")
+
+
+def test_contrastive_every_input():
+    check_every_input("contrastive")
 
 
 def test_contrastive_invariant_to_batch_order():

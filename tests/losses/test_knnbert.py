@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from checks import (C, D, agrees, at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
+from checks import (C, D, agrees, at_angle, check_degenerate_inputs_are_finite, check_every_input, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
                     check_runs_on_the_inputs_device, check_sanity_check,
                     check_stays_finite_on_large_inputs, e, make, memory, memory_of, near, ok,
@@ -221,6 +221,10 @@ def test_knnbert_degenerate_inputs_are_finite():
 
 def test_knnbert_gradcheck():
     check_gradcheck("knnbert")
+
+
+def test_knnbert_every_input():
+    check_every_input("knnbert")
 
 
 def test_knnbert_sanity_check():

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from checks import (D, apart, check_degenerate_inputs_are_finite, check_gradcheck,
+from checks import (D, apart, check_degenerate_inputs_are_finite, check_every_input, check_gradcheck,
                     check_matches_its_oracle, check_normalises_what_its_formula_normalises,
                     check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
                     check_sanity_check, check_stays_finite_on_large_inputs, e, make, near, ok,
@@ -114,6 +114,10 @@ def test_mlcon_degenerate_inputs_are_finite():
 
 def test_mlcon_gradcheck():
     check_gradcheck("mlcon")
+
+
+def test_mlcon_every_input():
+    check_every_input("mlcon")
 
 
 def test_mlcon_sanity_check():

@@ -14,16 +14,17 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from elsewhere import check_on_second_device
 from checks import (D, OPPOSITE, agrees, check_degenerate_inputs_are_finite,
-                    check_falls_as_classes_separate, check_gradcheck,
+                    check_falls_as_classes_separate, check_every_input, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
                     check_runs_on_the_inputs_device, check_sanity_check,
                     check_stays_finite_on_large_inputs, e, make, near, ok, randn, run, value,
                     worked)
+import formula
+from grading import describe, simple_factor
 from minknn.losses.mnrl import mnrl_pairs
 
 
@@ -103,9 +104,21 @@ def test_mnrl_pairs_is_cross_entropy_over_the_other_positives():
                        for g, (a, p) in zip(got, pairs))]
         ok("mnrl", not fits, f"mnrl_pairs on 3 sets of 5 (anchor, positive) pairs: got "
            f"{', '.join(f'{g:.6g}' for g in got)}; each is J with {' or with '.join(fits)}")
-    agrees("mnrl", near(got[0], want[0]), "mnrl_pairs on 5 (anchor, positive) pairs",
-           "J of Henderson et al. with S = 20 cos, written out",
-           f": got {got[0]:.8g}, it gives {want[0]:.8g}")
+        a, p = pairs[0]  # where it is off: the gradient in each anchor and each positive
+        cot = formula.fixed_cotangent()
+        _, mine = formula.run(lambda a, p: run("mnrl", mnrl_pairs, a, p), {"a": a, "p": p}, {}, cot)
+        _, want_grads = formula.run(mnrl_pairs_formula, {"a": a, "p": p}, {}, cot)
+        offs = [describe(mine[k] if mine[k] is not None else torch.zeros_like(w), w,
+                         f"its gradient in the {role}", ("pair", "feature"), atol=1e-7, rtol=1e-6)
+                for (k, w), role in zip(want_grads.items(), ("anchors", "positives"))]
+        offs = [o for o in offs if o]
+        factor = simple_factor(got[0] / want[0])
+        ok("mnrl", not offs or any(formula.VALUE_ONLY in o for o in offs), f"mnrl_pairs on 5 "
+           f"(anchor, positive) pairs is {got[0]:.8g}, where J gives {want[0]:.8g}"
+           f"{f' ({factor} it)' if factor else ''}; {'; '.join(offs)}")
+        agrees("mnrl", False, "mnrl_pairs on 5 (anchor, positive) pairs",
+               "J of Henderson et al. with S = 20 cos, written out",
+               f": got {got[0]:.8g}, it gives {want[0]:.8g}; {'; '.join(offs)}")
 
 
 def test_mnrl_pairs_normalises_anchors_and_positives():
@@ -141,6 +154,10 @@ def test_mnrl_degenerate_inputs_are_finite():
 
 def test_mnrl_gradcheck():
     check_gradcheck("mnrl")
+
+
+def test_mnrl_every_input():
+    check_every_input("mnrl")
 
 
 def test_mnrl_invariant_to_batch_order():

@@ -14,7 +14,7 @@ import math
 import torch
 
 from checks import (agrees, at_angle, bank_case, check_degenerate_inputs_are_finite,
-                    check_gradcheck, check_matches_its_oracle,
+                    check_every_input, check_gradcheck, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_on_the_inputs_device,
                     check_sanity_check, check_stays_finite_on_large_inputs, e, make, memory_of,
                     near, ok, run, value, worked)
@@ -115,6 +115,10 @@ def test_moco_degenerate_inputs_are_finite():
 
 def test_moco_gradcheck():
     check_gradcheck("moco")
+
+
+def test_moco_every_input():
+    check_every_input("moco")
 
 
 def test_moco_sanity_check():

@@ -13,7 +13,7 @@ import math
 import torch
 
 from checks import (cases, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
-                    check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
+                    check_every_input, check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
                     check_runs_on_the_inputs_device, check_sanity_check,
                     check_stays_finite_on_large_inputs, e, make, near, ok, value, worked)
@@ -68,6 +68,10 @@ def test_npairs_degenerate_inputs_are_finite():
 
 def test_npairs_gradcheck():
     check_gradcheck("npairs")
+
+
+def test_npairs_every_input():
+    check_every_input("npairs")
 
 
 def test_npairs_invariant_to_batch_order():

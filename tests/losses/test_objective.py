@@ -38,6 +38,21 @@ def test_every_registered_loss_has_an_oracle():
     assert tuple(LOSSES) == ("ce", "bce", *METRIC_LOSSES)
 
 
+def test_every_pair_loss_has_an_oracle():
+    """Each --pair_loss (PAIR_LOSSES, minknn/losses/pairs.py) is held, value and gradient in both
+    texts of each pair, to a literal transcription (checks.check_as_a_pair_loss): a new one fails
+    here until it has one."""
+    from minknn.losses.pairs import PAIR_LOSSES
+    from oracles import PAIR_LOSS_ORACLES
+    missing = sorted(set(PAIR_LOSSES) - set(PAIR_LOSS_ORACLES))
+    assert not missing, (f"--pair_loss {', '.join(missing)} has no oracle: add a literal "
+                         f"transcription to PAIR_LOSS_ORACLES in tests/losses/oracles.py")
+    stale = sorted(set(PAIR_LOSS_ORACLES) - set(PAIR_LOSSES))
+    assert not stale, f"PAIR_LOSS_ORACLES holds {', '.join(stale)}, which PAIR_LOSSES does not"
+    assert all(name in METRIC_LOSSES for name in PAIR_LOSSES), \
+        "a pair loss's checks run in its metric loss's test file (check_every_input)"
+
+
 def test_every_registered_loss_has_its_test_file():
     """Each loss's checks run from its own file, tests/losses/test_<loss>.py, its part's command: a
     registered loss without one, or whose file leaves out a check every loss goes through, fails."""

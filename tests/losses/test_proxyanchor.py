@@ -15,7 +15,7 @@ import math
 import torch
 
 from checks import (BATCHES, C, D, agrees, check_degenerate_inputs_are_finite,
-                    check_falls_as_classes_separate, check_gradcheck,
+                    check_falls_as_classes_separate, check_every_input, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
                     check_runs_on_the_inputs_device, check_sanity_check,
@@ -82,6 +82,10 @@ def test_proxyanchor_degenerate_inputs_are_finite():
 
 def test_proxyanchor_gradcheck():
     check_gradcheck("proxyanchor")
+
+
+def test_proxyanchor_every_input():
+    check_every_input("proxyanchor")
 
 
 def test_proxyanchor_invariant_to_batch_order():

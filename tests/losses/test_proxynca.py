@@ -15,7 +15,7 @@ import math
 import torch
 
 from checks import (BATCHES, C, D, agrees, check_degenerate_inputs_are_finite,
-                    check_falls_as_classes_separate, check_gradcheck,
+                    check_falls_as_classes_separate, check_every_input, check_gradcheck,
                     check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
                     check_runs_on_the_inputs_device, check_sanity_check,
@@ -97,6 +97,10 @@ def test_proxynca_degenerate_inputs_are_finite():
 
 def test_proxynca_gradcheck():
     check_gradcheck("proxynca")
+
+
+def test_proxynca_every_input():
+    check_every_input("proxynca")
 
 
 def test_proxynca_invariant_to_batch_order():

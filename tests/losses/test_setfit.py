@@ -18,11 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import (at_angle, check_degenerate_inputs_are_finite, check_gradcheck,
-                    check_matches_its_oracle, check_normalises_what_its_formula_normalises,
+from checks import (at_angle, check_degenerate_inputs_are_finite, check_every_input,
+                    check_gradcheck, check_matches_its_oracle,
+                    check_normalises_what_its_formula_normalises,
                     check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
                     check_sanity_check, check_stays_finite_on_large_inputs, e, make, near, ok,
-                    value, worked)
+                    ratio, value, worked)
 from minknn import MinknnError
 from minknn.losses.setfit import draw_pairs
 from minknn.tools.engine import PairBatches
@@ -35,11 +36,19 @@ def test_setfit_normalises_what_its_formula_normalises():
 
 
 def test_setfit_a_pair_of_one_class_targets_one():
-    loss, x = make("setfit"), torch.stack([e(0), e(0)])   # one pair of equal vectors: cos 1
+    """One pair of equal vectors (cos 1): (cos - target)^2 is 0 when its texts share a class
+    (target 1) and 1 when not (target 0). The rule is named as the fault only where the values
+    are the two exchanged (checked); else the message says which value is off and how."""
+    loss, x = make("setfit"), torch.stack([e(0), e(0)])
     same, other = (value("setfit", loss, x, torch.tensor(y)) for y in ([2, 2], [2, 3]))
-    ok("setfit", near(same, 0.0) and near(other, 1.0), f"a pair of equal vectors gives "
-       f"{same:.6g} when its texts share a class and {other:.6g} when not; expected 0 and 1: the "
-       f"target is 1.0 for a pair of one class, 0.0 for two (labels[:B] == labels[B:])")
+    if near(same, 1.0) and near(other, 0.0):
+        ok("setfit", False, "a pair of equal vectors gives 1 when its texts share a class and 0 "
+           "when not, where (cos - target)^2 gives 0 and 1: the targets are exchanged (the "
+           "target is 1.0 for a pair of one class, labels[:B] == labels[B:], 0.0 for two)")
+    said = [f"{v:.6g} when its texts {when}, where (cos - target)^2 gives {want:g}"
+            f"{ratio([v], [want]).replace('each value got', 'it')}" for v, want, when in
+            ((same, 0.0, "share a class"), (other, 1.0, "do not share one")) if not near(v, want)]
+    ok("setfit", not said, f"one pair of equal vectors (cos 1): the loss is {'; and '.join(said)}")
 
 
 def setfit_under(u, v, same, err=lambda x: x ** 2, reduce=torch.mean):
@@ -95,6 +104,10 @@ def test_setfit_degenerate_inputs_are_finite():
 
 def test_setfit_gradcheck():
     check_gradcheck("setfit")
+
+
+def test_setfit_every_input():
+    check_every_input("setfit")
 
 
 def test_setfit_sanity_check():

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from checks import (C, D, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
-                    check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
+                    check_every_input, check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
                     check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
                     check_runs_on_the_inputs_device, check_sanity_check,
                     check_stays_finite_on_large_inputs, make, ok, randn, run, value, worked)
@@ -128,6 +128,10 @@ def test_softtriple_degenerate_inputs_are_finite():
 
 def test_softtriple_gradcheck():
     check_gradcheck("softtriple")
+
+
+def test_softtriple_every_input():
+    check_every_input("softtriple")
 
 
 def test_softtriple_invariant_to_batch_order():

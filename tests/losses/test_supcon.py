@@ -13,11 +13,11 @@ import math
 import torch
 
 from checks import (OPPOSITE, check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
-                    check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
-                    check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_runs_on_the_inputs_device, check_sanity_check,
-                    check_stays_finite_on_large_inputs, e, falls_with_tau, make, near, ok, value,
-                    worked)
+                    check_every_input, check_gradcheck, check_invariant_to_batch_order,
+                    check_matches_its_oracle, check_normalises_what_its_formula_normalises,
+                    check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
+                    check_sanity_check, check_stays_finite_on_large_inputs, e, falls_with_tau, make,
+                    value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -93,6 +93,10 @@ def test_supcon_degenerate_inputs_are_finite():
 
 def test_supcon_gradcheck():
     check_gradcheck("supcon")
+
+
+def test_supcon_every_input():
+    check_every_input("supcon")
 
 
 def test_supcon_invariant_to_batch_order():

@@ -14,10 +14,11 @@ import math
 import torch
 
 from checks import (check_degenerate_inputs_are_finite, check_falls_as_classes_separate,
-                    check_gradcheck, check_invariant_to_batch_order, check_matches_its_oracle,
-                    check_normalises_what_its_formula_normalises, check_runs_in_fp32_under_autocast,
-                    check_runs_on_the_inputs_device, check_sanity_check,
-                    check_stays_finite_on_large_inputs, e, make, near, ok, triangle, value, worked)
+                    check_every_input, check_gradcheck, check_invariant_to_batch_order,
+                    check_matches_its_oracle, check_normalises_what_its_formula_normalises,
+                    check_runs_in_fp32_under_autocast, check_runs_on_the_inputs_device,
+                    check_sanity_check, check_stays_finite_on_large_inputs, e, make, ok, triangle,
+                    value, worked)
 
 
 # ---- what it normalises, then the properties that tell its mistakes apart ----
@@ -80,6 +81,10 @@ def test_triplet_degenerate_inputs_are_finite():
 
 def test_triplet_gradcheck():
     check_gradcheck("triplet")
+
+
+def test_triplet_every_input():
+    check_every_input("triplet")
 
 
 def test_triplet_invariant_to_batch_order():
