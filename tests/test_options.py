@@ -234,6 +234,23 @@ def test_every_flag_has_a_help_text_and_train_py_says_each_default(monkeypatch, 
     assert "minknn/index.py" in helps["evaluate.py --index"], "evaluate.py --index: its flags live in minknn/index.py"
 
 
+
+def test_proxy_init_help_names_classes_as_the_registry_does():
+    """--proxy_init's help says what a class's name is: each example it gives (TASK's LABEL is 'NAME') is the
+    registry's, and it calls no registered task's classes nameless (TREC's codes were once said to "describe
+    nothing", while the registry names them)."""
+    import re
+    from minknn.tasks.registry import TASKS
+    text = " ".join(next(a.help for a in options.make_parser()._actions if a.dest == "proxy_init").split())
+    assert "describe nothing" not in text, f"--proxy_init's help says some classes have no names: {text}"
+    examples = re.findall(r"(\w+)'s (\w+) is '([^']+)', (\w+) '([^']+)'", text)
+    assert examples, f"--proxy_init's help gives no class name read from a code (TASK's LABEL is 'NAME'): {text}"
+    for task, *pairs in examples:
+        t = TASKS[task.lower()]
+        for label, name in zip(pairs[::2], pairs[1::2]):
+            assert t.names[t.labels.index(label)] == name, \
+                f"--proxy_init's help: {task}'s {label} is '{name}'; the registry names it {t.names[t.labels.index(label)]!r}"
+
 # ---- the rule: a term the run adds to its base loss must have something to do (checks.check_terms) ----
 
 def argv_of(name):
