@@ -1,6 +1,11 @@
 """bench.py's scaffolding: the alternating best-of-rounds timer and the synthetic keys (the block
 it writes into RESULTS.md is report.write_block, tests/test_report.py). The timings themselves are
 commands to run, not tests."""
+import os
+import re
+import sys
+import tomllib
+
 import pytest
 import torch
 
@@ -140,6 +145,22 @@ def test_model_of_random_weights_at_the_sizes_asked(tiny_bert_dir, monkeypatch, 
     assert "bert, 2 layers 128 wide, random weights" in out, out
     assert len([line for line in out.splitlines() if line.startswith("| 8 |")]) == 2, out
 
+
+def test_model_without_transformers_names_the_extra_that_installs_it(tiny_bert_dir, monkeypatch, capsys):
+    """`bench.py model` where transformers cannot be imported (made so here: sys.modules' None entry fails the
+    import) says, above its table, that there is no reference and the extra that installs one, as `epoch` does;
+    the extra is pyproject.toml's, and holds transformers."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setattr(bench, "peak_matmul_flops", lambda device: 1e11)
+    run(lambda: bench.main(["model", "--model", tiny_bert_dir, "--device", "cpu", "--lengths", "8",
+                            "--batch_size", "2", "--steps", "1", "--rounds", "1"]))
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("`python -m"))
+    extra = re.search(r"transformers not installed: no reference \(pip install -e '\.\[(\w+)\]'\)", line)
+    assert extra, f"bench.py model without transformers does not say what to install: {line}"
+    with open(os.path.join(os.path.dirname(bench.__file__), "..", "..", "..", "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert any(d.startswith("transformers") for d in extras.get(extra[1], [])), \
+        f"bench.py model says pip install -e '.[{extra[1]}]'; pyproject.toml's extras are {extras}"
 
 def test_predict_times_predict_against_evaluate_on_the_same_texts(tiny_bert_dir, capsys):
     """`bench.py predict`: both commands answer the same texts, the head alone and with kNN, each row a time,

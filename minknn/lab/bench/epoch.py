@@ -17,8 +17,9 @@ import torch
 from minknn import MinknnError
 from minknn import backbones
 from minknn.kinds import kind_of
-from minknn.lab.bench.shared import (Table, check_transformers, device_name, flops_per_token,
-                                     peak_matmul_flops, precision_of, times_itself)
+from minknn.lab.bench.shared import (NO_REFERENCE, Table, check_transformers, device_name,
+                                     flops_per_token, peak_matmul_flops, precision_of,
+                                     times_itself)
 from minknn.lab.grid import parse_seeds
 from minknn.tasks.data import training_examples
 from minknn.tasks.registry import get_task
@@ -28,9 +29,6 @@ from minknn.tools.weights import resolve_model_path
 
 
 # ---------------------------------------------------------------------------------------------
-NO_REFERENCE = "; transformers not installed: no reference (pip install -e '.[bench]')"
-
-
 # epoch: `python train.py` against the loop a user would write with transformers
 
 def bench_epoch(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,

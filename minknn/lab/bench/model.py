@@ -14,8 +14,8 @@ from minknn import MinknnError
 from minknn import backbones
 from minknn.backbones import read_config
 from minknn.bert import BertConfig, BertModel
-from minknn.lab.bench.shared import (Table, check_transformers, device_name, flops_per_token,
-                                     peak_matmul_flops, precision_of)
+from minknn.lab.bench.shared import (NO_REFERENCE, Table, check_transformers, device_name,
+                                     flops_per_token, peak_matmul_flops, precision_of)
 from minknn.model import Model
 from minknn.tasks.registry import TASKS
 from minknn.tools.engine import autocast, to_device
@@ -84,7 +84,7 @@ def bench_model(args, device, timer, out, peak_matmul_flops=peak_matmul_flops,
                f"{'lengths from T/4 to T, padded to T' if args.ragged else 'no padding'}; "
                f"best of {args.rounds} alternating rounds of {args.steps} steps; measured peak "
                f"matmul {peak / 1e12:.3f} TFLOP/s"
-               f"{'' if transformers else '; transformers not installed: no reference'}\n")
+               f"{'' if transformers else NO_REFERENCE}\n")
     print(out[-1])
     table = Table(out, "length", "step", *[f"{m} examples/s" for m in models],
                   *[f"{m} MFU" for m in models], "explicit / fused attention",

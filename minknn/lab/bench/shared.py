@@ -110,10 +110,14 @@ class Table:
         print(text, flush=True)
 
 
+# what `model` and `epoch` say above their tables when check_transformers finds none
+NO_REFERENCE = "; transformers not installed: no reference (pip install -e '.[bench]')"
+
+
 def check_transformers():
     """Hugging Face transformers, the reference of `model` and `epoch`, or None: it is not a
     dependency (the bench extra: pip install -e '.[bench]'), and those comparisons are skipped
-    without it."""
+    without it (their line says so: NO_REFERENCE)."""
     try:
         import transformers
     except ImportError:
