@@ -184,12 +184,15 @@ def test_a_multitask_or_siamese_runs_heads_are_written_and_the_card_says_encode_
 
 
 def test_an_old_run_exports_into_an_empty_folder(tmp_path, capsys):
-    """tests/fixtures/old's run (minknn at 8dc0bf9; its base folder long gone), read through
-    minknn/tools/checkpoint.py's loaders; OUT an empty folder, which the export fills."""
+    """tests/fixtures/old's run (minknn at 8dc0bf9; its base folder long gone; stopped after epoch 1 of 2), read
+    through minknn/tools/checkpoint.py's loaders; OUT an empty folder, which the export fills."""
     (tmp_path / "out").mkdir()
     model, _, tokenizer = rebuild(load_checkpoint(os.path.join(FIXTURES, "old", "run")))
     said = export(os.path.join(FIXTURES, "old", "run"), tmp_path / "out", capsys)
-    assert "written from the checkpoint" in said[0], said
+    # the old run stopped after its first epoch (its summary.json): said first
+    assert said[0].startswith(f"note: RUN {os.path.join(FIXTURES, 'old', 'run')}: the run stopped after epoch 1 "
+                              f"of 2 (not finished)"), said
+    assert "written from the checkpoint" in said[1], said
     read_back("bert (old run)", tmp_path / "out", model.eval(), tokenizer)
 
 
@@ -242,3 +245,97 @@ def test_a_failed_write_leaves_no_out_and_no_temporary_folder(tiny_bert_dir, tmp
     line = refused([tmp_path / "run", tmp_path / "out"], capsys)
     assert line == f"error: OUT {tmp_path / 'out'}: cannot be written ({os.strerror(errno.ENOSPC)})", line
     assert os.listdir(tmp_path) == ["run"], f"left behind: {os.listdir(tmp_path)}"
+
+
+def test_an_out_that_cannot_be_written_is_one_line_and_leaves_nothing(tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    """OUT beneath a file (no folder can be made there), or in a folder that refuses new entries (read-only: made
+    so by os.mkdir failing there, as root writes anywhere): the temporary folder cannot be made, and that is one
+    line naming OUT, nothing written."""
+    fabricated_run(tiny_bert_dir, tmp_path / "run", "mean")
+    (tmp_path / "file").write_text("not a folder")
+    line = refused([tmp_path / "run", tmp_path / "file" / "out"], capsys)
+    assert line.startswith(f"error: OUT {tmp_path / 'file' / 'out'}: cannot be written ("), line
+    (tmp_path / "ro").mkdir()
+    mkdir = os.mkdir
+
+    def read_only(path, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(path)) == str(tmp_path / "ro"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, "mkdir", read_only)
+    line = refused([tmp_path / "run", tmp_path / "ro" / "out"], capsys)
+    assert line == f"error: OUT {tmp_path / 'ro' / 'out'}: cannot be written ({os.strerror(errno.EACCES)})", line
+    assert sorted(os.listdir(tmp_path)) == ["file", "ro", "run"] and os.listdir(tmp_path / "ro") == []
+
+
+def stopped_run(run, summary=None):
+    """run's folder made a run's that planned 2 epochs and did 1: run.json, metrics.jsonl's one line, and
+    summary.json as given (None: none, as a kill -9 leaves it)."""
+    (run / "run.json").write_text(json.dumps({"args": {"epochs": 2, "save": "best"}, "data": {}}))
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "dev": {"overall": 0.5}}) + "\n")
+    if summary is not None:
+        (run / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize("summary,how", [(None, "stopped"), ({"epochs": 1, "stopped": "interrupted"}, "stopped"),
+                                         ({"epochs": 1, "stopped": "diverged: the sst loss became nan"}, "diverged")])
+def test_a_run_that_did_not_finish_is_said_first_and_in_the_card(summary, how, tiny_bert_dir, tmp_path, capsys):
+    """A run killed (no summary.json), stopped (Ctrl-C, SIGTERM) or diverged after epoch 1 of 2: the export's
+    first line says so, and so does its model card; a finished run's says nothing of it."""
+    fabricated_run(tiny_bert_dir, tmp_path / "run", "mean")
+    stopped_run(tmp_path / "run", summary)
+    said = export(tmp_path / "run", tmp_path / "out", capsys)
+    assert said[0].startswith(f"note: RUN {tmp_path / 'run'}: the run {how} after epoch 1 of 2 (not finished)"), said
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"The run {how} after epoch 1 of 2 (not finished)" in card, card[:1500]
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"epochs": 2}))  # finished
+    said = export(tmp_path / "run", tmp_path / "done", capsys)
+    assert not any("not finished" in line for line in said), said
+    assert "not finished" not in (tmp_path / "done" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("stop,status", [(KeyboardInterrupt, 130), (minknn.Terminated, 143)])
+def test_ctrl_c_or_sigterm_mid_export_leaves_no_temporary_folder(stop, status, tiny_bert_dir, tmp_path, capsys,
+                                                                  monkeypatch):
+    """Ctrl-C, or SIGTERM (which minknn.tools.cli.run raises as Terminated), while the export writes: its exit
+    status, and neither OUT nor the temporary folder left."""
+    fabricated_run(tiny_bert_dir, tmp_path / "run", "mean")
+
+    def stopped(*args):
+        raise stop()
+    monkeypatch.setattr(minknn.tools.export, "save_safetensors", stopped)
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: minknn.tools.export.main([str(tmp_path / "run"), str(tmp_path / "out")]))
+    assert exit_.value.code == status and os.listdir(tmp_path) == ["run"], (exit_.value.code, os.listdir(tmp_path))
+
+
+def test_a_killed_exports_temporary_folder_goes_at_the_next_but_not_a_live_ones(tiny_bert_dir, tmp_path, capsys):
+    """kill -9 gives an export no chance to remove its temporary folder; the next export to the same OUT removes
+    it. One a live export holds (its lock: a process that made one and waits) stays while that process lives,
+    and so do the temporary folders of other OUTs' exports."""
+    fabricated_run(tiny_bert_dir, tmp_path / "run", "mean")
+    others = [".out.b.0123abcd.tmp", ".outer.0123abcd.tmp", ".out.0123abcd.tmp.x"]  # not OUT's own
+    for name in others:
+        (tmp_path / name).mkdir()
+    (tmp_path / ".out.0123abcd.tmp").mkdir()  # a kill -9's, with what it had written
+    (tmp_path / ".out.0123abcd.tmp" / "config.json").write_text("{}")
+    live = subprocess.Popen([sys.executable, "-c", "import sys, time; import minknn.tools.export as e; "
+                             "print(e.temporary_folder(sys.argv[1])[0], flush=True); time.sleep(120)",
+                             str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        held = live.stdout.readline().strip()
+        assert os.path.isdir(held), f"the live export's temporary folder: {held!r}"
+        export(tmp_path / "run", tmp_path / "out", capsys)
+        assert sorted(os.listdir(tmp_path)) == sorted(others + [os.path.basename(held), "out", "run"]), \
+            os.listdir(tmp_path)
+        live.kill()  # kill -9: its folder stays, unheld
+        live.wait()
+        assert os.path.isdir(held)
+        export(tmp_path / "run", tmp_path / "again", capsys)  # another OUT's export leaves it
+        assert os.path.isdir(held)
+        (tmp_path / "out").rename(tmp_path / "first")
+        export(tmp_path / "run", tmp_path / "out", capsys)
+        assert sorted(os.listdir(tmp_path)) == sorted(others + ["again", "first", "out", "run"]), os.listdir(tmp_path)
+    finally:
+        live.kill()
+        live.wait()

@@ -133,10 +133,11 @@ def onnx_snippet(out, max_len, inputs, task):
             else "print(probabilities)"]
 
 
-def card(ckpt, model, losses, out, files, max_len, onnx_inputs=None, knn=None):
+def card(ckpt, model, losses, out, files, max_len, onnx_inputs=None, knn=None, how_far=None):
     """README.md's text. files: {file: what it holds} of the folder; out: the folder as the export
     was given it (the snippets' path); onnx_inputs: classifier.onnx's inputs, with --onnx; knn:
-    datastore.safetensors' metadata, with --knn."""
+    datastore.safetensors' metadata, with --knn; how_far: a run that did not finish, how far it
+    got ("stopped after epoch 1 of 2": export.unfinished), said under the title."""
     args = ckpt.get("args", {})
     base, on_hub = base_model(args)
     tasks = list(model.tasks.values())
@@ -152,6 +153,10 @@ def card(ckpt, model, losses, out, files, max_len, onnx_inputs=None, knn=None):
              "head of their own (transformers says so in its load report) and answer from it. "
              "The run's head is `head.safetensors`, a linear layer on the pooled vector z, which "
              "their classes cannot hold: classify with the code below.", ""]
+    if how_far:
+        lines += [f"**Not a finished run.** The run {how_far} (not finished): this is its "
+                  f"epoch {ckpt.get('epoch')}, the {args.get('save') or 'best'} of those it "
+                  f"trained.", ""]
     lines += ["## What this folder holds", "", "| file | what |", "| --- | --- |"]
     lines += [f"| `{f}` | {what} |" for f, what in files.items()]
     lines += ["", "Not here: the training data, and minknn's own code (python -m "

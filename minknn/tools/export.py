@@ -48,10 +48,12 @@ so in one line, and the card's first lines say that pipeline("text-classificatio
 a random head (tests/test_onnx.py checks that it does not give minknn's answers).
 """
 import dataclasses
+import fcntl
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
 
 import torch
 
@@ -64,7 +66,8 @@ from minknn.tools.card import card
 from minknn.tools.checkpoint import rebuild
 from minknn.tools.cli import Parser, run
 from minknn.tools.onnx_export import check_onnx, onnx_inputs, write_onnx
-from minknn.tools.run import no_checkpoint, run_checkpoint
+from minknn.tools.files import is_there, read_json, read_jsonl
+from minknn.tools.run import no_checkpoint, run_checkpoint, run_status, training
 from minknn.tools.weights import resolve_model_path, save_safetensors
 
 # transformers' name of each architecture: <Name>Model, <Name>Tokenizer, ...
@@ -205,9 +208,10 @@ def datastore_tensors(run, k=None):
     return {"keys": torch.from_numpy(datastore.keys), "labels": datastore.labels}, metadata
 
 
-def export(ckpt, out, name, onnx=False, knn=False, run=None, k=None):
+def export(ckpt, out, name, onnx=False, knn=False, run=None, k=None, how_far=None):
     """Writes the checkpoint's run to the folder `out` (which exists, empty) and returns the lines
-    that say what it holds, the folder called `name` there."""
+    that say what it holds, the folder called `name` there. how_far: a run that did not finish,
+    how far it got (unfinished), which the card says."""
     model, losses, tokenizer = rebuild(ckpt)
     config = model.bert.config
     one = next(iter(model.tasks.values())) if len(model.tasks) == 1 else None
@@ -248,7 +252,7 @@ def export(ckpt, out, name, onnx=False, knn=False, run=None, k=None):
                            else "the classifier, ids to probabilities")
     with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
         f.write(card(ckpt, model, losses, name, files, tokenizer.max_len,
-                     onnx_inputs(config.model_type) if onnx else None, knn_about))
+                     onnx_inputs(config.model_type) if onnx else None, knn_about, how_far))
     said = [f"{name}: the {config.model_type} encoder, its tokenizer "
             f"({f'from {base}' if base else 'written from the checkpoint'}), and "
             f"sentence-transformers' --pooling {model.pooling}, max_seq_length {tokenizer.max_len}",
@@ -260,6 +264,62 @@ def export(ckpt, out, name, onnx=False, knn=False, run=None, k=None):
                     f"AutoModelForSequenceClassification do not read head.safetensors: "
                     f"{name}/README.md says how to classify")
     return said
+
+
+def unfinished(folder, epoch=0):
+    """How far the run in `folder` got, in words, when it did not finish ("stopped after epoch 1
+    of 2"; "diverged after ..."), else None: it finished, or `folder` holds no run.json. Its
+    status is run.run_status's; the epochs done, metrics.jsonl's (or the checkpoint's `epoch`
+    where later: a kill between its save and metrics.jsonl's); those planned, run.json's."""
+    status, path = run_status(folder), os.path.join(folder, "run.json")
+    if status == "finished" or not os.path.isfile(path):
+        return None
+    planned = (read_json(path).get("args") or {}).get("epochs", "?")
+    metrics = os.path.join(folder, "metrics.jsonl")
+    done = max(len(read_jsonl(metrics)) if os.path.exists(metrics) else 0, epoch or 0)
+    return f"{status} after epoch {done} of {planned}"
+
+
+def temporary_folder(out):
+    """(path, descriptor): a new folder beside OUT, .<OUT's name>.<8 hex digits>.tmp, that this
+    export writes into, locked (flock on the descriptor) while it does. First the temporary folders
+    of earlier exports to OUT that nothing holds (a kill -9, a power cut: they had no chance to
+    remove theirs) are removed; a live export's is held, and left (files.remove_leftovers does the
+    same for a run's files)."""
+    parent, name = os.path.split(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    ours = re.compile(re.escape(f".{name}.") + r"[0-9a-f]{8}\.tmp")
+    for left in sorted(f for f in os.listdir(parent) if ours.fullmatch(f)):
+        fd = hold(os.path.join(parent, left))
+        if fd is not None:
+            shutil.rmtree(os.path.join(parent, left), ignore_errors=True)
+            os.close(fd)
+    while True:
+        tmp = os.path.join(parent, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.mkdir(tmp)  # a folder's usual mode (the umask's), not mkdtemp's private 0700
+        except FileExistsError:
+            continue
+        fd = hold(tmp)
+        if fd is not None:  # else another export to OUT took it for a leftover: another name
+            return tmp, fd
+
+
+def hold(folder):
+    """An open descriptor of `folder` with an exclusive lock on it, or None: a live export holds
+    it, or it is gone (removed as a leftover before it was locked), or it is not a folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if is_there(fd, folder):
+            return fd
+    except BlockingIOError:
+        pass
+    os.close(fd)
+    return None
 
 
 def main(argv=None):
@@ -280,7 +340,11 @@ def main(argv=None):
     if args.onnx:
         check_onnx()
     out = os.path.normpath(args.out)
-    if os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out)):
+    try:
+        taken = os.path.exists(out) and not (os.path.isdir(out) and not os.listdir(out))
+    except OSError as e:  # a folder that cannot be listed
+        raise MinknnError(f"OUT {args.out}: cannot be read ({e.strerror})") from None
+    if taken:
         raise MinknnError(f"OUT {args.out}: already exists and is not an empty folder; the export "
                           f"never overwrites (give a new folder)")
     if not os.path.exists(args.run):
@@ -293,21 +357,30 @@ def main(argv=None):
     if args.knn and len(ckpt.get("tasks", {})) != 1:
         raise MinknnError(f"--knn: writes one task's datastore; this run has the tasks "
                           f"{', '.join(ckpt.get('tasks', {}))}")
-    # written into a temporary folder beside OUT and renamed at the end: OUT is whole or absent
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # a folder's usual mode, not mkdtemp's private 0700
+    folder = args.run if os.path.isdir(args.run) else os.path.dirname(args.run) or "."
+    # a run that did not finish is said first (one still training: run_checkpoint's note said it)
+    how_far = None if training(folder) else unfinished(folder, ckpt.get("epoch"))
+    # written into a temporary folder beside OUT and renamed at the end: OUT is whole or absent,
+    # and the temporary folder goes however the export ends (an error, Ctrl-C, SIGTERM)
+    tmp, held = None, None
     try:
-        lines = export(ckpt, tmp, args.out, args.onnx, args.knn, args.run, args.k)
+        tmp, held = temporary_folder(out)
+        lines = export(ckpt, tmp, args.out, args.onnx, args.knn, args.run, args.k, how_far)
         os.rename(tmp, out)
-    except OSError as e:
-        raise MinknnError(f"OUT {args.out}: cannot be written ({e.strerror})") from None
+    except OSError as e:  # a file the export reads (the base folder's tokenizer) names itself
+        read = tmp and isinstance(e.filename, str) and not e.filename.startswith(tmp)
+        raise MinknnError(f"{e.filename}: cannot be read ({e.strerror}); OUT {args.out} was not "
+                          f"written" if read else
+                          f"OUT {args.out}: cannot be written ({e.strerror})") from None
     finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
+        if tmp and os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        if held is not None:
+            os.close(held)
+    if how_far:
+        lines.insert(0, f"note: RUN {args.run}: the run {how_far} (not finished); {args.out} "
+                        f"holds its checkpoint.pt, epoch {ckpt.get('epoch')}, and its README.md "
+                        f"says so")
     for line in lines:
         print(line)
     return out

@@ -233,6 +233,8 @@ def read_jsonl(path, fix=None):
                 records.append(record)
     except UnicodeDecodeError:
         raise MinknnError(f"{path}: not UTF-8, a damaged file{then}") from None
+    except OSError as e:
+        raise MinknnError(f"{path}: cannot be read ({e.strerror})") from None
     return records
 
 
