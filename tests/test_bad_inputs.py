@@ -110,6 +110,13 @@ def under_a_file(tmp, tiny, fixtures):
     return [a if a != str(tmp / "run") else a_file(tmp / "file") + "/run" for a in trainer()(tmp, tiny, fixtures)]
 
 
+def tensorboard_a_file(tmp, tiny, fixtures):
+    """--tensorboard where the run folder's tensorboard/ is a file: found before anything is read."""
+    (tmp / "run").mkdir()
+    a_file(tmp / "run" / "tensorboard")
+    return trainer("--tensorboard")(tmp, tiny, fixtures)
+
+
 def stopped_run(tmp, tiny, fixtures, stop=KeyboardInterrupt, at=7):
     """tmp/run: a run stopped by Ctrl-C (or `stop`: SIGTERM's Terminated, a Diverged) at its step
     `at`, by default in its second epoch (last.pt, checkpoint.pt, run.json); at=1: in its first
@@ -224,6 +231,7 @@ FLAG_CASES = [
      "continue it with --resume"),
     ("out in use by another run", "train", in_use, "is in use by another training process"),
     ("out under a file", "train", under_a_file, "cannot write there"),
+    ("tensorboard folder a file", "train", tensorboard_a_file, "tensorboard is a file, where the run's curves go"),
     ("resume a folder that is no run", "train", lambda tmp, *a: ["--resume", str(tmp)], "not a run folder"),
     ("resume with other flags", "train", lambda tmp, *a: ["--resume", str(tmp), "--lr", "1e-3"], "leave out --lr"),
     ("resume a finished run", "train", finished_run, "this run finished (summary.json); nothing to resume "

@@ -15,6 +15,7 @@ import minknn.tools.trainer
 import train
 from helpers import DATA
 from minknn.tools import curves
+from minknn.tools.cli import run
 from test_runs import stop_at
 from test_training_step import factor  # the schedule, part 5's
 
@@ -221,6 +222,67 @@ def test_without_the_flag_nothing_changes(tiny_bert_dir, data_dir, tmp_path, cap
     assert len(named) == 1 and "tensorboard --logdir RUN" in named[0], said["curves"]
     assert said["plain"] == [line for line in said["curves"] if line not in named], \
         f"the lines without --tensorboard:\n{said['plain']}\nwith it:\n{said['curves']}"
+
+
+def refused(argv):
+    """train.py's one line and exit status, through minknn.tools.cli.run as `python train.py` runs it."""
+    with pytest.raises(SystemExit) as exit_:
+        run(lambda: train.main(argv))
+    return exit_.value.code
+
+
+def test_a_curves_folder_that_cannot_be_written_is_one_line_before_anything_is_read(tiny_bert_dir, data_dir,
+                                                                                  tmp_path, monkeypatch, capsys):
+    """--tensorboard where the run folder's tensorboard/ is a file, or a folder that refuses files (read-only: made
+    so by mkstemp failing there, as root writes anywhere): one line naming it, exit status 2, before the model and
+    data are read (build never called), the run folder left as it was; a new run's folder made for it goes."""
+    monkeypatch.setattr(train, "build", lambda *a, **k: pytest.fail("the run was built before the curves' check"))
+    argv = ["--model", tiny_bert_dir, "--data_dir", data_dir, "--device", "cpu", "--tensorboard", "--out"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tensorboard").write_text("mine")
+    assert refused(argv + [str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --tensorboard: {tmp_path / 'run' / 'tensorboard'} is a file, where the run's curves go; "
+                   f"move it, or leave out --tensorboard"], err
+    assert os.listdir(tmp_path / "run") == ["tensorboard"]
+    mkstemp = curves.tempfile.mkstemp
+
+    def read_only(*args, dir=None, **kwargs):
+        if dir == str(tmp_path / "new" / "tensorboard"):
+            raise PermissionError(13, os.strerror(13))
+        return mkstemp(*args, dir=dir, **kwargs)
+    monkeypatch.setattr(curves.tempfile, "mkstemp", read_only)
+    assert refused(argv + [str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --tensorboard: {tmp_path / 'new' / 'tensorboard'} cannot be written "
+                   f"({os.strerror(13)})"], err
+    assert sorted(os.listdir(tmp_path)) == ["run"], "the new run's folder was left behind"
+
+
+def test_curves_that_cannot_be_written_mid_run_stop_it_in_one_line_and_it_resumes(tiny_bert_dir, data_dir,
+                                                                                tmp_path, monkeypatch, capsys):
+    """The disk gone read-only after the start's check, so epoch 1's events cannot be written: one line naming the
+    curves and how to go on, exit status 2, after the epoch's checkpoint.pt, last.pt and metrics.jsonl are saved
+    (checkpoint.pt never ahead of last.pt); --resume goes on from epoch 2 and finishes."""
+    def read_only(folder):
+        raise OSError(30, os.strerror(30), folder)
+    with monkeypatch.context() as m:
+        m.setattr(curves, "new_file", read_only)
+        assert refused(["--model", tiny_bert_dir, "--data_dir", data_dir, "--out", str(tmp_path / "run"),
+                        "--batch_size", "8", "--max_len", "32", "--device", "cpu", "--steps_per_epoch", "3",
+                        "--epochs", "2", "--tensorboard"]) == 2
+    err = capsys.readouterr().err  # the progress bars', then the error's line, last
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: "), err[-2000:]
+    err = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and err[0].startswith(f"error: --tensorboard: {tmp_path / 'run' / 'tensorboard'} cannot be "
+                                               f"written ({os.strerror(30)})"), err
+    assert err[0].endswith(f"continue with python train.py --resume {tmp_path / 'run'}"), err
+    last = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert last["epoch"] == 1 and torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    assert [r["epoch"] for r in records_in(tmp_path / "run")] == [1]
+    train.main(["--resume", str(tmp_path / "run")])
+    assert [r["epoch"] for r in records_in(tmp_path / "run")] == [1, 2]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()).get("stopped") is None
 
 
 @pytest.fixture(scope="module")

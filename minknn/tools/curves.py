@@ -37,12 +37,17 @@ which TensorBoard's reader skips) and a step costs no file access; an epoch that
 (Ctrl-C, divergence) writes nothing of its own, as it saves nothing. A resumed run writes a new
 file, starting with SessionLog START at its first step: TensorBoard then drops what earlier files
 hold from that step on (an epoch a kill -9 caught between its events and its last.pt, which the
-resumed run trains again), so every step is drawn once.
+resumed run trains again), so every step is drawn once. A folder that cannot be written is found
+when the run opens its folder (check_folder, from run.open_folder); a write that fails later is
+one line, said once the epoch's last.pt is saved (trainer.save), so the run resumes.
 """
 import os
 import socket
 import struct
+import tempfile
 import time
+
+from minknn import MinknnError
 
 
 def crc32c_table():
@@ -149,17 +154,42 @@ class Curves:
         self.pending.append((time.time(), step, flat(record), False))
 
     def write(self):
-        """The events so far appended to the file, then flushed: what a killed run keeps."""
+        """The events so far appended to the file, then flushed: what a killed run keeps. A
+        failed write is one line (MinknnError), the events kept in memory."""
         if not self.pending:
             return
         data = b"".join(record(event(t, step, scalars, start=start))
                         for t, step, scalars, start in self.pending)
-        if self.path is None:  # a new file; TensorBoard reads a folder's files in name order
-            data = record(event(self.pending[0][0], 0, file_version="brain.Event:2")) + data
-            self.path = new_file(self.folder)
-        with open(self.path, "ab") as f:
-            f.write(data)
+        try:
+            if self.path is None:  # a new file; TensorBoard reads a folder's files in name order
+                data = record(event(self.pending[0][0], 0, file_version="brain.Event:2")) + data
+                self.path = new_file(self.folder)
+            with open(self.path, "ab") as f:
+                f.write(data)
+        except OSError as e:  # a disk gone read-only or full, the folder removed mid-run
+            raise MinknnError(f"--tensorboard: {self.path or self.folder} cannot be written "
+                              f"({e.strerror})") from None
         self.pending = []
+
+
+def check_folder(folder):
+    """Before a run with --tensorboard reads anything (run.open_folder): its curves' folder made,
+    and a file made and removed there; one line if not. Returns the folders it made, [folder] or
+    [] (for the run to remove if it stops before its first step)."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise MinknnError(f"--tensorboard: {folder} is a file, where the run's curves go; move it, "
+                          f"or leave out --tensorboard")
+    made = [] if os.path.exists(folder) else [folder]
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        if made and os.path.isdir(folder):
+            os.rmdir(folder)
+        raise MinknnError(f"--tensorboard: {folder} cannot be written ({e.strerror})") from None
+    return made
 
 
 def new_file(folder):

@@ -54,6 +54,7 @@ from minknn import (MinknnError, Terminated, exit_as_rank_0_says, restore_signal
                     signals_ignored)
 from minknn.tools import distributed
 from minknn.tools.checkpoint import load_checkpoint, load_last
+from minknn.tools.curves import check_folder
 from minknn.tools.files import (is_there, lock_folder, make_folder, rank_0_gone, read_json,
                                 remove_leftovers, write_json)
 
@@ -287,10 +288,17 @@ def open_folder(args):
     """Locks the run's folder: --resume's, or a new one (--out, or a fresh name in runs/, then
     set in args.out). Returns (the lock, the folders made for it)."""
     if args.resume:
-        return open_run_folder(args.out, args.save), []
-    default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-seed{args.seed}-"
-                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
-    args.out, lock, created = new_run_folder(args.out, default)
+        lock, created = open_run_folder(args.out, args.save), []
+    else:
+        default = os.path.join("runs", f"{args.task}-{args.loss or args.sts_loss}-"
+                               f"seed{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+        args.out, lock, created = new_run_folder(args.out, default)
+    if args.tensorboard:  # its curves' folder, checked before anything is read (curves.py)
+        try:
+            created += check_folder(os.path.join(args.out, "tensorboard"))
+        except MinknnError:
+            close_run_folder(args.out, lock, created)
+            raise
     return lock, created
 
 

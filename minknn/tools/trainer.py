@@ -301,19 +301,27 @@ def state(trainer):
 def save(trainer, epoch, best, records):
     """An epoch's files in the run folder: checkpoint.pt if the epoch is the best (--save best)
     or every epoch (--save last), then with --tensorboard the epoch's events, then last.pt, then
-    metrics.jsonl. Ctrl-C and SIGTERM wait until all are written."""
-    args = trainer.args
+    metrics.jsonl. Ctrl-C and SIGTERM wait until all are written. Curves that cannot be written
+    (a disk gone read-only, or full) stop the run in one line once the epoch's other files are
+    saved: it resumes from this epoch, whose curves alone are lost."""
+    args, failed = trainer.args, None
     with signals_held():
         if best["epoch"] == epoch and args.save == "best" or args.save == "last":
             write_checkpoint(trainer, epoch, records[-1]["dev"])
         if trainer.curves:  # before last.pt: a kill -9 between them loses no event, and the
             # resumed run's START tells TensorBoard to drop the epoch it trains again (curves.py)
             trainer.curves.epoch(epoch * trainer.steps, records[-1])
-            trainer.curves.write()
+            try:
+                trainer.curves.write()
+            except MinknnError as e:  # said below, once last.pt agrees with checkpoint.pt
+                failed = e
         # then the state to resume from, then the records: a kill -9 between two of these
         # saves leaves last.pt one epoch behind, and the resumed run redoes that epoch
         save_last(args.out, epoch=epoch, best=best, records=records, **state(trainer))
         write_jsonl(os.path.join(args.out, "metrics.jsonl"), records)
+    if failed:
+        raise MinknnError(f"{failed}; the run stopped after epoch {epoch}, saved but for its "
+                          f"curves: continue with python train.py --resume {args.out}")
 
 
 def recorded_args(args):
