@@ -283,9 +283,8 @@ def restore(trainer, last):
 
 
 def state(trainer):
-    """What last.pt keeps of the trainer (with the epoch, best and records: save_last); epochs:
-    those the run planned, and run: the run's id and arguments, to which --resume holds run.json
-    (resume.check_planned, check_same_run)."""
+    """What last.pt keeps of the trainer (with the epoch, best and records: save_last); epochs
+    and run (its id and arguments): what --resume holds run.json to (resume.py)."""
     held = modules(trainer)  # in last.pt's order: model, loss, ..., then memory, key_encoder
     return {"epochs": trainer.args.epochs, "run": trainer.run,
             "model": held.pop("model").state_dict(),
@@ -302,8 +301,7 @@ def save(trainer, epoch, best, records):
     """An epoch's files in the run folder: checkpoint.pt if the epoch is the best (--save best)
     or every epoch (--save last), then with --tensorboard the epoch's events, then last.pt, then
     metrics.jsonl. Ctrl-C and SIGTERM wait until all are written. Curves that cannot be written
-    (a disk gone read-only, or full) stop the run in one line once the epoch's other files are
-    saved: it resumes from this epoch, whose curves alone are lost."""
+    stop the run in one line once the rest is saved: it resumes, this epoch's curves lost."""
     args, failed = trainer.args, None
     with signals_held():
         if best["epoch"] == epoch and args.save == "best" or args.save == "last":
