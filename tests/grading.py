@@ -213,9 +213,11 @@ def describe(got, want, what, axes=None, regions=None, atol=ATOL, rtol=RTOL,
                 f", only outside {region}"
             break
     if not where and axes and len(axes) == a.dim():
+        live = (a != 0) | (b != 0)  # an index where both are 0 throughout tells nothing apart
         for d, axis in enumerate(axes):
             rows = sorted({int(i) for i in bad.nonzero()[:, d]})
-            if len(rows) < a.shape[d] and a.shape[d] > 1:
+            active = int(live.transpose(0, d).reshape(a.shape[d], -1).any(1).sum())
+            if len(rows) < active and a.shape[d] > 1:
                 where = f", only at {axis} {_numbers(rows)} (of 0 to {a.shape[d] - 1})"
                 break
     gap = (a - b).abs().nan_to_num(math.inf)

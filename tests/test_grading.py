@@ -35,6 +35,19 @@ def test_describe_names_the_pattern_of_a_difference(make, says):
     assert off is not None and says in off and GENERIC not in off, off
 
 
+def test_describe_localises_only_among_the_indices_that_hold_something():
+    """Inputs that use only features 0 and 1 give gradients that are 0 at every other feature, in
+    the part's and in the formula's: a difference there is not "only at feature 0, 1"."""
+    want = torch.zeros(4, 6)
+    want[:, :2] = base()[:, :2]
+    got = want.clone()
+    got[:, :2] += torch.tensor([[0.3, -0.1], [0.2, 0.5], [-0.4, 0.1], [0.6, 0.2]])
+    off = describe(got, want, "the gradient", ("example", "feature"))
+    assert "only at feature" not in off and "at 8 of its 24 elements" in off, off
+    got[:, 1] = want[:, 1]  # feature 1 right: now the difference is confined among the live ones
+    assert "only at feature 0 (of 0 to 5)" in describe(got, want, "g", ("example", "feature"))
+
+
 def test_describe_names_a_difference_confined_to_the_diagonal_or_off_it():
     want = square()
     got = want + 0.5 * torch.eye(4) * torch.tensor([1.0, 2.0, 3.0, 4.0])

@@ -261,6 +261,7 @@ def test_part_training_schedule():
     truncated (int), not rounded."""
     # 5 warm-up steps of 20; int(0.6) = 0: 1 step; int(3.6) = 3 steps of 20, not 4; every step
     # a warm-up step (--warmup 1), where total_steps - warmup is 0
+    runs = []
     for total, warmup in ((20, 0.25), (10, 0.06), (20, 0.18), (10, 1.0)):
         try:
             _, _, optimizer, scheduler, params, names, args = tiny_run(total, warmup)
@@ -273,51 +274,55 @@ def test_part_training_schedule():
               f"{total - int(warmup * total)}: each is taken at least 1 (max(1, ...)), so that "
               f"no step divides by 0")
         check(PART, raised is None, str(raised))
-        w = max(1, int(warmup * total))
         lrs = []
         for s in range(total + 1):  # each step's lrs, and after the last step's (0)
             lrs.append([g["lr"] for g in optimizer.param_groups])
             optimizer.step()  # no gradients: nothing moves
             scheduler.step()
-        for i, group in enumerate(optimizer.param_groups):
-            name = first_name(group, names, params)
-            f = [row[i] / base_lr(name, args) for row in lrs]
+        groups = [first_name(group, names, params) for group in optimizer.param_groups]
+        runs.append((total, warmup, args.epochs, [[row[i] / base_lr(name, args) for row in lrs]
+                                                   for i, name in enumerate(groups)], groups))
+    for total, warmup, epochs, factors, groups in runs:
+        for i, (f, name) in enumerate(zip(factors, groups)):
             bad = [s for s in range(total + 1) if abs(f[s] - factor(s, total, warmup)) > 1e-6]
             if not bad:
                 continue
-            s = bad[0]
+            # a mistake is named only where its schedule is this group's at every setting: one
+            # setting can fit several (int(0.25 x 3 epochs) and int(0.25) are both 1 step)
+            fits = set.intersection(*(set(schedule_mistakes(r[3][i], *r[:3])) for r in runs))
+            named = [said for key, said in schedule_mistakes(f, total, warmup, epochs).items()
+                     if key in fits]
+            s, w = bad[0], max(1, int(warmup * total))
             check(PART, False, f"the learning rate at step {s} of {total} (--warmup {warmup}, "
                   f"the group holding {name}) is {f[s]:.4g} x its lr, expected "
                   f"{factor(s, total, warmup):.4g} = min((s + 1) / warmup, (total_steps - s) / "
                   f"(total_steps - warmup)) with warmup {w}"
-                  f"{schedule_mistake(f, total, warmup, args.epochs)}")
+                  f"{': ' + named[0] if named else ''}")
 
 
-def schedule_mistake(f, total, warmup, epochs):
-    """': what was done' for the first known mistake whose schedule, recomputed, is the factors f
-    at every step; '' when f is none of them (the message then says only which step is off)."""
+def schedule_mistakes(f, total, warmup, epochs):
+    """{a mistake's key: what was done} for the known mistakes whose schedule, recomputed at this
+    setting, is the factors f at every step (where a mistake's schedule is the formula's here, it
+    fits f when f is right)."""
     w = max(1, int(warmup * total))
 
     def lrs(up=lambda s, w: (s + 1) / w, span=lambda w: max(1, total - w), w=w):
         return [min(up(s, w), max(0.0, (total - s) / span(w))) for s in range(total + 1)]
     rounded, in_epochs = max(1, round(warmup * total)), max(1, int(warmup * epochs))
-    mistakes = [("the lr is the same at every step: no schedule", [1.0] * (total + 1)),
-                ("the warm-up starts from 0 (s / warmup); its factor is (s + 1) / warmup, so the "
-                 "first step trains at lr / warmup", lrs(up=lambda s, w: s / w)),
-                ("the decay is (total_steps - s) / total_steps, over all the steps; it runs over "
-                 "the steps after the warm-up, (total_steps - s) / (total_steps - warmup)",
-                 lrs(span=lambda w: total))]
-    if rounded != w:
-        mistakes.append((f"the warm-up lasts round({warmup} x {total}) = {rounded} steps; int() "
-                         f"truncates it to {w}", lrs(w=rounded)))
-    if in_epochs != w:
-        mistakes.append((f"the warm-up lasts int(args.warmup x args.epochs) = {in_epochs} steps; "
-                         f"it is a share of the steps, int(args.warmup x total_steps) = {w}",
-                         lrs(w=in_epochs)))
-    for mistake, wrong in mistakes:
-        if all(abs(a - b) < 1e-6 for a, b in zip(f, wrong)):
-            return f": {mistake}"
-    return ""
+    mistakes = {"constant": ("the lr is the same at every step: no schedule", [1.0] * (total + 1)),
+                "from 0": ("the warm-up starts from 0 (s / warmup); its factor is (s + 1) / "
+                           "warmup, so the first step trains at lr / warmup",
+                           lrs(up=lambda s, w: s / w)),
+                "decay": ("the decay is (total_steps - s) / total_steps, over all the steps; it "
+                          "runs over the steps after the warm-up, (total_steps - s) / "
+                          "(total_steps - warmup)", lrs(span=lambda w: total)),
+                "rounded": (f"the warm-up lasts round({warmup} x {total}) = {rounded} steps; "
+                            f"int() truncates it to {w}", lrs(w=rounded)),
+                "epochs": (f"the warm-up lasts int(args.warmup x args.epochs) = {in_epochs} "
+                           f"steps; it is a share of the steps, int(args.warmup x total_steps) "
+                           f"= {w}", lrs(w=in_epochs))}
+    return {key: said for key, (said, wrong) in mistakes.items()
+            if all(abs(a - b) < 1e-6 for a, b in zip(f, wrong))}
 
 
 @pytest.mark.parametrize("mode", MODES)
