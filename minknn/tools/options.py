@@ -110,14 +110,14 @@ def make_parser():
                                            "the global batch, split between the processes"})
     g.add_argument("--lr", type=float, help="learning rate (default: 5e-5, pretrain 1e-3)")
     g.add_argument("--proxy_lr", type=float, help="the proxies' (default: 100 x --lr)")
-    trec = TASKS["trec"]  # the help's example read from the registry, so that it stays true
+    # its example is the registry's (tests/test_options.py holds it there)
     g.add_argument("--proxy_init", default="random", choices=["random", "names"], help="the "
                    "proxies' start (proxyanchor, proxynca): random, or names: each at the "
                    "encoder's z of its class's name, as loaded, before the first step (AncSetFit; "
                    "minknn/proxy.py). The names are the task's class names in "
                    "minknn/tasks/registry.py: readable words, also where its files hold codes "
-                   f"(TREC's {trec.labels[0]} is '{trec.names[0]}', {trec.labels[3]} "
-                   f"'{trec.names[3]}'); your own files' integer labels need --label_names")
+                   "(TREC's ABBR is 'abbreviation', HUM 'human being'); your own files' integer "
+                   "labels need --label_names")
     g.add_argument("--weight_decay", type=float, default=0.01,
                    help="AdamW's, in [0, 1); not on biases and LayerNorm")
     g.add_argument("--warmup", type=float, default=0.06, help="share of the steps warming up")
