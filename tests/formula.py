@@ -26,7 +26,7 @@ differ, the first and the largest.
 """
 import torch
 
-from grading import GENERIC, _close, check, describe  # noqa: F401 (describe: formula.describe)
+from grading import GENERIC, _close, check, describe
 from elsewhere import DeviceSlip
 from minknn.assignment.parts import label
 

@@ -348,9 +348,14 @@ def argument_names(fn, n):
     return [names[i] if i < len(names) else f"argument {i + 1}" for i in range(n)]
 
 
-def in_place_message(what, changed):
-    return (f"{what} changed its input in place: {changed}; it must leave its inputs as they were "
-            f"and compute new tensors (the values read after it are not the input's)")
+def fail_if_changed(copies, prefix, what):
+    """Fails (InPlace) where a call changed one of kept()'s tensors: 'PREFIX: WHAT changed its
+    input in place: ...' (prefix: the part's label, or a loss outside the parts' name)."""
+    changed = changed_in_place(copies)
+    if changed:
+        raise InPlace(f"{prefix}: {what} changed its input in place: {changed}; it must leave its "
+                      f"inputs as they were and compute new tensors (the values read after it are "
+                      f"not the input's)")
 
 
 def graded(part, what, fn, *args, **kwargs):
@@ -365,9 +370,7 @@ def graded(part, what, fn, *args, **kwargs):
         raise
     except Exception as e:
         raise AssertionError(f"{label(part)}: {what} raised {type(e).__name__}: {e}") from e
-    changed = changed_in_place(copies)
-    if changed:
-        raise InPlace(f"{label(part)}: {in_place_message(what, changed)}")
+    fail_if_changed(copies, label(part), what)
     return result
 
 

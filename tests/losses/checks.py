@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import formula
 from elsewhere import DeviceSlip, check_on_second_device
-from grading import (FLOAT64, GENERIC, InPlace, argument_names, changed_in_place, check, describe,
-                     differs, in_place_message, kept, matches_reference, simple_factor)
+from grading import (FLOAT64, GENERIC, InPlace, argument_names, check, describe, differs, kept,
+                     fail_if_changed, matches_reference, simple_factor)
 from minknn.assignment.parts import BY_NAME, PARTS, label
 from minknn.losses import METRIC_LOSSES, Objective, loss_kind, task_loss
 from minknn.losses.pairs import PAIR_LOSSES, PairLoss
@@ -102,11 +102,8 @@ def run(name, loss, *args):
         # the first line naming the part would be that local, not what failed
         raise AssertionError((label(part_of(name)) if part_of(name) else f"loss '{name}'")
                              + f": the loss raised {type(e).__name__}: {e}") from e
-    changed = changed_in_place(copies)
-    if changed:
-        said = in_place_message("the loss", changed)
-        raise InPlace(f"{label(part_of(name))}: {said}" if part_of(name) else
-                      f"loss '{name}' ({source_file(name)}): {said}")
+    fail_if_changed(copies, label(part_of(name)) if part_of(name) else
+              f"loss '{name}' ({source_file(name)})", "the loss")
     return value
 
 
@@ -565,7 +562,7 @@ def check_gradcheck(name):
                 continue
             ok(name, g is not None or not w.abs().max(), f"{what} is None: no gradient reaches "
                f"it (nothing connects it to the loss in autograd's graph)")
-            off = formula.describe(g if g is not None else torch.zeros_like(w), w, what,
+            off = describe(g if g is not None else torch.zeros_like(w), w, what,
                                    ("example", "feature") if tensor == "h" else None,
                                    atol=1e-7, rtol=1e-6)
             if off is not None:  # a reading whose gradients, every one, the loss's are
@@ -617,13 +614,13 @@ def check_as_a_pair_loss(name):
     got, grads = formula.run(lambda z: run(name, objective, z, labels), {"z": z}, {}, cot)
     want, wants = formula.run(lambda z: PAIR_LOSS_ORACLES[name](z, labels, 1, objective.loss),
                               {"z": z}, {}, cot)
-    off = formula.describe(got, want, f"{what}: the loss")
+    off = describe(got, want, f"{what}: the loss")
     if off is not None:
         fail(name, off)
     g = grads["z"] if grads["z"] is not None else torch.zeros_like(wants["z"])
     for half, rows, role in (("u", slice(0, B), "the first texts (the anchors)"),
                              ("v", slice(B, 2 * B), "the second texts (the positives)")):
-        off = formula.describe(g[rows], wants["z"][rows], f"{what}: the gradient of {half}, "
+        off = describe(g[rows], wants["z"][rows], f"{what}: the gradient of {half}, "
                                f"{role},", ("pair", "feature"), atol=1e-7, rtol=1e-6)
         if off is not None:
             fail(name, off)
